@@ -1,0 +1,16 @@
+#!/bin/sh
+# Installs what aisb and its tests need on Debian: git (the project scan), runc (the OCI
+# cross-check test). Safe to run again: installs only what is missing.
+set -eu
+need=""
+command -v git >/dev/null 2>&1 || need="$need git"
+command -v runc >/dev/null 2>&1 || need="$need runc"
+command -v cargo >/dev/null 2>&1 || { echo "setup: cargo not found; install Rust (rustup) first" >&2; exit 1; }
+if [ -n "$need" ]; then
+    if [ "$(id -u)" -eq 0 ]; then sudo=""; elif command -v sudo >/dev/null 2>&1; then sudo="sudo"; else
+        echo "setup: missing:$need — install them (as root: apt-get install$need)" >&2; exit 1
+    fi
+    echo "setup: installing$need" >&2
+    $sudo apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $need >/dev/null
+fi

@@ -1,0 +1,150 @@
+//! Command line: clap structs, one file per subcommand.
+
+mod check;
+mod completions;
+mod export;
+mod init;
+mod plan;
+mod presets;
+mod spec;
+mod tasks;
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use clap::{Parser, Subcommand};
+
+use crate::eval::{self, Host, Loaded, Request, Root};
+use crate::Error;
+
+const EXAMPLES: &str = "\
+Examples:
+  aisb init                      write a commented sandbox.kdl
+  aisb check                     validate sandbox.kdl (all profiles)
+  aisb plan                      show mounts, masked paths, env and network
+  aisb plan --profile investigate
+  aisb spec > config.json        the OCI runtime spec
+  aisb export bundle /tmp/b      a bundle any OCI runtime (runc) can run";
+
+#[derive(Debug, Parser)]
+#[command(name = "aisb", version, about = "Run AI coding agents and any command in a sandbox described by sandbox.kdl",
+    after_help = EXAMPLES, propagate_version = true)]
+pub struct Cli {
+    /// The configuration file (default: sandbox.kdl in this directory or a parent, up to the
+    /// repository root; the embedded default when there is none)
+    #[arg(short = 'f', long = "file", global = true, value_name = "PATH")]
+    pub file: Option<PathBuf>,
+    /// Run as if started in DIR
+    #[arg(short = 'C', global = true, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// Rescan the project even when the cached scan is still valid
+    #[arg(long, global = true)]
+    pub no_cache: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    Init(init::Args),
+    Check(check::Args),
+    Plan(plan::Args),
+    Spec(spec::Args),
+    Export(export::Args),
+    Tasks(tasks::Args),
+    Presets(presets::Args),
+    Completions(completions::Args),
+}
+
+pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
+    let cli = match Cli::try_parse_from(args) {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return Ok(code);
+        }
+    };
+    if let Some(dir) = &cli.dir {
+        std::env::set_current_dir(dir).map_err(|source| Error::Io { path: dir.clone(), source })?;
+    }
+    let g = Global { file: cli.file.clone(), no_cache: cli.no_cache };
+    match cli.command {
+        Command::Init(a) => init::run(&g, a),
+        Command::Check(a) => check::run(&g, a),
+        Command::Plan(a) => plan::run(&g, a),
+        Command::Spec(a) => spec::run(&g, a),
+        Command::Export(a) => export::run(&g, a),
+        Command::Tasks(a) => tasks::run(&g, a),
+        Command::Presets(a) => presets::run(a),
+        Command::Completions(a) => completions::run(a),
+    }
+}
+
+/// Options every subcommand shares.
+pub struct Global {
+    pub file: Option<PathBuf>,
+    pub no_cache: bool,
+}
+
+/// The directory a project's root defaults to: the git work tree's top, else `start`.
+pub fn project_dir(start: &Path) -> PathBuf {
+    let mut cur = Some(start);
+    while let Some(d) = cur {
+        if d.join(".git").exists() {
+            return d.to_path_buf();
+        }
+        cur = d.parent();
+    }
+    start.to_path_buf()
+}
+
+/// `sandbox.kdl` in `start` or a parent, not above the repository root.
+pub fn find_config(start: &Path) -> Option<PathBuf> {
+    let mut cur = Some(start);
+    while let Some(d) = cur {
+        let f = d.join("sandbox.kdl");
+        if f.is_file() {
+            return Some(f);
+        }
+        if d.join(".git").exists() {
+            return None;
+        }
+        cur = d.parent();
+    }
+    None
+}
+
+impl Global {
+    pub fn root(&self, host: &Host) -> Result<Root, Error> {
+        match &self.file {
+            Some(f) => {
+                let f = if f.is_absolute() { f.clone() } else { host.cwd.join(f) };
+                if !f.is_file() {
+                    return Err(Error::NoConfig { path: f });
+                }
+                Ok(Root::File(f))
+            }
+            None => Ok(match find_config(&host.cwd) {
+                Some(f) => Root::File(f),
+                None => Root::Default { dir: project_dir(&host.cwd) },
+            }),
+        }
+    }
+
+    /// Load the configuration; syntax and decoding errors are returned all together.
+    pub fn load(&self, host: &Host) -> Result<Loaded, Error> {
+        let root = self.root(host)?;
+        let mut errors = crate::config::Errors::default();
+        let path = match &root { Root::File(p) => p.clone(), Root::Default { dir } => dir.clone() };
+        let loaded = eval::load(root, &mut errors).map_err(|source| Error::Io { path, source })?;
+        errors.into_result().map_err(|e| Error::Config(e))?;
+        Ok(loaded)
+    }
+
+    pub fn plan(&self, host: &Host, profile: Option<String>) -> Result<eval::Plan, Error> {
+        let loaded = self.load(host)?;
+        let req = Request { profile, use_cache: !self.no_cache, ..Request::default() };
+        eval::evaluate(&loaded, host, &req).map_err(|e| Error::from_eval(e, &loaded))
+    }
+}

@@ -1,0 +1,32 @@
+use super::Global;
+use crate::eval::Host;
+use crate::spec::{self, SpecPaths};
+use crate::Error;
+
+/// Print the OCI runtime spec (config.json) for the sandbox
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Examples:\n  aisb spec > config.json\n  aisb spec --profile investigate -- claude -p hello")]
+pub struct Args {
+    /// Profile to use (default: the file's `default-profile`, else the top level)
+    #[arg(short, long)]
+    pub profile: Option<String>,
+    /// Command to run inside instead of the configured one
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
+    let host = Host::current().map_err(|source| Error::Io { path: ".".into(), source })?;
+    let loaded = g.load(&host)?;
+    let req = crate::eval::Request { profile: a.profile, command: a.command, use_cache: !g.no_cache, ..Default::default() };
+    let plan = crate::eval::evaluate(&loaded, &host, &req).map_err(|e| Error::from_eval(e, &loaded))?;
+    let bundle = plan.state_dir.join("bundle");
+    let paths = SpecPaths {
+        rootfs: "rootfs".into(),
+        mask_file: bundle.join("masked"),
+        cgroups_path: spec::bundle::cgroups_path(&plan, &bundle),
+    };
+    let spec = spec::build(&plan, &paths)?;
+    println!("{}", serde_json::to_string_pretty(&spec).map_err(spec::SpecError::from)?);
+    Ok(0)
+}

@@ -1,0 +1,250 @@
+//! The raw configuration model: what one `sandbox.kdl` says, with a location for every value.
+//! Nothing here is resolved: paths still hold `$VARS`, profiles are not merged, imports not read.
+
+use super::diag::{Loc, Spanned};
+
+pub type S<T> = Spanned<T>;
+
+/// One decoded file.
+#[derive(Debug, Clone, Default)]
+pub struct ConfigFile {
+    pub imports: Vec<S<String>>,
+    /// The top-level settings: the base every profile extends unless it names another.
+    pub base: Settings,
+    pub profiles: Vec<ProfileDecl>,
+    pub tasks: Vec<TaskDecl>,
+    pub groups: Vec<GroupDecl>,
+    pub default_profile: Option<S<String>>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ProfileDecl {
+    pub name: S<String>,
+    pub extends: Option<S<String>>,
+    pub description: Option<String>,
+    pub settings: Settings,
+}
+
+#[derive(Debug, Clone)]
+pub struct TaskDecl {
+    pub name: S<String>,
+    pub description: Option<String>,
+    /// One string: run by `/bin/sh -c`; several: an argv.
+    pub run: S<Vec<String>>,
+    pub profile: Option<S<String>>,
+    pub cwd: Option<S<String>>,
+    pub env: Vec<(S<String>, S<String>)>,
+}
+
+/// `domains "NAME" "a.com" "*.b.com"`: a named list of domain rules presets can refer to.
+#[derive(Debug, Clone)]
+pub struct GroupDecl {
+    pub name: S<String>,
+    pub domains: Vec<S<String>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Access {
+    /// Read-only bind mount.
+    Ro,
+    /// Read-write bind mount: writes reach the host.
+    Rw,
+    /// Copy-on-write: writable inside, changes kept in the sandbox's state, never on the host.
+    Overlay,
+}
+
+impl Access {
+    pub const NAMES: [&'static str; 3] = ["ro", "rw", "overlay"];
+    pub fn parse(s: &str) -> Option<Access> {
+        match s {
+            "ro" | "read-only" => Some(Access::Ro),
+            "rw" | "read-write" => Some(Access::Rw),
+            "overlay" | "cow" => Some(Access::Overlay),
+            _ => None,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Access::Ro => "ro",
+            Access::Rw => "rw",
+            Access::Overlay => "overlay",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HomeMode {
+    /// An empty private home (tmpfs); only what is mounted into it is visible. The default.
+    Empty,
+    /// The real home, read-only, with the sensitive home paths masked.
+    Ro,
+    /// The real home, copy-on-write, with the sensitive home paths masked.
+    Overlay,
+}
+
+impl HomeMode {
+    pub const NAMES: [&'static str; 3] = ["empty", "ro", "overlay"];
+    pub fn parse(s: &str) -> Option<HomeMode> {
+        match s {
+            "empty" | "hidden" => Some(HomeMode::Empty),
+            "ro" | "read-only" => Some(HomeMode::Ro),
+            "overlay" => Some(HomeMode::Overlay),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Inherit {
+    /// Everything from the caller's environment, minus denied and secret-looking names.
+    All,
+    /// Only a fixed list of harmless names (PATH, TERM, LANG, …) plus `allow` and `pass`.
+    Safe,
+    /// Nothing but what `set`, `pass` and `allow` name.
+    None,
+}
+
+impl Inherit {
+    pub const NAMES: [&'static str; 3] = ["all", "safe", "none"];
+    pub fn parse(s: &str) -> Option<Inherit> {
+        match s {
+            "all" => Some(Inherit::All),
+            "safe" => Some(Inherit::Safe),
+            "none" => Some(Inherit::None),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NetMode {
+    /// Loopback only, no proxy.
+    None,
+    /// Only the allowlisted domains, through the filtering proxy.
+    Allow,
+    /// The host's network namespace: no isolation at all.
+    Host,
+}
+
+impl NetMode {
+    pub const NAMES: [&'static str; 3] = ["none", "allow", "host"];
+    pub fn parse(s: &str) -> Option<NetMode> {
+        match s {
+            "none" => Some(NetMode::None),
+            "allow" => Some(NetMode::Allow),
+            "host" => Some(NetMode::Host),
+            _ => None,
+        }
+    }
+}
+
+/// Everything a profile can say. `None` / empty means "not said here" (inherit).
+#[derive(Debug, Clone, Default)]
+pub struct Settings {
+    pub project: ProjectCfg,
+    pub read_only: Option<S<bool>>,
+    pub mounts: Vec<MountCfg>,
+    pub tmpfs: Vec<TmpfsCfg>,
+    pub home: Option<S<HomeMode>>,
+    pub block: Vec<S<String>>,
+    pub allow: Vec<S<String>>,
+    pub secrets: SecretsCfg,
+    pub env: EnvCfg,
+    pub network: NetworkCfg,
+    pub process: ProcessCfg,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ProjectCfg {
+    pub root: Option<S<String>>,
+    pub access: Option<S<Access>>,
+}
+
+#[derive(Debug, Clone)]
+pub struct MountCfg {
+    pub source: S<String>,
+    pub target: Option<S<String>>,
+    pub access: Access,
+    pub optional: bool,
+    pub loc: Loc,
+}
+
+#[derive(Debug, Clone)]
+pub struct TmpfsCfg {
+    pub target: S<String>,
+    pub size: Option<u64>,
+    pub loc: Loc,
+}
+
+/// The layers of the blocklist (seed 000): built-in sensitive patterns, gitignored files,
+/// git-crypt files, and the tool dirs exempted from the gitignored layer.
+#[derive(Debug, Clone, Default)]
+pub struct SecretsCfg {
+    pub defaults: Option<S<bool>>,
+    pub gitignored: Option<S<bool>>,
+    pub git_crypt: Option<S<bool>>,
+    pub tool_dirs: Vec<S<String>>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct EnvCfg {
+    pub inherit: Option<S<Inherit>>,
+    pub filter_secrets: Option<S<bool>>,
+    pub allow: Vec<S<String>>,
+    pub deny: Vec<S<String>>,
+    pub pass: Vec<S<String>>,
+    pub set: Vec<(S<String>, S<String>)>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct NetworkCfg {
+    pub mode: Option<S<NetMode>>,
+    pub allow: Vec<S<String>>,
+    pub deny: Vec<S<String>>,
+    pub groups: Vec<S<String>>,
+    pub localhost_ports: Vec<S<u16>>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ProcessCfg {
+    pub command: Option<S<Vec<String>>>,
+    pub cwd: Option<S<String>>,
+    pub shell: Option<S<String>>,
+    pub user: Option<UserCfg>,
+    pub rlimits: Vec<RlimitCfg>,
+    pub hostname: Option<S<String>>,
+}
+
+#[derive(Debug, Clone)]
+pub struct UserCfg {
+    pub uid: Option<S<u32>>,
+    pub gid: Option<S<u32>>,
+    pub name: Option<S<String>>,
+    pub loc: Loc,
+}
+
+#[derive(Debug, Clone)]
+pub struct RlimitCfg {
+    pub resource: S<String>,
+    pub soft: u64,
+    pub hard: u64,
+    pub loc: Loc,
+}
+
+/// The rlimit names accepted by `rlimit`, mapped to their OCI names.
+pub const RLIMITS: [(&str, &str); 10] = [
+    ("as", "RLIMIT_AS"),
+    ("core", "RLIMIT_CORE"),
+    ("cpu", "RLIMIT_CPU"),
+    ("data", "RLIMIT_DATA"),
+    ("fsize", "RLIMIT_FSIZE"),
+    ("memlock", "RLIMIT_MEMLOCK"),
+    ("nofile", "RLIMIT_NOFILE"),
+    ("nproc", "RLIMIT_NPROC"),
+    ("stack", "RLIMIT_STACK"),
+    ("sigpending", "RLIMIT_SIGPENDING"),
+];

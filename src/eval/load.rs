@@ -1,0 +1,153 @@
+//! Reading the root file and everything it imports: a depth-first worklist with a stack for
+//! cycle detection and a visited map so a file imported twice is read once.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::config::{self, ConfigFile, Errors, Loc, SourceFile, Spanned};
+use crate::presets;
+
+/// The implicit, lowest-priority import that makes the built-in per-task profiles
+/// (`investigate`, `fix`, `implement`) available to every configuration.
+pub const BUILTIN_PROFILES: &str = "preset:profiles";
+
+#[derive(Debug, Clone)]
+pub enum Root {
+    File(PathBuf),
+    /// No `sandbox.kdl`: the embedded default, evaluated in `dir`.
+    Default { dir: PathBuf },
+}
+
+#[derive(Debug)]
+pub struct Loaded {
+    pub sources: Vec<SourceFile>,
+    /// Decoded files, parallel to `sources`.
+    pub files: Vec<ConfigFile>,
+    /// Imports before their importers; the root file last.
+    pub order: Vec<usize>,
+    pub root: usize,
+    pub root_kind: Root,
+}
+
+impl Loaded {
+    /// Directory relative paths in the root file are resolved against.
+    pub fn base_dir(&self) -> PathBuf {
+        match &self.root_kind {
+            Root::File(p) => p.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf),
+            Root::Default { dir } => dir.clone(),
+        }
+    }
+}
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum Key {
+    Path(PathBuf),
+    Preset(String),
+}
+
+struct Loader<'e> {
+    sources: Vec<SourceFile>,
+    files: Vec<ConfigFile>,
+    order: Vec<usize>,
+    visited: HashMap<Key, usize>,
+    stack: Vec<(Key, String)>,
+    errors: &'e mut Errors,
+}
+
+pub fn load(root: Root, errors: &mut Errors) -> Result<Loaded, std::io::Error> {
+    let mut l = Loader { sources: Vec::new(), files: Vec::new(), order: Vec::new(), visited: HashMap::new(), stack: Vec::new(), errors };
+    let builtin = presets::get("profiles").expect("built-in profiles preset");
+    l.add(Key::Preset("profiles".into()), BUILTIN_PROFILES.into(), None, builtin.to_string());
+    let root_idx = match &root {
+        Root::File(path) => {
+            let text = std::fs::read_to_string(path)?;
+            let name = display_name(path);
+            let key = Key::Path(path.canonicalize().unwrap_or_else(|_| path.clone()));
+            l.add(key, name, Some(path.clone()), text)
+        }
+        Root::Default { .. } => {
+            let text = presets::get("default").expect("embedded default").to_string();
+            l.add(Key::Preset("default".into()), "<embedded default>".into(), None, text)
+        }
+    };
+    Ok(Loaded { sources: l.sources, files: l.files, order: l.order, root: root_idx, root_kind: root })
+}
+
+/// Paths are shown relative to the current directory when they are under it.
+pub fn display_name(path: &Path) -> String {
+    let cwd = std::env::current_dir().ok();
+    match cwd.as_deref().and_then(|c| path.strip_prefix(c).ok()) {
+        Some(rel) if !rel.as_os_str().is_empty() => rel.display().to_string(),
+        _ => path.display().to_string(),
+    }
+}
+
+impl Loader<'_> {
+    /// Decode a source, then its imports (depth first), then record it in `order`.
+    fn add(&mut self, key: Key, name: String, path: Option<PathBuf>, text: String) -> usize {
+        let idx = self.sources.len();
+        self.sources.push(SourceFile { name: name.clone(), path: path.clone(), text: Arc::new(text) });
+        let file = config::parse(&self.sources, idx, self.errors);
+        self.files.push(ConfigFile::default());
+        self.visited.insert(key.clone(), idx);
+        self.stack.push((key, name));
+        let dir = path.as_deref().and_then(Path::parent).map(Path::to_path_buf);
+        for import in &file.imports {
+            self.import(import, dir.as_deref(), idx);
+        }
+        self.stack.pop();
+        self.files[idx] = file;
+        self.order.push(idx);
+        idx
+    }
+
+    fn import(&mut self, import: &Spanned<String>, dir: Option<&Path>, from: usize) {
+        let loc = import.loc;
+        let (key, name, path, text) = if let Some(preset) = import.value.strip_prefix("preset:") {
+            match presets::get(preset) {
+                Some(text) => (Key::Preset(preset.into()), import.value.clone(), None, text.to_string()),
+                None => {
+                    let hint = crate::config::diag::suggest(preset, presets::names());
+                    self.err(loc, format!("unknown preset `{preset}`"), "no such preset", Some(match hint {
+                        Some(h) => format!("did you mean `preset:{h}`? (`aisb presets` lists them)"),
+                        None => format!("built-in presets: {}", presets::names().collect::<Vec<_>>().join(", ")),
+                    }));
+                    return;
+                }
+            }
+        } else {
+            let Some(dir) = dir else {
+                self.err(loc, "a built-in preset can only import other presets".into(), "file import", None);
+                return;
+            };
+            let path = dir.join(&import.value);
+            let text = match std::fs::read_to_string(&path) {
+                Ok(t) => t,
+                Err(e) => {
+                    self.err(loc, format!("cannot read `{}`: {e}", path.display()), "imported here",
+                        Some("import paths are relative to the importing file".into()));
+                    return;
+                }
+            };
+            let key = Key::Path(path.canonicalize().unwrap_or_else(|_| path.clone()));
+            (key, display_name(&path), Some(path), text)
+        };
+        if let Some(pos) = self.stack.iter().position(|(k, _)| *k == key) {
+            let mut chain: Vec<&str> = self.stack[pos..].iter().map(|(_, n)| n.as_str()).collect();
+            chain.push(&name);
+            self.err(loc, format!("import cycle: {}", chain.join(" -> ")), "imported here",
+                Some("remove one of the imports in the cycle".into()));
+            return;
+        }
+        if self.visited.contains_key(&key) {
+            return;
+        }
+        let _ = from;
+        self.add(key, name, path, text);
+    }
+
+    fn err(&mut self, loc: Loc, message: String, label: &str, help: Option<String>) {
+        self.errors.push(&self.sources, loc, message, label, help);
+    }
+}

@@ -1,0 +1,163 @@
+//! Path patterns for `block`, `allow` and `secrets tool-dirs`, and the built-in sensitive sets.
+//!
+//! Pattern syntax (close to .gitignore): relative to the project root; a pattern without `/`
+//! matches a name at any depth (`.env`, `*.pem`); a pattern with `/` inside is anchored at the
+//! project root (`config/prod.yml`, `./secrets.txt`); a trailing `/` matches directories only;
+//! `*` and `?` never cross `/`, `**` does. Patterns starting with `/` or `~/` name paths outside
+//! the project literally (no wildcards: we never walk outside the project).
+
+use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
+
+/// Seed 000 / seed 002: never readable inside, wherever they are in the project.
+pub const DEFAULT_SENSITIVE: &[&str] = &[
+    ".env", ".env.*", ".envrc", "*.pem", "*.key", "*.p12", "*.pfx", "*.keystore", "*.jks",
+    "*credentials*", "*secret*", ".aws/", ".ssh/", ".gnupg/", ".netrc", ".git-credentials",
+    ".npmrc", ".pypirc", ".docker/", ".kube/", "id_rsa", "id_ed25519", "id_ecdsa", "id_dsa",
+    "*.tfvars", "*.tfstate", ".vault-token",
+];
+
+/// Dirs that are gitignored by convention but needed by agents to work (seed 000's
+/// GLOBAL_TOOL_ALLOWLIST): exempt from the gitignored layer, still subject to the others.
+pub const DEFAULT_TOOL_DIRS: &[&str] = &[
+    ".claude/", ".codex/", ".aider*", ".continue/", ".opencode/", ".gemini/", "CLAUDE.md", "AGENTS.md",
+];
+
+/// Paths under `$HOME` masked when the home is visible (`home "ro"` / `home "overlay"`).
+pub const HOME_SENSITIVE: &[&str] = &[
+    ".ssh", ".aws", ".gnupg", ".netrc", ".git-credentials", ".docker/config.json", ".kube",
+    ".config/gcloud", ".config/gh/hosts.yml", ".azure", ".password-store", ".npmrc", ".pypirc",
+    ".cargo/credentials.toml", ".cargo/credentials", ".vault-token", ".bash_history",
+    ".zsh_history", ".local/share/fish/fish_history", ".config/op", ".local/share/keyrings",
+    ".mozilla", ".config/google-chrome", ".config/chromium", ".terraform.d/credentials.tfrc.json",
+    ".claude/.credentials.json", ".codex/auth.json",
+];
+
+/// Is this pattern acceptable? Returns a short reason when not.
+pub fn validate_pattern(p: &str) -> Result<(), String> {
+    if p.is_empty() {
+        return Err("empty pattern".into());
+    }
+    if is_outside(p) {
+        if p.contains(['*', '?', '[', '{']) {
+            return Err("wildcards are only allowed in project-relative patterns".into());
+        }
+        return Ok(());
+    }
+    if p.split('/').any(|c| c == "..") {
+        return Err("`..` may not appear in a pattern".into());
+    }
+    glob_for(p).map(|_| ()).map_err(|e| e.kind().to_string())
+}
+
+/// Patterns naming a path outside the project: `/abs/path`, `~/x`, `$HOME/x`, `${…}`.
+pub fn is_outside(p: &str) -> bool {
+    p.starts_with('/') || p.starts_with("~/") || p == "~" || p.starts_with('$')
+}
+
+fn glob_for(p: &str) -> Result<Glob, globset::Error> {
+    let body = p.trim_end_matches('/');
+    let body = body.strip_prefix("./").unwrap_or(body);
+    let full = if body.contains('/') { body.to_string() } else { format!("**/{body}") };
+    GlobBuilder::new(&full).literal_separator(true).backslash_escape(true).build()
+}
+
+/// A compiled set of project-relative patterns that remembers which pattern matched.
+#[derive(Debug, Clone)]
+pub struct PatternSet {
+    set: GlobSet,
+    patterns: Vec<String>,
+    dir_only: Vec<bool>,
+}
+
+impl PatternSet {
+    /// Compile; outside-the-project patterns are skipped here (they are resolved as literal
+    /// paths by the evaluator). Patterns must have passed `validate_pattern`.
+    pub fn new<'a>(patterns: impl IntoIterator<Item = &'a str>) -> PatternSet {
+        let mut b = GlobSetBuilder::new();
+        let mut kept = Vec::new();
+        let mut dir_only = Vec::new();
+        for p in patterns {
+            if is_outside(p) {
+                continue;
+            }
+            if let Ok(g) = glob_for(p) {
+                b.add(g);
+                kept.push(p.to_string());
+                dir_only.push(p.ends_with('/'));
+            }
+        }
+        let set = b.build().unwrap_or_else(|_| GlobSet::empty());
+        PatternSet { set, patterns: kept, dir_only }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.patterns.is_empty()
+    }
+
+    /// The first pattern matching `rel` (a `/`-separated path relative to the project).
+    pub fn matching(&self, rel: &str, is_dir: bool) -> Option<&str> {
+        if self.patterns.is_empty() {
+            return None;
+        }
+        self.set
+            .matches(rel)
+            .into_iter()
+            .find(|&i| is_dir || !self.dir_only[i])
+            .map(|i| self.patterns[i].as_str())
+    }
+
+    /// Does `rel` or one of its ancestor directories match?
+    pub fn covers(&self, rel: &str, is_dir: bool) -> Option<&str> {
+        for (i, c) in rel.char_indices() {
+            if c == '/' {
+                if let Some(p) = self.matching(&rel[..i], true) {
+                    return Some(p);
+                }
+            }
+        }
+        self.matching(rel, is_dir)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unanchored_patterns_match_at_any_depth() {
+        let s = PatternSet::new([".env", "*.pem", ".aws/"]);
+        assert_eq!(s.matching(".env", false), Some(".env"));
+        assert_eq!(s.matching("deep/er/.env", false), Some(".env"));
+        assert_eq!(s.matching("certs/x.pem", false), Some("*.pem"));
+        assert_eq!(s.matching("a/.aws", true), Some(".aws/"));
+        assert_eq!(s.matching("a/.aws", false), None, "dir-only pattern must not match a file");
+        assert_eq!(s.matching(".envx", false), None);
+    }
+
+    #[test]
+    fn anchored_patterns_and_separators() {
+        let s = PatternSet::new(["config/*.yml", "./top.txt"]);
+        assert_eq!(s.matching("config/prod.yml", false), Some("config/*.yml"));
+        assert_eq!(s.matching("config/sub/prod.yml", false), None, "* must not cross /");
+        assert_eq!(s.matching("sub/config/prod.yml", false), None, "anchored at the root");
+        assert_eq!(s.matching("top.txt", false), Some("./top.txt"));
+        assert_eq!(s.matching("a/top.txt", false), None);
+    }
+
+    #[test]
+    fn covers_checks_ancestors() {
+        let s = PatternSet::new([".ssh/"]);
+        assert_eq!(s.covers("home/.ssh/id_ed25519", false), Some(".ssh/"));
+        assert_eq!(s.covers("home/ssh/id", false), None);
+    }
+
+    #[test]
+    fn validation() {
+        assert!(validate_pattern("*.pem").is_ok());
+        assert!(validate_pattern("~/.config/gcloud").is_ok());
+        assert!(validate_pattern("~/.config/*").is_err());
+        assert!(validate_pattern("../x").is_err());
+        assert!(validate_pattern("a/[b").is_err());
+        assert!(validate_pattern("").is_err());
+    }
+}

@@ -1,0 +1,70 @@
+//! Profile inheritance and merging.
+//!
+//! Rules (also in `sandbox.kdl.example`):
+//! - scalars (`project`, `home`, `read-only`, `env inherit`, `network` mode, `process` fields):
+//!   the child's value replaces the parent's;
+//! - lists (`mount`, `tmpfs`, `block`, `allow`, `tool-dirs`, env `allow`/`deny`/`pass`/`set`,
+//!   network `allow`/`deny`/`group`/`localhost-port`, `rlimit`): the child's entries are
+//!   appended; for mounts, env `set` and rlimits a later entry for the same target/name wins;
+//! - `block` can never be removed, and the masking layers (`secrets defaults`, `gitignored`,
+//!   `git-crypt`) can only be turned off in the top-level settings, never by a profile.
+
+use crate::config::model::Settings;
+use crate::config::{Errors, SourceFile, Spanned};
+
+/// Merge `over` (a profile, or an imported file's top level when `is_profile` is false) into
+/// `base`.
+pub fn merge(base: &mut Settings, over: &Settings, is_profile: bool, sources: &[SourceFile], errors: &mut Errors) {
+    fn scalar<T: Clone>(b: &mut Option<T>, o: &Option<T>) {
+        if o.is_some() {
+            b.clone_from(o);
+        }
+    }
+    scalar(&mut base.project.root, &over.project.root);
+    scalar(&mut base.project.access, &over.project.access);
+    scalar(&mut base.read_only, &over.read_only);
+    scalar(&mut base.home, &over.home);
+    base.mounts.extend(over.mounts.iter().cloned());
+    base.tmpfs.extend(over.tmpfs.iter().cloned());
+    base.block.extend(over.block.iter().cloned());
+    base.allow.extend(over.allow.iter().cloned());
+
+    for (b, o, name) in [
+        (&mut base.secrets.defaults, &over.secrets.defaults, "defaults"),
+        (&mut base.secrets.gitignored, &over.secrets.gitignored, "gitignored"),
+        (&mut base.secrets.git_crypt, &over.secrets.git_crypt, "git-crypt"),
+    ] {
+        match o {
+            Some(Spanned { value: false, loc }) if is_profile => errors.push(
+                sources,
+                *loc,
+                format!("a profile cannot turn off the `{name}` masking layer"),
+                "turns masking off",
+                Some("masking layers can only be turned off in the top-level settings; use `allow` to expose single paths".into()),
+            ),
+            Some(_) => b.clone_from(o),
+            None => {}
+        }
+    }
+    base.secrets.tool_dirs.extend(over.secrets.tool_dirs.iter().cloned());
+
+    scalar(&mut base.env.inherit, &over.env.inherit);
+    scalar(&mut base.env.filter_secrets, &over.env.filter_secrets);
+    base.env.allow.extend(over.env.allow.iter().cloned());
+    base.env.deny.extend(over.env.deny.iter().cloned());
+    base.env.pass.extend(over.env.pass.iter().cloned());
+    base.env.set.extend(over.env.set.iter().cloned());
+
+    scalar(&mut base.network.mode, &over.network.mode);
+    base.network.allow.extend(over.network.allow.iter().cloned());
+    base.network.deny.extend(over.network.deny.iter().cloned());
+    base.network.groups.extend(over.network.groups.iter().cloned());
+    base.network.localhost_ports.extend(over.network.localhost_ports.iter().cloned());
+
+    scalar(&mut base.process.command, &over.process.command);
+    scalar(&mut base.process.cwd, &over.process.cwd);
+    scalar(&mut base.process.shell, &over.process.shell);
+    scalar(&mut base.process.user, &over.process.user);
+    scalar(&mut base.process.hostname, &over.process.hostname);
+    base.process.rlimits.extend(over.process.rlimits.iter().cloned());
+}

@@ -1,0 +1,139 @@
+//! The resolved plan: what the sandbox will be, with no spans, no variables and no KDL.
+//! Everything after evaluation (spec generation, runtimes, `aisb plan`) reads only this.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+pub use crate::config::model::{Access, NetMode};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    /// The config file used, `None` when the embedded default applied.
+    pub config_file: Option<PathBuf>,
+    pub profile: String,
+    pub project: PathBuf,
+    pub project_access: Access,
+    pub read_only: bool,
+    pub identity: Identity,
+    /// Per-sandbox state: overlay upper dirs, copies, bundle (`$XDG_CACHE_HOME/aisb/…`).
+    pub state_dir: PathBuf,
+    /// Host system paths mounted read-only (or recreated as symlinks), in mount order.
+    pub system: Vec<SystemPath>,
+    /// Everything else mounted, in mount order (parents before children).
+    pub mounts: Vec<Mount>,
+    /// Paths hidden inside, each with the rule that hid it.
+    pub masks: Vec<Mask>,
+    pub scan: ScanSummary,
+    pub env: Env,
+    pub network: Network,
+    pub process: Process,
+    pub tasks: Vec<Task>,
+    pub profiles: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Identity {
+    pub uid: u32,
+    pub gid: u32,
+    pub name: String,
+    pub home: PathBuf,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum SystemPath {
+    /// Read-only bind of the host path at the same place.
+    Bind { path: PathBuf },
+    /// The host path is a symlink (merged /usr): recreate it in the rootfs.
+    Symlink { path: PathBuf, target: PathBuf },
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Mount {
+    pub target: PathBuf,
+    #[serde(flatten)]
+    pub kind: MountKind,
+    /// Why this mount exists (`project`, `home`, `mount at sandbox.kdl:12`, …).
+    pub why: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum MountKind {
+    Bind { source: PathBuf, writable: bool },
+    /// Copy-on-write directory: overlayfs with the host path as the lower layer.
+    Overlay { lower: PathBuf, upper: PathBuf, work: PathBuf },
+    /// Copy-on-write file: a private copy taken when the sandbox is created.
+    Copy { source: PathBuf, copy: PathBuf },
+    Tmpfs { size: Option<u64>, mode: u32, owner: Option<(u32, u32)> },
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Mask {
+    pub path: PathBuf,
+    pub dir: bool,
+    pub rule: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ScanSummary {
+    pub git: bool,
+    pub cached: bool,
+    pub entries: usize,
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Env {
+    /// Names and values passed in. Values never leave the process except into the spec.
+    #[serde(serialize_with = "names_only")]
+    pub vars: Vec<(String, String)>,
+    pub dropped: Vec<Dropped>,
+}
+
+fn names_only<S: serde::Serializer>(vars: &[(String, String)], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(vars.iter().map(|(k, _)| k))
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Dropped {
+    pub name: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Network {
+    pub mode: NetMode,
+    pub allow: Vec<String>,
+    pub deny: Vec<String>,
+    pub localhost_ports: Vec<u16>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Process {
+    pub args: Vec<String>,
+    pub cwd: PathBuf,
+    pub shell: PathBuf,
+    pub hostname: String,
+    pub rlimits: Vec<Rlimit>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Rlimit {
+    /// OCI name, e.g. `RLIMIT_NOFILE`.
+    pub kind: String,
+    pub soft: u64,
+    pub hard: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Task {
+    pub name: String,
+    pub description: Option<String>,
+    pub args: Vec<String>,
+    pub profile: Option<String>,
+    pub cwd: Option<PathBuf>,
+    #[serde(serialize_with = "names_only")]
+    pub env: Vec<(String, String)>,
+}

@@ -1,0 +1,423 @@
+//! The dynamic blocklist: which paths of the project are masked, computed once from git and
+//! cached.
+//!
+//! Cold: `git ls-files` lists tracked + untracked files and (collapsed) ignored entries,
+//! `git check-attr` finds git-crypt files when some `.gitattributes` mentions git-crypt, and one
+//! walk of the tree records every directory's mtime. Warm: the cached result is reused when no
+//! recorded directory or git control file changed (like git's own untracked cache: creating,
+//! renaming or deleting a file changes its directory's mtime). Entries modified within
+//! `RACY_NS` of the scan are never trusted, so a change racing the scan forces a rescan.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::masks::PatternSet;
+
+const CACHE_VERSION: u32 = 1;
+const RACY_NS: i128 = 100_000_000;
+/// A project bigger than this without git is almost certainly a mistake (`/` or `$HOME`).
+const MAX_WALK_ENTRIES: usize = 1_000_000;
+
+/// What to mask, as configured.
+pub struct ScanRules<'a> {
+    /// (pattern, rule name) pairs from `block` and the default sensitive set.
+    pub block: &'a PatternSet,
+    pub block_rule: &'a dyn Fn(&str) -> String,
+    pub allow: &'a PatternSet,
+    pub tool_dirs: &'a PatternSet,
+    pub gitignored: bool,
+    pub git_crypt: bool,
+    /// Hash of everything above, part of the cache key.
+    pub key: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Masked {
+    /// Relative to the project root, `/`-separated.
+    pub rel: String,
+    pub dir: bool,
+    pub rule: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ScanResult {
+    pub masks: Vec<Masked>,
+    pub notes: Vec<String>,
+    pub git: bool,
+    pub entries_seen: usize,
+    #[serde(skip)]
+    pub from_cache: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ScanError {
+    #[error("could not run git in {root}: {source}")]
+    Git { root: PathBuf, source: std::io::Error },
+    #[error("`git {args}` failed in {root}: {stderr}")]
+    GitFailed { root: PathBuf, args: String, stderr: String },
+    #[error("could not read {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{root} has more than {MAX_WALK_ENTRIES} entries and is not a git repository")]
+    TooBig { root: PathBuf },
+}
+
+#[derive(Serialize, Deserialize)]
+struct CacheFile {
+    version: u32,
+    key: String,
+    scan_start_ns: i128,
+    /// (path relative to root or absolute, stamp); stamp `None` = did not exist.
+    stamps: Vec<(String, Option<Stamp>)>,
+    result: ScanResult,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct Stamp {
+    mtime_ns: i128,
+    size: u64,
+    ino: u64,
+}
+
+fn stamp(path: &Path) -> Option<Stamp> {
+    let m = fs::symlink_metadata(path).ok()?;
+    Some(Stamp { mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128, size: m.size(), ino: m.ino() })
+}
+
+fn now_ns() -> i128 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i128)
+}
+
+/// Scan `root` (or reuse the cache in `cache_dir`).
+pub fn scan(root: &Path, rules: &ScanRules<'_>, cache_dir: Option<&Path>) -> Result<ScanResult, ScanError> {
+    let cache_path = cache_dir.map(|d| {
+        let mut h = Sha256::new();
+        h.update(root.as_os_str().as_encoded_bytes());
+        h.update([0]);
+        h.update(rules.key.as_bytes());
+        d.join(format!("{:x}.json", h.finalize()))
+    });
+    if let Some(p) = &cache_path {
+        if let Some(r) = load_cache(p, root, &rules.key) {
+            return Ok(r);
+        }
+    }
+    let start = now_ns();
+    let git_dir = git_dir(root);
+    let (result, mut stamped) = match &git_dir {
+        Some(gd) => scan_git(root, gd, rules)?,
+        None => scan_plain(root, rules)?,
+    };
+    if let Some(p) = &cache_path {
+        stamped.sort();
+        stamped.dedup();
+        let stamps = stamped.into_iter().map(|rel| {
+            let s = stamp(&root.join(&rel));
+            (rel, s)
+        }).collect();
+        let cache = CacheFile { version: CACHE_VERSION, key: rules.key.clone(), scan_start_ns: start, stamps, result: result.clone() };
+        // A cache we cannot write only costs time on the next run.
+        let _ = write_atomic(p, &serde_json::to_vec(&cache).unwrap_or_default());
+    }
+    Ok(result)
+}
+
+fn load_cache(path: &Path, root: &Path, key: &str) -> Option<ScanResult> {
+    let bytes = fs::read(path).ok()?;
+    let cache: CacheFile = serde_json::from_slice(&bytes).ok()?;
+    if cache.version != CACHE_VERSION || cache.key != key {
+        return None;
+    }
+    for (rel, recorded) in &cache.stamps {
+        let now = stamp(&root.join(rel));
+        if now != *recorded {
+            return None;
+        }
+        if let Some(s) = recorded {
+            if s.mtime_ns >= cache.scan_start_ns - RACY_NS {
+                return None;
+            }
+        }
+    }
+    let mut r = cache.result;
+    r.from_cache = true;
+    Some(r)
+}
+
+fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(".tmp-{}-{}", std::process::id(), now_ns()));
+    let mut f = fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all().ok();
+    fs::rename(&tmp, path)
+}
+
+/// The git dir of `root` when `root` is the top of a work tree (or inside one).
+fn git_dir(root: &Path) -> Option<PathBuf> {
+    let out = Command::new("git")
+        .args(["rev-parse", "--absolute-git-dir"])
+        .current_dir(root)
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    Some(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim_end()))
+}
+
+fn git(root: &Path, args: &[&str], stdin: Option<&[u8]>) -> Result<Vec<u8>, ScanError> {
+    let mut cmd = Command::new("git");
+    cmd.args(["-c", "core.quotepath=off"]).args(args).current_dir(root);
+    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().map_err(|source| ScanError::Git { root: root.into(), source })?;
+    let writer = stdin.map(|input| {
+        let mut w = child.stdin.take().expect("stdin piped");
+        let input = input.to_vec();
+        std::thread::spawn(move || w.write_all(&input))
+    });
+    let out = child.wait_with_output().map_err(|source| ScanError::Git { root: root.into(), source })?;
+    if let Some(w) = writer {
+        let _ = w.join();
+    }
+    if !out.status.success() {
+        return Err(ScanError::GitFailed {
+            root: root.into(),
+            args: args.join(" "),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(out.stdout)
+}
+
+fn split_z(bytes: &[u8]) -> impl Iterator<Item = String> + '_ {
+    bytes.split(|b| *b == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned())
+}
+
+/// Collects masks, never masking beneath an already masked directory.
+#[derive(Default)]
+struct Collector {
+    masks: BTreeMap<String, Masked>,
+}
+
+impl Collector {
+    fn add(&mut self, rel: &str, dir: bool, rule: String) {
+        self.masks.entry(rel.to_string()).or_insert(Masked { rel: rel.to_string(), dir, rule });
+    }
+
+    fn finish(self) -> Vec<Masked> {
+        // Drop entries under a masked directory: the directory mask hides them already.
+        let mut out: Vec<Masked> = Vec::new();
+        for m in self.masks.into_values() {
+            let covered = out.iter().rev().take_while(|p| m.rel.starts_with(&p.rel)).any(|p| {
+                p.dir && m.rel.len() > p.rel.len() && m.rel.as_bytes()[p.rel.len()] == b'/'
+            });
+            if !covered {
+                out.push(m);
+            }
+        }
+        out
+    }
+}
+
+/// Check one path (and its not-yet-checked ancestor dirs) against allow and block.
+fn classify(rules: &ScanRules<'_>, seen_dirs: &mut HashSet<String>, col: &mut Collector, rel: &str, is_dir: bool) {
+    for (i, c) in rel.char_indices() {
+        if c == '/' {
+            let dir = &rel[..i];
+            if seen_dirs.insert(dir.to_string()) && rules.allow.covers(dir, true).is_none() {
+                if let Some(p) = rules.block.matching(dir, true) {
+                    col.add(dir, true, (rules.block_rule)(p));
+                }
+            }
+        }
+    }
+    if is_dir && !seen_dirs.insert(rel.to_string()) {
+        return;
+    }
+    if rules.allow.covers(rel, is_dir).is_some() {
+        return;
+    }
+    if let Some(p) = rules.block.matching(rel, is_dir) {
+        col.add(rel, is_dir, (rules.block_rule)(p));
+    }
+}
+
+fn scan_git(root: &Path, git_dir: &Path, rules: &ScanRules<'_>) -> Result<(ScanResult, Vec<String>), ScanError> {
+    let mut col = Collector::default();
+    let mut seen_dirs = HashSet::new();
+    let mut notes = Vec::new();
+    let mut entries_seen = 0;
+
+    let visible = git(root, &["ls-files", "-z", "--cached", "--others", "--exclude-standard"], None)?;
+    let mut attr_files = Vec::new();
+    let mut tracked_or_visible: Vec<String> = Vec::new();
+    for rel in split_z(&visible) {
+        entries_seen += 1;
+        classify(rules, &mut seen_dirs, &mut col, &rel, false);
+        if rel == ".gitattributes" || rel.ends_with("/.gitattributes") {
+            attr_files.push(rel.clone());
+        }
+        tracked_or_visible.push(rel);
+    }
+
+    let mut ignored_args = vec!["ls-files", "-z", "--others", "--ignored", "--exclude-standard"];
+    if rules.gitignored {
+        ignored_args.push("--directory");
+    }
+    let ignored = git(root, &ignored_args, None)?;
+    for entry in split_z(&ignored) {
+        entries_seen += 1;
+        let is_dir = entry.ends_with('/');
+        let rel = entry.trim_end_matches('/');
+        if rel.is_empty() {
+            continue;
+        }
+        let exempt = rules.allow.covers(rel, is_dir).is_some() || rules.tool_dirs.covers(rel, is_dir).is_some();
+        if rules.gitignored && !exempt {
+            col.add(rel, is_dir, "gitignored".into());
+            continue;
+        }
+        if is_dir {
+            // An exempt ignored dir (a tool dir such as `.claude/`): check what is inside.
+            classify(rules, &mut seen_dirs, &mut col, rel, true);
+            walk(&root.join(rel), &mut |sub, sub_dir| {
+                let r = format!("{rel}/{sub}");
+                entries_seen += 1;
+                classify(rules, &mut seen_dirs, &mut col, &r, sub_dir);
+            })?;
+        } else {
+            classify(rules, &mut seen_dirs, &mut col, rel, false);
+        }
+    }
+    if !rules.gitignored {
+        notes.push("gitignored layer off: ignored files are masked only when a pattern matches".into());
+    }
+
+    if rules.git_crypt {
+        let mentions = attr_files.iter().any(|f| {
+            fs::read(root.join(f)).is_ok_and(|b| b.windows(9).any(|w| w == b"git-crypt"))
+        }) || fs::read(git_dir.join("info/attributes")).is_ok_and(|b| b.windows(9).any(|w| w == b"git-crypt"));
+        if mentions {
+            let mut input = Vec::new();
+            for f in &tracked_or_visible {
+                input.extend_from_slice(f.as_bytes());
+                input.push(0);
+            }
+            let out = git(root, &["check-attr", "-z", "--stdin", "filter"], Some(&input))?;
+            let fields: Vec<String> = split_z(&out).collect();
+            for chunk in fields.chunks(3) {
+                if let [path, _attr, value] = chunk {
+                    if value == "git-crypt" && rules.allow.covers(path, false).is_none() {
+                        col.add(path, false, "git-crypt".into());
+                    }
+                }
+            }
+        }
+    }
+
+    let masks = col.finish();
+    // Record every directory not hidden by a mask, and git's control files.
+    let masked_dirs: BTreeSet<&str> = masks.iter().filter(|m| m.dir).map(|m| m.rel.as_str()).collect();
+    let mut stamped = vec![String::new()];
+    let git_rel = git_dir.strip_prefix(root).ok().map(|p| p.to_string_lossy().into_owned());
+    walk_dirs(root, &masked_dirs, git_rel.as_deref(), &mut stamped)?;
+    for f in ["index", "HEAD", "info/exclude", "info/attributes", "config"] {
+        stamped.push(git_dir.join(f).to_string_lossy().into_owned());
+    }
+    for f in &attr_files {
+        stamped.push(f.clone());
+    }
+    for f in &tracked_or_visible {
+        if f == ".gitignore" || f.ends_with("/.gitignore") {
+            stamped.push(f.clone());
+        }
+    }
+    if let Some(global) = global_excludes() {
+        stamped.push(global.to_string_lossy().into_owned());
+    }
+    Ok((ScanResult { masks, notes, git: true, entries_seen, from_cache: false }, stamped))
+}
+
+fn global_excludes() -> Option<PathBuf> {
+    let out = Command::new("git").args(["config", "--path", "core.excludesFile"]).stderr(Stdio::null()).output().ok()?;
+    let s = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if !s.is_empty() {
+        return Some(PathBuf::from(s));
+    }
+    let base = std::env::var_os("XDG_CONFIG_HOME").map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
+    Some(base.join("git/ignore"))
+}
+
+fn scan_plain(root: &Path, rules: &ScanRules<'_>) -> Result<(ScanResult, Vec<String>), ScanError> {
+    let mut col = Collector::default();
+    let mut seen_dirs = HashSet::new();
+    let mut entries_seen = 0usize;
+    let mut too_big = false;
+    walk(root, &mut |rel, is_dir| {
+        entries_seen += 1;
+        if entries_seen > MAX_WALK_ENTRIES {
+            too_big = true;
+            return;
+        }
+        classify(rules, &mut seen_dirs, &mut col, rel, is_dir);
+    })?;
+    if too_big {
+        return Err(ScanError::TooBig { root: root.into() });
+    }
+    let masks = col.finish();
+    let masked_dirs: BTreeSet<&str> = masks.iter().filter(|m| m.dir).map(|m| m.rel.as_str()).collect();
+    let mut stamped = vec![String::new()];
+    walk_dirs(root, &masked_dirs, None, &mut stamped)?;
+    let notes = vec!["not a git repository: the gitignored and git-crypt layers do not apply".to_string()];
+    Ok((ScanResult { masks, notes, git: false, entries_seen, from_cache: false }, stamped))
+}
+
+/// Walk `dir`, calling `f(relative path, is_dir)` for every entry (not following symlinks).
+fn walk(dir: &Path, f: &mut dyn FnMut(&str, bool)) -> Result<(), ScanError> {
+    for entry in walkdir::WalkDir::new(dir).min_depth(1).follow_links(false) {
+        let entry = match entry {
+            Ok(e) => e,
+            Err(e) if e.io_error().is_some_and(|io| io.kind() == std::io::ErrorKind::PermissionDenied) => continue,
+            Err(e) => {
+                return Err(ScanError::Io { path: e.path().unwrap_or(dir).to_path_buf(), source: e.into() })
+            }
+        };
+        if let Ok(rel) = entry.path().strip_prefix(dir) {
+            f(&rel.to_string_lossy(), entry.file_type().is_dir());
+        }
+    }
+    Ok(())
+}
+
+/// Every directory under `root` except the git dir and masked directories.
+fn walk_dirs(root: &Path, masked: &BTreeSet<&str>, git_rel: Option<&str>, out: &mut Vec<String>) -> Result<(), ScanError> {
+    let mut it = walkdir::WalkDir::new(root).min_depth(1).follow_links(false).into_iter();
+    while let Some(entry) = it.next() {
+        let entry = match entry {
+            Ok(e) => e,
+            Err(_) => continue,
+        };
+        if !entry.file_type().is_dir() {
+            continue;
+        }
+        let rel = entry.path().strip_prefix(root).map(|r| r.to_string_lossy().into_owned()).unwrap_or_default();
+        if masked.contains(rel.as_str()) || Some(rel.as_str()) == git_rel || rel == ".git" {
+            it.skip_current_dir();
+            continue;
+        }
+        out.push(rel);
+    }
+    Ok(())
+}

@@ -1,0 +1,64 @@
+//! aisb: run AI coding agents and any command in a sandbox described by `sandbox.kdl`.
+//!
+//! Data flows one way: `config` (KDL -> spanned model) -> `eval` (imports, profiles, variables,
+//! project scan -> [`eval::Plan`]) -> `spec` (Plan -> OCI runtime spec). Nothing after `eval`
+//! sees KDL.
+
+pub mod cli;
+pub mod config;
+pub mod eval;
+pub mod presets;
+pub mod proxy;
+pub mod spec;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+/// Everything that can stop a command; each variant says what to do about it.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum Error {
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Config(config::ConfigErrors),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Eval(eval::EvalError),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Spec(#[from] spec::SpecError),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Bundle(#[from] spec::bundle::BundleError),
+    #[error("{path}: {source}")]
+    #[diagnostic(help("check that the path exists and is readable"))]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("no configuration file at {path}")]
+    #[diagnostic(help("create one with `aisb init`, or omit -f to use sandbox.kdl or the embedded default"))]
+    NoConfig { path: PathBuf },
+    #[error("{path} already exists")]
+    #[diagnostic(help("aisb init never overwrites; remove it or choose another path with -o"))]
+    Exists { path: PathBuf },
+    #[error("unknown preset `{name}`")]
+    #[diagnostic(help("{}", hint.as_ref().map_or_else(|| "`aisb presets` lists them".to_string(), |h| format!("did you mean `{h}`?"))))]
+    UnknownPreset { name: String, hint: Option<String> },
+}
+
+impl Error {
+    pub fn from_eval(e: eval::EvalError, _loaded: &eval::Loaded) -> Error {
+        match e {
+            eval::EvalError::Config(c) => Error::Config(c),
+            other => Error::Eval(other),
+        }
+    }
+}
+
+/// Run the command line; returns the process exit code. Errors are printed here.
+pub fn run(args: impl IntoIterator<Item = OsString>) -> i32 {
+    match cli::run(args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("{:?}", miette::Report::new(e));
+            1
+        }
+    }
+}

@@ -1,0 +1,86 @@
+//! Write an OCI bundle for a plan: `config.json`, a rootfs skeleton (merged-/usr symlinks),
+//! the mode-0000 masking file, overlay upper/work dirs and private copies. Existing overlay
+//! and copy state is kept: it is the sandbox's work.
+
+use std::fs;
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use super::{build, SpecError, SpecPaths};
+use crate::eval::plan::{MountKind, Plan, SystemPath};
+
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum BundleError {
+    #[error("{path} exists and is not an empty directory")]
+    #[diagnostic(help("choose a new directory; aisb never overwrites an existing bundle"))]
+    NotEmpty { path: PathBuf },
+    #[error("could not write {path}: {source}")]
+    #[diagnostic(help("check that the directory is writable and the disk is not full"))]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Spec(#[from] SpecError),
+}
+
+fn io<T>(path: &Path, r: std::io::Result<T>) -> Result<T, BundleError> {
+    r.map_err(|source| BundleError::Io { path: path.to_path_buf(), source })
+}
+
+/// Cgroup path of a sandbox: absolute, unique per bundle.
+pub fn cgroups_path(plan: &Plan, dir: &Path) -> String {
+    use sha2::{Digest, Sha256};
+    let h = Sha256::digest(dir.as_os_str().as_encoded_bytes());
+    let tag: String = h.iter().take(6).map(|b| format!("{b:02x}")).collect();
+    let name: String = plan.project.file_name().map_or("sandbox".into(), |n| n.to_string_lossy().into_owned())
+        .chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect();
+    format!("/aisb/{name}-{tag}")
+}
+
+pub fn write(plan: &Plan, dir: &Path) -> Result<(), BundleError> {
+    if dir.exists() {
+        let mut entries = io(dir, fs::read_dir(dir))?;
+        if !dir.is_dir() || entries.next().is_some() {
+            return Err(BundleError::NotEmpty { path: dir.to_path_buf() });
+        }
+    }
+    io(dir, fs::create_dir_all(dir))?;
+    let dir = io(dir, dir.canonicalize())?;
+    let rootfs = dir.join("rootfs");
+    io(&rootfs, fs::create_dir_all(&rootfs))?;
+    for sys in &plan.system {
+        if let SystemPath::Symlink { path, target } = sys {
+            let link = rootfs.join(path.strip_prefix("/").unwrap_or(path));
+            io(&link, symlink(target, &link))?;
+        }
+    }
+    let mask_file = dir.join("masked");
+    io(&mask_file, fs::write(&mask_file, b""))?;
+    io(&mask_file, fs::set_permissions(&mask_file, fs::Permissions::from_mode(0o000)))?;
+    realise_state(plan)?;
+    let spec = build(plan, &SpecPaths { rootfs: PathBuf::from("rootfs"), mask_file, cgroups_path: cgroups_path(plan, &dir) })?;
+    let json = serde_json::to_vec_pretty(&spec).map_err(SpecError::from)?;
+    let config = dir.join("config.json");
+    io(&config, fs::write(&config, json))
+}
+
+/// Create overlay dirs and take private copies that do not exist yet.
+pub fn realise_state(plan: &Plan) -> Result<(), BundleError> {
+    for m in &plan.mounts {
+        match &m.kind {
+            MountKind::Overlay { upper, work, .. } => {
+                io(upper, fs::create_dir_all(upper))?;
+                io(work, fs::create_dir_all(work))?;
+            }
+            MountKind::Copy { source, copy } if !copy.exists() => {
+                if let Some(parent) = copy.parent() {
+                    io(parent, fs::create_dir_all(parent))?;
+                }
+                let tmp = copy.with_extension("aisb-tmp");
+                io(&tmp, fs::copy(source, &tmp))?;
+                io(copy, fs::rename(&tmp, copy))?;
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,149 @@
+//! Plan -> OCI runtime spec. A pure function of the plan and where the bundle's files live; no
+//! I/O, so the output is snapshot-tested. `bundle` writes the rest of a bundle (rootfs skeleton,
+//! the masking file, overlay dirs, copies) so any OCI runtime can run it.
+//!
+//! Mount order matters and is: kernel filesystems, system paths (read-only), the plan's mounts
+//! (parents before children: home, /tmp, project, extra), then masks, last, so that nothing
+//! mounted later can uncover a masked path.
+
+pub mod bundle;
+
+use std::path::{Path, PathBuf};
+
+use oci_spec::runtime::Spec;
+use serde_json::{json, Value};
+
+use crate::eval::plan::{MountKind, NetMode, Plan, SystemPath};
+
+/// Where the bundle's own files are. Absolute paths, except `rootfs` (relative to the bundle).
+#[derive(Debug, Clone)]
+pub struct SpecPaths {
+    pub rootfs: PathBuf,
+    /// An empty file with mode 0000, bind-mounted read-only over masked files: reading one
+    /// fails with EACCES (not an empty read the agent could trust).
+    pub mask_file: PathBuf,
+    /// Absolute cgroup path (never empty: "" on cgroup v1 means the caller's own cgroup).
+    pub cgroups_path: String,
+}
+
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum SpecError {
+    #[error("the generated spec is invalid: {0}")]
+    #[diagnostic(help("this is a bug in aisb; please report it with `aisb plan --json`"))]
+    Invalid(#[from] serde_json::Error),
+}
+
+const MASKED_PROC: &[&str] = &[
+    "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
+    "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware", "/sys/devices/virtual/powercap",
+];
+const READONLY_PROC: &[&str] = &["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"];
+
+fn s(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+fn mount(dest: &Path, ty: &str, source: &str, options: &[String]) -> Value {
+    json!({ "destination": s(dest), "type": ty, "source": source, "options": options })
+}
+
+fn opts(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
+    let mut mounts = vec![
+        mount(Path::new("/proc"), "proc", "proc", &opts(&["nosuid", "noexec", "nodev"])),
+        mount(Path::new("/dev"), "tmpfs", "tmpfs", &opts(&["nosuid", "strictatime", "mode=755", "size=65536k"])),
+        mount(Path::new("/dev/pts"), "devpts", "devpts", &opts(&["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"])),
+        mount(Path::new("/dev/shm"), "tmpfs", "shm", &opts(&["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"])),
+        mount(Path::new("/sys"), "sysfs", "sysfs", &opts(&["nosuid", "noexec", "nodev", "ro"])),
+    ];
+    for sys in &plan.system {
+        if let SystemPath::Bind { path } = sys {
+            mounts.push(mount(path, "bind", &s(path), &opts(&["rbind", "ro", "nosuid", "nodev"])));
+        }
+    }
+    for m in &plan.mounts {
+        let v = match &m.kind {
+            MountKind::Bind { source, writable } => {
+                mount(&m.target, "bind", &s(source), &opts(&["rbind", if *writable { "rw" } else { "ro" }, "nosuid", "nodev"]))
+            }
+            MountKind::Overlay { lower, upper, work } => mount(&m.target, "overlay", "overlay", &[
+                format!("lowerdir={}", s(lower)),
+                format!("upperdir={}", s(upper)),
+                format!("workdir={}", s(work)),
+                "userxattr".into(),
+                "nosuid".into(),
+                "nodev".into(),
+            ]),
+            MountKind::Copy { copy, .. } => mount(&m.target, "bind", &s(copy), &opts(&["bind", "rw", "nosuid", "nodev"])),
+            MountKind::Tmpfs { size, mode, owner } => {
+                let mut o = opts(&["nosuid", "nodev"]);
+                o.push(format!("mode={mode:o}"));
+                if let Some((uid, gid)) = owner {
+                    o.push(format!("uid={uid}"));
+                    o.push(format!("gid={gid}"));
+                }
+                if let Some(size) = size {
+                    o.push(format!("size={size}"));
+                }
+                mount(&m.target, "tmpfs", "tmpfs", &o)
+            }
+        };
+        mounts.push(v);
+    }
+    // Masks matter only where something is mounted; elsewhere the path does not exist inside.
+    let visible = |p: &Path| {
+        plan.mounts.iter().any(|m| p.starts_with(&m.target) && p != m.target)
+            || plan.system.iter().any(|sp| matches!(sp, SystemPath::Bind { path } if p.starts_with(path) && p != path))
+    };
+    for m in plan.masks.iter().filter(|m| visible(&m.path)) {
+        mounts.push(if m.dir {
+            mount(&m.path, "tmpfs", "tmpfs", &opts(&["ro", "nosuid", "nodev", "noexec", "mode=555", "size=4k"]))
+        } else {
+            mount(&m.path, "bind", &s(&paths.mask_file), &opts(&["bind", "ro", "nosuid", "nodev", "noexec"]))
+        });
+    }
+
+    let mut namespaces = vec![json!({"type": "pid"}), json!({"type": "ipc"}), json!({"type": "uts"}),
+        json!({"type": "mount"}), json!({"type": "user"}), json!({"type": "cgroup"})];
+    if plan.network.mode != NetMode::Host {
+        namespaces.push(json!({"type": "network"}));
+    }
+    let id = &plan.identity;
+    let env: Vec<String> = plan.env.vars.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let rlimits: Vec<Value> = plan.process.rlimits.iter().map(|r| json!({"type": r.kind, "soft": r.soft, "hard": r.hard})).collect();
+    let no_caps: Vec<String> = Vec::new();
+    let v = json!({
+        "ociVersion": "1.0.2",
+        "root": { "path": s(&paths.rootfs), "readonly": true },
+        "hostname": plan.process.hostname,
+        "process": {
+            "terminal": false,
+            "user": { "uid": id.uid, "gid": id.gid },
+            "args": plan.process.args,
+            "env": env,
+            "cwd": s(&plan.process.cwd),
+            "noNewPrivileges": true,
+            "capabilities": { "bounding": no_caps, "effective": no_caps, "inheritable": no_caps, "permitted": no_caps, "ambient": no_caps },
+            "rlimits": rlimits,
+        },
+        "mounts": mounts,
+        "linux": {
+            "uidMappings": [{ "containerID": id.uid, "hostID": id.uid, "size": 1 }],
+            "gidMappings": [{ "containerID": id.gid, "hostID": id.gid, "size": 1 }],
+            "namespaces": namespaces,
+            "cgroupsPath": paths.cgroups_path,
+            "maskedPaths": MASKED_PROC,
+            "readonlyPaths": READONLY_PROC,
+            "rootfsPropagation": "private",
+        },
+        "annotations": {
+            "org.aisb.profile": plan.profile,
+            "org.aisb.project": s(&plan.project),
+            "org.aisb.network": match plan.network.mode { NetMode::None => "none", NetMode::Allow => "allow", NetMode::Host => "host" },
+        },
+    });
+    Ok(serde_json::from_value(v)?)
+}
