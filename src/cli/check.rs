@@ -25,7 +25,7 @@ pub enum Format {
 pub fn collect(g: &Global, host: &Host) -> Result<(Vec<SourceFile>, Vec<ConfigError>, usize, usize), Error> {
     let root = g.root(host)?;
     let mut errors = Errors::default();
-    let path = match &root { eval::Root::File(p) => p.clone(), eval::Root::Default { dir } => dir.clone() };
+    let path = match &root { eval::Root::File(p) | eval::Root::Text { path: p, .. } => p.clone(), eval::Root::Default { dir } => dir.clone() };
     let loaded = eval::load(root, &mut errors).map_err(|source| Error::Io { path, source })?;
     let mut all = errors.list;
     let profiles = eval::profile_names(&loaded);

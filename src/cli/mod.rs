@@ -136,7 +136,7 @@ impl Global {
     pub fn load(&self, host: &Host) -> Result<Loaded, Error> {
         let root = self.root(host)?;
         let mut errors = crate::config::Errors::default();
-        let path = match &root { Root::File(p) => p.clone(), Root::Default { dir } => dir.clone() };
+        let path = match &root { Root::File(p) | Root::Text { path: p, .. } => p.clone(), Root::Default { dir } => dir.clone() };
         let loaded = eval::load(root, &mut errors).map_err(|source| Error::Io { path, source })?;
         errors.into_result().map_err(|e| Error::Config(e))?;
         Ok(loaded)

@@ -579,7 +579,7 @@ impl Decoder<'_> {
         match e.value() {
             KdlValue::Integer(i) if (min..=max).contains(i) => Some(*i),
             KdlValue::Integer(i) => {
-                self.err(e.span(), format!("{what} {i} is out of range"), "out of range",
+                self.err(e.span(), format!("{i} is out of range for {what}"), "out of range",
                     Some(format!("use a value between {min} and {max}")));
                 None
             }

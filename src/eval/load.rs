@@ -17,6 +17,8 @@ pub enum Root {
     File(PathBuf),
     /// No `sandbox.kdl`: the embedded default, evaluated in `dir`.
     Default { dir: PathBuf },
+    /// A text not read from disk (tests, fuzzing); `path` names it and anchors relative paths.
+    Text { path: PathBuf, text: String },
 }
 
 #[derive(Debug)]
@@ -36,6 +38,7 @@ impl Loaded {
         match &self.root_kind {
             Root::File(p) => p.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf),
             Root::Default { dir } => dir.clone(),
+            Root::Text { path, .. } => path.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf),
         }
     }
 }
@@ -69,6 +72,10 @@ pub fn load(root: Root, errors: &mut Errors) -> Result<Loaded, std::io::Error> {
         Root::Default { .. } => {
             let text = presets::get("default").expect("embedded default").to_string();
             l.add(Key::Preset("default".into()), "<embedded default>".into(), None, text)
+        }
+        Root::Text { path, text } => {
+            let name = path.file_name().map_or_else(|| "sandbox.kdl".into(), |n| n.to_string_lossy().into_owned());
+            l.add(Key::Path(path.clone()), name, Some(path.clone()), text.clone())
         }
     };
     Ok(Loaded { sources: l.sources, files: l.files, order: l.order, root: root_idx, root_kind: root })
@@ -135,7 +142,7 @@ impl Loader<'_> {
         };
         if let Some(pos) = self.stack.iter().position(|(k, _)| *k == key) {
             let mut chain: Vec<&str> = self.stack[pos..].iter().map(|(_, n)| n.as_str()).collect();
-            chain.push(&name);
+            chain.push(&self.stack[pos].1);
             self.err(loc, format!("import cycle: {}", chain.join(" -> ")), "imported here",
                 Some("remove one of the imports in the cycle".into()));
             return;

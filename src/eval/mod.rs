@@ -408,62 +408,6 @@ fn resolve(
     // Parents before children; stable, so equal depths keep their declared order.
     mounts.sort_by_key(|m| m.target.components().count());
 
-    // ---- masks -----------------------------------------------------------------------------
-    let defaults = s.secrets.defaults.as_ref().is_none_or(|b| b.value);
-    let mut block_patterns: Vec<String> = Vec::new();
-    let mut explicit: BTreeSet<String> = BTreeSet::new();
-    let mut outside: Vec<(PathBuf, String)> = Vec::new();
-    for b in &s.block {
-        if masks::is_outside(&b.value) {
-            if let Some(p) = path(cx, b) {
-                outside.push((p, format!("block \"{}\"", b.value)));
-            }
-        } else {
-            block_patterns.push(b.value.clone());
-            explicit.insert(b.value.clone());
-        }
-    }
-    if defaults {
-        block_patterns.extend(masks::DEFAULT_SENSITIVE.iter().map(|s| s.to_string()));
-    }
-    let allow_patterns: Vec<&str> = s.allow.iter().map(|a| a.value.as_str()).collect();
-    let tool_patterns: Vec<&str> = masks::DEFAULT_TOOL_DIRS.iter().copied()
-        .chain(s.secrets.tool_dirs.iter().map(|t| t.value.as_str())).collect();
-    if !cx.errors.is_empty() {
-        return Err(ConfigErrors::new(std::mem::take(&mut cx.errors.list)).into());
-    }
-    let block_set = PatternSet::new(block_patterns.iter().map(String::as_str));
-    let allow_set = PatternSet::new(allow_patterns.iter().copied());
-    let tool_set = PatternSet::new(tool_patterns.iter().copied());
-    let gitignored = s.secrets.gitignored.as_ref().is_none_or(|b| b.value);
-    let git_crypt = s.secrets.git_crypt.as_ref().is_none_or(|b| b.value);
-    let block_rule = |p: &str| if explicit.contains(p) { format!("block \"{p}\"") } else { format!("sensitive \"{p}\"") };
-    let key = sha_hex(serde_json::to_string(&(&block_patterns, &allow_patterns, &tool_patterns, gitignored, git_crypt, "v1"))
-        .unwrap_or_default().as_bytes());
-    let rules = scan::ScanRules { block: &block_set, block_rule: &block_rule, allow: &allow_set, tool_dirs: &tool_set, gitignored, git_crypt, key };
-    let cache_dir = req.use_cache.then(|| host.cache_home().join("aisb").join("scan"));
-    let scanned = scan::scan(&project, &rules, cache_dir.as_deref())?;
-    let mut mask_list: Vec<Mask> = scanned.masks.iter()
-        .map(|m| Mask { path: project.join(&m.rel), dir: m.dir, rule: m.rule.clone() }).collect();
-    let home_visible = home_mode != HomeMode::Empty;
-    if home_visible && defaults {
-        for rel in masks::HOME_SENSITIVE {
-            let p = home.join(rel);
-            if let Ok(m) = std::fs::symlink_metadata(&p) {
-                mask_list.push(Mask { dir: m.is_dir(), path: p, rule: format!("home \"~/{rel}\"") });
-            }
-        }
-    }
-    for (p, rule) in outside {
-        if let Ok(m) = std::fs::symlink_metadata(&p) {
-            mask_list.push(Mask { dir: m.is_dir(), path: p, rule });
-        }
-    }
-    // A mask only matters where something is mounted; it must also never hide a mount's root
-    // parent chain in a way that breaks it, so keep the list sorted and free of duplicates.
-    mask_list.sort_by(|a, b| a.path.cmp(&b.path));
-    mask_list.dedup_by(|a, b| a.path == b.path);
-
     // ---- env -------------------------------------------------------------------------------
     let set: Vec<(String, String)> = s.env.set.iter().filter_map(|(k, v)| Some((k.value.clone(), expand(cx, v)?))).collect();
     let forced = [
@@ -556,13 +500,69 @@ fn resolve(
         }
     }
 
+    // ---- masks -----------------------------------------------------------------------------
+    let defaults = s.secrets.defaults.as_ref().is_none_or(|b| b.value);
+    let mut block_patterns: Vec<String> = Vec::new();
+    let mut explicit: BTreeSet<String> = BTreeSet::new();
+    let mut outside: Vec<(PathBuf, String)> = Vec::new();
+    for b in &s.block {
+        if masks::is_outside(&b.value) {
+            if let Some(p) = path(cx, b) {
+                outside.push((p, format!("block \"{}\"", b.value)));
+            }
+        } else {
+            block_patterns.push(b.value.clone());
+            explicit.insert(b.value.clone());
+        }
+    }
+    if defaults {
+        block_patterns.extend(masks::DEFAULT_SENSITIVE.iter().map(|s| s.to_string()));
+    }
+    let allow_patterns: Vec<&str> = s.allow.iter().map(|a| a.value.as_str()).collect();
+    let tool_patterns: Vec<&str> = masks::DEFAULT_TOOL_DIRS.iter().copied()
+        .chain(s.secrets.tool_dirs.iter().map(|t| t.value.as_str())).collect();
+    if !cx.errors.is_empty() {
+        return Err(ConfigErrors::new(std::mem::take(&mut cx.errors.list)).into());
+    }
+    let block_set = PatternSet::new(block_patterns.iter().map(String::as_str));
+    let allow_set = PatternSet::new(allow_patterns.iter().copied());
+    let tool_set = PatternSet::new(tool_patterns.iter().copied());
+    let gitignored = s.secrets.gitignored.as_ref().is_none_or(|b| b.value);
+    let git_crypt = s.secrets.git_crypt.as_ref().is_none_or(|b| b.value);
+    let block_rule = |p: &str| if explicit.contains(p) { format!("block \"{p}\"") } else { format!("sensitive \"{p}\"") };
+    let key = sha_hex(serde_json::to_string(&(&block_patterns, &allow_patterns, &tool_patterns, gitignored, git_crypt, "v1"))
+        .unwrap_or_default().as_bytes());
+    let rules = scan::ScanRules { block: &block_set, block_rule: &block_rule, allow: &allow_set, tool_dirs: &tool_set, gitignored, git_crypt, key };
+    let cache_dir = req.use_cache.then(|| host.cache_home().join("aisb").join("scan"));
+    let scanned = scan::scan(&project, &rules, cache_dir.as_deref())?;
+    let mut mask_list: Vec<Mask> = scanned.masks.iter()
+        .map(|m| Mask { path: project.join(&m.rel), dir: m.dir, rule: m.rule.clone() }).collect();
+    let home_visible = home_mode != HomeMode::Empty;
+    if home_visible && defaults {
+        for rel in masks::HOME_SENSITIVE {
+            let p = home.join(rel);
+            if let Ok(m) = std::fs::symlink_metadata(&p) {
+                mask_list.push(Mask { dir: m.is_dir(), path: p, rule: format!("home \"~/{rel}\"") });
+            }
+        }
+    }
+    for (p, rule) in outside {
+        if let Ok(m) = std::fs::symlink_metadata(&p) {
+            mask_list.push(Mask { dir: m.is_dir(), path: p, rule });
+        }
+    }
+    // A mask only matters where something is mounted; it must also never hide a mount's root
+    // parent chain in a way that breaks it, so keep the list sorted and free of duplicates.
+    mask_list.sort_by(|a, b| a.path.cmp(&b.path));
+    mask_list.dedup_by(|a, b| a.path == b.path);
+
     if !cx.errors.is_empty() {
         return Err(ConfigErrors::new(std::mem::take(&mut cx.errors.list)).into());
     }
     let mut profile_list: Vec<String> = profiles.keys().map(|s| s.to_string()).collect();
     profile_list.sort();
     Ok(Plan {
-        config_file: match &cx.loaded.root_kind { Root::File(p) => Some(p.clone()), Root::Default { .. } => None },
+        config_file: match &cx.loaded.root_kind { Root::File(p) | Root::Text { path: p, .. } => Some(p.clone()), Root::Default { .. } => None },
         profile: profile_name,
         project,
         project_access,

@@ -1,0 +1,87 @@
+//! Shared helpers: a fake host, a temp project, evaluation of a text, diagnostic rendering.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use aisb::config::Errors;
+use aisb::eval::{self, EvalError, Host, Loaded, Plan, Request, Root};
+use miette::{GraphicalReportHandler, GraphicalTheme};
+
+pub struct Fixture {
+    pub dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    pub fn new() -> Fixture {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir_all(dir.path().join("home/dev")).unwrap();
+        std::fs::create_dir_all(dir.path().join("proj")).unwrap();
+        Fixture { dir }
+    }
+    pub fn root(&self) -> &Path {
+        self.dir.path()
+    }
+    pub fn project(&self) -> PathBuf {
+        self.dir.path().join("proj").canonicalize().unwrap()
+    }
+    pub fn home(&self) -> PathBuf {
+        self.dir.path().join("home/dev").canonicalize().unwrap()
+    }
+    pub fn write(&self, rel: &str, content: &str) {
+        let p = self.project().join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, content).unwrap();
+    }
+    pub fn host(&self) -> Host {
+        let mut env = BTreeMap::new();
+        for (k, v) in [("PATH", "/usr/bin:/bin"), ("TERM", "xterm"), ("OPENAI_API_KEY", "sk-secret"),
+            ("ANTHROPIC_API_KEY", "sk-ant"), ("AWS_SECRET_ACCESS_KEY", "aws"), ("NODE_ENV", "test"), ("MY_VAR", "1")] {
+            env.insert(k.to_string(), v.to_string());
+        }
+        env.insert("HOME".into(), self.home().to_string_lossy().into_owned());
+        env.insert("XDG_CACHE_HOME".into(), self.root().join("cache").to_string_lossy().into_owned());
+        Host { env, cwd: self.project(), uid: 1000, gid: 1000, user: "dev".into(), home: self.home() }
+    }
+    pub fn git(&self, args: &[&str]) {
+        git_in(&self.project(), args);
+    }
+    /// Load `text` as `proj/sandbox.kdl` (not written to disk).
+    pub fn load(&self, text: &str) -> (Loaded, Errors) {
+        let mut errors = Errors::default();
+        let loaded = eval::load(Root::Text { path: self.project().join("sandbox.kdl"), text: text.into() }, &mut errors).unwrap();
+        (loaded, errors)
+    }
+    pub fn eval(&self, text: &str, profile: Option<&str>) -> Result<Plan, String> {
+        let (loaded, errors) = self.load(text);
+        if let Err(e) = errors.into_result() {
+            return Err(render(&e));
+        }
+        let req = Request { profile: profile.map(str::to_string), use_cache: false, ..Default::default() };
+        eval::evaluate(&loaded, &self.host(), &req).map_err(|e| match e {
+            EvalError::Config(c) => render(&c),
+            other => render(&other),
+        })
+    }
+    pub fn plan(&self, text: &str, profile: Option<&str>) -> Plan {
+        self.eval(text, profile).unwrap_or_else(|e| panic!("evaluation failed:\n{e}"))
+    }
+}
+
+pub fn git_in(dir: &Path, args: &[&str]) {
+    let st = Command::new("git").args(["-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"])
+        .args(args).current_dir(dir).output().expect("git");
+    assert!(st.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&st.stderr));
+}
+
+/// Render a diagnostic exactly as a terminal without colours would see it.
+pub fn render(d: &dyn miette::Diagnostic) -> String {
+    let mut out = String::new();
+    GraphicalReportHandler::new_themed(GraphicalTheme::unicode_nocolor())
+        .with_width(100)
+        .with_links(false)
+        .render_report(&mut out, d)
+        .unwrap();
+    out
+}
