@@ -1,0 +1,153 @@
+//! The dynamic blocklist on real git repositories made here: ignored files (nested
+//! .gitignore), git-crypt attributes, tool dirs, allow, and the cache's invalidation.
+
+mod support;
+
+use aisb::eval::Plan;
+use support::Fixture;
+
+fn masked(f: &Fixture, plan: &Plan) -> Vec<String> {
+    plan.masks.iter().map(|m| {
+        let rel = m.path.strip_prefix(f.project()).unwrap().display().to_string();
+        format!("{}{} [{}]", rel, if m.dir { "/" } else { "" }, m.rule)
+    }).collect()
+}
+
+fn repo() -> Fixture {
+    let f = Fixture::new();
+    f.write(".gitignore", ".env\n.env.*\n!.env.example\nnode_modules/\n.claude/\nbuild.log\n");
+    f.write("sub/.gitignore", "local.txt\n");
+    f.write(".gitattributes", "vault/** filter=git-crypt diff=git-crypt\n");
+    f.write("src/main.rs", "fn main() {}");
+    f.write(".env", "TOKEN=1");
+    f.write(".env.production", "TOKEN=2");
+    f.write(".env.example", "TOKEN=");
+    f.write("node_modules/pkg/index.js", "x");
+    f.write("sub/local.txt", "x");
+    f.write("sub/kept.txt", "x");
+    f.write(".claude/settings.json", "{}");
+    f.write(".claude/api.key", "k");
+    f.write("vault/prod.yaml", "encrypted");
+    f.write("certs/server.pem", "pem");
+    f.write("config/credentials.json", "{}");
+    f.write("deep/er/.ssh/id_ed25519", "key");
+    f.write("build.log", "log");
+    f.git(&["init", "-q"]);
+    f.git(&["add", "-A"]);
+    f.git(&["commit", "-qm", "init"]);
+    f
+}
+
+#[test]
+fn three_layers_with_tool_dirs_and_allow() {
+    let f = repo();
+    let plan = f.plan("allow \".env.example\"\n", None);
+    assert!(plan.scan.git);
+    assert_eq!(masked(&f, &plan), [
+        ".claude/api.key [sensitive \"*.key\"]",
+        ".env [gitignored]",
+        ".env.production [gitignored]",
+        "build.log [gitignored]",
+        "certs/server.pem [sensitive \"*.pem\"]",
+        "config/credentials.json [sensitive \"*credentials*\"]",
+        "deep/er/.ssh/ [sensitive \".ssh/\"]",
+        "node_modules/ [gitignored]",
+        "sub/local.txt [gitignored]",
+        "vault/prod.yaml [git-crypt]",
+    ]);
+}
+
+#[test]
+fn layers_can_be_turned_off_at_the_top_level() {
+    let f = repo();
+    let plan = f.plan("secrets {\n defaults #false\n gitignored #false\n git-crypt #false\n}\nblock \"*.log\"\n", None);
+    assert_eq!(masked(&f, &plan), ["build.log [block \"*.log\"]"]);
+    // Without the gitignored layer, sensitive files inside ignored dirs are still found.
+    f.write("node_modules/pkg/.env", "x");
+    let plan = f.plan("secrets { gitignored #false }\n", None);
+    let m = masked(&f, &plan);
+    assert!(m.contains(&"node_modules/pkg/.env [sensitive \".env\"]".to_string()), "{m:?}");
+    assert!(m.contains(&".env [sensitive \".env\"]".to_string()), "{m:?}");
+}
+
+#[test]
+fn not_a_git_repository() {
+    let f = Fixture::new();
+    f.write(".env", "x");
+    f.write("a/b/key.pem", "x");
+    f.write("a/ok.txt", "x");
+    let plan = f.plan("", None);
+    assert!(!plan.scan.git);
+    assert_eq!(masked(&f, &plan), [".env [sensitive \".env\"]", "a/b/key.pem [sensitive \"*.pem\"]"]);
+    assert!(plan.scan.notes[0].contains("not a git repository"));
+}
+
+fn cached_plan(f: &Fixture) -> Plan {
+    let (loaded, errors) = f.load("");
+    errors.into_result().unwrap();
+    let req = aisb::eval::Request { use_cache: true, ..Default::default() };
+    aisb::eval::evaluate(&loaded, &f.host(), &req).unwrap()
+}
+
+/// Let the racy window pass so the cache can be trusted.
+fn settle() {
+    std::thread::sleep(std::time::Duration::from_millis(150));
+}
+
+/// After a change: the first scan may still see the change as racy (too close to the scan to
+/// trust); a scan after the window is written as trustworthy.
+fn rewarm(f: &Fixture) {
+    settle();
+    let _ = cached_plan(f);
+}
+
+#[test]
+fn cache_is_reused_and_invalidated_by_any_new_file() {
+    let f = repo();
+    std::fs::create_dir_all(f.project().join("empty/nested")).unwrap();
+    settle();
+    let first = cached_plan(&f);
+    assert!(!first.scan.cached);
+    let second = cached_plan(&f);
+    assert!(second.scan.cached, "an unchanged repo reuses the scan");
+    assert_eq!(masked(&f, &first), masked(&f, &second));
+
+    // A new untracked secret in a tracked dir.
+    f.write("src/server.key", "x");
+    let third = cached_plan(&f);
+    assert!(!third.scan.cached);
+    assert!(masked(&f, &third).contains(&"src/server.key [sensitive \"*.key\"]".to_string()));
+    rewarm(&f);
+    assert!(cached_plan(&f).scan.cached);
+
+    // A new secret in a directory git does not list at all (empty, nested).
+    f.write("empty/nested/id_rsa", "x");
+    let fourth = cached_plan(&f);
+    assert!(!fourth.scan.cached, "a file in an empty dir must invalidate the cache");
+    assert!(masked(&f, &fourth).contains(&"empty/nested/id_rsa [sensitive \"id_rsa\"]".to_string()));
+    rewarm(&f);
+    assert!(cached_plan(&f).scan.cached);
+
+    // Editing .gitignore in place (no directory changes) changes what is ignored.
+    f.write("sub/new.txt", "x");
+    rewarm(&f);
+    assert!(cached_plan(&f).scan.cached);
+    let gi = f.project().join("sub/.gitignore");
+    std::fs::write(&gi, "new.txt\n").unwrap();
+    let fifth = cached_plan(&f);
+    assert!(!fifth.scan.cached);
+    let m = masked(&f, &fifth);
+    assert!(m.contains(&"sub/new.txt [gitignored]".to_string()), "{m:?}");
+    assert!(!m.contains(&"sub/local.txt [gitignored]".to_string()), "{m:?}");
+}
+
+#[test]
+fn changed_rules_do_not_reuse_another_rules_cache() {
+    let f = repo();
+    settle();
+    let _ = cached_plan(&f);
+    let (loaded, _) = f.load("block \"src/\"\n");
+    let plan = aisb::eval::evaluate(&loaded, &f.host(), &aisb::eval::Request { use_cache: true, ..Default::default() }).unwrap();
+    assert!(!plan.scan.cached);
+    assert!(masked(&f, &plan).contains(&"src/ [block \"src/\"]".to_string()));
+}
