@@ -36,7 +36,7 @@ pub struct Cli {
     pub file: Option<PathBuf>,
     /// Run as if started in DIR
     #[arg(short = 'C', global = true, value_name = "DIR")]
-    pub dir: Option<PathBuf>,
+    pub chdir: Option<PathBuf>,
     /// Rescan the project even when the cached scan is still valid
     #[arg(long, global = true)]
     pub no_cache: bool,
@@ -65,7 +65,7 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
             return Ok(code);
         }
     };
-    if let Some(dir) = &cli.dir {
+    if let Some(dir) = &cli.chdir {
         std::env::set_current_dir(dir).map_err(|source| Error::Io { path: dir.clone(), source })?;
     }
     let g = Global { file: cli.file.clone(), no_cache: cli.no_cache };

@@ -1,0 +1,176 @@
+//! Black-box tests of the `aisb` binary: a fluent builder, exact stdout/stderr.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+struct Test {
+    dir: tempfile::TempDir,
+    args: Vec<String>,
+}
+
+struct Output {
+    stdout: String,
+    stderr: String,
+    code: i32,
+}
+
+impl Test {
+    fn new() -> Test {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("home")).unwrap();
+        std::fs::create_dir_all(dir.path().join("proj")).unwrap();
+        Test { dir, args: vec![] }
+    }
+    fn proj(&self) -> PathBuf {
+        self.dir.path().join("proj")
+    }
+    fn file(self, rel: &str, content: &str) -> Test {
+        let p = self.proj().join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, content).unwrap();
+        self
+    }
+    fn args(mut self, args: &[&str]) -> Test {
+        self.args = args.iter().map(|s| s.to_string()).collect();
+        self
+    }
+    fn run(&self) -> Output {
+        self.with(&self.args.iter().map(String::as_str).collect::<Vec<_>>())
+    }
+    /// Run with other arguments, keeping the same project.
+    fn with(&self, args: &[&str]) -> Output {
+        let out = Command::new(env!("CARGO_BIN_EXE_aisb"))
+            .args(args)
+            .current_dir(self.proj())
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap())
+            .env("HOME", self.dir.path().join("home"))
+            .env("XDG_CACHE_HOME", self.dir.path().join("cache"))
+            .env("NO_COLOR", "1")
+            .env("GITHUB_TOKEN", "ghp_secret_value")
+            .output()
+            .unwrap();
+        Output {
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            code: out.status.code().unwrap_or(-1),
+        }
+    }
+}
+
+#[test]
+fn init_writes_the_template_and_refuses_to_overwrite() {
+    let t = Test::new().args(&["init"]);
+    let o = t.run();
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert_eq!(o.stderr, "wrote sandbox.kdl — edit it, then run `aisb check` and `aisb plan`\n");
+    let written = std::fs::read_to_string(t.proj().join("sandbox.kdl")).unwrap();
+    assert_eq!(written, include_str!("../sandbox.kdl.example"));
+    let o = t.run();
+    assert_eq!(o.code, 1);
+    assert!(o.stderr.contains("sandbox.kdl already exists"), "{}", o.stderr);
+    assert!(o.stderr.contains("aisb init never overwrites"), "{}", o.stderr);
+    assert_eq!(std::fs::read_to_string(t.proj().join("sandbox.kdl")).unwrap(), written, "nothing lost");
+}
+
+#[test]
+fn check_formats_for_editors() {
+    let t = Test::new().file("sandbox.kdl", "projet \".\"\nnetwork {\n    allow \"*.com\"\n}\n");
+    let o = t.with(&["check", "--format", "short"]);
+    assert_eq!(o.code, 1);
+    assert_eq!(o.stdout, "\
+sandbox.kdl:1:1: error: unknown node `projet` (help: did you mean `project`?)
+sandbox.kdl:3:11: error: invalid domain `*.com`: `*.com` would allow a whole top-level domain (help: name the domains the tool needs, e.g. `api.github.com` or `*.githubusercontent.com`)
+");
+    let o = t.with(&["check", "--format", "json"]);
+    assert_eq!(o.code, 1);
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+    assert_eq!(v[1]["line"], 3);
+    assert_eq!(v[1]["column"], 11);
+    assert_eq!(v[1]["end_column"], 18);
+    assert!(v[1]["file"].as_str().unwrap().ends_with("proj/sandbox.kdl"));
+    let o = t.with(&["check"]);
+    assert_eq!(o.code, 1);
+    assert!(o.stderr.contains("2 errors in the sandbox configuration"), "{}", o.stderr);
+    assert!(o.stderr.contains("did you mean `project`?"), "{}", o.stderr);
+}
+
+#[test]
+fn check_reports_errors_inside_profiles() {
+    let t = Test::new().file("sandbox.kdl", "profile \"p\" extends=\"nope\" { }\n").args(&["check", "--format", "short"]);
+    let o = t.run();
+    assert_eq!(o.code, 1);
+    assert!(o.stdout.starts_with("sandbox.kdl:1:13: error: unknown profile `nope`"), "{}", o.stdout);
+    let ok = Test::new().file("sandbox.kdl", "import \"preset:codex\"\n").args(&["check"]).run();
+    assert_eq!(ok.code, 0, "{}", ok.stderr);
+    assert_eq!(ok.stderr, "sandbox.kdl: ok (3 profiles)\n");
+}
+
+#[test]
+fn plan_without_config_uses_the_embedded_default_and_never_prints_values() {
+    let t = Test::new().file(".env", "SECRET=1").args(&["plan"]);
+    let o = t.run();
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(o.stdout.starts_with("config    embedded default (no sandbox.kdl found; `aisb init` writes one)\n"), "{}", o.stdout);
+    assert!(o.stdout.contains("  file .env   [sensitive \".env\"]\n"), "{}", o.stdout);
+    assert!(o.stdout.contains("looks like a secret: GITHUB_TOKEN"), "{}", o.stdout);
+    assert!(o.stdout.contains("none: loopback only"), "{}", o.stdout);
+    assert!(!o.stdout.contains("ghp_secret_value"));
+    let j = Test { dir: t.dir, args: vec!["plan".into(), "--json".into()] }.run();
+    assert!(!j.stdout.contains("ghp_secret_value"));
+    let v: serde_json::Value = serde_json::from_str(&j.stdout).unwrap();
+    assert_eq!(v["config_file"], serde_json::Value::Null);
+    assert_eq!(v["network"]["mode"], "none");
+    assert_eq!(v["masks"][0]["rule"], "sensitive \".env\"");
+}
+
+#[test]
+fn host_network_is_loud() {
+    let o = Test::new().file("sandbox.kdl", "network \"host\"\n").args(&["plan"]).run();
+    assert!(o.stdout.contains("HOST: the sandbox shares the host's network; nothing is filtered"), "{}", o.stdout);
+}
+
+#[test]
+fn spec_is_valid_oci_json_with_the_command() {
+    let o = Test::new().args(&["spec", "--", "echo", "hi"]).run();
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let spec: oci_spec::runtime::Spec = serde_json::from_str(&o.stdout).unwrap();
+    assert_eq!(spec.process().as_ref().unwrap().args().as_ref().unwrap(), &["echo", "hi"]);
+    assert!(!o.stdout.contains("ghp_secret_value"), "secret env must not reach the spec");
+}
+
+#[test]
+fn export_bundle_refuses_a_non_empty_dir() {
+    let t = Test::new().file("out/x", "keep");
+    let o = t.with(&["export", "bundle", "out"]);
+    assert_eq!(o.code, 1);
+    assert!(o.stderr.contains("out exists and is not an empty directory"), "{}", o.stderr);
+    assert_eq!(std::fs::read_to_string(Path::new(&t.proj()).join("out/x")).unwrap(), "keep");
+}
+
+#[test]
+fn unknown_profile_and_bad_usage() {
+    let o = Test::new().args(&["plan", "--profile", "fixx"]).run();
+    assert_eq!(o.code, 1);
+    assert!(o.stderr.contains("unknown profile `fixx`") && o.stderr.contains("did you mean `fix`?"), "{}", o.stderr);
+    let o = Test::new().args(&["plann"]).run();
+    assert_eq!(o.code, 2);
+    assert!(o.stderr.contains("unrecognized subcommand 'plann'"), "{}", o.stderr);
+    let o = Test::new().args(&["--help"]).run();
+    assert_eq!(o.code, 0);
+    assert!(o.stdout.contains("Examples:") && o.stdout.contains("aisb export bundle"), "{}", o.stdout);
+}
+
+#[test]
+fn presets_tasks_completions() {
+    let o = Test::new().args(&["presets"]).run();
+    assert_eq!(o.stdout, "profiles\nclaude\ncodex\naider\nopencode\ngemini\n");
+    let o = Test::new().args(&["presets", "claude"]).run();
+    assert!(o.stdout.contains("mount \"~/.claude\" access=\"overlay\""));
+    let o = Test::new().file("sandbox.kdl", "task \"test\" { run \"cargo test\"; profile \"investigate\" }\n").args(&["tasks", "--json"]).run();
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+    assert_eq!(v[0]["name"], "test");
+    assert_eq!(v[0]["profile"], "investigate");
+    let o = Test::new().args(&["completions", "bash"]).run();
+    assert!(o.stdout.contains("_aisb()"));
+}
