@@ -4,4 +4,4 @@
 set -eu
 cd "$(dirname "$0")/.."
 sh scripts/setup.sh
-PROPTEST_CASES="${PROPTEST_CASES:-2000}" cargo test --workspace --locked
+PROPTEST_CASES="${PROPTEST_CASES:-1000}" cargo test --workspace --locked
