@@ -174,3 +174,18 @@ fn presets_tasks_completions() {
     let o = Test::new().args(&["completions", "bash"]).run();
     assert!(o.stdout.contains("_aisb()"));
 }
+
+#[test]
+fn dash_c_runs_as_if_started_there() {
+    let t = Test::new().file("sandbox.kdl", "process { hostname \"from-c\" }\n");
+    let out = Command::new(env!("CARGO_BIN_EXE_aisb"))
+        .args(["-C", "proj", "plan", "--json"])
+        .current_dir(t.dir.path())
+        .env("HOME", t.dir.path().join("home"))
+        .env("XDG_CACHE_HOME", t.dir.path().join("cache"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["process"]["hostname"], "from-c");
+}

@@ -112,7 +112,7 @@ pub const ETC_PATHS: &[&str] = &[
     "ld.so.conf.d", "localtime", "timezone", "ssl", "ca-certificates", "ca-certificates.conf", "pki",
     "alternatives", "gitconfig", "fish", "bash.bashrc", "profile", "profile.d", "inputrc", "terminfo",
     "os-release", "debian_version", "mime.types", "protocols", "services", "locale.alias", "locale.conf",
-    "vim", "zsh", "zshrc", "python3", "perl", "magic", "magic.mime", "manpath.config", "npmrc",
+    "vim", "zsh", "zshrc", "python3", "perl", "magic", "magic.mime", "manpath.config",
 ];
 
 struct Ctx<'a> {
