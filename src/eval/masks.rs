@@ -56,8 +56,10 @@ pub fn is_outside(p: &str) -> bool {
 
 fn glob_for(p: &str) -> Result<Glob, globset::Error> {
     let body = p.trim_end_matches('/');
+    // A `/` anywhere but at the end anchors the pattern at the project root (`./x` too).
+    let anchored = body.contains('/');
     let body = body.strip_prefix("./").unwrap_or(body);
-    let full = if body.contains('/') { body.to_string() } else { format!("**/{body}") };
+    let full = if anchored { body.to_string() } else { format!("**/{body}") };
     GlobBuilder::new(&full).literal_separator(true).backslash_escape(true).build()
 }
 
