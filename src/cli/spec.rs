@@ -27,6 +27,6 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
         cgroups_path: spec::bundle::cgroups_path(&plan, &bundle),
     };
     let spec = spec::build(&plan, &paths)?;
-    println!("{}", serde_json::to_string_pretty(&spec).map_err(spec::SpecError::from)?);
+    println!("{}", spec::to_json(&spec)?);
     Ok(0)
 }

@@ -58,7 +58,7 @@ pub fn write(plan: &Plan, dir: &Path) -> Result<(), BundleError> {
     io(&mask_file, fs::set_permissions(&mask_file, fs::Permissions::from_mode(0o000)))?;
     realise_state(plan)?;
     let spec = build(plan, &SpecPaths { rootfs: PathBuf::from("rootfs"), mask_file, cgroups_path: cgroups_path(plan, &dir) })?;
-    let json = serde_json::to_vec_pretty(&spec).map_err(SpecError::from)?;
+    let json = super::to_json(&spec)?;
     let config = dir.join("config.json");
     io(&config, fs::write(&config, json))
 }

@@ -51,6 +51,11 @@ fn opts(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
 
+/// The spec as JSON with sorted keys, so the same plan always gives the same bytes.
+pub fn to_json(spec: &Spec) -> Result<String, SpecError> {
+    Ok(serde_json::to_string_pretty(&serde_json::to_value(spec)?)?)
+}
+
 pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
     let mut mounts = vec![
         mount(Path::new("/proc"), "proc", "proc", &opts(&["nosuid", "noexec", "nodev"])),
