@@ -7,6 +7,7 @@
 pub mod cli;
 pub mod config;
 pub mod eval;
+pub mod init;
 pub mod presets;
 pub mod proxy;
 pub mod spec;
@@ -38,6 +39,9 @@ pub enum Error {
     #[error("{path} already exists")]
     #[diagnostic(help("aisb init never overwrites; remove it or choose another path with -o"))]
     Exists { path: PathBuf },
+    #[error("sandbox init: {0}")]
+    #[diagnostic(help("the sandbox was stopped before running anything; `aisb doctor` checks the host"))]
+    Init(#[from] init::InitError),
     #[error("unknown preset `{name}`")]
     #[diagnostic(help("{}", hint.as_ref().map_or_else(|| "`aisb presets` lists them".to_string(), |h| format!("did you mean `{h}`?"))))]
     UnknownPreset { name: String, hint: Option<String> },

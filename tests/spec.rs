@@ -48,14 +48,13 @@ fn sample_plan() -> Plan {
 }
 
 fn paths() -> SpecPaths {
-    SpecPaths { rootfs: "rootfs".into(), mask_file: "/b/masked".into(), cgroups_path: "/aisb/p-0123".into() }
+    SpecPaths { rootfs: "rootfs".into(), mask_file: "/b/masked".into(), cgroups_path: "/aisb/p-0123".into(), init: Some("/opt/aisb/bin/aisb".into()) }
 }
 
 #[test]
 fn spec_snapshot() {
     let spec = spec::build(&sample_plan(), &paths()).unwrap();
-    // Through a Value: maps come out sorted (the spec's annotations are a HashMap).
-    insta::assert_snapshot!(serde_json::to_string_pretty(&serde_json::to_value(&spec).unwrap()).unwrap());
+    insta::assert_snapshot!(spec::to_json(&spec).unwrap());
 }
 
 #[test]
@@ -84,7 +83,7 @@ fn run_in_runc(f: &Fixture, text: &str, script: &str) -> (String, String, i32) {
     let req = aisb::eval::Request { command: vec!["/bin/sh".into(), "-c".into(), script.into()], ..Default::default() };
     let plan = aisb::eval::evaluate(&loaded, &host, &req).unwrap();
     let bundle: PathBuf = f.root().join("bundle");
-    aisb::spec::bundle::write(&plan, &bundle).unwrap();
+    aisb::spec::bundle::write(&plan, &bundle, Some(std::path::Path::new(env!("CARGO_BIN_EXE_aisb")))).unwrap();
     let id = format!("aisb-test-{}-{}", std::process::id(), f.root().file_name().unwrap().to_string_lossy().replace('.', ""));
     let out = Command::new("runc").args(["--root", &f.root().join("runc-state").to_string_lossy(), "run", "--bundle"])
         .arg(&bundle).arg(&id).stdin(std::process::Stdio::null()).output().expect("runc");
@@ -122,6 +121,11 @@ fn bundle_runs_under_runc_with_masks_enforced() {
         grep -c . /proc/self/uid_map | sed 's/^/uid-map-lines=/'
         grep CapEff /proc/self/status
         grep NoNewPrivs /proc/self/status
+        grep '^Seccomp:' /proc/self/status
+        grep '^CapBnd' /proc/self/status
+        python3 -c 'import socket; socket.socket(40, 1)' 2>/dev/null; echo "vsock=$?"
+        unshare -U true 2>/dev/null; echo "userns=$?"
+        cat /sys/class/net/lo/operstate 2>/dev/null | sed 's/^/lo=/'
         echo "hostname=$(cat /proc/sys/kernel/hostname)"
     "#;
     let (out, err, code) = run_in_runc(&f, "mount \"~/.claude\" access=\"overlay\"\n", script);
@@ -130,6 +134,7 @@ fn bundle_runs_under_runc_with_masks_enforced() {
         "env-read=1", "nm-entries=0", "nm-write=1", "src-read=0", "src-write=0", "home=.claude ",
         "ssh-read=1", "claude-write=0", "sandbox", "shadow=1", "uid-map-lines=1",
         "CapEff:\t0000000000000000", "NoNewPrivs:\t1", "hostname=aisb",
+        "Seccomp:\t2", "CapBnd:\t0000000000000000", "vsock=1", "userns=1", "lo=unknown",
     ] {
         assert!(out.lines().any(|l| l == expected), "missing `{expected}` in:\n{out}\nstderr:\n{err}");
     }

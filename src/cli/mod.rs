@@ -6,6 +6,7 @@ mod export;
 mod init;
 mod plan;
 mod presets;
+mod sandbox_init;
 mod spec;
 mod tasks;
 
@@ -54,6 +55,8 @@ pub enum Command {
     Tasks(tasks::Args),
     Presets(presets::Args),
     Completions(completions::Args),
+    #[command(name = "__init", hide = true)]
+    SandboxInit(sandbox_init::Args),
 }
 
 pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
@@ -78,6 +81,7 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
         Command::Tasks(a) => tasks::run(&g, a),
         Command::Presets(a) => presets::run(a),
         Command::Completions(a) => completions::run(a),
+        Command::SandboxInit(a) => sandbox_init::run(a),
     }
 }
 

@@ -25,6 +25,7 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
         rootfs: "rootfs".into(),
         mask_file: bundle.join("masked"),
         cgroups_path: spec::bundle::cgroups_path(&plan, &bundle),
+        init: Some(std::env::current_exe().map_err(|source| Error::Io { path: "/proc/self/exe".into(), source })?),
     };
     let spec = spec::build(&plan, &paths)?;
     println!("{}", spec::to_json(&spec)?);

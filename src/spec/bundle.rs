@@ -36,7 +36,8 @@ pub fn cgroups_path(plan: &Plan, dir: &Path) -> String {
     format!("/aisb/{name}-{tag}")
 }
 
-pub fn write(plan: &Plan, dir: &Path) -> Result<(), BundleError> {
+/// `init`: the aisb binary to run as the sandbox's init (see [`SpecPaths::init`]).
+pub fn write(plan: &Plan, dir: &Path, init: Option<&Path>) -> Result<(), BundleError> {
     if dir.exists() {
         let mut entries = io(dir, fs::read_dir(dir))?;
         if !dir.is_dir() || entries.next().is_some() {
@@ -57,7 +58,7 @@ pub fn write(plan: &Plan, dir: &Path) -> Result<(), BundleError> {
     io(&mask_file, fs::write(&mask_file, b""))?;
     io(&mask_file, fs::set_permissions(&mask_file, fs::Permissions::from_mode(0o000)))?;
     realise_state(plan)?;
-    let spec = build(plan, &SpecPaths { rootfs: PathBuf::from("rootfs"), mask_file, cgroups_path: cgroups_path(plan, &dir) })?;
+    let spec = build(plan, &SpecPaths { rootfs: PathBuf::from("rootfs"), mask_file, cgroups_path: cgroups_path(plan, &dir), init: init.map(Path::to_path_buf) })?;
     let json = super::to_json(&spec)?;
     let config = dir.join("config.json");
     io(&config, fs::write(&config, json))

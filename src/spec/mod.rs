@@ -14,6 +14,7 @@ use oci_spec::runtime::Spec;
 use serde_json::{json, Value};
 
 use crate::eval::plan::{MountKind, NetMode, Plan, SystemPath};
+use crate::init::INIT_PATH;
 
 /// Where the bundle's own files are. Absolute paths, except `rootfs` (relative to the bundle).
 #[derive(Debug, Clone)]
@@ -24,6 +25,10 @@ pub struct SpecPaths {
     pub mask_file: PathBuf,
     /// Absolute cgroup path (never empty: "" on cgroup v1 means the caller's own cgroup).
     pub cgroups_path: String,
+    /// Host path of the aisb binary: mounted read-only at [`INIT_PATH`] and run as the
+    /// sandbox's first process (loopback, capabilities, no_new_privs, seccomp, reaping).
+    /// `None` only for specs meant to be read, not run.
+    pub init: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
@@ -53,10 +58,20 @@ fn opts(list: &[&str]) -> Vec<String> {
 
 /// The spec as JSON with sorted keys, so the same plan always gives the same bytes.
 pub fn to_json(spec: &Spec) -> Result<String, SpecError> {
-    Ok(serde_json::to_string_pretty(&serde_json::to_value(spec)?)?)
+    let mut v = serde_json::to_value(spec)?;
+    // Capability sets are hash sets in oci-spec: sort them too.
+    if let Some(Value::Object(sets)) = v.pointer_mut("/process/capabilities") {
+        for set in sets.values_mut() {
+            if let Value::Array(caps) = set {
+                caps.sort_by(|a, b| a.as_str().cmp(&b.as_str()));
+            }
+        }
+    }
+    Ok(serde_json::to_string_pretty(&v)?)
 }
 
 pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
+    let netns = plan.network.mode != NetMode::Host;
     let mut mounts = vec![
         mount(Path::new("/proc"), "proc", "proc", &opts(&["nosuid", "noexec", "nodev"])),
         mount(Path::new("/dev"), "tmpfs", "tmpfs", &opts(&["nosuid", "strictatime", "mode=755", "size=65536k"])),
@@ -111,15 +126,37 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
         });
     }
 
+    if let Some(init) = &paths.init {
+        mounts.push(mount(Path::new(INIT_PATH), "bind", &s(init), &opts(&["bind", "ro", "nosuid", "nodev"])));
+    }
+
     let mut namespaces = vec![json!({"type": "pid"}), json!({"type": "ipc"}), json!({"type": "uts"}),
         json!({"type": "mount"}), json!({"type": "user"}), json!({"type": "cgroup"})];
-    if plan.network.mode != NetMode::Host {
+    if netns {
         namespaces.push(json!({"type": "network"}));
     }
     let id = &plan.identity;
     let env: Vec<String> = plan.env.vars.iter().map(|(k, v)| format!("{k}={v}")).collect();
     let rlimits: Vec<Value> = plan.process.rlimits.iter().map(|r| json!({"type": r.kind, "soft": r.soft, "hard": r.hard})).collect();
-    let no_caps: Vec<String> = Vec::new();
+    // The init needs CAP_NET_ADMIN for `lo` and CAP_SETPCAP to empty the bounding set; it drops
+    // both (and everything else) before the workload starts.
+    let init_caps: Vec<String> = match (&paths.init, netns) {
+        (Some(_), true) => opts(&["CAP_NET_ADMIN", "CAP_SETPCAP"]),
+        (Some(_), false) => opts(&["CAP_SETPCAP"]),
+        (None, _) => Vec::new(),
+    };
+    let mut args: Vec<String> = Vec::new();
+    if paths.init.is_some() {
+        args.extend([INIT_PATH.to_string(), "__init".to_string()]);
+        if netns {
+            args.push("--loopback".into());
+        }
+        for r in &plan.process.rlimits {
+            args.push(format!("--rlimit={}={}:{}", r.kind, r.soft, r.hard));
+        }
+        args.push("--".into());
+    }
+    args.extend(plan.process.args.iter().cloned());
     let v = json!({
         "ociVersion": "1.0.2",
         "root": { "path": s(&paths.rootfs), "readonly": true },
@@ -127,11 +164,11 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
         "process": {
             "terminal": false,
             "user": { "uid": id.uid, "gid": id.gid },
-            "args": plan.process.args,
+            "args": args,
             "env": env,
             "cwd": s(&plan.process.cwd),
             "noNewPrivileges": true,
-            "capabilities": { "bounding": no_caps, "effective": no_caps, "inheritable": no_caps, "permitted": no_caps, "ambient": no_caps },
+            "capabilities": { "bounding": init_caps, "effective": init_caps, "inheritable": init_caps, "permitted": init_caps, "ambient": init_caps },
             "rlimits": rlimits,
         },
         "mounts": mounts,

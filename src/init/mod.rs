@@ -1,0 +1,181 @@
+//! The sandbox's own init: the first process inside, on every backend (our binary, bind-mounted
+//! read-only at [`INIT_PATH`]). In order: bring `lo` up, apply rlimits, drop every capability,
+//! set no_new_privs, install the seccomp filter, then start the workload and stay as its
+//! parent: forward signals to it, reap zombies, and exit with its status (128+N for a signal).
+//! Any step that fails stops the sandbox: it never runs the workload with less isolation.
+
+pub mod seccomp;
+
+use std::ffi::{CString, OsString};
+use std::os::unix::ffi::OsStrExt;
+
+use nix::sys::signal::{kill, SigSet, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{execvp, fork, ForkResult, Pid};
+
+/// Where the init binary appears inside every sandbox.
+pub const INIT_PATH: &str = "/run/aisb/init";
+
+#[derive(Debug, thiserror::Error)]
+pub enum InitError {
+    #[error("cannot bring the loopback interface up: {0}")]
+    Loopback(std::io::Error),
+    #[error("cannot set {name}: {source}")]
+    Rlimit { name: String, source: nix::Error },
+    #[error("unknown rlimit `{0}`")]
+    BadRlimit(String),
+    #[error("cannot drop capability {cap}: {source}")]
+    Caps { cap: String, source: caps::errors::CapsError },
+    #[error("cannot set no_new_privs: {0}")]
+    NoNewPrivs(nix::Error),
+    #[error(transparent)]
+    Seccomp(#[from] seccomp::SeccompError),
+    #[error("cannot start the workload: {0}")]
+    Fork(nix::Error),
+    #[error("no command to run")]
+    NoCommand,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Bring `lo` up (a fresh network namespace starts with it down).
+    pub loopback: bool,
+    /// (`RLIMIT_NOFILE`, soft, hard)
+    pub rlimits: Vec<(String, u64, u64)>,
+    pub command: Vec<OsString>,
+}
+
+/// Everything up to the exec, in the order that keeps each step possible: the loopback needs
+/// CAP_NET_ADMIN, so it comes before the capabilities go; seccomp comes last because it forbids
+/// calls the earlier steps make.
+pub fn harden(opts: &Options) -> Result<(), InitError> {
+    if opts.loopback {
+        loopback_up().map_err(InitError::Loopback)?;
+    }
+    for (name, soft, hard) in &opts.rlimits {
+        set_rlimit(name, *soft, *hard)?;
+    }
+    drop_capabilities()?;
+    nix::sys::prctl::set_no_new_privs().map_err(InitError::NoNewPrivs)?;
+    seccomp::apply()?;
+    Ok(())
+}
+
+/// Run as the sandbox's init; returns the exit code for the caller to exit with.
+pub fn run(opts: &Options) -> Result<i32, InitError> {
+    if opts.command.is_empty() {
+        return Err(InitError::NoCommand);
+    }
+    harden(opts)?;
+    let forwarded = [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGQUIT, Signal::SIGUSR1,
+        Signal::SIGUSR2, Signal::SIGWINCH, Signal::SIGCONT];
+    let mut set = SigSet::empty();
+    for s in forwarded {
+        set.add(s);
+    }
+    set.add(Signal::SIGCHLD);
+    set.thread_block().map_err(InitError::Fork)?;
+    // SAFETY: single-threaded here; the child only calls async-signal-safe functions and exec.
+    match unsafe { fork() }.map_err(InitError::Fork)? {
+        ForkResult::Child => {
+            let _ = set.thread_unblock();
+            exec(&opts.command)
+        }
+        ForkResult::Parent { child } => Ok(supervise(child, &set)),
+    }
+}
+
+fn exec(command: &[OsString]) -> ! {
+    let args: Vec<CString> = command.iter().filter_map(|a| CString::new(a.as_bytes()).ok()).collect();
+    if args.len() == command.len() {
+        let err = execvp(&args[0], &args).unwrap_err();
+        eprintln!("aisb: cannot run `{}`: {}", command[0].to_string_lossy(), err.desc());
+        std::process::exit(if err == nix::Error::ENOENT { 127 } else { 126 });
+    }
+    eprintln!("aisb: an argument contains a NUL byte");
+    std::process::exit(126)
+}
+
+/// Wait for signals: forward the workload's, reap every child, return the workload's status.
+fn supervise(child: Pid, set: &SigSet) -> i32 {
+    loop {
+        let Ok(sig) = set.wait() else { continue };
+        if sig != Signal::SIGCHLD {
+            let _ = kill(child, sig);
+            continue;
+        }
+        loop {
+            match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) if pid == child => return code,
+                Ok(WaitStatus::Signaled(pid, sig, _)) if pid == child => return 128 + sig as i32,
+                Ok(WaitStatus::StillAlive) | Err(_) => break,
+                Ok(_) => continue,
+            }
+        }
+    }
+}
+
+fn set_rlimit(name: &str, soft: u64, hard: u64) -> Result<(), InitError> {
+    use nix::sys::resource::{setrlimit, Resource};
+    let r = match name {
+        "RLIMIT_AS" => Resource::RLIMIT_AS,
+        "RLIMIT_CORE" => Resource::RLIMIT_CORE,
+        "RLIMIT_CPU" => Resource::RLIMIT_CPU,
+        "RLIMIT_DATA" => Resource::RLIMIT_DATA,
+        "RLIMIT_FSIZE" => Resource::RLIMIT_FSIZE,
+        "RLIMIT_MEMLOCK" => Resource::RLIMIT_MEMLOCK,
+        "RLIMIT_NOFILE" => Resource::RLIMIT_NOFILE,
+        "RLIMIT_NPROC" => Resource::RLIMIT_NPROC,
+        "RLIMIT_STACK" => Resource::RLIMIT_STACK,
+        "RLIMIT_SIGPENDING" => Resource::RLIMIT_SIGPENDING,
+        other => return Err(InitError::BadRlimit(other.to_string())),
+    };
+    setrlimit(r, soft, hard).map_err(|source| InitError::Rlimit { name: name.to_string(), source })
+}
+
+/// Clear the bounding set first (so no later exec can regain anything), then the others.
+/// Dropping from the bounding set needs CAP_SETPCAP; without it, a non-root workload is still
+/// safe (with no_new_privs nothing can grant it capabilities), but a uid-0 workload would get
+/// the bounding set back at exec, so that is refused.
+fn drop_capabilities() -> Result<(), InitError> {
+    use caps::{CapSet, Capability};
+    let err = |cap: String| move |source| InitError::Caps { cap, source };
+    caps::clear(None, CapSet::Ambient).map_err(err("ambient".into()))?;
+    let bounding = caps::read(None, CapSet::Bounding).map_err(err("bounding".into()))?;
+    let can_drop = caps::has_cap(None, CapSet::Effective, Capability::CAP_SETPCAP).unwrap_or(false);
+    if can_drop || nix::unistd::geteuid().is_root() {
+        for cap in bounding {
+            caps::drop(None, CapSet::Bounding, cap).map_err(err(cap.to_string()))?;
+        }
+    }
+    for set in [CapSet::Inheritable, CapSet::Effective, CapSet::Permitted] {
+        caps::clear(None, set).map_err(err(format!("{set:?}")))?;
+    }
+    Ok(())
+}
+
+/// `ip link set lo up`, with the classic ioctls (no netlink needed for one flag).
+fn loopback_up() -> std::io::Result<()> {
+    // SAFETY: plain socket/ioctl calls on a zeroed `ifreq` whose name we fill in.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mut req: libc::ifreq = std::mem::zeroed();
+        for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+            *dst = *src as libc::c_char;
+        }
+        let mut result = Ok(());
+        if libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req) < 0 {
+            result = Err(std::io::Error::last_os_error());
+        } else if req.ifr_ifru.ifru_flags & libc::IFF_UP as libc::c_short == 0 {
+            req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+            if libc::ioctl(fd, libc::SIOCSIFFLAGS, &req) < 0 {
+                result = Err(std::io::Error::last_os_error());
+            }
+        }
+        libc::close(fd);
+        result
+    }
+}
