@@ -135,7 +135,9 @@ fn spec_is_valid_oci_json_with_the_command() {
     let o = Test::new().args(&["spec", "--", "echo", "hi"]).run();
     assert_eq!(o.code, 0, "{}", o.stderr);
     let spec: oci_spec::runtime::Spec = serde_json::from_str(&o.stdout).unwrap();
-    assert_eq!(spec.process().as_ref().unwrap().args().as_ref().unwrap(), &["echo", "hi"]);
+    let args = spec.process().as_ref().unwrap().args().clone().unwrap();
+    assert_eq!(args[..2], ["/run/aisb/init", "__init"], "every sandbox starts with our init");
+    assert_eq!(args[args.len() - 3..], ["--", "echo", "hi"]);
     assert!(!o.stdout.contains("ghp_secret_value"), "secret env must not reach the spec");
 }
 
