@@ -10,6 +10,7 @@ pub mod eval;
 pub mod init;
 pub mod presets;
 pub mod proxy;
+pub mod runtime;
 pub mod spec;
 
 use std::ffi::OsString;
@@ -42,6 +43,15 @@ pub enum Error {
     #[error("sandbox init: {0}")]
     #[diagnostic(help("the sandbox was stopped before running anything; `aisb doctor` checks the host"))]
     Init(#[from] init::InitError),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Runtime(#[from] runtime::RuntimeError),
+    #[error("unknown task `{name}`")]
+    #[diagnostic(help("{}", hint.as_ref().map_or_else(|| "`aisb tasks` lists the tasks in sandbox.kdl".to_string(), |h| format!("did you mean `{h}`?"))))]
+    UnknownTask { name: String, hint: Option<String> },
+    #[error("{0}")]
+    #[diagnostic(help("see `aisb run --help`"))]
+    Usage(String),
     #[error("unknown preset `{name}`")]
     #[diagnostic(help("{}", hint.as_ref().map_or_else(|| "`aisb presets` lists them".to_string(), |h| format!("did you mean `{h}`?"))))]
     UnknownPreset { name: String, hint: Option<String> },

@@ -6,6 +6,7 @@ mod export;
 mod init;
 mod plan;
 mod presets;
+mod run;
 mod sandbox_init;
 mod spec;
 mod tasks;
@@ -20,6 +21,8 @@ use crate::Error;
 
 const EXAMPLES: &str = "\
 Examples:
+  aisb run -- make test          run a command in the sandbox
+  aisb run --profile investigate -- claude -p \"review this\"
   aisb init                      write a commented sandbox.kdl
   aisb check                     validate sandbox.kdl (all profiles)
   aisb plan                      show mounts, masked paths, env and network
@@ -48,6 +51,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     Init(init::Args),
+    Run(run::Args),
     Check(check::Args),
     Plan(plan::Args),
     Spec(spec::Args),
@@ -74,6 +78,7 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
     let g = Global { file: cli.file.clone(), no_cache: cli.no_cache };
     match cli.command {
         Command::Init(a) => init::run(&g, a),
+        Command::Run(a) => run::run(&g, a),
         Command::Check(a) => check::run(&g, a),
         Command::Plan(a) => plan::run(&g, a),
         Command::Spec(a) => spec::run(&g, a),

@@ -71,6 +71,10 @@ pub fn run(opts: &Options) -> Result<i32, InitError> {
         Signal::SIGUSR2, Signal::SIGWINCH, Signal::SIGCONT];
     let mut set = SigSet::empty();
     for s in forwarded {
+        // An ignored signal is discarded before sigwait could see it: start from the defaults
+        // (the runtime may have been started with SIGINT ignored).
+        // SAFETY: installing SIG_DFL has no handler to be unsafe about.
+        let _ = unsafe { nix::sys::signal::signal(s, nix::sys::signal::SigHandler::SigDfl) };
         set.add(s);
     }
     set.add(Signal::SIGCHLD);

@@ -37,7 +37,7 @@ pub fn cgroups_path(plan: &Plan, dir: &Path) -> String {
 }
 
 /// `init`: the aisb binary to run as the sandbox's init (see [`SpecPaths::init`]).
-pub fn write(plan: &Plan, dir: &Path, init: Option<&Path>) -> Result<(), BundleError> {
+pub fn write(plan: &Plan, dir: &Path, init: Option<&Path>) -> Result<oci_spec::runtime::Spec, BundleError> {
     if dir.exists() {
         let mut entries = io(dir, fs::read_dir(dir))?;
         if !dir.is_dir() || entries.next().is_some() {
@@ -61,7 +61,8 @@ pub fn write(plan: &Plan, dir: &Path, init: Option<&Path>) -> Result<(), BundleE
     let spec = build(plan, &SpecPaths { rootfs: PathBuf::from("rootfs"), mask_file, cgroups_path: cgroups_path(plan, &dir), init: init.map(Path::to_path_buf) })?;
     let json = super::to_json(&spec)?;
     let config = dir.join("config.json");
-    io(&config, fs::write(&config, json))
+    io(&config, fs::write(&config, json))?;
+    Ok(spec)
 }
 
 /// Create overlay dirs and take private copies that do not exist yet.

@@ -1,0 +1,58 @@
+use super::Global;
+use crate::eval::{self, Host, Request};
+use crate::runtime::{self, Backend};
+use crate::Error;
+
+/// Run a command (or a task from sandbox.kdl) in the sandbox, non-interactively
+#[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Examples:
+  aisb run -- make test
+  aisb run --profile investigate -- claude -p \"explain src/main.rs\"
+  aisb run test                      # the task named `test` in sandbox.kdl
+  aisb run --json -- true            # a JSON summary on stderr after the exit
+
+The exit code is the command's own (128+N when a signal N ended it); 125 means the sandbox
+could not start.")]
+pub struct Args {
+    /// A task defined in sandbox.kdl (`aisb tasks` lists them)
+    pub task: Option<String>,
+    #[arg(short, long)]
+    pub profile: Option<String>,
+    #[arg(long, value_enum, default_value = "bwrap")]
+    pub backend: Backend,
+    /// Print a JSON summary (exit code, duration, profile) to stderr when done
+    #[arg(long)]
+    pub json: bool,
+    /// The command and its arguments
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
+    let host = Host::current().map_err(|source| Error::Io { path: ".".into(), source })?;
+    let loaded = g.load(&host)?;
+    let mut req = Request { profile: a.profile, command: a.command, use_cache: !g.no_cache, ..Default::default() };
+    if let Some(task) = &a.task {
+        // Evaluate once to read the task, then again with its profile and command.
+        let plan = eval::evaluate(&loaded, &host, &req).map_err(|e| Error::from_eval(e, &loaded))?;
+        let Some(t) = plan.tasks.iter().find(|t| &t.name == task) else {
+            let hint = crate::config::diag::suggest(task, plan.tasks.iter().map(|t| t.name.as_str())).map(str::to_string);
+            return Err(Error::UnknownTask { name: task.clone(), hint });
+        };
+        if !req.command.is_empty() {
+            return Err(Error::Usage("give either a task or a command after --, not both".into()));
+        }
+        req.command = t.args.clone();
+        req.profile = req.profile.or_else(|| t.profile.clone());
+    }
+    if req.command.is_empty() {
+        return Err(Error::Usage("nothing to run: give a command after -- (or a task name); `aisb up` is for a shell".into()));
+    }
+    let plan = eval::evaluate(&loaded, &host, &req).map_err(|e| Error::from_eval(e, &loaded))?;
+    let summary = runtime::run(&plan, a.backend, false)?;
+    if a.json {
+        eprintln!("{}", serde_json::to_string(&summary).unwrap_or_default());
+    }
+    Ok(summary.exit_code)
+}

@@ -1,0 +1,87 @@
+//! Running a plan: write its bundle, start it on a backend, pass the exit status through.
+//! Backends share one spec (see `spec`); each lives in its own crate under `runtimes/`.
+
+mod bwrap;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::eval::Plan;
+use crate::spec::bundle::{self, BundleError};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Backend {
+    /// bubblewrap (external `bwrap`, Debian package `bubblewrap`)
+    Bwrap,
+}
+
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum RuntimeError {
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Bundle(#[from] BundleError),
+    #[error("the bwrap backend cannot run this sandbox: {0}")]
+    #[diagnostic(help("remove what it names from sandbox.kdl, or use another backend"))]
+    BwrapUnsupported(#[from] aisb_bwrap::BwrapError),
+    #[error("cannot start `{program}`: {source}")]
+    #[diagnostic(help("install it (Debian: apt-get install bubblewrap), or run `aisb doctor`"))]
+    Spawn { program: String, source: std::io::Error },
+    #[error("{what}: {source}")]
+    #[diagnostic(help("check that the sandbox state directory is writable"))]
+    Io { what: String, source: std::io::Error },
+}
+
+/// What `aisb run --json` reports.
+#[derive(Debug, Serialize)]
+pub struct Summary {
+    pub backend: Backend,
+    pub profile: String,
+    pub exit_code: i32,
+    pub duration_ms: u128,
+    pub masked_paths: usize,
+    pub network: crate::config::model::NetMode,
+}
+
+/// Removes a run's bundle whatever happens (the overlay and copy state stays: it is the work).
+struct BundleGuard(PathBuf);
+
+impl Drop for BundleGuard {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, RuntimeError> {
+    let start = Instant::now();
+    let runs = plan.state_dir.join("run");
+    let dir = runs.join(std::process::id().to_string());
+    // A bundle left by a crashed run with our pid is stale by construction.
+    if dir.exists() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    std::fs::create_dir_all(&runs).map_err(|source| RuntimeError::Io { what: format!("creating {}", runs.display()), source })?;
+    let exe = std::env::current_exe().map_err(|source| RuntimeError::Io { what: "locating the aisb binary".into(), source })?;
+    let guard = BundleGuard(dir.clone());
+    let spec = bundle::write(plan, &dir, Some(&exe))?;
+    let exit_code = match backend {
+        Backend::Bwrap => bwrap::run(&spec, &guard.0, interactive)?,
+    };
+    drop(guard);
+    Ok(Summary {
+        backend,
+        profile: plan.profile.clone(),
+        exit_code,
+        duration_ms: start.elapsed().as_millis(),
+        masked_paths: plan.masks.len(),
+        network: plan.network.mode,
+    })
+}
+
+/// Exit code of a finished child: its code, or 128+N for a signal.
+pub(crate) fn exit_code(status: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+}

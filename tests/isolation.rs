@@ -1,0 +1,201 @@
+//! The isolation suite: every test attempts an escape from a real sandbox started by the
+//! `aisb` binary and asserts that it failed, plus the positive side (project usable, tools on
+//! PATH, exit codes exact). Run for every backend in `BACKENDS`.
+//!
+//! Needs root here (CI runs as root); an unprivileged run prints why it skips.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const BACKENDS: &[&str] = &["bwrap"];
+
+struct Sandbox {
+    dir: tempfile::TempDir,
+}
+
+struct Out {
+    stdout: String,
+    stderr: String,
+    code: i32,
+}
+
+impl Out {
+    fn value(&self, key: &str) -> Option<&str> {
+        self.stdout.lines().find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+    }
+    fn expect(&self, key: &str, want: &str) {
+        assert_eq!(self.value(key), Some(want), "check `{key}`\nstdout:\n{}\nstderr:\n{}", self.stdout, self.stderr);
+    }
+}
+
+impl Sandbox {
+    fn new() -> Sandbox {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Sandbox { dir };
+        for d in ["home/.ssh", "home/.aws", "proj", "sibling"] {
+            std::fs::create_dir_all(s.root().join(d)).unwrap();
+        }
+        std::fs::write(s.root().join("home/.ssh/id_ed25519"), "PRIVATE KEY").unwrap();
+        std::fs::write(s.root().join("home/.aws/credentials"), "aws_secret").unwrap();
+        std::fs::write(s.root().join("sibling/notes.txt"), "other project").unwrap();
+        s.write(".gitignore", "ignored.txt\n");
+        s.write(".gitattributes", "vault/* filter=git-crypt\n");
+        s.write(".env", "API_KEY=1");
+        s.write("ignored.txt", "ignored");
+        s.write("vault/prod.yml", "crypted");
+        s.write("src/main.rs", "fn main() {}");
+        std::os::unix::fs::symlink(s.root().join("home/.ssh/id_ed25519"), s.proj().join("key-link")).unwrap();
+        let git = |args: &[&str]| {
+            let ok = Command::new("git").args(["-c", "user.name=t", "-c", "user.email=t@t"]).args(args)
+                .current_dir(s.proj()).output().unwrap().status.success();
+            assert!(ok, "git {args:?}");
+        };
+        git(&["init", "-q"]);
+        git(&["add", "-A"]);
+        git(&["commit", "-qm", "init"]);
+        s
+    }
+    fn root(&self) -> &Path {
+        self.dir.path()
+    }
+    fn proj(&self) -> PathBuf {
+        self.root().join("proj")
+    }
+    fn write(&self, rel: &str, content: &str) {
+        let p = self.proj().join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, content).unwrap();
+    }
+    fn run(&self, backend: &str, extra: &[&str], script: &str) -> Out {
+        let out = Command::new(env!("CARGO_BIN_EXE_aisb"))
+            .args(["run", "--backend", backend])
+            .args(extra)
+            .args(["--", "/bin/sh", "-c", script])
+            .current_dir(self.proj())
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("HOME", self.root().join("home"))
+            .env("XDG_CACHE_HOME", self.root().join("cache"))
+            .env("GITHUB_TOKEN", "ghp_leaked_value")
+            .env("AWS_SECRET_ACCESS_KEY", "aws_leaked_value")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        Out {
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            code: out.status.code().unwrap_or(-1),
+        }
+    }
+}
+
+fn privileged() -> bool {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: the isolation suite needs root on this host (CI runs as root)");
+        return false;
+    }
+    true
+}
+
+/// `name=$?` after a command, with its stderr kept for the message checks.
+const ESCAPES: &str = r#"
+try() { name=$1; shift; "$@" >/dev/null 2>>/tmp/err; echo "$name=$?"; }
+try env_file cat .env
+try gitignored cat ignored.txt
+try gitcrypt cat vault/prod.yml
+grep -c 'Permission denied' /tmp/err | sed 's/^/denied_msgs=/'
+try ssh_key cat "$HOME/.ssh/id_ed25519"
+try aws cat "$HOME/.aws/credentials"
+try symlink_to_ssh cat key-link
+try sibling cat ../sibling/notes.txt
+try write_parent sh -c 'echo x > ../escape'
+try write_usr sh -c 'echo x > /usr/escape'
+try write_etc sh -c 'echo x > /etc/escape'
+try shadow cat /etc/shadow
+try proc1_root cat /proc/1/root/etc/shadow
+try host_environ cat /proc/$HOST_PID/environ
+echo "procs=$(ls /proc | grep -c '^[0-9]')"
+echo "leaked_env=$(env | grep -c -e ghp_leaked -e aws_leaked)"
+echo "capeff=$(grep CapEff /proc/self/status | cut -f2)"
+echo "seccomp=$(grep '^Seccomp:' /proc/self/status | cut -f2)"
+echo "nnp=$(grep NoNewPrivs /proc/self/status | cut -f2)"
+try vsock python3 -c 'import socket; socket.socket(40, socket.SOCK_STREAM)'
+try tiocsti python3 -c 'import pty, fcntl, termios; m, s = pty.openpty(); fcntl.ioctl(s, termios.TIOCSTI, b"x")'
+try ptrace python3 -c 'import ctypes, sys; sys.exit(0 if ctypes.CDLL(None, use_errno=True).ptrace(0, 0, 0, 0) == 0 else 1)'
+try mount mount -t tmpfs none /tmp
+try userns unshare -U true
+try mountns unshare -m true
+try net_out python3 -c 'import socket; socket.create_connection(("127.0.0.1", 1), timeout=1)'
+echo "ifaces=$(ls /sys/class/net 2>/dev/null | tr '\n' ' ')"
+try src_read cat src/main.rs
+try src_write sh -c 'echo new > src/new.txt'
+try tool_git git --version
+try tool_python python3 -c 'print(1)'
+echo "whoami=$(id -u):$(id -g)"
+"#;
+
+#[test]
+fn escapes_fail_and_the_project_works() {
+    if !privileged() {
+        return;
+    }
+    for backend in BACKENDS {
+        let s = Sandbox::new();
+        let script = ESCAPES.replace("$HOST_PID", &std::process::id().to_string());
+        let o = s.run(backend, &[], &script);
+        assert_eq!(o.code, 0, "[{backend}] stdout:\n{}\nstderr:\n{}", o.stdout, o.stderr);
+        for key in ["env_file", "gitignored", "gitcrypt", "ssh_key", "aws", "symlink_to_ssh", "sibling",
+            "write_usr", "write_etc", "shadow", "proc1_root", "host_environ", "vsock", "tiocsti", "ptrace", "mount",
+            "userns", "mountns", "net_out"] {
+            assert_ne!(o.value(key), Some("0"), "[{backend}] escape `{key}` succeeded\n{}", o.stdout);
+            assert!(o.value(key).is_some(), "[{backend}] `{key}` did not run\n{}\n{}", o.stdout, o.stderr);
+        }
+        o.expect("denied_msgs", "3");
+        o.expect("leaked_env", "0");
+        o.expect("capeff", "0000000000000000");
+        o.expect("seccomp", "2");
+        o.expect("nnp", "1");
+        for key in ["src_read", "src_write", "tool_git", "tool_python"] {
+            o.expect(key, "0");
+        }
+        let procs: u32 = o.value("procs").unwrap().parse().unwrap();
+        assert!(procs <= 6, "[{backend}] host processes visible: {procs}");
+        let uid = nix::unistd::getuid().as_raw();
+        let gid = nix::unistd::getgid().as_raw();
+        o.expect("whoami", &format!("{uid}:{gid}"));
+        assert_eq!(std::fs::read_to_string(s.proj().join("src/new.txt")).unwrap(), "new\n");
+        // The project's parent is private to the sandbox (a tmpfs): a write there may succeed
+        // inside, but must never reach the host.
+        assert!(!s.root().join("escape").exists(), "[{backend}] a write outside the project reached the host");
+    }
+}
+
+#[test]
+fn read_only_profile_refuses_writes() {
+    if !privileged() {
+        return;
+    }
+    for backend in BACKENDS {
+        let s = Sandbox::new();
+        let o = s.run(backend, &["--profile", "investigate"], "cat src/main.rs >/dev/null; echo read=$?; (echo x > src/main.rs) 2>/dev/null; echo write=$?");
+        o.expect("read", "0");
+        assert_ne!(o.value("write"), Some("0"), "[{backend}] wrote in a read-only profile");
+        assert_eq!(std::fs::read_to_string(s.proj().join("src/main.rs")).unwrap(), "fn main() {}");
+    }
+}
+
+#[test]
+fn exit_codes_and_signals_pass_through() {
+    if !privileged() {
+        return;
+    }
+    for backend in BACKENDS {
+        let s = Sandbox::new();
+        assert_eq!(s.run(backend, &[], "exit 0").code, 0);
+        assert_eq!(s.run(backend, &[], "exit 42").code, 42);
+        assert_eq!(s.run(backend, &[], "kill -TERM $$").code, 143);
+        assert_eq!(s.run(backend, &[], "kill -KILL $$").code, 137);
+        let o = s.run(backend, &[], "exec /nonexistent/cmd");
+        assert_eq!(o.code, 127, "{}", o.stderr);
+    }
+}
