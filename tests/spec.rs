@@ -157,3 +157,30 @@ fn read_only_profile_is_read_only_under_runc() {
     assert!(out.lines().any(|l| l == "write=refused") && out.lines().any(|l| l == "x"), "{out}\n{err}");
     assert!(err.contains("Read-only file system"), "{err}");
 }
+
+fn bwrap_inputs() -> aisb_bwrap::Inputs {
+    aisb_bwrap::Inputs {
+        bundle: "/b".into(),
+        rootfs_symlinks: vec![("/bin".into(), "usr/bin".into())],
+        masked_kinds: vec![("/proc/acpi".into(), true), ("/proc/kcore".into(), false)],
+        new_session: true,
+        info_fd: Some(3),
+    }
+}
+
+#[test]
+fn bwrap_argv_exact() {
+    let mut plan = sample_plan();
+    plan.mounts.retain(|m| !matches!(m.kind, MountKind::Overlay { .. }));
+    let spec = spec::build(&plan, &paths()).unwrap();
+    let argv = aisb_bwrap::argv(&spec, &bwrap_inputs()).unwrap();
+    insta::assert_snapshot!(argv.join("\n"));
+}
+
+#[test]
+fn bwrap_refuses_what_it_cannot_express() {
+    let spec = spec::build(&sample_plan(), &paths()).unwrap();
+    let err = aisb_bwrap::argv(&spec, &bwrap_inputs()).unwrap_err();
+    assert_eq!(err.to_string(), "the bwrap backend cannot express the copy-on-write (overlay) mount at /home/dev/.claude: \
+        bubblewrap 0.8 cannot mount overlayfs; use the libcontainer backend");
+}
