@@ -57,8 +57,9 @@ pub enum Error {
     UnknownPreset { name: String, hint: Option<String> },
 }
 
-impl Error {
-    pub fn from_eval(e: eval::EvalError, _loaded: &eval::Loaded) -> Error {
+impl From<eval::EvalError> for Error {
+    /// Configuration errors stay one diagnostic list whether they come from decoding or eval.
+    fn from(e: eval::EvalError) -> Error {
         match e {
             eval::EvalError::Config(c) => Error::Config(c),
             other => Error::Eval(other),

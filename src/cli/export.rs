@@ -32,7 +32,7 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     let host = Host::current().map_err(|source| Error::Io { path: ".".into(), source })?;
     let loaded = g.load(&host)?;
     let req = Request { profile, command, use_cache: !g.no_cache, ..Default::default() };
-    let plan = crate::eval::evaluate(&loaded, &host, &req).map_err(|e| Error::from_eval(e, &loaded))?;
+    let plan = crate::eval::evaluate(&loaded, &host, &req)?;
     let exe = std::env::current_exe().map_err(|source| Error::Io { path: "/proc/self/exe".into(), source })?;
     crate::spec::bundle::write(&plan, &dir, Some(&exe))?;
     eprintln!("wrote bundle {} (profile {}, {} masked paths)", dir.display(), plan.profile, plan.masks.len());

@@ -154,6 +154,6 @@ impl Global {
     pub fn plan(&self, host: &Host, profile: Option<String>) -> Result<eval::Plan, Error> {
         let loaded = self.load(host)?;
         let req = Request { profile, use_cache: !self.no_cache, ..Request::default() };
-        eval::evaluate(&loaded, host, &req).map_err(|e| Error::from_eval(e, &loaded))
+        eval::evaluate(&loaded, host, &req).map_err(Error::from)
     }
 }

@@ -35,7 +35,7 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     let mut req = Request { profile: a.profile, command: a.command, use_cache: !g.no_cache, ..Default::default() };
     if let Some(task) = &a.task {
         // Evaluate once to read the task, then again with its profile and command.
-        let plan = eval::evaluate(&loaded, &host, &req).map_err(|e| Error::from_eval(e, &loaded))?;
+        let plan = eval::evaluate(&loaded, &host, &req)?;
         let Some(t) = plan.tasks.iter().find(|t| &t.name == task) else {
             let hint = crate::config::diag::suggest(task, plan.tasks.iter().map(|t| t.name.as_str())).map(str::to_string);
             return Err(Error::UnknownTask { name: task.clone(), hint });
@@ -49,7 +49,7 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     if req.command.is_empty() {
         return Err(Error::Usage("nothing to run: give a command after -- (or a task name); `aisb up` is for a shell".into()));
     }
-    let plan = eval::evaluate(&loaded, &host, &req).map_err(|e| Error::from_eval(e, &loaded))?;
+    let plan = eval::evaluate(&loaded, &host, &req)?;
     let summary = runtime::run(&plan, a.backend, false)?;
     if a.json {
         eprintln!("{}", serde_json::to_string(&summary).unwrap_or_default());

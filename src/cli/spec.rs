@@ -19,7 +19,7 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     let host = Host::current().map_err(|source| Error::Io { path: ".".into(), source })?;
     let loaded = g.load(&host)?;
     let req = crate::eval::Request { profile: a.profile, command: a.command, use_cache: !g.no_cache, ..Default::default() };
-    let plan = crate::eval::evaluate(&loaded, &host, &req).map_err(|e| Error::from_eval(e, &loaded))?;
+    let plan = crate::eval::evaluate(&loaded, &host, &req)?;
     let bundle = plan.state_dir.join("bundle");
     let paths = SpecPaths {
         rootfs: "rootfs".into(),

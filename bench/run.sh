@@ -1,0 +1,46 @@
+#!/bin/sh
+# Benchmark: start-up cost of `aisb run -- true` per backend, against the natural baselines in
+# the same run: `/bin/true` and raw bubblewrap with a comparable sandbox. srt (Claude Code's
+# sandbox runtime) is included when it is installed (npm i -g @anthropic-ai/sandbox-runtime).
+#
+#   sh bench/run.sh             # release build, median of RUNS (default 30) runs each
+set -eu
+cd "$(dirname "$0")/.."
+RUNS="${RUNS:-30}"
+cargo build --release -q
+AISB="$PWD/target/release/aisb"
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+mkdir -p "$WORK/proj" "$WORK/home"
+(cd "$WORK/proj" && git init -q && echo 'fn main() {}' > main.rs && echo SECRET=1 > .env && git add main.rs)
+export HOME="$WORK/home" XDG_CACHE_HOME="$WORK/cache"
+cd "$WORK/proj"
+"$AISB" run -- true    # warm the scan cache, as every run after the first is
+sleep 0.2
+"$AISB" run -- true
+
+python3 - "$RUNS" "$AISB" <<'PY'
+import shutil, subprocess, sys, time
+runs, aisb = int(sys.argv[1]), sys.argv[2]
+cases = [
+    ("/bin/true", ["/bin/true"]),
+    ("bwrap --unshare-all (raw)", ["bwrap", "--unshare-all", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "true"]),
+    ("aisb run --backend bwrap -- true", [aisb, "run", "--backend", "bwrap", "--", "true"]),
+]
+if shutil.which("srt"):
+    cases.append(("srt -c true", ["srt", "-c", "true"]))
+res = {}
+for name, cmd in cases:
+    ts = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        ts.append((time.perf_counter() - t) * 1000)
+    ts.sort()
+    res[name] = (ts[len(ts) // 2], ts[int(len(ts) * 0.9)])
+base, raw = res["/bin/true"][0], res["bwrap --unshare-all (raw)"][0]
+print(f"start-up, median (p90) of {runs} runs")
+print(f"{'case':<36}{'median ms':>10}{'p90 ms':>9}{'x true':>8}{'x raw bwrap':>13}")
+for name, (med, p90) in res.items():
+    print(f"{name:<36}{med:>10.1f}{p90:>9.1f}{med / base:>8.1f}{med / raw:>13.2f}")
+PY
