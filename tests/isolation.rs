@@ -199,3 +199,22 @@ fn exit_codes_and_signals_pass_through() {
         assert_eq!(o.code, 127, "{}", o.stderr);
     }
 }
+
+#[test]
+fn up_gives_the_workload_the_terminal() {
+    if !privileged() {
+        return;
+    }
+    let s = Sandbox::new();
+    // `script` gives aisb a pseudo-terminal, as a user's terminal would.
+    let cmd = format!("{} up -- /bin/sh -c 'test -t 0 && test -t 1 && echo tty=yes; exit 7'", env!("CARGO_BIN_EXE_aisb"));
+    let out = Command::new("script").args(["-qec", &cmd, "/dev/null"])
+        .current_dir(s.proj())
+        .env("HOME", s.root().join("home"))
+        .env("XDG_CACHE_HOME", s.root().join("cache"))
+        .stdin(std::process::Stdio::null())
+        .output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("tty=yes"), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(7));
+}

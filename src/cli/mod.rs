@@ -10,6 +10,7 @@ mod run;
 mod sandbox_init;
 mod spec;
 mod tasks;
+mod up;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -21,6 +22,7 @@ use crate::Error;
 
 const EXAMPLES: &str = "\
 Examples:
+  aisb up                        your shell in the sandbox
   aisb run -- make test          run a command in the sandbox
   aisb run --profile investigate -- claude -p \"review this\"
   aisb init                      write a commented sandbox.kdl
@@ -52,6 +54,7 @@ pub struct Cli {
 pub enum Command {
     Init(init::Args),
     Run(run::Args),
+    Up(up::Args),
     Check(check::Args),
     Plan(plan::Args),
     Spec(spec::Args),
@@ -79,6 +82,7 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
     match cli.command {
         Command::Init(a) => init::run(&g, a),
         Command::Run(a) => run::run(&g, a),
+        Command::Up(a) => up::run(&g, a),
         Command::Check(a) => check::run(&g, a),
         Command::Plan(a) => plan::run(&g, a),
         Command::Spec(a) => spec::run(&g, a),

@@ -11,7 +11,11 @@ use oci_spec::runtime::Spec;
 
 use super::{exit_code, RuntimeError};
 
-const FORWARDED: [Signal; 6] = [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGQUIT, Signal::SIGUSR1, Signal::SIGUSR2];
+/// Signals sent to aisb that are meant for the sandbox.
+const FORWARDED: [Signal; 4] = [Signal::SIGTERM, Signal::SIGHUP, Signal::SIGUSR1, Signal::SIGUSR2];
+/// The terminal's own: on a terminal they already reach the sandbox's foreground process
+/// group (the workload shares our session), so they are only forwarded when it does not.
+const TERMINAL: [Signal; 2] = [Signal::SIGINT, Signal::SIGQUIT];
 
 pub fn run(spec: &Spec, bundle: &Path, interactive: bool) -> Result<i32, RuntimeError> {
     let io = |what: &str| {
@@ -27,11 +31,15 @@ pub fn run(spec: &Spec, bundle: &Path, interactive: bool) -> Result<i32, Runtime
 
     // Signals meant for the sandbox are taken here and sent to its init, which forwards them
     // to the workload; bwrap itself ignores the terminal's (it would die and SIGKILL everything).
+    let mut blocked = SigSet::empty();
     let mut set = SigSet::empty();
-    for s in FORWARDED {
-        set.add(s);
+    for s in FORWARDED.iter().chain(&TERMINAL) {
+        blocked.add(*s);
+        if !(interactive && TERMINAL.contains(s)) {
+            set.add(*s);
+        }
     }
-    set.thread_block().map_err(|e| RuntimeError::Io { what: "blocking signals".into(), source: e.into() })?;
+    blocked.thread_block().map_err(|e| RuntimeError::Io { what: "blocking signals".into(), source: e.into() })?;
     let mut cmd = aisb_bwrap::command(&args);
     let w = info_w.as_raw_fd();
     // SAFETY: only async-signal-safe calls (fcntl, signal) between fork and exec.
@@ -49,7 +57,7 @@ pub fn run(spec: &Spec, bundle: &Path, interactive: bool) -> Result<i32, Runtime
     let mut child = match spawned {
         Ok(c) => c,
         Err(source) => {
-            let _ = set.thread_unblock();
+            let _ = blocked.thread_unblock();
             return Err(RuntimeError::Spawn { program: "bwrap".into(), source });
         }
     };

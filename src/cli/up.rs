@@ -1,0 +1,29 @@
+use super::Global;
+use crate::eval::{self, Host, Request};
+use crate::runtime::{self, Backend};
+use crate::Error;
+
+/// Open an interactive shell (or run a command) in the sandbox, on this terminal
+#[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Examples:
+  aisb up                          # your shell (fish if $SHELL is fish) in the sandbox
+  aisb up -- claude                # an agent, interactively
+  aisb up --profile investigate")]
+pub struct Args {
+    #[arg(short, long)]
+    pub profile: Option<String>,
+    #[arg(long, value_enum, default_value = "bwrap")]
+    pub backend: Backend,
+    /// The command (default: your shell)
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
+    let host = Host::current().map_err(|source| Error::Io { path: ".".into(), source })?;
+    let loaded = g.load(&host)?;
+    let req = Request { profile: a.profile, command: a.command, use_cache: !g.no_cache, ..Default::default() };
+    let plan = eval::evaluate(&loaded, &host, &req)?;
+    Ok(runtime::run(&plan, a.backend, true)?.exit_code)
+}
