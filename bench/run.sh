@@ -26,6 +26,7 @@ cases = [
     ("/bin/true", ["/bin/true"]),
     ("bwrap --unshare-all (raw)", ["bwrap", "--unshare-all", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "true"]),
     ("aisb run --backend bwrap -- true", [aisb, "run", "--backend", "bwrap", "--", "true"]),
+    ("aisb run --backend libcontainer -- true", [aisb, "run", "--backend", "libcontainer", "--", "true"]),
 ]
 if shutil.which("srt"):
     cases.append(("srt -c true", ["srt", "-c", "true"]))

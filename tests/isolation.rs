@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const BACKENDS: &[&str] = &["bwrap"];
+const BACKENDS: &[&str] = &["bwrap", "libcontainer"];
 
 struct Sandbox {
     dir: tempfile::TempDir,
@@ -217,4 +217,28 @@ fn up_gives_the_workload_the_terminal() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("tty=yes"), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(out.status.code(), Some(7));
+}
+
+#[test]
+fn copy_on_write_config_never_reaches_the_host() {
+    if !privileged() {
+        return;
+    }
+    let s = Sandbox::new();
+    std::fs::create_dir_all(s.root().join("home/.claude")).unwrap();
+    std::fs::write(s.root().join("home/.claude/settings.json"), "host").unwrap();
+    std::fs::write(s.proj().join("sandbox.kdl"), "import \"preset:claude\"\n").unwrap();
+    let script = "echo sandbox > ~/.claude/settings.json; echo new > ~/.claude/new.txt; cat ~/.claude/settings.json";
+    let o = s.run("libcontainer", &[], script);
+    assert_eq!(o.code, 0, "{}\n{}", o.stdout, o.stderr);
+    assert_eq!(o.stdout, "sandbox\n");
+    assert_eq!(std::fs::read_to_string(s.root().join("home/.claude/settings.json")).unwrap(), "host");
+    assert!(!s.root().join("home/.claude/new.txt").exists());
+    // The next run sees its own earlier writes (the upper dir is kept in the sandbox's state).
+    let o = s.run("libcontainer", &[], "cat ~/.claude/new.txt");
+    assert_eq!(o.stdout, "new\n", "{}", o.stderr);
+    // bwrap cannot mount overlayfs: it refuses, naming the mount, instead of sharing the dir.
+    let o = s.run("bwrap", &[], "true");
+    assert_eq!(o.code, 1);
+    assert!(o.stderr.contains("cannot express the copy-on-write (overlay) mount at"), "{}", o.stderr);
 }

@@ -4,6 +4,7 @@ mod check;
 mod completions;
 mod export;
 mod init;
+mod libcontainer_helper;
 mod plan;
 mod presets;
 mod run;
@@ -62,6 +63,8 @@ pub enum Command {
     Tasks(tasks::Args),
     Presets(presets::Args),
     Completions(completions::Args),
+    #[command(name = "__libcontainer", hide = true)]
+    LibcontainerHelper(libcontainer_helper::Args),
     #[command(name = "__init", hide = true)]
     SandboxInit(sandbox_init::Args),
 }
@@ -91,6 +94,7 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
         Command::Presets(a) => presets::run(a),
         Command::Completions(a) => completions::run(a),
         Command::SandboxInit(a) => sandbox_init::run(a),
+        Command::LibcontainerHelper(a) => libcontainer_helper::run(a),
     }
 }
 

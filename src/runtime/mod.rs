@@ -2,6 +2,7 @@
 //! Backends share one spec (see `spec`); each lives in its own crate under `runtimes/`.
 
 mod bwrap;
+mod libcontainer;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -16,6 +17,8 @@ use crate::spec::bundle::{self, BundleError};
 pub enum Backend {
     /// bubblewrap (external `bwrap`, Debian package `bubblewrap`)
     Bwrap,
+    /// youki's libcontainer, in-process (no daemon); supports copy-on-write mounts
+    Libcontainer,
 }
 
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
@@ -68,6 +71,10 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
     let spec = bundle::write(plan, &dir, Some(&exe))?;
     let exit_code = match backend {
         Backend::Bwrap => bwrap::run(&spec, &guard.0, interactive)?,
+        Backend::Libcontainer => {
+            let id = format!("aisb-{}", std::process::id());
+            libcontainer::run(&guard.0, &plan.state_dir.join("libcontainer"), &id, interactive)?
+        }
     };
     drop(guard);
     Ok(Summary {

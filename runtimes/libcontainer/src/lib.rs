@@ -1,0 +1,105 @@
+//! The libcontainer backend: create, start, wait for and delete a container from an OCI bundle
+//! with youki's `libcontainer`, in-process, no daemon.
+//!
+//! libcontainer `clone3`s and runs Rust code in the children: from a process with threads it
+//! can deadlock on a lock held at clone time. [`run`] must therefore be called from a
+//! single-threaded process (aisb re-executes itself as a hidden helper for this) and it never
+//! starts a thread itself: signals are waited for with `sigwait`, not a handler thread.
+
+use std::path::{Path, PathBuf};
+
+use libcontainer::container::builder::ContainerBuilder;
+use libcontainer::container::Container;
+use libcontainer::syscall::syscall::SyscallType;
+use libcontainer::workload::default::DefaultExecutor;
+use nix::sys::signal::{kill, SigSet, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LibcontainerError {
+    #[error("libcontainer: {0}")]
+    Container(#[from] libcontainer::error::LibcontainerError),
+    #[error("the container has no init pid after start")]
+    NoPid,
+    #[error("waiting for the container failed: {0}")]
+    Wait(nix::Error),
+    #[error("the calling process has {0} threads; libcontainer must run single-threaded")]
+    Threaded(usize),
+}
+
+/// Signals forwarded to the container's init (which forwards them to the workload).
+pub const FORWARDED: [Signal; 6] =
+    [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGQUIT, Signal::SIGUSR1, Signal::SIGUSR2];
+
+fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task").map(|d| d.count()).unwrap_or(1)
+}
+
+/// Remove what a crashed earlier run with the same id left in `state_root`.
+fn remove_stale(state_root: &Path, id: &str) {
+    let dir = state_root.join(id);
+    if dir.exists() {
+        if let Ok(mut c) = Container::load(dir.clone()) {
+            let _ = c.delete(true);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// Deletes the container whatever happens after it was created.
+struct Created(Container);
+
+impl Drop for Created {
+    fn drop(&mut self) {
+        let _ = self.0.delete(true);
+    }
+}
+
+/// Run the bundle to completion; returns the init's exit code (128+N for a signal).
+pub fn run(bundle: &Path, state_root: &Path, id: &str) -> Result<i32, LibcontainerError> {
+    let n = threads();
+    if n > 1 {
+        return Err(LibcontainerError::Threaded(n));
+    }
+    let mut set = SigSet::empty();
+    for s in FORWARDED {
+        set.add(s);
+    }
+    set.add(Signal::SIGCHLD);
+    set.thread_block().map_err(LibcontainerError::Wait)?;
+    remove_stale(state_root, id);
+    let container = ContainerBuilder::new(id.to_string(), SyscallType::default())
+        .with_executor(DefaultExecutor {})
+        .with_root_path(PathBuf::from(state_root))?
+        .validate_id()?
+        .as_init(bundle)
+        .with_systemd(false)
+        .with_detach(false)
+        .build()?;
+    let mut created = Created(container);
+    created.0.start()?;
+    let pid = created.0.pid().ok_or(LibcontainerError::NoPid)?;
+    let code = wait(pid, &set)?;
+    drop(created);
+    Ok(code)
+}
+
+/// Reap until the init exits, forwarding the other signals to it.
+fn wait(pid: Pid, set: &SigSet) -> Result<i32, LibcontainerError> {
+    loop {
+        match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(_, code)) => return Ok(code),
+            Ok(WaitStatus::Signaled(_, sig, _)) => return Ok(128 + sig as i32),
+            Ok(_) => {}
+            Err(nix::Error::EINTR) => continue,
+            Err(e) => return Err(LibcontainerError::Wait(e)),
+        }
+        match set.wait() {
+            Ok(Signal::SIGCHLD) | Err(_) => {}
+            Ok(sig) => {
+                let _ = kill(pid, sig);
+            }
+        }
+    }
+}

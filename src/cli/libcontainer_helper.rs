@@ -1,0 +1,22 @@
+use std::path::PathBuf;
+
+use crate::Error;
+
+/// Run a bundle with libcontainer (a single-threaded helper; not for direct use)
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    pub bundle: PathBuf,
+    pub state_root: PathBuf,
+    pub id: String,
+}
+
+pub fn run(a: Args) -> Result<i32, Error> {
+    // 125: the sandbox could not start (distinct from any exit code of the workload's own).
+    match aisb_libcontainer::run(&a.bundle, &a.state_root, &a.id) {
+        Ok(code) => Ok(code),
+        Err(e) => {
+            eprintln!("aisb: the libcontainer backend could not run the sandbox: {e}\n  help: `aisb doctor` checks the host; `--backend bwrap` is the other backend");
+            Ok(125)
+        }
+    }
+}
