@@ -8,9 +8,36 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const BACKENDS: &[&str] = &["bwrap", "libcontainer"];
+/// Backends that run for an unprivileged caller. libcontainer's rootless mode (subuid maps
+/// via newuidmap, pre-delegated cgroups) is not built yet.
+const ROOTLESS_BACKENDS: &[&str] = &["bwrap"];
+const TEST_USER: &str = "aisb-test";
+
+/// Every (backend, caller) pair: root, and an ordinary user (uid, gid).
+fn matrix() -> Vec<(&'static str, Option<(u32, u32)>)> {
+    let mut m: Vec<_> = BACKENDS.iter().map(|b| (*b, None)).collect();
+    let user = test_user();
+    m.extend(ROOTLESS_BACKENDS.iter().map(|b| (*b, Some(user))));
+    m
+}
+
+/// An unprivileged account to run the suite as (created once, as root).
+fn test_user() -> (u32, u32) {
+    if nix::unistd::User::from_name(TEST_USER).ok().flatten().is_none() {
+        let out = Command::new("useradd").args(["--system", "--no-create-home", "--shell", "/usr/sbin/nologin", TEST_USER]).output().unwrap();
+        // A concurrent test may have created it first.
+        assert!(out.status.success() || nix::unistd::User::from_name(TEST_USER).ok().flatten().is_some(),
+            "useradd: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let u = nix::unistd::User::from_name(TEST_USER).unwrap().unwrap();
+    (u.uid.as_raw(), u.gid.as_raw())
+}
 
 struct Sandbox {
     dir: tempfile::TempDir,
+    /// Run as this (uid, gid) instead of root; the whole tree (and a copy of aisb) is theirs.
+    user: Option<(u32, u32)>,
+    exe: PathBuf,
 }
 
 struct Out {
@@ -30,8 +57,11 @@ impl Out {
 
 impl Sandbox {
     fn new() -> Sandbox {
+        Sandbox::as_user(None)
+    }
+    fn as_user(user: Option<(u32, u32)>) -> Sandbox {
         let dir = tempfile::tempdir().unwrap();
-        let s = Sandbox { dir };
+        let mut s = Sandbox { dir, user, exe: PathBuf::from(env!("CARGO_BIN_EXE_aisb")) };
         for d in ["home/.ssh", "home/.aws", "proj", "sibling"] {
             std::fs::create_dir_all(s.root().join(d)).unwrap();
         }
@@ -53,6 +83,16 @@ impl Sandbox {
         git(&["init", "-q"]);
         git(&["add", "-A"]);
         git(&["commit", "-qm", "init"]);
+        if let Some((uid, gid)) = user {
+            // Their own copy of aisb: the build tree may not be reachable for them.
+            let exe = s.root().join("bin/aisb");
+            std::fs::create_dir_all(exe.parent().unwrap()).unwrap();
+            std::fs::copy(&s.exe, &exe).unwrap();
+            s.exe = exe;
+            let ok = Command::new("chown").args(["-R", &format!("{uid}:{gid}")]).arg(s.root()).status().unwrap().success();
+            assert!(ok, "chown");
+            std::fs::set_permissions(s.root(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        }
         s
     }
     fn root(&self) -> &Path {
@@ -67,7 +107,12 @@ impl Sandbox {
         std::fs::write(p, content).unwrap();
     }
     fn run(&self, backend: &str, extra: &[&str], script: &str) -> Out {
-        let out = Command::new(env!("CARGO_BIN_EXE_aisb"))
+        let mut cmd = Command::new(&self.exe);
+        if let Some((uid, gid)) = self.user {
+            std::os::unix::process::CommandExt::uid(&mut cmd, uid);
+            std::os::unix::process::CommandExt::gid(&mut cmd, gid);
+        }
+        let out = cmd
             .args(["run", "--backend", backend])
             .args(extra)
             .args(["--", "/bin/sh", "-c", script])
@@ -139,11 +184,11 @@ fn escapes_fail_and_the_project_works() {
     if !privileged() {
         return;
     }
-    for backend in BACKENDS {
-        let s = Sandbox::new();
+    for (backend, user) in matrix() {
+        let s = Sandbox::as_user(user);
         let script = ESCAPES.replace("$HOST_PID", &std::process::id().to_string());
         let o = s.run(backend, &[], &script);
-        assert_eq!(o.code, 0, "[{backend}] stdout:\n{}\nstderr:\n{}", o.stdout, o.stderr);
+        assert_eq!(o.code, 0, "[{backend} {user:?}] stdout:\n{}\nstderr:\n{}", o.stdout, o.stderr);
         for key in ["env_file", "gitignored", "gitcrypt", "ssh_key", "aws", "symlink_to_ssh", "sibling",
             "write_usr", "write_etc", "shadow", "proc1_root", "host_environ", "vsock", "tiocsti", "ptrace", "mount",
             "userns", "mountns", "net_out"] {
@@ -160,9 +205,11 @@ fn escapes_fail_and_the_project_works() {
         }
         let procs: u32 = o.value("procs").unwrap().parse().unwrap();
         assert!(procs <= 6, "[{backend}] host processes visible: {procs}");
-        let uid = nix::unistd::getuid().as_raw();
-        let gid = nix::unistd::getgid().as_raw();
+        let (uid, gid) = user.unwrap_or((nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw()));
         o.expect("whoami", &format!("{uid}:{gid}"));
+        // Files the sandbox creates in the project belong to the caller on the host.
+        let meta = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(s.proj().join("src/new.txt")).unwrap());
+        assert_eq!(meta, uid, "[{backend}] new file owned by the caller");
         assert_eq!(std::fs::read_to_string(s.proj().join("src/new.txt")).unwrap(), "new\n");
         // The project's parent is private to the sandbox (a tmpfs): a write there may succeed
         // inside, but must never reach the host.
@@ -175,8 +222,8 @@ fn read_only_profile_refuses_writes() {
     if !privileged() {
         return;
     }
-    for backend in BACKENDS {
-        let s = Sandbox::new();
+    for (backend, user) in matrix() {
+        let s = Sandbox::as_user(user);
         let o = s.run(backend, &["--profile", "investigate"], "cat src/main.rs >/dev/null; echo read=$?; (echo x > src/main.rs) 2>/dev/null; echo write=$?");
         o.expect("read", "0");
         assert_ne!(o.value("write"), Some("0"), "[{backend}] wrote in a read-only profile");
@@ -189,8 +236,8 @@ fn exit_codes_and_signals_pass_through() {
     if !privileged() {
         return;
     }
-    for backend in BACKENDS {
-        let s = Sandbox::new();
+    for (backend, user) in matrix() {
+        let s = Sandbox::as_user(user);
         assert_eq!(s.run(backend, &[], "exit 0").code, 0);
         assert_eq!(s.run(backend, &[], "exit 42").code, 42);
         assert_eq!(s.run(backend, &[], "kill -TERM $$").code, 143);
