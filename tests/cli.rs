@@ -191,3 +191,17 @@ fn dash_c_runs_as_if_started_there() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["process"]["hostname"], "from-c");
 }
+
+#[test]
+fn doctor_reports_checks_and_backends() {
+    let o = Test::new().args(&["doctor", "--json"]).run();
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+    let names: Vec<&str> = v["checks"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    for n in ["user namespaces", "network namespaces", "overlayfs", "cgroups", "seccomp", "bwrap"] {
+        assert!(names.contains(&n), "{n} missing: {names:?}");
+    }
+    let backends: Vec<&str> = v["backends"].as_array().unwrap().iter().map(|b| b["name"].as_str().unwrap()).collect();
+    assert_eq!(backends, ["bwrap", "libcontainer"]);
+    let any_works = v["backends"].as_array().unwrap().iter().any(|b| b["works"] == true);
+    assert_eq!(o.code, if any_works { 0 } else { 1 });
+}

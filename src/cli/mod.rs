@@ -2,6 +2,7 @@
 
 mod check;
 mod completions;
+mod doctor;
 mod export;
 mod init;
 mod libcontainer_helper;
@@ -62,6 +63,7 @@ pub enum Command {
     Export(export::Args),
     Tasks(tasks::Args),
     Presets(presets::Args),
+    Doctor(doctor::Args),
     Completions(completions::Args),
     #[command(name = "__libcontainer", hide = true)]
     LibcontainerHelper(libcontainer_helper::Args),
@@ -92,6 +94,7 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
         Command::Export(a) => export::run(&g, a),
         Command::Tasks(a) => tasks::run(&g, a),
         Command::Presets(a) => presets::run(a),
+        Command::Doctor(a) => doctor::run(a),
         Command::Completions(a) => completions::run(a),
         Command::SandboxInit(a) => sandbox_init::run(a),
         Command::LibcontainerHelper(a) => libcontainer_helper::run(a),
