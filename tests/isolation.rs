@@ -289,3 +289,57 @@ fn copy_on_write_config_never_reaches_the_host() {
     assert_eq!(o.code, 1);
     assert!(o.stderr.contains("cannot express the copy-on-write (overlay) mount at"), "{}", o.stderr);
 }
+
+/// `kill -9` of aisb while a sandbox runs leaves no process behind, on either backend.
+#[test]
+fn killing_aisb_leaves_no_process() {
+    if !privileged() {
+        return;
+    }
+    for backend in BACKENDS {
+        let s = Sandbox::new();
+        let marker = format!("aisb-orphan-{}-{backend}", std::process::id());
+        let mut child = Command::new(&s.exe)
+            .args(["run", "--backend", backend, "--", "/bin/bash", "-c", &format!("exec -a {marker} sleep 300")])
+            .current_dir(s.proj())
+            .env("HOME", s.root().join("home"))
+            .env("XDG_CACHE_HOME", s.root().join("cache"))
+            .spawn()
+            .unwrap();
+        let running = || {
+            // Only the workload's own command line starts with the marker.
+            let out = Command::new("pgrep").args(["-f", &format!("^{marker} 300$")]).output().unwrap();
+            !out.stdout.is_empty()
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !running() {
+            assert!(std::time::Instant::now() < deadline, "[{backend}] the sandbox never started");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        child.kill().unwrap();
+        let _ = child.wait();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while running() {
+            assert!(std::time::Instant::now() < deadline, "[{backend}] the workload outlived aisb");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+}
+
+/// State left by a crashed libcontainer run (its aisb process is gone) is removed by the next.
+#[test]
+fn stale_libcontainer_state_is_removed() {
+    if !privileged() {
+        return;
+    }
+    let s = Sandbox::new();
+    let plan = Command::new(&s.exe).args(["plan", "--json"]).current_dir(s.proj())
+        .env("HOME", s.root().join("home")).env("XDG_CACHE_HOME", s.root().join("cache")).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&plan.stdout).unwrap();
+    let stale = PathBuf::from(v["state_dir"].as_str().unwrap()).join("libcontainer/aisb-4194303");
+    std::fs::create_dir_all(&stale).unwrap();
+    std::fs::write(stale.join("state.json"), "{}").unwrap();
+    let o = s.run("libcontainer", &[], "true");
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(!stale.exists(), "stale container state was left behind");
+}

@@ -23,12 +23,18 @@ pub fn run(bundle: &Path, state_root: &Path, id: &str, interactive: bool) -> Res
         }
     }
     blocked.thread_block().map_err(|e| RuntimeError::Io { what: "blocking signals".into(), source: e.into() })?;
-    let spawned = std::process::Command::new(&exe)
-        .arg("__libcontainer")
-        .arg(bundle)
-        .arg(state_root)
-        .arg(id)
-        .spawn();
+    let mut cmd = std::process::Command::new(&exe);
+    cmd.arg("__libcontainer").arg(bundle).arg(state_root).arg(id);
+    // If aisb dies (even by SIGKILL), the helper gets SIGTERM, forwards it to the sandbox,
+    // waits for it and deletes the container: nothing is left running.
+    // SAFETY: prctl is async-signal-safe.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGTERM)?;
+            Ok(())
+        });
+    }
+    let spawned = cmd.spawn();
     let mut child = match spawned {
         Ok(c) => c,
         Err(source) => {

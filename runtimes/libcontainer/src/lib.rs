@@ -36,14 +36,21 @@ fn threads() -> usize {
     std::fs::read_dir("/proc/self/task").map(|d| d.count()).unwrap_or(1)
 }
 
-/// Remove what a crashed earlier run with the same id left in `state_root`.
+/// Remove what crashed earlier runs left in `state_root`: containers named `PREFIX-PID` whose
+/// run (PID) is gone, and any container with our own id.
 fn remove_stale(state_root: &Path, id: &str) {
-    let dir = state_root.join(id);
-    if dir.exists() {
-        if let Ok(mut c) = Container::load(dir.clone()) {
-            let _ = c.delete(true);
+    let Ok(entries) = std::fs::read_dir(state_root) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let owner_alive = name.rsplit_once('-').and_then(|(_, pid)| pid.parse::<i32>().ok())
+            .is_some_and(|pid| kill(Pid::from_raw(pid), None).is_ok());
+        if name == id || !owner_alive {
+            let dir = e.path();
+            if let Ok(mut c) = Container::load(dir.clone()) {
+                let _ = c.delete(true);
+            }
+            let _ = std::fs::remove_dir_all(&dir);
         }
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
 
