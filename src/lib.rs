@@ -33,15 +33,22 @@ pub enum Error {
     Bundle(#[from] spec::bundle::BundleError),
     #[error("{path}: {source}")]
     #[diagnostic(help("check that the path exists and is readable"))]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("no configuration file at {path}")]
-    #[diagnostic(help("create one with `aisb init`, or omit -f to use sandbox.kdl or the embedded default"))]
+    #[diagnostic(help(
+        "create one with `aisb init`, or omit -f to use sandbox.kdl or the embedded default"
+    ))]
     NoConfig { path: PathBuf },
     #[error("{path} already exists")]
     #[diagnostic(help("aisb init never overwrites; remove it or choose another path with -o"))]
     Exists { path: PathBuf },
     #[error("sandbox init: {0}")]
-    #[diagnostic(help("the sandbox was stopped before running anything; `aisb doctor` checks the host"))]
+    #[diagnostic(help(
+        "the sandbox was stopped before running anything; `aisb doctor` checks the host"
+    ))]
     Init(#[from] init::InitError),
     #[error(transparent)]
     #[diagnostic(transparent)]

@@ -63,19 +63,37 @@ fn init_writes_the_template_and_refuses_to_overwrite() {
     let t = Test::new().args(&["init"]);
     let o = t.run();
     assert_eq!(o.code, 0, "{}", o.stderr);
-    assert_eq!(o.stderr, "wrote sandbox.kdl — edit it, then run `aisb check` and `aisb plan`\n");
+    assert_eq!(
+        o.stderr,
+        "wrote sandbox.kdl — edit it, then run `aisb check` and `aisb plan`\n"
+    );
     let written = std::fs::read_to_string(t.proj().join("sandbox.kdl")).unwrap();
     assert_eq!(written, include_str!("../sandbox.kdl.example"));
     let o = t.run();
     assert_eq!(o.code, 1);
-    assert!(o.stderr.contains("sandbox.kdl already exists"), "{}", o.stderr);
-    assert!(o.stderr.contains("aisb init never overwrites"), "{}", o.stderr);
-    assert_eq!(std::fs::read_to_string(t.proj().join("sandbox.kdl")).unwrap(), written, "nothing lost");
+    assert!(
+        o.stderr.contains("sandbox.kdl already exists"),
+        "{}",
+        o.stderr
+    );
+    assert!(
+        o.stderr.contains("aisb init never overwrites"),
+        "{}",
+        o.stderr
+    );
+    assert_eq!(
+        std::fs::read_to_string(t.proj().join("sandbox.kdl")).unwrap(),
+        written,
+        "nothing lost"
+    );
 }
 
 #[test]
 fn check_formats_for_editors() {
-    let t = Test::new().file("sandbox.kdl", "projet \".\"\nnetwork {\n    allow \"*.com\"\n}\n");
+    let t = Test::new().file(
+        "sandbox.kdl",
+        "projet \".\"\nnetwork {\n    allow \"*.com\"\n}\n",
+    );
     let o = t.with(&["check", "--format", "short"]);
     assert_eq!(o.code, 1);
     assert_eq!(o.stdout, "\
@@ -91,17 +109,31 @@ sandbox.kdl:3:11: error: invalid domain `*.com`: `*.com` would allow a whole top
     assert!(v[1]["file"].as_str().unwrap().ends_with("proj/sandbox.kdl"));
     let o = t.with(&["check"]);
     assert_eq!(o.code, 1);
-    assert!(o.stderr.contains("2 errors in the sandbox configuration"), "{}", o.stderr);
+    assert!(
+        o.stderr.contains("2 errors in the sandbox configuration"),
+        "{}",
+        o.stderr
+    );
     assert!(o.stderr.contains("did you mean `project`?"), "{}", o.stderr);
 }
 
 #[test]
 fn check_reports_errors_inside_profiles() {
-    let t = Test::new().file("sandbox.kdl", "profile \"p\" extends=\"nope\" { }\n").args(&["check", "--format", "short"]);
+    let t = Test::new()
+        .file("sandbox.kdl", "profile \"p\" extends=\"nope\" { }\n")
+        .args(&["check", "--format", "short"]);
     let o = t.run();
     assert_eq!(o.code, 1);
-    assert!(o.stdout.starts_with("sandbox.kdl:1:13: error: unknown profile `nope`"), "{}", o.stdout);
-    let ok = Test::new().file("sandbox.kdl", "import \"preset:codex\"\n").args(&["check"]).run();
+    assert!(
+        o.stdout
+            .starts_with("sandbox.kdl:1:13: error: unknown profile `nope`"),
+        "{}",
+        o.stdout
+    );
+    let ok = Test::new()
+        .file("sandbox.kdl", "import \"preset:codex\"\n")
+        .args(&["check"])
+        .run();
     assert_eq!(ok.code, 0, "{}", ok.stderr);
     assert_eq!(ok.stderr, "sandbox.kdl: ok (3 profiles)\n");
 }
@@ -111,12 +143,30 @@ fn plan_without_config_uses_the_embedded_default_and_never_prints_values() {
     let t = Test::new().file(".env", "SECRET=1").args(&["plan"]);
     let o = t.run();
     assert_eq!(o.code, 0, "{}", o.stderr);
-    assert!(o.stdout.starts_with("config    embedded default (no sandbox.kdl found; `aisb init` writes one)\n"), "{}", o.stdout);
-    assert!(o.stdout.contains("  file .env   [sensitive \".env\"]\n"), "{}", o.stdout);
-    assert!(o.stdout.contains("looks like a secret: GITHUB_TOKEN"), "{}", o.stdout);
+    assert!(
+        o.stdout.starts_with(
+            "config    embedded default (no sandbox.kdl found; `aisb init` writes one)\n"
+        ),
+        "{}",
+        o.stdout
+    );
+    assert!(
+        o.stdout.contains("  file .env   [sensitive \".env\"]\n"),
+        "{}",
+        o.stdout
+    );
+    assert!(
+        o.stdout.contains("looks like a secret: GITHUB_TOKEN"),
+        "{}",
+        o.stdout
+    );
     assert!(o.stdout.contains("none: loopback only"), "{}", o.stdout);
     assert!(!o.stdout.contains("ghp_secret_value"));
-    let j = Test { dir: t.dir, args: vec!["plan".into(), "--json".into()] }.run();
+    let j = Test {
+        dir: t.dir,
+        args: vec!["plan".into(), "--json".into()],
+    }
+    .run();
     assert!(!j.stdout.contains("ghp_secret_value"));
     let v: serde_json::Value = serde_json::from_str(&j.stdout).unwrap();
     assert_eq!(v["config_file"], serde_json::Value::Null);
@@ -126,8 +176,16 @@ fn plan_without_config_uses_the_embedded_default_and_never_prints_values() {
 
 #[test]
 fn host_network_is_loud() {
-    let o = Test::new().file("sandbox.kdl", "network \"host\"\n").args(&["plan"]).run();
-    assert!(o.stdout.contains("HOST: the sandbox shares the host's network; nothing is filtered"), "{}", o.stdout);
+    let o = Test::new()
+        .file("sandbox.kdl", "network \"host\"\n")
+        .args(&["plan"])
+        .run();
+    assert!(
+        o.stdout
+            .contains("HOST: the sandbox shares the host's network; nothing is filtered"),
+        "{}",
+        o.stdout
+    );
 }
 
 #[test]
@@ -136,9 +194,16 @@ fn spec_is_valid_oci_json_with_the_command() {
     assert_eq!(o.code, 0, "{}", o.stderr);
     let spec: oci_spec::runtime::Spec = serde_json::from_str(&o.stdout).unwrap();
     let args = spec.process().as_ref().unwrap().args().clone().unwrap();
-    assert_eq!(args[..2], ["/run/aisb/init", "__init"], "every sandbox starts with our init");
+    assert_eq!(
+        args[..2],
+        ["/run/aisb/init", "__init"],
+        "every sandbox starts with our init"
+    );
     assert_eq!(args[args.len() - 3..], ["--", "echo", "hi"]);
-    assert!(!o.stdout.contains("ghp_secret_value"), "secret env must not reach the spec");
+    assert!(
+        !o.stdout.contains("ghp_secret_value"),
+        "secret env must not reach the spec"
+    );
 }
 
 #[test]
@@ -146,30 +211,59 @@ fn export_bundle_refuses_a_non_empty_dir() {
     let t = Test::new().file("out/x", "keep");
     let o = t.with(&["export", "bundle", "out"]);
     assert_eq!(o.code, 1);
-    assert!(o.stderr.contains("out exists and is not an empty directory"), "{}", o.stderr);
-    assert_eq!(std::fs::read_to_string(Path::new(&t.proj()).join("out/x")).unwrap(), "keep");
+    assert!(
+        o.stderr
+            .contains("out exists and is not an empty directory"),
+        "{}",
+        o.stderr
+    );
+    assert_eq!(
+        std::fs::read_to_string(Path::new(&t.proj()).join("out/x")).unwrap(),
+        "keep"
+    );
 }
 
 #[test]
 fn unknown_profile_and_bad_usage() {
     let o = Test::new().args(&["plan", "--profile", "fixx"]).run();
     assert_eq!(o.code, 1);
-    assert!(o.stderr.contains("unknown profile `fixx`") && o.stderr.contains("did you mean `fix`?"), "{}", o.stderr);
+    assert!(
+        o.stderr.contains("unknown profile `fixx`") && o.stderr.contains("did you mean `fix`?"),
+        "{}",
+        o.stderr
+    );
     let o = Test::new().args(&["plann"]).run();
     assert_eq!(o.code, 2);
-    assert!(o.stderr.contains("unrecognized subcommand 'plann'"), "{}", o.stderr);
+    assert!(
+        o.stderr.contains("unrecognized subcommand 'plann'"),
+        "{}",
+        o.stderr
+    );
     let o = Test::new().args(&["--help"]).run();
     assert_eq!(o.code, 0);
-    assert!(o.stdout.contains("Examples:") && o.stdout.contains("aisb export bundle"), "{}", o.stdout);
+    assert!(
+        o.stdout.contains("Examples:") && o.stdout.contains("aisb export bundle"),
+        "{}",
+        o.stdout
+    );
 }
 
 #[test]
 fn presets_tasks_completions() {
     let o = Test::new().args(&["presets"]).run();
-    assert_eq!(o.stdout, "profiles\nclaude\ncodex\naider\nopencode\ngemini\n");
+    assert_eq!(
+        o.stdout,
+        "profiles\nclaude\ncodex\naider\nopencode\ngemini\n"
+    );
     let o = Test::new().args(&["presets", "claude"]).run();
     assert!(o.stdout.contains("mount \"~/.claude\" access=\"overlay\""));
-    let o = Test::new().file("sandbox.kdl", "task \"test\" { run \"cargo test\"; profile \"investigate\" }\n").args(&["tasks", "--json"]).run();
+    let o = Test::new()
+        .file(
+            "sandbox.kdl",
+            "task \"test\" { run \"cargo test\"; profile \"investigate\" }\n",
+        )
+        .args(&["tasks", "--json"])
+        .run();
     let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
     assert_eq!(v[0]["name"], "test");
     assert_eq!(v[0]["profile"], "investigate");
@@ -187,7 +281,11 @@ fn dash_c_runs_as_if_started_there() {
         .env("XDG_CACHE_HOME", t.dir.path().join("cache"))
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["process"]["hostname"], "from-c");
 }
@@ -196,12 +294,33 @@ fn dash_c_runs_as_if_started_there() {
 fn doctor_reports_checks_and_backends() {
     let o = Test::new().args(&["doctor", "--json"]).run();
     let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
-    let names: Vec<&str> = v["checks"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
-    for n in ["user namespaces", "network namespaces", "overlayfs", "cgroups", "seccomp", "bwrap"] {
+    let names: Vec<&str> = v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    for n in [
+        "user namespaces",
+        "network namespaces",
+        "overlayfs",
+        "cgroups",
+        "seccomp",
+        "bwrap",
+    ] {
         assert!(names.contains(&n), "{n} missing: {names:?}");
     }
-    let backends: Vec<&str> = v["backends"].as_array().unwrap().iter().map(|b| b["name"].as_str().unwrap()).collect();
+    let backends: Vec<&str> = v["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["name"].as_str().unwrap())
+        .collect();
     assert_eq!(backends, ["bwrap", "libcontainer"]);
-    let any_works = v["backends"].as_array().unwrap().iter().any(|b| b["works"] == true);
+    let any_works = v["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|b| b["works"] == true);
     assert_eq!(o.code, if any_works { 0 } else { 1 });
 }

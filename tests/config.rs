@@ -22,30 +22,76 @@ fn example_file_is_valid_and_decodes_every_node() {
     let f = Fixture::new();
     std::fs::create_dir_all(f.home().join(".claude")).unwrap();
     std::fs::write(f.home().join(".gitconfig"), "").unwrap();
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/sandbox.kdl.example")).unwrap();
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/sandbox.kdl.example"))
+        .unwrap();
     let plan = f.plan(&text, None);
     assert_eq!(plan.project, f.project());
     assert_eq!(plan.project_access, Access::Rw);
     assert!(!plan.read_only);
     // mount with a target and variables, tmpfs with a size, home dirs.
-    let scratch = plan.mounts.iter().find(|m| m.target.ends_with("scratch")).unwrap();
-    assert!(matches!(scratch.kind, MountKind::Tmpfs { size: Some(268435456), .. }));
-    let claude = plan.mounts.iter().find(|m| m.target == f.home().join(".claude")).unwrap();
-    assert!(matches!(&claude.kind, MountKind::Overlay { upper, .. } if upper.starts_with(f.root().join("cache/aisb"))));
-    let gitconfig = plan.mounts.iter().find(|m| m.target == f.home().join(".gitconfig")).unwrap();
-    assert!(matches!(gitconfig.kind, MountKind::Bind { writable: false, .. }));
+    let scratch = plan
+        .mounts
+        .iter()
+        .find(|m| m.target.ends_with("scratch"))
+        .unwrap();
+    assert!(matches!(
+        scratch.kind,
+        MountKind::Tmpfs {
+            size: Some(268435456),
+            ..
+        }
+    ));
+    let claude = plan
+        .mounts
+        .iter()
+        .find(|m| m.target == f.home().join(".claude"))
+        .unwrap();
+    assert!(
+        matches!(&claude.kind, MountKind::Overlay { upper, .. } if upper.starts_with(f.root().join("cache/aisb")))
+    );
+    let gitconfig = plan
+        .mounts
+        .iter()
+        .find(|m| m.target == f.home().join(".gitconfig"))
+        .unwrap();
+    assert!(matches!(
+        gitconfig.kind,
+        MountKind::Bind {
+            writable: false,
+            ..
+        }
+    ));
     // env: set with variables, pass, allow, secrets dropped by NAME.
     let names: Vec<&str> = plan.env.vars.iter().map(|(k, _)| k.as_str()).collect();
-    assert!(names.contains(&"CI") && names.contains(&"NODE_ENV") && names.contains(&"ANTHROPIC_API_KEY"));
+    assert!(
+        names.contains(&"CI")
+            && names.contains(&"NODE_ENV")
+            && names.contains(&"ANTHROPIC_API_KEY")
+    );
     assert!(!names.contains(&"OPENAI_API_KEY") && !names.contains(&"AWS_SECRET_ACCESS_KEY"));
-    let cache_dir = plan.env.vars.iter().find(|(k, _)| k == "CACHE_DIR").unwrap();
+    let cache_dir = plan
+        .env
+        .vars
+        .iter()
+        .find(|(k, _)| k == "CACHE_DIR")
+        .unwrap();
     assert_eq!(cache_dir.1, format!("{}/cache/myapp", f.root().display()));
     assert_eq!(plan.identity.uid, 1000);
     assert_eq!(plan.identity.name, "dev");
     // network: allow mode with the preset's group, explicit rules, a named group, a port.
     assert_eq!(plan.network.mode, NetMode::Allow);
-    for d in ["api.anthropic.com", "api.example.com", "*.githubusercontent.com", "registry.example.com:8443", "github.com"] {
-        assert!(plan.network.allow.iter().any(|a| a == d), "{d} missing from {:?}", plan.network.allow);
+    for d in [
+        "api.anthropic.com",
+        "api.example.com",
+        "*.githubusercontent.com",
+        "registry.example.com:8443",
+        "github.com",
+    ] {
+        assert!(
+            plan.network.allow.iter().any(|a| a == d),
+            "{d} missing from {:?}",
+            plan.network.allow
+        );
     }
     assert_eq!(plan.network.deny, ["gist.githubusercontent.com"]);
     assert_eq!(plan.network.localhost_ports, [5432]);
@@ -53,8 +99,17 @@ fn example_file_is_valid_and_decodes_every_node() {
     assert_eq!(plan.process.args, ["bash", "-l"]);
     assert_eq!(plan.process.hostname, "sandbox");
     assert_eq!(plan.process.rlimits.len(), 2);
-    assert_eq!(plan.tasks.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["lint", "test"]);
-    assert_eq!(plan.tasks[1].args, ["/bin/sh", "-c", "cargo test --workspace"]);
+    assert_eq!(
+        plan.tasks
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect::<Vec<_>>(),
+        ["lint", "test"]
+    );
+    assert_eq!(
+        plan.tasks[1].args,
+        ["/bin/sh", "-c", "cargo test --workspace"]
+    );
     // profiles from the file and the built-in ones.
     for p in ["review", "deps", "investigate", "fix", "implement"] {
         assert!(plan.profiles.iter().any(|x| x == p), "{p}");
@@ -62,7 +117,10 @@ fn example_file_is_valid_and_decodes_every_node() {
     let review = f.plan(&text, Some("review"));
     assert!(review.read_only);
     assert_eq!(review.project_access, Access::Ro);
-    assert!(review.mounts.iter().all(|m| !matches!(m.kind, MountKind::Bind { writable: true, .. })));
+    assert!(review
+        .mounts
+        .iter()
+        .all(|m| !matches!(m.kind, MountKind::Bind { writable: true, .. })));
 }
 
 #[test]
@@ -72,9 +130,22 @@ fn defaults_without_any_setting() {
     assert_eq!(plan.project_access, Access::Rw);
     assert_eq!(plan.network.mode, NetMode::None);
     let home = plan.mounts.iter().find(|m| m.target == f.home()).unwrap();
-    assert!(matches!(home.kind, MountKind::Tmpfs { mode: 0o700, owner: Some((1000, 1000)), .. }), "home hidden");
+    assert!(
+        matches!(
+            home.kind,
+            MountKind::Tmpfs {
+                mode: 0o700,
+                owner: Some((1000, 1000)),
+                ..
+            }
+        ),
+        "home hidden"
+    );
     let names: Vec<&str> = plan.env.vars.iter().map(|(k, _)| k.as_str()).collect();
-    assert_eq!(names, ["HOME", "LOGNAME", "NODE_ENV", "PATH", "SHELL", "TERM", "USER"]);
+    assert_eq!(
+        names,
+        ["HOME", "LOGNAME", "NODE_ENV", "PATH", "SHELL", "TERM", "USER"]
+    );
 }
 
 #[test]
@@ -84,7 +155,9 @@ fn unknown_node_with_suggestion() {
 
 #[test]
 fn unknown_property_and_wrong_type_reported_together() {
-    insta::assert_snapshot!(err("mount \"/usr/share\" acess=\"ro\"\ntmpfs 12\nread-only \"yes\"\n"));
+    insta::assert_snapshot!(err(
+        "mount \"/usr/share\" acess=\"ro\"\ntmpfs 12\nread-only \"yes\"\n"
+    ));
 }
 
 #[test]
@@ -104,7 +177,9 @@ fn kdl_v1_booleans_are_rejected_with_a_hint() {
 
 #[test]
 fn missing_arguments_and_children() {
-    insta::assert_snapshot!(err("mount\nproject \".\" { }\ntask \"t\" { profile \"x\" }\n"));
+    insta::assert_snapshot!(err(
+        "mount\nproject \".\" { }\ntask \"t\" { profile \"x\" }\n"
+    ));
 }
 
 #[test]
@@ -114,20 +189,30 @@ fn import_cycle() {
     f.write("b.kdl", "import \"a.kdl\"\n");
     let e = f.eval("import \"a.kdl\"\n", None).unwrap_err();
     // Long temp paths wrap; unwrap before redacting them.
-    insta::assert_snapshot!(e.replace("\n  │ ", "").replace(&f.project().display().to_string(), "<proj>"));
+    insta::assert_snapshot!(e
+        .replace("\n  │ ", "")
+        .replace(&f.project().display().to_string(), "<proj>"));
 }
 
 #[test]
 fn unknown_preset_and_missing_import() {
     let f = Fixture::new();
-    let e = f.eval("import \"preset:claud\"\nimport \"nope.kdl\"\n", None).unwrap_err();
+    let e = f
+        .eval("import \"preset:claud\"\nimport \"nope.kdl\"\n", None)
+        .unwrap_err();
     insta::assert_snapshot!(e.replace(&f.project().display().to_string(), "<proj>"));
 }
 
 #[test]
 fn extends_cycle_and_unknown_parent() {
-    insta::assert_snapshot!(err_profile("profile \"a\" extends=\"b\" { }\nprofile \"b\" extends=\"a\" { }\n", "a"));
-    insta::assert_snapshot!(err_profile("profile \"a\" extends=\"investgate\" { }\n", "a"));
+    insta::assert_snapshot!(err_profile(
+        "profile \"a\" extends=\"b\" { }\nprofile \"b\" extends=\"a\" { }\n",
+        "a"
+    ));
+    insta::assert_snapshot!(err_profile(
+        "profile \"a\" extends=\"investgate\" { }\n",
+        "a"
+    ));
 }
 
 #[test]
@@ -137,18 +222,28 @@ fn unknown_profile_on_the_command_line() {
 
 #[test]
 fn profile_cannot_turn_masking_off() {
-    insta::assert_snapshot!(err_profile("profile \"loose\" {\n    secrets { gitignored #false }\n}\n", "loose"));
+    insta::assert_snapshot!(err_profile(
+        "profile \"loose\" {\n    secrets { gitignored #false }\n}\n",
+        "loose"
+    ));
 }
 
 #[test]
 fn undefined_variable_and_unknown_group() {
-    insta::assert_snapshot!(err("mount \"$NOPE_NOT_SET/x\"\nnetwork {\n    group \"registry\"\n}\n"));
+    insta::assert_snapshot!(err(
+        "mount \"$NOPE_NOT_SET/x\"\nnetwork {\n    group \"registry\"\n}\n"
+    ));
 }
 
 #[test]
 fn missing_mount_source_is_an_error_unless_optional() {
     let f = Fixture::new();
-    let e = f.eval("mount \"/nonexistent/aisb\"\nmount \"/nonexistent/other\" optional=#true\n", None).unwrap_err();
+    let e = f
+        .eval(
+            "mount \"/nonexistent/aisb\"\nmount \"/nonexistent/other\" optional=#true\n",
+            None,
+        )
+        .unwrap_err();
     insta::assert_snapshot!(e);
 }
 
@@ -176,18 +271,55 @@ fn merge_rules_lists_append_scalars_override_block_stays() {
     let base = f.plan(text, None);
     let p = f.plan(text, Some("p"));
     let q = f.plan(text, Some("q"));
-    let get = |plan: &aisb::eval::Plan, k: &str| plan.env.vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    let get = |plan: &aisb::eval::Plan, k: &str| {
+        plan.env
+            .vars
+            .iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.clone())
+    };
     assert_eq!(get(&base, "A").as_deref(), Some("base"));
-    assert_eq!(get(&p, "A").as_deref(), Some("child"), "scalars (env set per name) override");
-    assert_eq!(get(&p, "B").as_deref(), Some("base"), "unrelated entries are inherited");
+    assert_eq!(
+        get(&p, "A").as_deref(),
+        Some("child"),
+        "scalars (env set per name) override"
+    );
+    assert_eq!(
+        get(&p, "B").as_deref(),
+        Some("base"),
+        "unrelated entries are inherited"
+    );
     assert_eq!(base.network.allow, ["a.example.com"]);
-    assert_eq!(p.network.allow, ["a.example.com", "b.example.com"], "lists append");
+    assert_eq!(
+        p.network.allow,
+        ["a.example.com", "b.example.com"],
+        "lists append"
+    );
     assert_eq!(p.process.hostname, "child");
     assert_eq!(q.network.mode, NetMode::None, "mode overrides");
-    let masked = |plan: &aisb::eval::Plan| plan.masks.iter().map(|m| m.path.strip_prefix(f.project()).unwrap().display().to_string()).collect::<Vec<_>>();
+    let masked = |plan: &aisb::eval::Plan| {
+        plan.masks
+            .iter()
+            .map(|m| {
+                m.path
+                    .strip_prefix(f.project())
+                    .unwrap()
+                    .display()
+                    .to_string()
+            })
+            .collect::<Vec<_>>()
+    };
     assert_eq!(masked(&base), ["notes.md"]);
-    assert_eq!(masked(&p), ["docs/internal", "notes.md"], "the child adds blocks; the parent's stay");
-    assert_eq!(masked(&q), ["docs/internal", "notes.md"], "grandchildren keep every block");
+    assert_eq!(
+        masked(&p),
+        ["docs/internal", "notes.md"],
+        "the child adds blocks; the parent's stay"
+    );
+    assert_eq!(
+        masked(&q),
+        ["docs/internal", "notes.md"],
+        "grandchildren keep every block"
+    );
 }
 
 #[test]
@@ -196,10 +328,21 @@ fn imports_merge_before_the_importer() {
     f.write("shared.kdl", "network { allow \"shared.example.com\" }\nprocess { hostname \"shared\" }\nprofile \"x\" { process { hostname \"from-import\" } }\n");
     let plan = f.plan("import \"shared.kdl\"\nprocess { hostname \"mine\" }\nnetwork { allow \"mine.example.com\" }\n", None);
     assert_eq!(plan.process.hostname, "mine");
-    assert_eq!(plan.network.allow, ["mine.example.com", "shared.example.com"]);
-    assert_eq!(f.plan("import \"shared.kdl\"\n", Some("x")).process.hostname, "from-import");
+    assert_eq!(
+        plan.network.allow,
+        ["mine.example.com", "shared.example.com"]
+    );
+    assert_eq!(
+        f.plan("import \"shared.kdl\"\n", Some("x"))
+            .process
+            .hostname,
+        "from-import"
+    );
     // The importer redefines a profile: its definition wins.
-    let plan = f.plan("import \"shared.kdl\"\nprofile \"x\" { process { hostname \"mine\" } }\n", Some("x"));
+    let plan = f.plan(
+        "import \"shared.kdl\"\nprofile \"x\" { process { hostname \"mine\" } }\n",
+        Some("x"),
+    );
     assert_eq!(plan.process.hostname, "mine");
 }
 
@@ -214,7 +357,12 @@ fn builtin_profiles_match_seed_001() {
     assert!(fix.network.allow.contains(&"github.com".to_string()));
     assert!(!fix.network.allow.contains(&"pypi.org".to_string()));
     let imp = f.plan("", Some("implement"));
-    for d in ["github.com", "registry.npmjs.org", "pypi.org", "files.pythonhosted.org"] {
+    for d in [
+        "github.com",
+        "registry.npmjs.org",
+        "pypi.org",
+        "files.pythonhosted.org",
+    ] {
         assert!(imp.network.allow.contains(&d.to_string()), "{d}");
     }
 }
@@ -224,10 +372,21 @@ fn variables_home_project_xdg_defaults() {
     let f = Fixture::new();
     std::fs::create_dir_all(f.home().join("data")).unwrap();
     let plan = f.plan("mount \"${AISB_TEST_UNSET:-~/data}\" \"$PROJECT/data\"\nenv { set \"C\" \"$XDG_CACHE_HOME|$XDG_CONFIG_HOME|$$HOME\" }\n", None);
-    let m = plan.mounts.iter().find(|m| m.target == f.project().join("data")).unwrap();
+    let m = plan
+        .mounts
+        .iter()
+        .find(|m| m.target == f.project().join("data"))
+        .unwrap();
     assert!(matches!(&m.kind, MountKind::Bind { source, .. } if *source == f.home().join("data")));
     let c = &plan.env.vars.iter().find(|(k, _)| k == "C").unwrap().1;
-    assert_eq!(*c, format!("{}/cache|{}/.config|$HOME", f.root().display(), f.home().display()));
+    assert_eq!(
+        *c,
+        format!(
+            "{}/cache|{}/.config|$HOME",
+            f.root().display(),
+            f.home().display()
+        )
+    );
 }
 
 #[test]
@@ -239,8 +398,18 @@ fn fish_users_get_fish_and_their_config_read_only() {
     let (loaded, _) = f.load("process { shell \"/usr/bin/fish\" }\n");
     let plan = aisb::eval::evaluate(&loaded, &host, &Default::default()).unwrap();
     assert_eq!(plan.process.args, ["/usr/bin/fish"]);
-    let m = plan.mounts.iter().find(|m| m.target == f.home().join(".config/fish")).expect("fish config mounted");
-    assert!(matches!(m.kind, MountKind::Bind { writable: false, .. }));
+    let m = plan
+        .mounts
+        .iter()
+        .find(|m| m.target == f.home().join(".config/fish"))
+        .expect("fish config mounted");
+    assert!(matches!(
+        m.kind,
+        MountKind::Bind {
+            writable: false,
+            ..
+        }
+    ));
 }
 
 #[test]

@@ -23,11 +23,31 @@ fn matrix() -> Vec<(&'static str, Option<(u32, u32)>)> {
 
 /// An unprivileged account to run the suite as (created once, as root).
 fn test_user() -> (u32, u32) {
-    if nix::unistd::User::from_name(TEST_USER).ok().flatten().is_none() {
-        let out = Command::new("useradd").args(["--system", "--no-create-home", "--shell", "/usr/sbin/nologin", TEST_USER]).output().unwrap();
+    if nix::unistd::User::from_name(TEST_USER)
+        .ok()
+        .flatten()
+        .is_none()
+    {
+        let out = Command::new("useradd")
+            .args([
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                TEST_USER,
+            ])
+            .output()
+            .unwrap();
         // A concurrent test may have created it first.
-        assert!(out.status.success() || nix::unistd::User::from_name(TEST_USER).ok().flatten().is_some(),
-            "useradd: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success()
+                || nix::unistd::User::from_name(TEST_USER)
+                    .ok()
+                    .flatten()
+                    .is_some(),
+            "useradd: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let u = nix::unistd::User::from_name(TEST_USER).unwrap().unwrap();
     (u.uid.as_raw(), u.gid.as_raw())
@@ -48,10 +68,18 @@ struct Out {
 
 impl Out {
     fn value(&self, key: &str) -> Option<&str> {
-        self.stdout.lines().find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+        self.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
     }
     fn expect(&self, key: &str, want: &str) {
-        assert_eq!(self.value(key), Some(want), "check `{key}`\nstdout:\n{}\nstderr:\n{}", self.stdout, self.stderr);
+        assert_eq!(
+            self.value(key),
+            Some(want),
+            "check `{key}`\nstdout:\n{}\nstderr:\n{}",
+            self.stdout,
+            self.stderr
+        );
     }
 }
 
@@ -61,7 +89,11 @@ impl Sandbox {
     }
     fn as_user(user: Option<(u32, u32)>) -> Sandbox {
         let dir = tempfile::tempdir().unwrap();
-        let mut s = Sandbox { dir, user, exe: PathBuf::from(env!("CARGO_BIN_EXE_aisb")) };
+        let mut s = Sandbox {
+            dir,
+            user,
+            exe: PathBuf::from(env!("CARGO_BIN_EXE_aisb")),
+        };
         for d in ["home/.ssh", "home/.aws", "proj", "sibling"] {
             std::fs::create_dir_all(s.root().join(d)).unwrap();
         }
@@ -74,10 +106,20 @@ impl Sandbox {
         s.write("ignored.txt", "ignored");
         s.write("vault/prod.yml", "crypted");
         s.write("src/main.rs", "fn main() {}");
-        std::os::unix::fs::symlink(s.root().join("home/.ssh/id_ed25519"), s.proj().join("key-link")).unwrap();
+        std::os::unix::fs::symlink(
+            s.root().join("home/.ssh/id_ed25519"),
+            s.proj().join("key-link"),
+        )
+        .unwrap();
         let git = |args: &[&str]| {
-            let ok = Command::new("git").args(["-c", "user.name=t", "-c", "user.email=t@t"]).args(args)
-                .current_dir(s.proj()).output().unwrap().status.success();
+            let ok = Command::new("git")
+                .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+                .args(args)
+                .current_dir(s.proj())
+                .output()
+                .unwrap()
+                .status
+                .success();
             assert!(ok, "git {args:?}");
         };
         git(&["init", "-q"]);
@@ -89,9 +131,18 @@ impl Sandbox {
             std::fs::create_dir_all(exe.parent().unwrap()).unwrap();
             std::fs::copy(&s.exe, &exe).unwrap();
             s.exe = exe;
-            let ok = Command::new("chown").args(["-R", &format!("{uid}:{gid}")]).arg(s.root()).status().unwrap().success();
+            let ok = Command::new("chown")
+                .args(["-R", &format!("{uid}:{gid}")])
+                .arg(s.root())
+                .status()
+                .unwrap()
+                .success();
             assert!(ok, "chown");
-            std::fs::set_permissions(s.root(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+            std::fs::set_permissions(
+                s.root(),
+                std::os::unix::fs::PermissionsExt::from_mode(0o755),
+            )
+            .unwrap();
         }
         s
     }
@@ -188,12 +239,44 @@ fn escapes_fail_and_the_project_works() {
         let s = Sandbox::as_user(user);
         let script = ESCAPES.replace("$HOST_PID", &std::process::id().to_string());
         let o = s.run(backend, &[], &script);
-        assert_eq!(o.code, 0, "[{backend} {user:?}] stdout:\n{}\nstderr:\n{}", o.stdout, o.stderr);
-        for key in ["env_file", "gitignored", "gitcrypt", "ssh_key", "aws", "symlink_to_ssh", "sibling",
-            "write_usr", "write_etc", "shadow", "proc1_root", "host_environ", "vsock", "tiocsti", "ptrace", "mount",
-            "userns", "mountns", "net_out"] {
-            assert_ne!(o.value(key), Some("0"), "[{backend}] escape `{key}` succeeded\n{}", o.stdout);
-            assert!(o.value(key).is_some(), "[{backend}] `{key}` did not run\n{}\n{}", o.stdout, o.stderr);
+        assert_eq!(
+            o.code, 0,
+            "[{backend} {user:?}] stdout:\n{}\nstderr:\n{}",
+            o.stdout, o.stderr
+        );
+        for key in [
+            "env_file",
+            "gitignored",
+            "gitcrypt",
+            "ssh_key",
+            "aws",
+            "symlink_to_ssh",
+            "sibling",
+            "write_usr",
+            "write_etc",
+            "shadow",
+            "proc1_root",
+            "host_environ",
+            "vsock",
+            "tiocsti",
+            "ptrace",
+            "mount",
+            "userns",
+            "mountns",
+            "net_out",
+        ] {
+            assert_ne!(
+                o.value(key),
+                Some("0"),
+                "[{backend}] escape `{key}` succeeded\n{}",
+                o.stdout
+            );
+            assert!(
+                o.value(key).is_some(),
+                "[{backend}] `{key}` did not run\n{}\n{}",
+                o.stdout,
+                o.stderr
+            );
         }
         o.expect("denied_msgs", "3");
         o.expect("leaked_env", "0");
@@ -205,15 +288,26 @@ fn escapes_fail_and_the_project_works() {
         }
         let procs: u32 = o.value("procs").unwrap().parse().unwrap();
         assert!(procs <= 6, "[{backend}] host processes visible: {procs}");
-        let (uid, gid) = user.unwrap_or((nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw()));
+        let (uid, gid) = user.unwrap_or((
+            nix::unistd::getuid().as_raw(),
+            nix::unistd::getgid().as_raw(),
+        ));
         o.expect("whoami", &format!("{uid}:{gid}"));
         // Files the sandbox creates in the project belong to the caller on the host.
-        let meta = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(s.proj().join("src/new.txt")).unwrap());
+        let meta = std::os::unix::fs::MetadataExt::uid(
+            &std::fs::metadata(s.proj().join("src/new.txt")).unwrap(),
+        );
         assert_eq!(meta, uid, "[{backend}] new file owned by the caller");
-        assert_eq!(std::fs::read_to_string(s.proj().join("src/new.txt")).unwrap(), "new\n");
+        assert_eq!(
+            std::fs::read_to_string(s.proj().join("src/new.txt")).unwrap(),
+            "new\n"
+        );
         // The project's parent is private to the sandbox (a tmpfs): a write there may succeed
         // inside, but must never reach the host.
-        assert!(!s.root().join("escape").exists(), "[{backend}] a write outside the project reached the host");
+        assert!(
+            !s.root().join("escape").exists(),
+            "[{backend}] a write outside the project reached the host"
+        );
     }
 }
 
@@ -226,8 +320,15 @@ fn read_only_profile_refuses_writes() {
         let s = Sandbox::as_user(user);
         let o = s.run(backend, &["--profile", "investigate"], "cat src/main.rs >/dev/null; echo read=$?; (echo x > src/main.rs) 2>/dev/null; echo write=$?");
         o.expect("read", "0");
-        assert_ne!(o.value("write"), Some("0"), "[{backend}] wrote in a read-only profile");
-        assert_eq!(std::fs::read_to_string(s.proj().join("src/main.rs")).unwrap(), "fn main() {}");
+        assert_ne!(
+            o.value("write"),
+            Some("0"),
+            "[{backend}] wrote in a read-only profile"
+        );
+        assert_eq!(
+            std::fs::read_to_string(s.proj().join("src/main.rs")).unwrap(),
+            "fn main() {}"
+        );
     }
 }
 
@@ -252,18 +353,37 @@ fn up_gives_the_workload_the_terminal() {
     if !privileged() {
         return;
     }
-    let s = Sandbox::new();
-    // `script` gives aisb a pseudo-terminal, as a user's terminal would.
-    let cmd = format!("{} up -- /bin/sh -c 'test -t 0 && test -t 1 && echo tty=yes; exit 7'", env!("CARGO_BIN_EXE_aisb"));
-    let out = Command::new("script").args(["-qec", &cmd, "/dev/null"])
-        .current_dir(s.proj())
-        .env("HOME", s.root().join("home"))
-        .env("XDG_CACHE_HOME", s.root().join("cache"))
-        .stdin(std::process::Stdio::null())
-        .output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("tty=yes"), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(out.status.code(), Some(7));
+    for backend in BACKENDS {
+        let s = Sandbox::new();
+        // `script` gives aisb a pseudo-terminal, as a user's terminal would. On libcontainer the
+        // sandbox gets a terminal of its own (console socket), which must be its controlling one.
+        let cmd = format!(
+            "{} up --backend {backend} -- /bin/sh -c 'test -t 0 && test -t 1 && echo tty=yes; \
+        ps -o tty= -p $$ | grep -q pts && echo ctty=yes; exit 7'",
+            env!("CARGO_BIN_EXE_aisb")
+        );
+        let out = Command::new("script")
+            .args(["-qec", &cmd, "/dev/null"])
+            .current_dir(s.proj())
+            .env("HOME", s.root().join("home"))
+            .env("XDG_CACHE_HOME", s.root().join("cache"))
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            stdout.contains("tty=yes"),
+            "[{backend}] {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if *backend == "libcontainer" {
+            assert!(
+                stdout.contains("ctty=yes"),
+                "[{backend}] no controlling terminal: {stdout}"
+            );
+        }
+        assert_eq!(out.status.code(), Some(7), "[{backend}]");
+    }
 }
 
 #[test]
@@ -279,7 +399,10 @@ fn copy_on_write_config_never_reaches_the_host() {
     let o = s.run("libcontainer", &[], script);
     assert_eq!(o.code, 0, "{}\n{}", o.stdout, o.stderr);
     assert_eq!(o.stdout, "sandbox\n");
-    assert_eq!(std::fs::read_to_string(s.root().join("home/.claude/settings.json")).unwrap(), "host");
+    assert_eq!(
+        std::fs::read_to_string(s.root().join("home/.claude/settings.json")).unwrap(),
+        "host"
+    );
     assert!(!s.root().join("home/.claude/new.txt").exists());
     // The next run sees its own earlier writes (the upper dir is kept in the sandbox's state).
     let o = s.run("libcontainer", &[], "cat ~/.claude/new.txt");
@@ -287,7 +410,12 @@ fn copy_on_write_config_never_reaches_the_host() {
     // bwrap cannot mount overlayfs: it refuses, naming the mount, instead of sharing the dir.
     let o = s.run("bwrap", &[], "true");
     assert_eq!(o.code, 1);
-    assert!(o.stderr.contains("cannot express the copy-on-write (overlay) mount at"), "{}", o.stderr);
+    assert!(
+        o.stderr
+            .contains("cannot express the copy-on-write (overlay) mount at"),
+        "{}",
+        o.stderr
+    );
 }
 
 /// `kill -9` of aisb while a sandbox runs leaves no process behind, on either backend.
@@ -300,7 +428,15 @@ fn killing_aisb_leaves_no_process() {
         let s = Sandbox::new();
         let marker = format!("aisb-orphan-{}-{backend}", std::process::id());
         let mut child = Command::new(&s.exe)
-            .args(["run", "--backend", backend, "--", "/bin/bash", "-c", &format!("exec -a {marker} sleep 300")])
+            .args([
+                "run",
+                "--backend",
+                backend,
+                "--",
+                "/bin/bash",
+                "-c",
+                &format!("exec -a {marker} sleep 300"),
+            ])
             .current_dir(s.proj())
             .env("HOME", s.root().join("home"))
             .env("XDG_CACHE_HOME", s.root().join("cache"))
@@ -308,19 +444,28 @@ fn killing_aisb_leaves_no_process() {
             .unwrap();
         let running = || {
             // Only the workload's own command line starts with the marker.
-            let out = Command::new("pgrep").args(["-f", &format!("^{marker} 300$")]).output().unwrap();
+            let out = Command::new("pgrep")
+                .args(["-f", &format!("^{marker} 300$")])
+                .output()
+                .unwrap();
             !out.stdout.is_empty()
         };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while !running() {
-            assert!(std::time::Instant::now() < deadline, "[{backend}] the sandbox never started");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "[{backend}] the sandbox never started"
+            );
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
         child.kill().unwrap();
         let _ = child.wait();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while running() {
-            assert!(std::time::Instant::now() < deadline, "[{backend}] the workload outlived aisb");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "[{backend}] the workload outlived aisb"
+            );
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
     }
@@ -333,8 +478,13 @@ fn stale_libcontainer_state_is_removed() {
         return;
     }
     let s = Sandbox::new();
-    let plan = Command::new(&s.exe).args(["plan", "--json"]).current_dir(s.proj())
-        .env("HOME", s.root().join("home")).env("XDG_CACHE_HOME", s.root().join("cache")).output().unwrap();
+    let plan = Command::new(&s.exe)
+        .args(["plan", "--json"])
+        .current_dir(s.proj())
+        .env("HOME", s.root().join("home"))
+        .env("XDG_CACHE_HOME", s.root().join("cache"))
+        .output()
+        .unwrap();
     let v: serde_json::Value = serde_json::from_slice(&plan.stdout).unwrap();
     let stale = PathBuf::from(v["state_dir"].as_str().unwrap()).join("libcontainer/aisb-4194303");
     std::fs::create_dir_all(&stale).unwrap();

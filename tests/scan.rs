@@ -7,17 +7,31 @@ use aisb::eval::Plan;
 use support::Fixture;
 
 fn masked(f: &Fixture, plan: &Plan) -> Vec<String> {
-    plan.masks.iter().map(|m| {
-        let rel = m.path.strip_prefix(f.project()).unwrap().display().to_string();
-        format!("{}{} [{}]", rel, if m.dir { "/" } else { "" }, m.rule)
-    }).collect()
+    plan.masks
+        .iter()
+        .map(|m| {
+            let rel = m
+                .path
+                .strip_prefix(f.project())
+                .unwrap()
+                .display()
+                .to_string();
+            format!("{}{} [{}]", rel, if m.dir { "/" } else { "" }, m.rule)
+        })
+        .collect()
 }
 
 fn repo() -> Fixture {
     let f = Fixture::new();
-    f.write(".gitignore", ".env\n.env.*\n!.env.example\nnode_modules/\n.claude/\nbuild.log\n");
+    f.write(
+        ".gitignore",
+        ".env\n.env.*\n!.env.example\nnode_modules/\n.claude/\nbuild.log\n",
+    );
     f.write("sub/.gitignore", "local.txt\n");
-    f.write(".gitattributes", "vault/** filter=git-crypt diff=git-crypt\n");
+    f.write(
+        ".gitattributes",
+        "vault/** filter=git-crypt diff=git-crypt\n",
+    );
     f.write("src/main.rs", "fn main() {}");
     f.write(".env", "TOKEN=1");
     f.write(".env.production", "TOKEN=2");
@@ -43,31 +57,43 @@ fn three_layers_with_tool_dirs_and_allow() {
     let f = repo();
     let plan = f.plan("allow \".env.example\"\n", None);
     assert!(plan.scan.git);
-    assert_eq!(masked(&f, &plan), [
-        ".claude/api.key [sensitive \"*.key\"]",
-        ".env [gitignored]",
-        ".env.production [gitignored]",
-        "build.log [gitignored]",
-        "certs/server.pem [sensitive \"*.pem\"]",
-        "config/credentials.json [sensitive \"*credentials*\"]",
-        "deep/er/.ssh/ [sensitive \".ssh/\"]",
-        "node_modules/ [gitignored]",
-        "sub/local.txt [gitignored]",
-        "vault/prod.yaml [git-crypt]",
-    ]);
+    assert_eq!(
+        masked(&f, &plan),
+        [
+            ".claude/api.key [sensitive \"*.key\"]",
+            ".env [gitignored]",
+            ".env.production [gitignored]",
+            "build.log [gitignored]",
+            "certs/server.pem [sensitive \"*.pem\"]",
+            "config/credentials.json [sensitive \"*credentials*\"]",
+            "deep/er/.ssh/ [sensitive \".ssh/\"]",
+            "node_modules/ [gitignored]",
+            "sub/local.txt [gitignored]",
+            "vault/prod.yaml [git-crypt]",
+        ]
+    );
 }
 
 #[test]
 fn layers_can_be_turned_off_at_the_top_level() {
     let f = repo();
-    let plan = f.plan("secrets {\n defaults #false\n gitignored #false\n git-crypt #false\n}\nblock \"*.log\"\n", None);
+    let plan = f.plan(
+        "secrets {\n defaults #false\n gitignored #false\n git-crypt #false\n}\nblock \"*.log\"\n",
+        None,
+    );
     assert_eq!(masked(&f, &plan), ["build.log [block \"*.log\"]"]);
     // Without the gitignored layer, sensitive files inside ignored dirs are still found.
     f.write("node_modules/pkg/.env", "x");
     let plan = f.plan("secrets { gitignored #false }\n", None);
     let m = masked(&f, &plan);
-    assert!(m.contains(&"node_modules/pkg/.env [sensitive \".env\"]".to_string()), "{m:?}");
-    assert!(m.contains(&".env [sensitive \".env\"]".to_string()), "{m:?}");
+    assert!(
+        m.contains(&"node_modules/pkg/.env [sensitive \".env\"]".to_string()),
+        "{m:?}"
+    );
+    assert!(
+        m.contains(&".env [sensitive \".env\"]".to_string()),
+        "{m:?}"
+    );
 }
 
 #[test]
@@ -78,14 +104,23 @@ fn not_a_git_repository() {
     f.write("a/ok.txt", "x");
     let plan = f.plan("", None);
     assert!(!plan.scan.git);
-    assert_eq!(masked(&f, &plan), [".env [sensitive \".env\"]", "a/b/key.pem [sensitive \"*.pem\"]"]);
+    assert_eq!(
+        masked(&f, &plan),
+        [
+            ".env [sensitive \".env\"]",
+            "a/b/key.pem [sensitive \"*.pem\"]"
+        ]
+    );
     assert!(plan.scan.notes[0].contains("not a git repository"));
 }
 
 fn cached_plan(f: &Fixture) -> Plan {
     let (loaded, errors) = f.load("");
     errors.into_result().unwrap();
-    let req = aisb::eval::Request { use_cache: true, ..Default::default() };
+    let req = aisb::eval::Request {
+        use_cache: true,
+        ..Default::default()
+    };
     aisb::eval::evaluate(&loaded, &f.host(), &req).unwrap()
 }
 
@@ -123,7 +158,10 @@ fn cache_is_reused_and_invalidated_by_any_new_file() {
     // A new secret in a directory git does not list at all (empty, nested).
     f.write("empty/nested/id_rsa", "x");
     let fourth = cached_plan(&f);
-    assert!(!fourth.scan.cached, "a file in an empty dir must invalidate the cache");
+    assert!(
+        !fourth.scan.cached,
+        "a file in an empty dir must invalidate the cache"
+    );
     assert!(masked(&f, &fourth).contains(&"empty/nested/id_rsa [sensitive \"id_rsa\"]".to_string()));
     rewarm(&f);
     assert!(cached_plan(&f).scan.cached);
@@ -138,7 +176,10 @@ fn cache_is_reused_and_invalidated_by_any_new_file() {
     assert!(!fifth.scan.cached);
     let m = masked(&f, &fifth);
     assert!(m.contains(&"sub/new.txt [gitignored]".to_string()), "{m:?}");
-    assert!(!m.contains(&"sub/local.txt [gitignored]".to_string()), "{m:?}");
+    assert!(
+        !m.contains(&"sub/local.txt [gitignored]".to_string()),
+        "{m:?}"
+    );
 }
 
 #[test]
@@ -147,7 +188,15 @@ fn changed_rules_do_not_reuse_another_rules_cache() {
     settle();
     let _ = cached_plan(&f);
     let (loaded, _) = f.load("block \"src/\"\n");
-    let plan = aisb::eval::evaluate(&loaded, &f.host(), &aisb::eval::Request { use_cache: true, ..Default::default() }).unwrap();
+    let plan = aisb::eval::evaluate(
+        &loaded,
+        &f.host(),
+        &aisb::eval::Request {
+            use_cache: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert!(!plan.scan.cached);
     assert!(masked(&f, &plan).contains(&"src/ [block \"src/\"]".to_string()));
 }

@@ -18,37 +18,130 @@ fn sample_plan() -> Plan {
         project: "/src/p".into(),
         project_access: Access::Rw,
         read_only: false,
-        identity: Identity { uid: 1000, gid: 1000, name: "dev".into(), home: "/home/dev".into() },
+        identity: Identity {
+            uid: 1000,
+            gid: 1000,
+            name: "dev".into(),
+            home: "/home/dev".into(),
+        },
         state_dir: "/home/dev/.cache/aisb/p-abc/default".into(),
         system: vec![
-            SystemPath::Bind { path: "/usr".into() },
-            SystemPath::Symlink { path: "/bin".into(), target: "usr/bin".into() },
-            SystemPath::Bind { path: "/etc/passwd".into() },
+            SystemPath::Bind {
+                path: "/usr".into(),
+            },
+            SystemPath::Symlink {
+                path: "/bin".into(),
+                target: "usr/bin".into(),
+            },
+            SystemPath::Bind {
+                path: "/etc/passwd".into(),
+            },
         ],
         mounts: vec![
-            Mount { target: "/home/dev".into(), kind: MountKind::Tmpfs { size: None, mode: 0o700, owner: Some((1000, 1000)) }, why: "home".into() },
-            Mount { target: "/tmp".into(), kind: MountKind::Tmpfs { size: Some(1 << 20), mode: 0o1777, owner: None }, why: "tmp".into() },
-            Mount { target: "/src/p".into(), kind: MountKind::Bind { source: "/src/p".into(), writable: true }, why: "project".into() },
-            Mount { target: "/home/dev/.claude".into(), kind: MountKind::Overlay { lower: "/home/dev/.claude".into(), upper: "/s/upper".into(), work: "/s/work".into() }, why: "m".into() },
-            Mount { target: "/home/dev/.claude.json".into(), kind: MountKind::Copy { source: "/home/dev/.claude.json".into(), copy: "/s/copy/.claude.json".into() }, why: "m".into() },
+            Mount {
+                target: "/home/dev".into(),
+                kind: MountKind::Tmpfs {
+                    size: None,
+                    mode: 0o700,
+                    owner: Some((1000, 1000)),
+                },
+                why: "home".into(),
+            },
+            Mount {
+                target: "/tmp".into(),
+                kind: MountKind::Tmpfs {
+                    size: Some(1 << 20),
+                    mode: 0o1777,
+                    owner: None,
+                },
+                why: "tmp".into(),
+            },
+            Mount {
+                target: "/src/p".into(),
+                kind: MountKind::Bind {
+                    source: "/src/p".into(),
+                    writable: true,
+                },
+                why: "project".into(),
+            },
+            Mount {
+                target: "/home/dev/.claude".into(),
+                kind: MountKind::Overlay {
+                    lower: "/home/dev/.claude".into(),
+                    upper: "/s/upper".into(),
+                    work: "/s/work".into(),
+                },
+                why: "m".into(),
+            },
+            Mount {
+                target: "/home/dev/.claude.json".into(),
+                kind: MountKind::Copy {
+                    source: "/home/dev/.claude.json".into(),
+                    copy: "/s/copy/.claude.json".into(),
+                },
+                why: "m".into(),
+            },
         ],
         masks: vec![
-            Mask { path: "/src/p/.env".into(), dir: false, rule: "sensitive".into() },
-            Mask { path: "/src/p/node_modules".into(), dir: true, rule: "gitignored".into() },
-            Mask { path: "/elsewhere/not-mounted".into(), dir: false, rule: "block".into() },
+            Mask {
+                path: "/src/p/.env".into(),
+                dir: false,
+                rule: "sensitive".into(),
+            },
+            Mask {
+                path: "/src/p/node_modules".into(),
+                dir: true,
+                rule: "gitignored".into(),
+            },
+            Mask {
+                path: "/elsewhere/not-mounted".into(),
+                dir: false,
+                rule: "block".into(),
+            },
         ],
-        scan: ScanSummary { git: true, cached: false, entries: 3, notes: vec![] },
-        env: Env { vars: vec![("HOME".into(), "/home/dev".into()), ("PATH".into(), "/usr/bin:/bin".into())], dropped: vec![] },
-        network: Network { mode: NetMode::None, allow: vec![], deny: vec![], localhost_ports: vec![] },
-        process: Process { args: vec!["/bin/bash".into()], cwd: "/src/p".into(), shell: "/bin/bash".into(), hostname: "aisb".into(),
-            rlimits: vec![Rlimit { kind: "RLIMIT_NOFILE".into(), soft: 1024, hard: 4096 }] },
+        scan: ScanSummary {
+            git: true,
+            cached: false,
+            entries: 3,
+            notes: vec![],
+        },
+        env: Env {
+            vars: vec![
+                ("HOME".into(), "/home/dev".into()),
+                ("PATH".into(), "/usr/bin:/bin".into()),
+            ],
+            dropped: vec![],
+        },
+        network: Network {
+            mode: NetMode::None,
+            allow: vec![],
+            deny: vec![],
+            localhost_ports: vec![],
+        },
+        process: Process {
+            args: vec!["/bin/bash".into()],
+            cwd: "/src/p".into(),
+            shell: "/bin/bash".into(),
+            hostname: "aisb".into(),
+            rlimits: vec![Rlimit {
+                kind: "RLIMIT_NOFILE".into(),
+                soft: 1024,
+                hard: 4096,
+            }],
+        },
         tasks: vec![],
         profiles: vec![],
     }
 }
 
 fn paths() -> SpecPaths {
-    SpecPaths { rootfs: "rootfs".into(), mask_file: "/b/masked".into(), cgroups_path: "/aisb/p-0123".into(), init: Some("/opt/aisb/bin/aisb".into()) }
+    SpecPaths {
+        rootfs: "rootfs".into(),
+        mask_file: "/b/masked".into(),
+        cgroups_path: "/aisb/p-0123".into(),
+        init: Some("/opt/aisb/bin/aisb".into()),
+        terminal: false,
+    }
 }
 
 #[test]
@@ -62,7 +155,11 @@ fn host_network_has_no_network_namespace() {
     let mut plan = sample_plan();
     let has_netns = |plan: &Plan| {
         let v = serde_json::to_value(spec::build(plan, &paths()).unwrap()).unwrap();
-        v["linux"]["namespaces"].as_array().unwrap().iter().any(|n| n["type"] == "network")
+        v["linux"]["namespaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n["type"] == "network")
     };
     assert!(has_netns(&plan));
     plan.network.mode = NetMode::Host;
@@ -80,14 +177,45 @@ fn run_in_runc(f: &Fixture, text: &str, script: &str) -> (String, String, i32) {
     let mut host = f.host();
     host.uid = nix::unistd::getuid().as_raw();
     host.gid = nix::unistd::getgid().as_raw();
-    let req = aisb::eval::Request { command: vec!["/bin/sh".into(), "-c".into(), script.into()], ..Default::default() };
+    let req = aisb::eval::Request {
+        command: vec!["/bin/sh".into(), "-c".into(), script.into()],
+        ..Default::default()
+    };
     let plan = aisb::eval::evaluate(&loaded, &host, &req).unwrap();
     let bundle: PathBuf = f.root().join("bundle");
-    aisb::spec::bundle::write(&plan, &bundle, Some(std::path::Path::new(env!("CARGO_BIN_EXE_aisb")))).unwrap();
-    let id = format!("aisb-test-{}-{}", std::process::id(), f.root().file_name().unwrap().to_string_lossy().replace('.', ""));
-    let out = Command::new("runc").args(["--root", &f.root().join("runc-state").to_string_lossy(), "run", "--bundle"])
-        .arg(&bundle).arg(&id).stdin(std::process::Stdio::null()).output().expect("runc");
-    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned(), out.status.code().unwrap_or(-1))
+    aisb::spec::bundle::write(
+        &plan,
+        &bundle,
+        Some(std::path::Path::new(env!("CARGO_BIN_EXE_aisb"))),
+        false,
+    )
+    .unwrap();
+    let id = format!(
+        "aisb-test-{}-{}",
+        std::process::id(),
+        f.root()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .replace('.', "")
+    );
+    let out = Command::new("runc")
+        .args([
+            "--root",
+            &f.root().join("runc-state").to_string_lossy(),
+            "run",
+            "--bundle",
+        ])
+        .arg(&bundle)
+        .arg(&id)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("runc");
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        out.status.code().unwrap_or(-1),
+    )
 }
 
 #[test]
@@ -96,7 +224,10 @@ fn bundle_runs_under_runc_with_masks_enforced() {
         eprintln!("skipped: runc needs root here (CI runs as root)");
         return;
     }
-    assert!(Command::new("runc").arg("--version").output().is_ok(), "runc is installed by scripts/setup.sh");
+    assert!(
+        Command::new("runc").arg("--version").output().is_ok(),
+        "runc is installed by scripts/setup.sh"
+    );
     let f = Fixture::new();
     f.write(".env", "SECRET=1");
     f.write("node_modules/pkg/index.js", "x");
@@ -131,17 +262,49 @@ fn bundle_runs_under_runc_with_masks_enforced() {
     let (out, err, code) = run_in_runc(&f, "mount \"~/.claude\" access=\"overlay\"\n", script);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     for expected in [
-        "env-read=1", "nm-entries=0", "nm-write=1", "src-read=0", "src-write=0", "home=.claude ",
-        "ssh-read=1", "claude-write=0", "sandbox", "shadow=1", "uid-map-lines=1",
-        "CapEff:\t0000000000000000", "NoNewPrivs:\t1", "hostname=aisb",
-        "Seccomp:\t2", "CapBnd:\t0000000000000000", "vsock=1", "userns=1", "lo=unknown",
+        "env-read=1",
+        "nm-entries=0",
+        "nm-write=1",
+        "src-read=0",
+        "src-write=0",
+        "home=.claude ",
+        "ssh-read=1",
+        "claude-write=0",
+        "sandbox",
+        "shadow=1",
+        "uid-map-lines=1",
+        "CapEff:\t0000000000000000",
+        "NoNewPrivs:\t1",
+        "hostname=aisb",
+        "Seccomp:\t2",
+        "CapBnd:\t0000000000000000",
+        "vsock=1",
+        "userns=1",
+        "lo=unknown",
     ] {
-        assert!(out.lines().any(|l| l == expected), "missing `{expected}` in:\n{out}\nstderr:\n{err}");
+        assert!(
+            out.lines().any(|l| l == expected),
+            "missing `{expected}` in:\n{out}\nstderr:\n{err}"
+        );
     }
-    assert!(err.contains("Permission denied"), "reading a masked file must fail loudly: {err}");
-    assert_eq!(std::fs::read_to_string(f.project().join("src/new.txt")).unwrap(), "hi\n", "project writes reach the host");
-    assert_eq!(std::fs::read_to_string(f.home().join(".claude/settings.json")).unwrap(), "host", "overlay writes stay inside");
-    assert_eq!(std::fs::read_to_string(f.project().join(".env")).unwrap(), "SECRET=1");
+    assert!(
+        err.contains("Permission denied"),
+        "reading a masked file must fail loudly: {err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(f.project().join("src/new.txt")).unwrap(),
+        "hi\n",
+        "project writes reach the host"
+    );
+    assert_eq!(
+        std::fs::read_to_string(f.home().join(".claude/settings.json")).unwrap(),
+        "host",
+        "overlay writes stay inside"
+    );
+    assert_eq!(
+        std::fs::read_to_string(f.project().join(".env")).unwrap(),
+        "SECRET=1"
+    );
 }
 
 #[test]
@@ -152,9 +315,16 @@ fn read_only_profile_is_read_only_under_runc() {
     }
     let f = Fixture::new();
     f.write("a.txt", "x");
-    let (out, err, code) = run_in_runc(&f, "default-profile \"investigate\"\n", "if echo y > a.txt; then echo write=ok; else echo write=refused; fi; cat a.txt");
+    let (out, err, code) = run_in_runc(
+        &f,
+        "default-profile \"investigate\"\n",
+        "if echo y > a.txt; then echo write=ok; else echo write=refused; fi; cat a.txt",
+    );
     assert_eq!(code, 0, "{out}\n{err}");
-    assert!(out.lines().any(|l| l == "write=refused") && out.lines().any(|l| l == "x"), "{out}\n{err}");
+    assert!(
+        out.lines().any(|l| l == "write=refused") && out.lines().any(|l| l == "x"),
+        "{out}\n{err}"
+    );
     assert!(err.contains("Read-only file system"), "{err}");
 }
 
@@ -171,7 +341,8 @@ fn bwrap_inputs() -> aisb_bwrap::Inputs {
 #[test]
 fn bwrap_argv_exact() {
     let mut plan = sample_plan();
-    plan.mounts.retain(|m| !matches!(m.kind, MountKind::Overlay { .. }));
+    plan.mounts
+        .retain(|m| !matches!(m.kind, MountKind::Overlay { .. }));
     let spec = spec::build(&plan, &paths()).unwrap();
     let argv = aisb_bwrap::argv(&spec, &bwrap_inputs()).unwrap();
     insta::assert_snapshot!(argv.join("\n"));
@@ -181,6 +352,9 @@ fn bwrap_argv_exact() {
 fn bwrap_refuses_what_it_cannot_express() {
     let spec = spec::build(&sample_plan(), &paths()).unwrap();
     let err = aisb_bwrap::argv(&spec, &bwrap_inputs()).unwrap_err();
-    assert_eq!(err.to_string(), "the bwrap backend cannot express the copy-on-write (overlay) mount at /home/dev/.claude: \
-        bubblewrap 0.8 cannot mount overlayfs; use the libcontainer backend");
+    assert_eq!(
+        err.to_string(),
+        "the bwrap backend cannot express the copy-on-write (overlay) mount at /home/dev/.claude: \
+        bubblewrap 0.8 cannot mount overlayfs; use the libcontainer backend"
+    );
 }

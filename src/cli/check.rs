@@ -5,7 +5,9 @@ use crate::Error;
 
 /// Validate sandbox.kdl: syntax, every profile, every task
 #[derive(Debug, clap::Args)]
-#[command(after_help = "Examples:\n  aisb check\n  aisb check --format short     # file:line:col: error: … for problem matchers\n  aisb check --format json")]
+#[command(
+    after_help = "Examples:\n  aisb check\n  aisb check --format short     # file:line:col: error: … for problem matchers\n  aisb check --format json"
+)]
 pub struct Args {
     #[arg(long, value_enum, default_value = "human")]
     pub format: Format,
@@ -22,21 +24,34 @@ pub enum Format {
 }
 
 /// Evaluate the top level and every profile, collecting every configuration error once.
-pub fn collect(g: &Global, host: &Host) -> Result<(Vec<SourceFile>, Vec<ConfigError>, usize, usize), Error> {
+pub fn collect(
+    g: &Global,
+    host: &Host,
+) -> Result<(Vec<SourceFile>, Vec<ConfigError>, usize, usize), Error> {
     let root = g.root(host)?;
     let mut errors = Errors::default();
-    let path = match &root { eval::Root::File(p) | eval::Root::Text { path: p, .. } => p.clone(), eval::Root::Default { dir } => dir.clone() };
+    let path = match &root {
+        eval::Root::File(p) | eval::Root::Text { path: p, .. } => p.clone(),
+        eval::Root::Default { dir } => dir.clone(),
+    };
     let loaded = eval::load(root, &mut errors).map_err(|source| Error::Io { path, source })?;
     let mut all = errors.list;
     let profiles = eval::profile_names(&loaded);
     if all.is_empty() {
         for p in std::iter::once(None).chain(profiles.iter().map(|p| Some(p.clone()))) {
-            let req = Request { profile: p, use_cache: !g.no_cache, ..Default::default() };
+            let req = Request {
+                profile: p,
+                use_cache: !g.no_cache,
+                ..Default::default()
+            };
             match eval::evaluate(&loaded, host, &req) {
                 Ok(_) => {}
                 Err(EvalError::Config(c)) => {
                     for e in c.errors {
-                        if !all.iter().any(|x| x.file == e.file && x.span == e.span && x.message == e.message) {
+                        if !all
+                            .iter()
+                            .any(|x| x.file == e.file && x.span == e.span && x.message == e.message)
+                        {
                             all.push(e);
                         }
                     }
@@ -50,12 +65,18 @@ pub fn collect(g: &Global, host: &Host) -> Result<(Vec<SourceFile>, Vec<ConfigEr
 }
 
 pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
-    let host = Host::current().map_err(|source| Error::Io { path: ".".into(), source })?;
+    let host = Host::current().map_err(|source| Error::Io {
+        path: ".".into(),
+        source,
+    })?;
     let (sources, errors, n_profiles, root) = collect(g, &host)?;
     match a.format {
         Format::Json => {
             let list: Vec<_> = errors.iter().map(|e| e.to_json(&sources)).collect();
-            println!("{}", serde_json::to_string_pretty(&list).unwrap_or_default());
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&list).unwrap_or_default()
+            );
         }
         Format::Short => {
             for e in &errors {

@@ -25,7 +25,9 @@ struct Backend {
 }
 
 fn read(path: &str) -> Option<String> {
-    std::fs::read_to_string(path).ok().map(|s| s.trim().to_string())
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim().to_string())
 }
 
 /// Try a namespace flag in a short-lived child (this process stays as it was).
@@ -35,7 +37,11 @@ fn can_unshare(flags: nix::sched::CloneFlags) -> Result<(), String> {
     // SAFETY: the child only calls unshare and _exit.
     match unsafe { fork() } {
         Ok(ForkResult::Child) => {
-            let code = if nix::sched::unshare(flags).is_ok() { 0 } else { 1 };
+            let code = if nix::sched::unshare(flags).is_ok() {
+                0
+            } else {
+                1
+            };
             unsafe { nix::libc::_exit(code) }
         }
         Ok(ForkResult::Parent { child }) => match waitpid(child, None) {
@@ -50,16 +56,36 @@ fn checks() -> Vec<Check> {
     use nix::sched::CloneFlags as F;
     let mut c = Vec::new();
     let root = nix::unistd::geteuid().is_root();
-    let kernel = nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default();
-    c.push(Check { name: "kernel", ok: true, detail: kernel });
-    c.push(Check { name: "caller", ok: true, detail: if root { "root".into() } else { "unprivileged user".into() } });
+    let kernel = nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_default();
+    c.push(Check {
+        name: "kernel",
+        ok: true,
+        detail: kernel,
+    });
+    c.push(Check {
+        name: "caller",
+        ok: true,
+        detail: if root {
+            "root".into()
+        } else {
+            "unprivileged user".into()
+        },
+    });
     let max = read("/proc/sys/user/max_user_namespaces").unwrap_or_else(|| "?".into());
     let userns = can_unshare(F::CLONE_NEWUSER);
-    c.push(Check { name: "user namespaces", ok: userns.is_ok(), detail: match &userns {
-        Ok(()) => format!("allowed (max_user_namespaces={max})"),
-        Err(e) => format!("{e}: max_user_namespaces={max}, unprivileged_userns_clone={}",
-            read("/proc/sys/kernel/unprivileged_userns_clone").unwrap_or_else(|| "n/a".into())),
-    }});
+    c.push(Check {
+        name: "user namespaces",
+        ok: userns.is_ok(),
+        detail: match &userns {
+            Ok(()) => format!("allowed (max_user_namespaces={max})"),
+            Err(e) => format!(
+                "{e}: max_user_namespaces={max}, unprivileged_userns_clone={}",
+                read("/proc/sys/kernel/unprivileged_userns_clone").unwrap_or_else(|| "n/a".into())
+            ),
+        },
+    });
     if let Some(v) = read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") {
         c.push(Check { name: "AppArmor userns restriction", ok: v == "0" || root, detail: if v == "0" {
             "off".into()
@@ -68,21 +94,59 @@ fn checks() -> Vec<Check> {
         }});
     }
     let netns = can_unshare(F::CLONE_NEWUSER | F::CLONE_NEWNET);
-    c.push(Check { name: "network namespaces", ok: netns.is_ok(), detail: netns.err().unwrap_or_else(|| "allowed".into()) });
-    let overlay = read("/proc/filesystems").is_some_and(|f| f.lines().any(|l| l.ends_with("\toverlay")));
-    c.push(Check { name: "overlayfs", ok: overlay, detail: if overlay { "available".into() } else {
-        "not in /proc/filesystems (modprobe overlay); copy-on-write mounts will fail".into() } });
-    let cg = if std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists() { "v2 (unified)" }
-        else if std::path::Path::new("/sys/fs/cgroup/unified").exists() { "v1 + v2 (hybrid)" } else { "v1" };
-    c.push(Check { name: "cgroups", ok: true, detail: cg.into() });
+    c.push(Check {
+        name: "network namespaces",
+        ok: netns.is_ok(),
+        detail: netns.err().unwrap_or_else(|| "allowed".into()),
+    });
+    let overlay =
+        read("/proc/filesystems").is_some_and(|f| f.lines().any(|l| l.ends_with("\toverlay")));
+    c.push(Check {
+        name: "overlayfs",
+        ok: overlay,
+        detail: if overlay {
+            "available".into()
+        } else {
+            "not in /proc/filesystems (modprobe overlay); copy-on-write mounts will fail".into()
+        },
+    });
+    let cg = if std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+        "v2 (unified)"
+    } else if std::path::Path::new("/sys/fs/cgroup/unified").exists() {
+        "v1 + v2 (hybrid)"
+    } else {
+        "v1"
+    };
+    c.push(Check {
+        name: "cgroups",
+        ok: true,
+        detail: cg.into(),
+    });
     let seccomp = read("/proc/self/status").is_some_and(|s| s.contains("Seccomp:"))
         && read("/proc/sys/kernel/seccomp/actions_avail").is_some_and(|a| a.contains("errno"));
-    c.push(Check { name: "seccomp", ok: seccomp, detail: if seccomp { "filters with errno available".into() } else {
-        "not available: aisb refuses to run without its seccomp filter".into() } });
-    let bwrap = std::process::Command::new("bwrap").arg("--version").output();
+    c.push(Check {
+        name: "seccomp",
+        ok: seccomp,
+        detail: if seccomp {
+            "filters with errno available".into()
+        } else {
+            "not available: aisb refuses to run without its seccomp filter".into()
+        },
+    });
+    let bwrap = std::process::Command::new("bwrap")
+        .arg("--version")
+        .output();
     c.push(match bwrap {
-        Ok(o) if o.status.success() => Check { name: "bwrap", ok: true, detail: String::from_utf8_lossy(&o.stdout).trim().into() },
-        _ => Check { name: "bwrap", ok: false, detail: "not found (Debian: apt-get install bubblewrap)".into() },
+        Ok(o) if o.status.success() => Check {
+            name: "bwrap",
+            ok: true,
+            detail: String::from_utf8_lossy(&o.stdout).trim().into(),
+        },
+        _ => Check {
+            name: "bwrap",
+            ok: false,
+            detail: "not found (Debian: apt-get install bubblewrap)".into(),
+        },
     });
     c
 }
@@ -90,21 +154,47 @@ fn checks() -> Vec<Check> {
 fn backends(c: &[Check]) -> Vec<Backend> {
     let ok = |n: &str| c.iter().find(|x| x.name == n).is_none_or(|x| x.ok);
     let root = nix::unistd::geteuid().is_root();
-    let base = ["user namespaces", "network namespaces", "seccomp", "AppArmor userns restriction"];
+    let base = [
+        "user namespaces",
+        "network namespaces",
+        "seccomp",
+        "AppArmor userns restriction",
+    ];
     let missing: Vec<&str> = base.iter().copied().filter(|n| !ok(n)).collect();
     let bwrap = if !ok("bwrap") {
-        Backend { name: "bwrap", works: false, why: "bwrap is not installed".into() }
+        Backend {
+            name: "bwrap",
+            works: false,
+            why: "bwrap is not installed".into(),
+        }
     } else if !missing.is_empty() {
-        Backend { name: "bwrap", works: false, why: format!("missing: {}", missing.join(", ")) }
+        Backend {
+            name: "bwrap",
+            works: false,
+            why: format!("missing: {}", missing.join(", ")),
+        }
     } else {
         Backend { name: "bwrap", works: true, why: "all checks pass (copy-on-write mounts are refused: bubblewrap cannot mount overlayfs)".into() }
     };
     let lc = if !root {
-        Backend { name: "libcontainer", works: false, why: "runs as root only for now (rootless mode is not built yet); use --backend bwrap".into() }
+        Backend {
+            name: "libcontainer",
+            works: false,
+            why: "runs as root only for now (rootless mode is not built yet); use --backend bwrap"
+                .into(),
+        }
     } else if !missing.is_empty() {
-        Backend { name: "libcontainer", works: false, why: format!("missing: {}", missing.join(", ")) }
+        Backend {
+            name: "libcontainer",
+            works: false,
+            why: format!("missing: {}", missing.join(", ")),
+        }
     } else {
-        Backend { name: "libcontainer", works: true, why: "all checks pass".into() }
+        Backend {
+            name: "libcontainer",
+            works: true,
+            why: "all checks pass".into(),
+        }
     };
     vec![bwrap, lc]
 }
@@ -116,11 +206,21 @@ pub fn run(a: Args) -> Result<i32, Error> {
         println!("{}", serde_json::json!({ "checks": c, "backends": b }));
     } else {
         for x in &c {
-            println!("{:<5} {:<28} {}", if x.ok { "ok" } else { "FAIL" }, x.name, x.detail);
+            println!(
+                "{:<5} {:<28} {}",
+                if x.ok { "ok" } else { "FAIL" },
+                x.name,
+                x.detail
+            );
         }
         println!();
         for x in &b {
-            println!("{:<14} {}  {}", x.name, if x.works { "works" } else { "WILL NOT WORK" }, x.why);
+            println!(
+                "{:<14} {}  {}",
+                x.name,
+                if x.works { "works" } else { "WILL NOT WORK" },
+                x.why
+            );
         }
     }
     Ok(if b.iter().any(|x| x.works) { 0 } else { 1 })

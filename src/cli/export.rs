@@ -6,7 +6,9 @@ use crate::Error;
 
 /// Export the sandbox as an OCI bundle
 #[derive(Debug, clap::Args)]
-#[command(after_help = "Examples:\n  aisb export bundle /tmp/sb && runc run --bundle /tmp/sb sb1\n  aisb export bundle /tmp/sb -- make test")]
+#[command(
+    after_help = "Examples:\n  aisb export bundle /tmp/sb && runc run --bundle /tmp/sb sb1\n  aisb export bundle /tmp/sb -- make test"
+)]
 pub struct Args {
     #[command(subcommand)]
     pub what: What,
@@ -28,13 +30,33 @@ pub enum What {
 }
 
 pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
-    let What::Bundle { dir, profile, command } = a.what;
-    let host = Host::current().map_err(|source| Error::Io { path: ".".into(), source })?;
+    let What::Bundle {
+        dir,
+        profile,
+        command,
+    } = a.what;
+    let host = Host::current().map_err(|source| Error::Io {
+        path: ".".into(),
+        source,
+    })?;
     let loaded = g.load(&host)?;
-    let req = Request { profile, command, use_cache: !g.no_cache, ..Default::default() };
+    let req = Request {
+        profile,
+        command,
+        use_cache: !g.no_cache,
+        ..Default::default()
+    };
     let plan = crate::eval::evaluate(&loaded, &host, &req)?;
-    let exe = std::env::current_exe().map_err(|source| Error::Io { path: "/proc/self/exe".into(), source })?;
-    crate::spec::bundle::write(&plan, &dir, Some(&exe))?;
-    eprintln!("wrote bundle {} (profile {}, {} masked paths)", dir.display(), plan.profile, plan.masks.len());
+    let exe = std::env::current_exe().map_err(|source| Error::Io {
+        path: "/proc/self/exe".into(),
+        source,
+    })?;
+    crate::spec::bundle::write(&plan, &dir, Some(&exe), false)?;
+    eprintln!(
+        "wrote bundle {} (profile {}, {} masked paths)",
+        dir.display(),
+        plan.profile,
+        plan.masks.len()
+    );
     Ok(0)
 }

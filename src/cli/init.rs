@@ -17,12 +17,30 @@ pub struct Args {
 }
 
 pub fn run(_g: &Global, a: Args) -> Result<i32, Error> {
-    let mut f = match std::fs::OpenOptions::new().write(true).create_new(true).open(&a.output) {
+    let mut f = match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&a.output)
+    {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Err(Error::Exists { path: a.output }),
-        Err(source) => return Err(Error::Io { path: a.output, source }),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            return Err(Error::Exists { path: a.output })
+        }
+        Err(source) => {
+            return Err(Error::Io {
+                path: a.output,
+                source,
+            })
+        }
     };
-    f.write_all(TEMPLATE.as_bytes()).map_err(|source| Error::Io { path: a.output.clone(), source })?;
-    eprintln!("wrote {} — edit it, then run `aisb check` and `aisb plan`", a.output.display());
+    f.write_all(TEMPLATE.as_bytes())
+        .map_err(|source| Error::Io {
+            path: a.output.clone(),
+            source,
+        })?;
+    eprintln!(
+        "wrote {} — edit it, then run `aisb check` and `aisb plan`",
+        a.output.display()
+    );
     Ok(0)
 }

@@ -81,9 +81,15 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
         }
     };
     if let Some(dir) = &cli.chdir {
-        std::env::set_current_dir(dir).map_err(|source| Error::Io { path: dir.clone(), source })?;
+        std::env::set_current_dir(dir).map_err(|source| Error::Io {
+            path: dir.clone(),
+            source,
+        })?;
     }
-    let g = Global { file: cli.file.clone(), no_cache: cli.no_cache };
+    let g = Global {
+        file: cli.file.clone(),
+        no_cache: cli.no_cache,
+    };
     match cli.command {
         Command::Init(a) => init::run(&g, a),
         Command::Run(a) => run::run(&g, a),
@@ -139,7 +145,11 @@ impl Global {
     pub fn root(&self, host: &Host) -> Result<Root, Error> {
         match &self.file {
             Some(f) => {
-                let f = if f.is_absolute() { f.clone() } else { host.cwd.join(f) };
+                let f = if f.is_absolute() {
+                    f.clone()
+                } else {
+                    host.cwd.join(f)
+                };
                 if !f.is_file() {
                     return Err(Error::NoConfig { path: f });
                 }
@@ -147,7 +157,9 @@ impl Global {
             }
             None => Ok(match find_config(&host.cwd) {
                 Some(f) => Root::File(f),
-                None => Root::Default { dir: project_dir(&host.cwd) },
+                None => Root::Default {
+                    dir: project_dir(&host.cwd),
+                },
             }),
         }
     }
@@ -156,7 +168,10 @@ impl Global {
     pub fn load(&self, host: &Host) -> Result<Loaded, Error> {
         let root = self.root(host)?;
         let mut errors = crate::config::Errors::default();
-        let path = match &root { Root::File(p) | Root::Text { path: p, .. } => p.clone(), Root::Default { dir } => dir.clone() };
+        let path = match &root {
+            Root::File(p) | Root::Text { path: p, .. } => p.clone(),
+            Root::Default { dir } => dir.clone(),
+        };
         let loaded = eval::load(root, &mut errors).map_err(|source| Error::Io { path, source })?;
         errors.into_result().map_err(|e| Error::Config(e))?;
         Ok(loaded)
@@ -164,7 +179,11 @@ impl Global {
 
     pub fn plan(&self, host: &Host, profile: Option<String>) -> Result<eval::Plan, Error> {
         let loaded = self.load(host)?;
-        let req = Request { profile, use_cache: !self.no_cache, ..Request::default() };
+        let req = Request {
+            profile,
+            use_cache: !self.no_cache,
+            ..Request::default()
+        };
         eval::evaluate(&loaded, host, &req).map_err(Error::from)
     }
 }

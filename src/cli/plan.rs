@@ -8,7 +8,9 @@ use crate::Error;
 
 /// Show what the sandbox will be: mounts, masked paths and why, env names, network
 #[derive(Debug, clap::Args)]
-#[command(after_help = "Examples:\n  aisb plan\n  aisb plan --profile investigate\n  aisb plan --json | jq '.masks[].path'")]
+#[command(
+    after_help = "Examples:\n  aisb plan\n  aisb plan --profile investigate\n  aisb plan --json | jq '.masks[].path'"
+)]
 pub struct Args {
     #[arg(short, long)]
     pub profile: Option<String>,
@@ -18,10 +20,16 @@ pub struct Args {
 }
 
 pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
-    let host = Host::current().map_err(|source| Error::Io { path: ".".into(), source })?;
+    let host = Host::current().map_err(|source| Error::Io {
+        path: ".".into(),
+        source,
+    })?;
     let plan = g.plan(&host, a.profile)?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&plan).unwrap_or_default());
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&plan).unwrap_or_default()
+        );
     } else {
         print!("{}", render(&plan, &host.cwd));
     }
@@ -43,33 +51,81 @@ pub fn render(plan: &Plan, _cwd: &Path) -> String {
     };
     let _ = writeln!(o, "config    {source}");
     let _ = writeln!(o, "profile   {}", plan.profile);
-    let _ = writeln!(o, "project   {} ({})", plan.project.display(), plan.project_access.as_str());
+    let _ = writeln!(
+        o,
+        "project   {} ({})",
+        plan.project.display(),
+        plan.project_access.as_str()
+    );
     let id = &plan.identity;
-    let _ = writeln!(o, "user      {} (uid {}, gid {}), home {}", id.name, id.uid, id.gid, id.home.display());
+    let _ = writeln!(
+        o,
+        "user      {} (uid {}, gid {}), home {}",
+        id.name,
+        id.uid,
+        id.gid,
+        id.home.display()
+    );
     let _ = writeln!(o, "state     {}", plan.state_dir.display());
 
     let _ = writeln!(o, "\nsystem (read-only)");
-    let list: Vec<String> = plan.system.iter().filter(|s| !matches!(s, SystemPath::Bind { path } if path.starts_with("/etc"))).map(|s| match s {
-        SystemPath::Bind { path } => path.display().to_string(),
-        SystemPath::Symlink { path, target } => format!("{} -> {}", path.display(), target.display()),
-    }).collect();
-    let etc = plan.system.iter().filter(|s| matches!(s, SystemPath::Bind { path } if path.starts_with("/etc"))).count();
+    let list: Vec<String> = plan
+        .system
+        .iter()
+        .filter(|s| !matches!(s, SystemPath::Bind { path } if path.starts_with("/etc")))
+        .map(|s| match s {
+            SystemPath::Bind { path } => path.display().to_string(),
+            SystemPath::Symlink { path, target } => {
+                format!("{} -> {}", path.display(), target.display())
+            }
+        })
+        .collect();
+    let etc = plan
+        .system
+        .iter()
+        .filter(|s| matches!(s, SystemPath::Bind { path } if path.starts_with("/etc")))
+        .count();
     let _ = writeln!(o, "  {}", list.join("  "));
-    let _ = writeln!(o, "  /etc: {etc} entries (passwd, hosts, ssl, …); the rest of /etc is not visible");
+    let _ = writeln!(
+        o,
+        "  /etc: {etc} entries (passwd, hosts, ssl, …); the rest of /etc is not visible"
+    );
 
     let _ = writeln!(o, "\nmounts");
     for m in &plan.mounts {
         let (kind, from) = match &m.kind {
-            MountKind::Bind { source, writable } => (if *writable { "rw" } else { "ro" }, if *source == m.target { String::new() } else { format!(" <- {}", source.display()) }),
-            MountKind::Overlay { lower, upper, .. } => ("overlay", format!(" <- {} (writes kept in {})", lower.display(), upper.display())),
-            MountKind::Copy { source, copy } => ("copy", format!(" <- {} (private copy {})", source.display(), copy.display())),
+            MountKind::Bind { source, writable } => (
+                if *writable { "rw" } else { "ro" },
+                if *source == m.target {
+                    String::new()
+                } else {
+                    format!(" <- {}", source.display())
+                },
+            ),
+            MountKind::Overlay { lower, upper, .. } => (
+                "overlay",
+                format!(
+                    " <- {} (writes kept in {})",
+                    lower.display(),
+                    upper.display()
+                ),
+            ),
+            MountKind::Copy { source, copy } => (
+                "copy",
+                format!(" <- {} (private copy {})", source.display(), copy.display()),
+            ),
             MountKind::Tmpfs { .. } => ("tmpfs", String::new()),
         };
         let _ = writeln!(o, "  {kind:<8} {}{from}   [{}]", m.target.display(), m.why);
     }
 
     let s = &plan.scan;
-    let how = format!("{}{} entries scanned{}", if s.git { "git, " } else { "" }, s.entries, if s.cached { ", cached" } else { "" });
+    let how = format!(
+        "{}{} entries scanned{}",
+        if s.git { "git, " } else { "" },
+        s.entries,
+        if s.cached { ", cached" } else { "" }
+    );
     let _ = writeln!(o, "\nmasked ({}; {how})", plan.masks.len());
     for m in &plan.masks {
         let p = rel(&m.path, &plan.project);
@@ -84,9 +140,13 @@ pub fn render(plan: &Plan, _cwd: &Path) -> String {
     let names: Vec<&str> = plan.env.vars.iter().map(|(k, _)| k.as_str()).collect();
     let _ = writeln!(o, "\nenv (names only; values are never shown)");
     let _ = writeln!(o, "  kept ({}): {}", names.len(), names.join(" "));
-    let mut by_reason: std::collections::BTreeMap<&str, Vec<&str>> = std::collections::BTreeMap::new();
+    let mut by_reason: std::collections::BTreeMap<&str, Vec<&str>> =
+        std::collections::BTreeMap::new();
     for d in &plan.env.dropped {
-        by_reason.entry(d.reason.as_str()).or_default().push(d.name.as_str());
+        by_reason
+            .entry(d.reason.as_str())
+            .or_default()
+            .push(d.name.as_str());
     }
     let _ = writeln!(o, "  dropped ({}):", plan.env.dropped.len());
     for (reason, names) in by_reason {
@@ -96,10 +156,22 @@ pub fn render(plan: &Plan, _cwd: &Path) -> String {
     let n = &plan.network;
     let _ = writeln!(o, "\nnetwork");
     match n.mode {
-        NetMode::None => { let _ = writeln!(o, "  none: loopback only, no way out"); }
-        NetMode::Host => { let _ = writeln!(o, "  HOST: the sandbox shares the host's network; nothing is filtered (network \"host\")"); }
+        NetMode::None => {
+            let _ = writeln!(o, "  none: loopback only, no way out");
+        }
+        NetMode::Host => {
+            let _ = writeln!(o, "  HOST: the sandbox shares the host's network; nothing is filtered (network \"host\")");
+        }
         NetMode::Allow => {
-            let _ = writeln!(o, "  allow (through the filtering proxy): {}", if n.allow.is_empty() { "nothing".into() } else { n.allow.join(" ") });
+            let _ = writeln!(
+                o,
+                "  allow (through the filtering proxy): {}",
+                if n.allow.is_empty() {
+                    "nothing".into()
+                } else {
+                    n.allow.join(" ")
+                }
+            );
             if !n.deny.is_empty() {
                 let _ = writeln!(o, "  deny: {}", n.deny.join(" "));
             }

@@ -17,7 +17,13 @@ pub fn run(a: Args) -> Result<i32, Error> {
         }
         Some(n) => match crate::presets::get(&n) {
             Some(text) => print!("{text}"),
-            None => return Err(Error::UnknownPreset { hint: crate::config::diag::suggest(&n, crate::presets::names()).map(str::to_string), name: n }),
+            None => {
+                return Err(Error::UnknownPreset {
+                    hint: crate::config::diag::suggest(&n, crate::presets::names())
+                        .map(str::to_string),
+                    name: n,
+                })
+            }
         },
     }
     Ok(0)

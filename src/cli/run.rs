@@ -30,24 +30,42 @@ pub struct Args {
 }
 
 pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
-    let host = Host::current().map_err(|source| Error::Io { path: ".".into(), source })?;
+    let host = Host::current().map_err(|source| Error::Io {
+        path: ".".into(),
+        source,
+    })?;
     let loaded = g.load(&host)?;
-    let mut req = Request { profile: a.profile, command: a.command, use_cache: !g.no_cache, ..Default::default() };
+    let mut req = Request {
+        profile: a.profile,
+        command: a.command,
+        use_cache: !g.no_cache,
+        ..Default::default()
+    };
     if let Some(task) = &a.task {
         // Evaluate once to read the task, then again with its profile and command.
         let plan = eval::evaluate(&loaded, &host, &req)?;
         let Some(t) = plan.tasks.iter().find(|t| &t.name == task) else {
-            let hint = crate::config::diag::suggest(task, plan.tasks.iter().map(|t| t.name.as_str())).map(str::to_string);
-            return Err(Error::UnknownTask { name: task.clone(), hint });
+            let hint =
+                crate::config::diag::suggest(task, plan.tasks.iter().map(|t| t.name.as_str()))
+                    .map(str::to_string);
+            return Err(Error::UnknownTask {
+                name: task.clone(),
+                hint,
+            });
         };
         if !req.command.is_empty() {
-            return Err(Error::Usage("give either a task or a command after --, not both".into()));
+            return Err(Error::Usage(
+                "give either a task or a command after --, not both".into(),
+            ));
         }
         req.command = t.args.clone();
         req.profile = req.profile.or_else(|| t.profile.clone());
     }
     if req.command.is_empty() {
-        return Err(Error::Usage("nothing to run: give a command after -- (or a task name); `aisb up` is for a shell".into()));
+        return Err(Error::Usage(
+            "nothing to run: give a command after -- (or a task name); `aisb up` is for a shell"
+                .into(),
+        ));
     }
     let plan = eval::evaluate(&loaded, &host, &req)?;
     let summary = runtime::run(&plan, a.backend, false)?;

@@ -24,7 +24,11 @@ fn parse_rlimit(s: &str) -> Result<(String, u64, u64), String> {
 }
 
 pub fn run(a: Args) -> Result<i32, Error> {
-    let opts = Options { loopback: a.loopback, rlimits: a.rlimits, command: a.command };
+    let opts = Options {
+        loopback: a.loopback,
+        rlimits: a.rlimits,
+        command: a.command,
+    };
     // 125: the sandbox could not start (distinct from any exit code of the workload's own).
     match init::run(&opts) {
         Ok(code) => Ok(code),

@@ -5,7 +5,9 @@ use crate::Error;
 
 /// Print the OCI runtime spec (config.json) for the sandbox
 #[derive(Debug, clap::Args)]
-#[command(after_help = "Examples:\n  aisb spec > config.json\n  aisb spec --profile investigate -- claude -p hello")]
+#[command(
+    after_help = "Examples:\n  aisb spec > config.json\n  aisb spec --profile investigate -- claude -p hello"
+)]
 pub struct Args {
     /// Profile to use (default: the file's `default-profile`, else the top level)
     #[arg(short, long)]
@@ -16,16 +18,28 @@ pub struct Args {
 }
 
 pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
-    let host = Host::current().map_err(|source| Error::Io { path: ".".into(), source })?;
+    let host = Host::current().map_err(|source| Error::Io {
+        path: ".".into(),
+        source,
+    })?;
     let loaded = g.load(&host)?;
-    let req = crate::eval::Request { profile: a.profile, command: a.command, use_cache: !g.no_cache, ..Default::default() };
+    let req = crate::eval::Request {
+        profile: a.profile,
+        command: a.command,
+        use_cache: !g.no_cache,
+        ..Default::default()
+    };
     let plan = crate::eval::evaluate(&loaded, &host, &req)?;
     let bundle = plan.state_dir.join("bundle");
     let paths = SpecPaths {
         rootfs: "rootfs".into(),
         mask_file: bundle.join("masked"),
         cgroups_path: spec::bundle::cgroups_path(&plan, &bundle),
-        init: Some(std::env::current_exe().map_err(|source| Error::Io { path: "/proc/self/exe".into(), source })?),
+        terminal: false,
+        init: Some(std::env::current_exe().map_err(|source| Error::Io {
+            path: "/proc/self/exe".into(),
+            source,
+        })?),
     };
     let spec = spec::build(&plan, &paths)?;
     println!("{}", spec::to_json(&spec)?);

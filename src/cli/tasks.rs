@@ -12,10 +12,16 @@ pub struct Args {
 }
 
 pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
-    let host = Host::current().map_err(|source| Error::Io { path: ".".into(), source })?;
+    let host = Host::current().map_err(|source| Error::Io {
+        path: ".".into(),
+        source,
+    })?;
     let plan = g.plan(&host, None)?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&plan.tasks).unwrap_or_default());
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&plan.tasks).unwrap_or_default()
+        );
         return Ok(0);
     }
     if plan.tasks.is_empty() {
@@ -23,7 +29,11 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     }
     for t in &plan.tasks {
         let profile = t.profile.as_deref().unwrap_or("default");
-        println!("{:<16} [{profile}] {}", t.name, t.description.clone().unwrap_or_else(|| t.args.join(" ")));
+        println!(
+            "{:<16} [{profile}] {}",
+            t.name,
+            t.description.clone().unwrap_or_else(|| t.args.join(" "))
+        );
     }
     Ok(0)
 }

@@ -21,9 +21,17 @@ pub struct Args {
 }
 
 pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
-    let host = Host::current().map_err(|source| Error::Io { path: ".".into(), source })?;
+    let host = Host::current().map_err(|source| Error::Io {
+        path: ".".into(),
+        source,
+    })?;
     let loaded = g.load(&host)?;
-    let req = Request { profile: a.profile, command: a.command, use_cache: !g.no_cache, ..Default::default() };
+    let req = Request {
+        profile: a.profile,
+        command: a.command,
+        use_cache: !g.no_cache,
+        ..Default::default()
+    };
     let plan = eval::evaluate(&loaded, &host, &req)?;
     Ok(runtime::run(&plan, a.backend, true)?.exit_code)
 }

@@ -17,8 +17,17 @@ pub struct Decoder<'a> {
 
 const TOP_NODES: &[&str] = &["import", "default-profile", "profile", "task", "domains"];
 const SETTINGS_NODES: &[&str] = &[
-    "project", "read-only", "mount", "tmpfs", "home", "block", "allow", "secrets", "env",
-    "network", "process",
+    "project",
+    "read-only",
+    "mount",
+    "tmpfs",
+    "home",
+    "block",
+    "allow",
+    "secrets",
+    "env",
+    "network",
+    "process",
 ];
 
 fn kind_of(v: &KdlValue) -> &'static str {
@@ -33,10 +42,19 @@ fn kind_of(v: &KdlValue) -> &'static str {
 
 impl Decoder<'_> {
     fn loc(&self, span: SourceSpan) -> Loc {
-        Loc { file: self.file, span }
+        Loc {
+            file: self.file,
+            span,
+        }
     }
 
-    fn err(&mut self, span: SourceSpan, message: impl Into<String>, label: &str, help: Option<String>) {
+    fn err(
+        &mut self,
+        span: SourceSpan,
+        message: impl Into<String>,
+        label: &str,
+        help: Option<String>,
+    ) {
         let loc = self.loc(span);
         self.errors.push(self.sources, loc, message, label, help);
     }
@@ -65,7 +83,9 @@ impl Decoder<'_> {
                 }
                 "profile" => {
                     if let Some(p) = self.profile(node) {
-                        if let Some(prev) = cfg.profiles.iter().find(|p2| p2.name.value == p.name.value) {
+                        if let Some(prev) =
+                            cfg.profiles.iter().find(|p2| p2.name.value == p.name.value)
+                        {
                             let _ = prev;
                             self.err(
                                 p.name.loc.span,
@@ -108,7 +128,12 @@ impl Decoder<'_> {
 
     /// A settings node (valid at the top level and inside `profile`). Unknown names are
     /// reported with the closest of `known` as a suggestion.
-    fn setting<'k>(&mut self, node: &KdlNode, s: &mut Settings, known: impl Iterator<Item = &'k str>) {
+    fn setting<'k>(
+        &mut self,
+        node: &KdlNode,
+        s: &mut Settings,
+        known: impl Iterator<Item = &'k str>,
+    ) {
         match node.name().value() {
             "project" => self.project(node, &mut s.project),
             "read-only" => {
@@ -136,7 +161,11 @@ impl Decoder<'_> {
             "block" | "allow" => {
                 self.only_props(node, &[]);
                 self.no_children(node);
-                let list = if node.name().value() == "block" { &mut s.block } else { &mut s.allow };
+                let list = if node.name().value() == "block" {
+                    &mut s.block
+                } else {
+                    &mut s.allow
+                };
                 for e in self.args(node, 1, usize::MAX, "path globs") {
                     if let Some(g) = self.string(e) {
                         if let Err(msg) = crate::eval::masks::validate_pattern(&g.value) {
@@ -168,10 +197,17 @@ impl Decoder<'_> {
 
     fn profile(&mut self, node: &KdlNode) -> Option<ProfileDecl> {
         self.only_props(node, &["extends", "description"]);
-        let name = self.args(node, 1, 1, "a profile name").first().and_then(|e| self.string(e))?;
+        let name = self
+            .args(node, 1, 1, "a profile name")
+            .first()
+            .and_then(|e| self.string(e))?;
         if name.value == "default" {
-            self.err(name.loc.span, "`default` is the name of the top-level settings", "reserved name",
-                Some("choose another name; `extends=\"default\"` refers to the top level".into()));
+            self.err(
+                name.loc.span,
+                "`default` is the name of the top-level settings",
+                "reserved name",
+                Some("choose another name; `extends=\"default\"` refers to the top level".into()),
+            );
         }
         let extends = self.prop_string(node, "extends");
         let description = self.prop_string(node, "description").map(|s| s.value);
@@ -181,12 +217,20 @@ impl Decoder<'_> {
                 self.setting(child, &mut settings, SETTINGS_NODES.iter().copied());
             }
         }
-        Some(ProfileDecl { name, extends, description, settings })
+        Some(ProfileDecl {
+            name,
+            extends,
+            description,
+            settings,
+        })
     }
 
     fn task(&mut self, node: &KdlNode) -> Option<TaskDecl> {
         self.only_props(node, &["description"]);
-        let name = self.args(node, 1, 1, "a task name").first().and_then(|e| self.string(e))?;
+        let name = self
+            .args(node, 1, 1, "a task name")
+            .first()
+            .and_then(|e| self.string(e))?;
         let description = self.prop_string(node, "description").map(|s| s.value);
         let mut run = None;
         let mut profile = None;
@@ -198,7 +242,12 @@ impl Decoder<'_> {
             match child.name().value() {
                 "run" => {
                     let args: Vec<String> = self
-                        .args(child, 1, usize::MAX, "a shell command, or a program and its arguments")
+                        .args(
+                            child,
+                            1,
+                            usize::MAX,
+                            "a shell command, or a program and its arguments",
+                        )
                         .into_iter()
                         .filter_map(|e| self.string(e).map(|s| s.value))
                         .collect();
@@ -206,11 +255,24 @@ impl Decoder<'_> {
                         run = Some(Spanned::new(args, self.loc(child.span())));
                     }
                 }
-                "profile" => profile = self.args(child, 1, 1, "a profile name").first().and_then(|e| self.string(e)),
-                "cwd" => cwd = self.args(child, 1, 1, "a directory").first().and_then(|e| self.string(e)),
+                "profile" => {
+                    profile = self
+                        .args(child, 1, 1, "a profile name")
+                        .first()
+                        .and_then(|e| self.string(e))
+                }
+                "cwd" => {
+                    cwd = self
+                        .args(child, 1, 1, "a directory")
+                        .first()
+                        .and_then(|e| self.string(e))
+                }
                 "env" => {
                     let a = self.args(child, 2, 2, "a name and a value");
-                    if let (Some(k), Some(v)) = (a.first().and_then(|e| self.string(e)), a.get(1).and_then(|e| self.string(e))) {
+                    if let (Some(k), Some(v)) = (
+                        a.first().and_then(|e| self.string(e)),
+                        a.get(1).and_then(|e| self.string(e)),
+                    ) {
                         env.push((k, v));
                     }
                 }
@@ -218,11 +280,22 @@ impl Decoder<'_> {
             }
         }
         let Some(run) = run else {
-            self.err(node.span(), format!("task `{}` has no `run`", name.value), "this task",
-                Some("add `run \"cargo test\"` inside the task's braces".into()));
+            self.err(
+                node.span(),
+                format!("task `{}` has no `run`", name.value),
+                "this task",
+                Some("add `run \"cargo test\"` inside the task's braces".into()),
+            );
             return None;
         };
-        Some(TaskDecl { name, description, run, profile, cwd, env })
+        Some(TaskDecl {
+            name,
+            description,
+            run,
+            profile,
+            cwd,
+            env,
+        })
     }
 
     fn group(&mut self, node: &KdlNode) -> Option<GroupDecl> {
@@ -257,22 +330,40 @@ impl Decoder<'_> {
         let source = args.first().and_then(|e| self.string(e))?;
         let target = args.get(1).and_then(|e| self.string(e));
         let access = match self.prop(node, "access") {
-            Some(e) => self.enumerated(e, &Access::NAMES, Access::parse).map(|a| a.value)?,
+            Some(e) => self
+                .enumerated(e, &Access::NAMES, Access::parse)
+                .map(|a| a.value)?,
             None => Access::Ro,
         };
-        let optional = self.prop(node, "optional").and_then(|e| self.boolean(e)).is_some_and(|b| b.value);
-        Some(MountCfg { source, target, access, optional, loc: self.loc(node.span()) })
+        let optional = self
+            .prop(node, "optional")
+            .and_then(|e| self.boolean(e))
+            .is_some_and(|b| b.value);
+        Some(MountCfg {
+            source,
+            target,
+            access,
+            optional,
+            loc: self.loc(node.span()),
+        })
     }
 
     fn tmpfs(&mut self, node: &KdlNode) -> Option<TmpfsCfg> {
         self.only_props(node, &["size"]);
         self.no_children(node);
-        let target = self.args(node, 1, 1, "a path inside the sandbox").first().and_then(|e| self.string(e))?;
+        let target = self
+            .args(node, 1, 1, "a path inside the sandbox")
+            .first()
+            .and_then(|e| self.string(e))?;
         let size = match self.prop(node, "size") {
             Some(e) => Some(self.size(e)?),
             None => None,
         };
-        Some(TmpfsCfg { target, size, loc: self.loc(node.span()) })
+        Some(TmpfsCfg {
+            target,
+            size,
+            loc: self.loc(node.span()),
+        })
     }
 
     fn secrets(&mut self, node: &KdlNode, s: &mut SecretsCfg) {
@@ -290,7 +381,12 @@ impl Decoder<'_> {
                         if let Some(g) = self.string(e) {
                             match crate::eval::masks::validate_pattern(&g.value) {
                                 Ok(()) => s.tool_dirs.push(g),
-                                Err(msg) => self.err(e.span(), format!("invalid glob `{}`: {msg}", g.value), "bad glob", None),
+                                Err(msg) => self.err(
+                                    e.span(),
+                                    format!("invalid glob `{}`: {msg}", g.value),
+                                    "bad glob",
+                                    None,
+                                ),
                             }
                         }
                     }
@@ -303,7 +399,10 @@ impl Decoder<'_> {
     fn env(&mut self, node: &KdlNode, env: &mut EnvCfg) {
         self.only_props(node, &[]);
         self.args(node, 0, 0, "");
-        for child in self.children(node, &["inherit", "filter-secrets", "allow", "deny", "pass", "set"]) {
+        for child in self.children(
+            node,
+            &["inherit", "filter-secrets", "allow", "deny", "pass", "set"],
+        ) {
             self.only_props(child, &[]);
             self.no_children(child);
             match child.name().value() {
@@ -317,11 +416,25 @@ impl Decoder<'_> {
                     let what = child.name().value().to_string();
                     for e in self.args(child, 1, usize::MAX, "variable names or globs") {
                         let Some(name) = self.string(e) else { continue };
-                        let valid = if what == "pass" { is_env_name(&name.value) } else { is_env_glob(&name.value) };
+                        let valid = if what == "pass" {
+                            is_env_name(&name.value)
+                        } else {
+                            is_env_glob(&name.value)
+                        };
                         if !valid {
-                            self.err(e.span(), format!("`{}` is not a valid variable name{}", name.value,
-                                if what == "pass" { "" } else { " or glob" }), "invalid name",
-                                Some("names are letters, digits and `_`; globs may use `*` and `?`".into()));
+                            self.err(
+                                e.span(),
+                                format!(
+                                    "`{}` is not a valid variable name{}",
+                                    name.value,
+                                    if what == "pass" { "" } else { " or glob" }
+                                ),
+                                "invalid name",
+                                Some(
+                                    "names are letters, digits and `_`; globs may use `*` and `?`"
+                                        .into(),
+                                ),
+                            );
                             continue;
                         }
                         match what.as_str() {
@@ -333,12 +446,22 @@ impl Decoder<'_> {
                 }
                 "set" => {
                     let a = self.args(child, 2, 2, "a name and a value");
-                    if let (Some(k), Some(v)) = (a.first().and_then(|e| self.string(e)), a.get(1).and_then(|e| self.string(e))) {
+                    if let (Some(k), Some(v)) = (
+                        a.first().and_then(|e| self.string(e)),
+                        a.get(1).and_then(|e| self.string(e)),
+                    ) {
                         if is_env_name(&k.value) {
                             env.set.push((k, v));
                         } else {
-                            self.err(k.loc.span, format!("`{}` is not a valid variable name", k.value), "invalid name",
-                                Some("names are letters, digits and `_`, not starting with a digit".into()));
+                            self.err(
+                                k.loc.span,
+                                format!("`{}` is not a valid variable name", k.value),
+                                "invalid name",
+                                Some(
+                                    "names are letters, digits and `_`, not starting with a digit"
+                                        .into(),
+                                ),
+                            );
                         }
                     }
                 }
@@ -362,7 +485,11 @@ impl Decoder<'_> {
                     let deny = child.name().value() == "deny";
                     for e in self.args(child, 1, usize::MAX, "domains") {
                         if let Some(d) = self.domain(e) {
-                            if deny { net.deny.push(d) } else { net.allow.push(d) }
+                            if deny {
+                                net.deny.push(d)
+                            } else {
+                                net.allow.push(d)
+                            }
                         }
                     }
                 }
@@ -388,8 +515,12 @@ impl Decoder<'_> {
                 None => net.mode = Some(Spanned::new(NetMode::Allow, self.loc(node.name().span()))),
                 Some(m) if m.value != NetMode::Allow => {
                     let span = m.loc.span;
-                    self.err(span, "allow rules given with a network mode that ignores them", "this mode",
-                        Some("use `network { allow … }` (mode allow), or drop the rules".into()));
+                    self.err(
+                        span,
+                        "allow rules given with a network mode that ignores them",
+                        "this mode",
+                        Some("use `network { allow … }` (mode allow), or drop the rules".into()),
+                    );
                 }
                 _ => {}
             }
@@ -399,13 +530,19 @@ impl Decoder<'_> {
     fn process(&mut self, node: &KdlNode, p: &mut ProcessCfg) {
         self.only_props(node, &[]);
         self.args(node, 0, 0, "");
-        for child in self.children(node, &["command", "cwd", "shell", "user", "rlimit", "hostname"]) {
+        for child in self.children(
+            node,
+            &["command", "cwd", "shell", "user", "rlimit", "hostname"],
+        ) {
             match child.name().value() {
                 "command" => {
                     self.only_props(child, &[]);
                     self.no_children(child);
-                    let args: Vec<String> = self.args(child, 1, usize::MAX, "a program and its arguments")
-                        .into_iter().filter_map(|e| self.string(e).map(|s| s.value)).collect();
+                    let args: Vec<String> = self
+                        .args(child, 1, usize::MAX, "a program and its arguments")
+                        .into_iter()
+                        .filter_map(|e| self.string(e).map(|s| s.value))
+                        .collect();
                     if !args.is_empty() {
                         p.command = Some(Spanned::new(args, self.loc(child.span())));
                     }
@@ -413,7 +550,10 @@ impl Decoder<'_> {
                 "cwd" | "shell" | "hostname" => {
                     self.only_props(child, &[]);
                     self.no_children(child);
-                    let v = self.args(child, 1, 1, "a string").first().and_then(|e| self.string(e));
+                    let v = self
+                        .args(child, 1, 1, "a string")
+                        .first()
+                        .and_then(|e| self.string(e));
                     match child.name().value() {
                         "cwd" => p.cwd = v,
                         "shell" => p.shell = v,
@@ -427,29 +567,61 @@ impl Decoder<'_> {
                     let uid = self.prop(child, "uid").and_then(|e| self.id(e));
                     let gid = self.prop(child, "gid").and_then(|e| self.id(e));
                     let name = self.prop_string(child, "name");
-                    p.user = Some(UserCfg { uid, gid, name, loc: self.loc(child.span()) });
+                    p.user = Some(UserCfg {
+                        uid,
+                        gid,
+                        name,
+                        loc: self.loc(child.span()),
+                    });
                 }
                 "rlimit" => {
                     self.only_props(child, &["soft", "hard"]);
                     self.no_children(child);
                     let args = self.args(child, 1, 2, "a resource name and a limit");
-                    let Some(res) = args.first().and_then(|e| self.string(e)) else { continue };
+                    let Some(res) = args.first().and_then(|e| self.string(e)) else {
+                        continue;
+                    };
                     if !RLIMITS.iter().any(|(n, _)| *n == res.value) {
                         let hint = suggest(&res.value, RLIMITS.iter().map(|(n, _)| *n));
-                        self.err(res.loc.span, format!("unknown rlimit `{}`", res.value), "unknown resource",
-                            Some(hint.map_or_else(|| format!("known: {}", RLIMITS.map(|(n, _)| n).join(", ")), |h| format!("did you mean `{h}`?"))));
+                        self.err(
+                            res.loc.span,
+                            format!("unknown rlimit `{}`", res.value),
+                            "unknown resource",
+                            Some(hint.map_or_else(
+                                || format!("known: {}", RLIMITS.map(|(n, _)| n).join(", ")),
+                                |h| format!("did you mean `{h}`?"),
+                            )),
+                        );
                         continue;
                     }
                     let both = args.get(1).and_then(|e| self.limit(e));
-                    let soft = self.prop(child, "soft").and_then(|e| self.limit(e)).or(both);
-                    let hard = self.prop(child, "hard").and_then(|e| self.limit(e)).or(both);
+                    let soft = self
+                        .prop(child, "soft")
+                        .and_then(|e| self.limit(e))
+                        .or(both);
+                    let hard = self
+                        .prop(child, "hard")
+                        .and_then(|e| self.limit(e))
+                        .or(both);
                     match (soft, hard) {
-                        (Some(soft), Some(hard)) if soft <= hard => {
-                            p.rlimits.push(RlimitCfg { resource: res, soft, hard, loc: self.loc(child.span()) })
-                        }
-                        (Some(_), Some(_)) => self.err(child.span(), "soft limit is above the hard limit", "here", None),
-                        _ => self.err(child.span(), format!("rlimit `{}` needs a value", res.value), "no limit",
-                            Some("write `rlimit \"nofile\" 4096`, or soft=… hard=…".into())),
+                        (Some(soft), Some(hard)) if soft <= hard => p.rlimits.push(RlimitCfg {
+                            resource: res,
+                            soft,
+                            hard,
+                            loc: self.loc(child.span()),
+                        }),
+                        (Some(_), Some(_)) => self.err(
+                            child.span(),
+                            "soft limit is above the hard limit",
+                            "here",
+                            None,
+                        ),
+                        _ => self.err(
+                            child.span(),
+                            format!("rlimit `{}` needs a value", res.value),
+                            "no limit",
+                            Some("write `rlimit \"nofile\" 4096`, or soft=… hard=…".into()),
+                        ),
                     }
                 }
                 _ => {}
@@ -459,27 +631,52 @@ impl Decoder<'_> {
 
     // ---- helpers ----------------------------------------------------------------------------
 
-    fn args<'n>(&mut self, node: &'n KdlNode, min: usize, max: usize, what: &str) -> Vec<&'n KdlEntry> {
-        let args: Vec<&KdlEntry> = node.entries().iter().filter(|e| e.name().is_none()).collect();
+    fn args<'n>(
+        &mut self,
+        node: &'n KdlNode,
+        min: usize,
+        max: usize,
+        what: &str,
+    ) -> Vec<&'n KdlEntry> {
+        let args: Vec<&KdlEntry> = node
+            .entries()
+            .iter()
+            .filter(|e| e.name().is_none())
+            .collect();
         let name = node.name().value();
         if args.len() < min {
-            self.err(node.span(), format!("`{name}` needs {what}"), "missing argument",
-                Some(format!("write `{name}` followed by {what}")));
+            self.err(
+                node.span(),
+                format!("`{name}` needs {what}"),
+                "missing argument",
+                Some(format!("write `{name}` followed by {what}")),
+            );
         } else if args.len() > max {
             let extra = args[max];
             let message = if max == 0 {
                 format!("`{name}` takes no arguments")
             } else {
-                format!("`{name}` takes at most {max} argument{}", if max == 1 { "" } else { "s" })
+                format!(
+                    "`{name}` takes at most {max} argument{}",
+                    if max == 1 { "" } else { "s" }
+                )
             };
-            self.err(extra.span(), message, "unexpected argument", (!what.is_empty()).then(|| format!("`{name}` expects {what}")));
+            self.err(
+                extra.span(),
+                message,
+                "unexpected argument",
+                (!what.is_empty()).then(|| format!("`{name}` expects {what}")),
+            );
             return args[..max].to_vec();
         }
         args
     }
 
     fn prop<'n>(&mut self, node: &'n KdlNode, key: &str) -> Option<&'n KdlEntry> {
-        node.entries().iter().rev().find(|e| e.name().is_some_and(|n| n.value() == key))
+        node.entries()
+            .iter()
+            .rev()
+            .find(|e| e.name().is_some_and(|n| n.value() == key))
     }
 
     fn prop_string(&mut self, node: &KdlNode, key: &str) -> Option<Spanned<String>> {
@@ -493,11 +690,21 @@ impl Decoder<'_> {
                 if !allowed.contains(&n.value()) {
                     let help = match suggest(n.value(), allowed.iter().copied()) {
                         Some(s) => format!("did you mean `{s}`?"),
-                        None if allowed.is_empty() => format!("`{}` takes no properties", node.name().value()),
+                        None if allowed.is_empty() => {
+                            format!("`{}` takes no properties", node.name().value())
+                        }
                         None => format!("known properties: {}", allowed.join(", ")),
                     };
-                    self.err(n.span(), format!("unknown property `{}` on `{}`", n.value(), node.name().value()),
-                        "unknown property", Some(help));
+                    self.err(
+                        n.span(),
+                        format!(
+                            "unknown property `{}` on `{}`",
+                            n.value(),
+                            node.name().value()
+                        ),
+                        "unknown property",
+                        Some(help),
+                    );
                 }
             }
         }
@@ -505,15 +712,21 @@ impl Decoder<'_> {
 
     fn no_children(&mut self, node: &KdlNode) {
         if let Some(c) = node.children() {
-            self.err(c.span(), format!("`{}` takes no children block", node.name().value()), "unexpected block",
-                Some("remove the braces and put the values on the node's line".into()));
+            self.err(
+                c.span(),
+                format!("`{}` takes no children block", node.name().value()),
+                "unexpected block",
+                Some("remove the braces and put the values on the node's line".into()),
+            );
         }
     }
 
     /// Children of a block node, with unknown names reported.
     fn children<'n>(&mut self, node: &'n KdlNode, known: &[&str]) -> Vec<&'n KdlNode> {
         let mut out = Vec::new();
-        let Some(doc) = node.children() else { return out };
+        let Some(doc) = node.children() else {
+            return out;
+        };
         for child in doc.nodes() {
             let name = child.name().value();
             if known.contains(&name) {
@@ -523,8 +736,12 @@ impl Decoder<'_> {
                     Some(s) => format!("did you mean `{s}`?"),
                     None => format!("`{}` accepts: {}", node.name().value(), known.join(", ")),
                 };
-                self.err(child.name().span(), format!("unknown node `{name}` in `{}`", node.name().value()),
-                    "unknown node", Some(help));
+                self.err(
+                    child.name().span(),
+                    format!("unknown node `{name}` in `{}`", node.name().value()),
+                    "unknown node",
+                    Some(help),
+                );
             }
         }
         out
@@ -534,8 +751,12 @@ impl Decoder<'_> {
         match e.value() {
             KdlValue::String(s) => Some(Spanned::new(s.clone(), self.loc(e.span()))),
             other => {
-                self.err(e.span(), format!("expected a string, found {}", kind_of(other)), "not a string",
-                    Some("quote the value: \"…\"".into()));
+                self.err(
+                    e.span(),
+                    format!("expected a string, found {}", kind_of(other)),
+                    "not a string",
+                    Some("quote the value: \"…\"".into()),
+                );
                 None
             }
         }
@@ -545,8 +766,12 @@ impl Decoder<'_> {
         match e.value() {
             KdlValue::Bool(b) => Some(Spanned::new(*b, self.loc(e.span()))),
             other => {
-                self.err(e.span(), format!("expected a boolean, found {}", kind_of(other)), "not a boolean",
-                    Some("write #true or #false".into()));
+                self.err(
+                    e.span(),
+                    format!("expected a boolean, found {}", kind_of(other)),
+                    "not a boolean",
+                    Some("write #true or #false".into()),
+                );
                 None
             }
         }
@@ -560,7 +785,12 @@ impl Decoder<'_> {
         }
     }
 
-    fn enumerated<T>(&mut self, e: &KdlEntry, names: &[&str], parse: fn(&str) -> Option<T>) -> Option<Spanned<T>> {
+    fn enumerated<T>(
+        &mut self,
+        e: &KdlEntry,
+        names: &[&str],
+        parse: fn(&str) -> Option<T>,
+    ) -> Option<Spanned<T>> {
         let s = self.string(e)?;
         match parse(&s.value) {
             Some(v) => Some(Spanned::new(v, s.loc)),
@@ -569,7 +799,12 @@ impl Decoder<'_> {
                     Some(h) => format!("did you mean `{h}`?"),
                     None => format!("expected one of: {}", names.join(", ")),
                 };
-                self.err(e.span(), format!("unknown value `{}`", s.value), "unknown value", Some(help));
+                self.err(
+                    e.span(),
+                    format!("unknown value `{}`", s.value),
+                    "unknown value",
+                    Some(help),
+                );
                 None
             }
         }
@@ -579,12 +814,21 @@ impl Decoder<'_> {
         match e.value() {
             KdlValue::Integer(i) if (min..=max).contains(i) => Some(*i),
             KdlValue::Integer(i) => {
-                self.err(e.span(), format!("{i} is out of range for {what}"), "out of range",
-                    Some(format!("use a value between {min} and {max}")));
+                self.err(
+                    e.span(),
+                    format!("{i} is out of range for {what}"),
+                    "out of range",
+                    Some(format!("use a value between {min} and {max}")),
+                );
                 None
             }
             other => {
-                self.err(e.span(), format!("expected {what}, found {}", kind_of(other)), "not an integer", None);
+                self.err(
+                    e.span(),
+                    format!("expected {what}, found {}", kind_of(other)),
+                    "not an integer",
+                    None,
+                );
                 None
             }
         }
@@ -606,7 +850,8 @@ impl Decoder<'_> {
                 return Some(u64::MAX);
             }
         }
-        self.integer(e, "a limit", 0, u64::MAX as i128).map(|v| v as u64)
+        self.integer(e, "a limit", 0, u64::MAX as i128)
+            .map(|v| v as u64)
     }
 
     /// A size: bytes as an integer or a string with a K/M/G suffix.
@@ -615,10 +860,16 @@ impl Decoder<'_> {
             if let Some(v) = parse_size(s) {
                 return Some(v);
             }
-            self.err(e.span(), format!("invalid size `{s}`"), "bad size", Some("write a number of bytes, or e.g. \"512M\", \"2G\"".into()));
+            self.err(
+                e.span(),
+                format!("invalid size `{s}`"),
+                "bad size",
+                Some("write a number of bytes, or e.g. \"512M\", \"2G\"".into()),
+            );
             return None;
         }
-        self.integer(e, "a size", 1, u64::MAX as i128).map(|v| v as u64)
+        self.integer(e, "a size", 1, u64::MAX as i128)
+            .map(|v| v as u64)
     }
 
     fn domain(&mut self, e: &KdlEntry) -> Option<Spanned<String>> {
@@ -626,7 +877,12 @@ impl Decoder<'_> {
         match DomainRule::parse(&s.value) {
             Ok(_) => Some(s),
             Err(err) => {
-                self.err(e.span(), format!("invalid domain `{}`: {err}", s.value), "bad domain", Some(err.help().into()));
+                self.err(
+                    e.span(),
+                    format!("invalid domain `{}`: {err}", s.value),
+                    "bad domain",
+                    Some(err.help().into()),
+                );
                 None
             }
         }
@@ -638,7 +894,11 @@ pub fn parse_size(s: &str) -> Option<u64> {
     let (num, mult) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
         None => (s, 1u64),
         Some((i, _)) => {
-            let mult = match s[i..].to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
+            let mult = match s[i..]
+                .to_ascii_uppercase()
+                .trim_end_matches("IB")
+                .trim_end_matches('B')
+            {
                 "" => 1,
                 "K" => 1 << 10,
                 "M" => 1 << 20,
@@ -648,7 +908,10 @@ pub fn parse_size(s: &str) -> Option<u64> {
             (&s[..i], mult)
         }
     };
-    num.parse::<u64>().ok()?.checked_mul(mult).filter(|v| *v > 0)
+    num.parse::<u64>()
+        .ok()?
+        .checked_mul(mult)
+        .filter(|v| *v > 0)
 }
 
 pub fn is_env_name(s: &str) -> bool {
@@ -658,5 +921,7 @@ pub fn is_env_name(s: &str) -> bool {
 }
 
 fn is_env_glob(s: &str) -> bool {
-    !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '*' || c == '?')
+    !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '*' || c == '?')
 }

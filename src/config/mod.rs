@@ -13,13 +13,23 @@ pub use model::ConfigFile;
 pub fn parse(sources: &[SourceFile], file: usize, errors: &mut Errors) -> ConfigFile {
     let text = &sources[file].text;
     match kdl::KdlDocument::parse_v2(text) {
-        Ok(doc) => decode::Decoder { sources, file, errors }.file(&doc),
+        Ok(doc) => decode::Decoder {
+            sources,
+            file,
+            errors,
+        }
+        .file(&doc),
         Err(err) => {
             for d in err.diagnostics {
                 let loc = Loc { file, span: d.span };
                 let message = d.message.unwrap_or_else(|| "invalid KDL".into());
                 let label = d.label.unwrap_or_else(|| "here".into());
-                let help = d.help.or_else(|| Some("sandbox.kdl is KDL v2: strings are quoted, booleans are #true/#false".into()));
+                let help = d.help.or_else(|| {
+                    Some(
+                        "sandbox.kdl is KDL v2: strings are quoted, booleans are #true/#false"
+                            .into(),
+                    )
+                });
                 errors.push(sources, loc, message, label, help);
             }
             ConfigFile::default()

@@ -18,17 +18,66 @@ use super::plan::{Dropped, Env};
 use crate::config::model::Inherit;
 
 pub const SECRET_PATTERNS: &[&str] = &[
-    "*_KEY", "*_KEY_*", "*_SECRET", "*_SECRET_*", "*SECRET_KEY*", "*_TOKEN", "*_TOKEN_*", "*PASSWORD*", "*PASSWD*",
-    "*CREDENTIAL*", "*_PAT", "*APIKEY*", "*API_KEY*", "*PRIVATE*", "*SESSION*", "*COOKIE*", "AWS_*", "GITHUB_*",
-    "GH_*", "GITLAB_*", "AZURE_*", "GOOGLE_APPLICATION_CREDENTIALS", "SSH_AUTH_SOCK", "GPG_AGENT_INFO",
-    "DATABASE_URL", "*_DSN", "NPM_TOKEN", "VAULT_*", "KUBECONFIG", "DOCKER_AUTH_CONFIG", "*AUTH*",
+    "*_KEY",
+    "*_KEY_*",
+    "*_SECRET",
+    "*_SECRET_*",
+    "*SECRET_KEY*",
+    "*_TOKEN",
+    "*_TOKEN_*",
+    "*PASSWORD*",
+    "*PASSWD*",
+    "*CREDENTIAL*",
+    "*_PAT",
+    "*APIKEY*",
+    "*API_KEY*",
+    "*PRIVATE*",
+    "*SESSION*",
+    "*COOKIE*",
+    "AWS_*",
+    "GITHUB_*",
+    "GH_*",
+    "GITLAB_*",
+    "AZURE_*",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "SSH_AUTH_SOCK",
+    "GPG_AGENT_INFO",
+    "DATABASE_URL",
+    "*_DSN",
+    "NPM_TOKEN",
+    "VAULT_*",
+    "KUBECONFIG",
+    "DOCKER_AUTH_CONFIG",
+    "*AUTH*",
 ];
 
 /// Harmless names kept by `inherit "safe"`.
 pub const SAFE: &[&str] = &[
-    "PATH", "TERM", "COLORTERM", "TERM_PROGRAM", "LANG", "LANGUAGE", "LC_*", "TZ", "EDITOR", "VISUAL",
-    "PAGER", "LESS", "NODE_ENV", "DEBUG", "CI", "NO_COLOR", "FORCE_COLOR", "CLICOLOR", "COLUMNS", "LINES",
-    "RUST_BACKTRACE", "RUST_LOG", "CARGO_TERM_COLOR", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED",
+    "PATH",
+    "TERM",
+    "COLORTERM",
+    "TERM_PROGRAM",
+    "LANG",
+    "LANGUAGE",
+    "LC_*",
+    "TZ",
+    "EDITOR",
+    "VISUAL",
+    "PAGER",
+    "LESS",
+    "NODE_ENV",
+    "DEBUG",
+    "CI",
+    "NO_COLOR",
+    "FORCE_COLOR",
+    "CLICOLOR",
+    "COLUMNS",
+    "LINES",
+    "RUST_BACKTRACE",
+    "RUST_LOG",
+    "CARGO_TERM_COLOR",
+    "PYTHONDONTWRITEBYTECODE",
+    "PYTHONUNBUFFERED",
 ];
 
 fn globset(patterns: impl IntoIterator<Item = impl AsRef<str>>) -> GlobSet {
@@ -80,7 +129,10 @@ pub fn filter(host_env: &BTreeMap<String, String>, p: &EnvPolicy<'_>) -> Env {
             Ok(()) => {
                 vars.insert(name.clone(), value.clone());
             }
-            Err(reason) => dropped.push(Dropped { name: name.clone(), reason: reason.into() }),
+            Err(reason) => dropped.push(Dropped {
+                name: name.clone(),
+                reason: reason.into(),
+            }),
         }
     }
     for (k, v) in p.set {
@@ -90,7 +142,10 @@ pub fn filter(host_env: &BTreeMap<String, String>, p: &EnvPolicy<'_>) -> Env {
         vars.insert((*k).to_string(), v.clone());
     }
     dropped.retain(|d| !vars.contains_key(&d.name));
-    Env { vars: vars.into_iter().collect(), dropped }
+    Env {
+        vars: vars.into_iter().collect(),
+        dropped,
+    }
 }
 
 #[cfg(test)]
@@ -98,7 +153,10 @@ mod tests {
     use super::*;
 
     fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     fn names(e: &Env) -> Vec<&str> {
@@ -107,30 +165,87 @@ mod tests {
 
     #[test]
     fn secrets_dropped_and_pass_wins() {
-        let host = env(&[("PATH", "/bin"), ("OPENAI_API_KEY", "x"), ("ANTHROPIC_API_KEY", "y"), ("AWS_PROFILE", "p"),
-            ("GITHUB_TOKEN", "t"), ("DB_PASSWORD", "p"), ("MY_VAR", "v"), ("NODE_ENV", "dev")]);
+        let host = env(&[
+            ("PATH", "/bin"),
+            ("OPENAI_API_KEY", "x"),
+            ("ANTHROPIC_API_KEY", "y"),
+            ("AWS_PROFILE", "p"),
+            ("GITHUB_TOKEN", "t"),
+            ("DB_PASSWORD", "p"),
+            ("MY_VAR", "v"),
+            ("NODE_ENV", "dev"),
+        ]);
         let pass = vec!["ANTHROPIC_API_KEY".to_string()];
-        let p = EnvPolicy { inherit: Inherit::All, filter_secrets: true, allow: &[], deny: &[], pass: &pass, set: &[], forced: &[] };
+        let p = EnvPolicy {
+            inherit: Inherit::All,
+            filter_secrets: true,
+            allow: &[],
+            deny: &[],
+            pass: &pass,
+            set: &[],
+            forced: &[],
+        };
         let e = filter(&host, &p);
-        assert_eq!(names(&e), ["ANTHROPIC_API_KEY", "MY_VAR", "NODE_ENV", "PATH"]);
+        assert_eq!(
+            names(&e),
+            ["ANTHROPIC_API_KEY", "MY_VAR", "NODE_ENV", "PATH"]
+        );
         let dropped: Vec<&str> = e.dropped.iter().map(|d| d.name.as_str()).collect();
-        assert_eq!(dropped, ["AWS_PROFILE", "DB_PASSWORD", "GITHUB_TOKEN", "OPENAI_API_KEY"]);
+        assert_eq!(
+            dropped,
+            [
+                "AWS_PROFILE",
+                "DB_PASSWORD",
+                "GITHUB_TOKEN",
+                "OPENAI_API_KEY"
+            ]
+        );
     }
 
     #[test]
     fn safe_none_deny_set_forced() {
-        let host = env(&[("PATH", "/bin"), ("MY_VAR", "v"), ("LC_ALL", "C"), ("HOME", "/real"), ("EDITOR", "vi")]);
+        let host = env(&[
+            ("PATH", "/bin"),
+            ("MY_VAR", "v"),
+            ("LC_ALL", "C"),
+            ("HOME", "/real"),
+            ("EDITOR", "vi"),
+        ]);
         let allow = vec!["MY_*".to_string()];
         let deny = vec!["EDITOR".to_string()];
         let set = vec![("X".to_string(), "1".to_string())];
         let forced = [("HOME", "/home/me".to_string())];
-        let p = EnvPolicy { inherit: Inherit::Safe, filter_secrets: true, allow: &allow, deny: &deny, pass: &[], set: &set, forced: &forced };
+        let p = EnvPolicy {
+            inherit: Inherit::Safe,
+            filter_secrets: true,
+            allow: &allow,
+            deny: &deny,
+            pass: &[],
+            set: &set,
+            forced: &forced,
+        };
         let e = filter(&host, &p);
-        assert_eq!(e.vars, vec![("HOME".into(), "/home/me".into()), ("LC_ALL".into(), "C".into()),
-            ("MY_VAR".into(), "v".into()), ("PATH".into(), "/bin".into()), ("X".into(), "1".into())]);
+        assert_eq!(
+            e.vars,
+            vec![
+                ("HOME".into(), "/home/me".into()),
+                ("LC_ALL".into(), "C".into()),
+                ("MY_VAR".into(), "v".into()),
+                ("PATH".into(), "/bin".into()),
+                ("X".into(), "1".into())
+            ]
+        );
         assert_eq!(e.dropped.len(), 1);
         assert_eq!(e.dropped[0].name, "EDITOR");
-        let p = EnvPolicy { inherit: Inherit::None, filter_secrets: true, allow: &[], deny: &[], pass: &[], set: &[], forced: &[] };
+        let p = EnvPolicy {
+            inherit: Inherit::None,
+            filter_secrets: true,
+            allow: &[],
+            deny: &[],
+            pass: &[],
+            set: &[],
+            forced: &[],
+        };
         assert!(filter(&host, &p).vars.is_empty());
     }
 }

@@ -16,9 +16,14 @@ pub const BUILTIN_PROFILES: &str = "preset:profiles";
 pub enum Root {
     File(PathBuf),
     /// No `sandbox.kdl`: the embedded default, evaluated in `dir`.
-    Default { dir: PathBuf },
+    Default {
+        dir: PathBuf,
+    },
     /// A text not read from disk (tests, fuzzing); `path` names it and anchors relative paths.
-    Text { path: PathBuf, text: String },
+    Text {
+        path: PathBuf,
+        text: String,
+    },
 }
 
 #[derive(Debug)]
@@ -36,9 +41,13 @@ impl Loaded {
     /// Directory relative paths in the root file are resolved against.
     pub fn base_dir(&self) -> PathBuf {
         match &self.root_kind {
-            Root::File(p) => p.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf),
+            Root::File(p) => p
+                .parent()
+                .map_or_else(|| PathBuf::from("."), Path::to_path_buf),
             Root::Default { dir } => dir.clone(),
-            Root::Text { path, .. } => path.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf),
+            Root::Text { path, .. } => path
+                .parent()
+                .map_or_else(|| PathBuf::from("."), Path::to_path_buf),
         }
     }
 }
@@ -59,9 +68,21 @@ struct Loader<'e> {
 }
 
 pub fn load(root: Root, errors: &mut Errors) -> Result<Loaded, std::io::Error> {
-    let mut l = Loader { sources: Vec::new(), files: Vec::new(), order: Vec::new(), visited: HashMap::new(), stack: Vec::new(), errors };
+    let mut l = Loader {
+        sources: Vec::new(),
+        files: Vec::new(),
+        order: Vec::new(),
+        visited: HashMap::new(),
+        stack: Vec::new(),
+        errors,
+    };
     let builtin = presets::get("profiles").expect("built-in profiles preset");
-    l.add(Key::Preset("profiles".into()), BUILTIN_PROFILES.into(), None, builtin.to_string());
+    l.add(
+        Key::Preset("profiles".into()),
+        BUILTIN_PROFILES.into(),
+        None,
+        builtin.to_string(),
+    );
     let root_idx = match &root {
         Root::File(path) => {
             let text = std::fs::read_to_string(path)?;
@@ -70,15 +91,36 @@ pub fn load(root: Root, errors: &mut Errors) -> Result<Loaded, std::io::Error> {
             l.add(key, name, Some(path.clone()), text)
         }
         Root::Default { .. } => {
-            let text = presets::get("default").expect("embedded default").to_string();
-            l.add(Key::Preset("default".into()), "<embedded default>".into(), None, text)
+            let text = presets::get("default")
+                .expect("embedded default")
+                .to_string();
+            l.add(
+                Key::Preset("default".into()),
+                "<embedded default>".into(),
+                None,
+                text,
+            )
         }
         Root::Text { path, text } => {
-            let name = path.file_name().map_or_else(|| "sandbox.kdl".into(), |n| n.to_string_lossy().into_owned());
-            l.add(Key::Path(path.clone()), name, Some(path.clone()), text.clone())
+            let name = path.file_name().map_or_else(
+                || "sandbox.kdl".into(),
+                |n| n.to_string_lossy().into_owned(),
+            );
+            l.add(
+                Key::Path(path.clone()),
+                name,
+                Some(path.clone()),
+                text.clone(),
+            )
         }
     };
-    Ok(Loaded { sources: l.sources, files: l.files, order: l.order, root: root_idx, root_kind: root })
+    Ok(Loaded {
+        sources: l.sources,
+        files: l.files,
+        order: l.order,
+        root: root_idx,
+        root_kind: root,
+    })
 }
 
 /// Paths are shown relative to the current directory when they are under it.
@@ -94,12 +136,19 @@ impl Loader<'_> {
     /// Decode a source, then its imports (depth first), then record it in `order`.
     fn add(&mut self, key: Key, name: String, path: Option<PathBuf>, text: String) -> usize {
         let idx = self.sources.len();
-        self.sources.push(SourceFile { name: name.clone(), path: path.clone(), text: Arc::new(text) });
+        self.sources.push(SourceFile {
+            name: name.clone(),
+            path: path.clone(),
+            text: Arc::new(text),
+        });
         let file = config::parse(&self.sources, idx, self.errors);
         self.files.push(ConfigFile::default());
         self.visited.insert(key.clone(), idx);
         self.stack.push((key, name));
-        let dir = path.as_deref().and_then(Path::parent).map(Path::to_path_buf);
+        let dir = path
+            .as_deref()
+            .and_then(Path::parent)
+            .map(Path::to_path_buf);
         for import in &file.imports {
             self.import(import, dir.as_deref(), idx);
         }
@@ -113,27 +162,51 @@ impl Loader<'_> {
         let loc = import.loc;
         let (key, name, path, text) = if let Some(preset) = import.value.strip_prefix("preset:") {
             match presets::get(preset) {
-                Some(text) => (Key::Preset(preset.into()), import.value.clone(), None, text.to_string()),
+                Some(text) => (
+                    Key::Preset(preset.into()),
+                    import.value.clone(),
+                    None,
+                    text.to_string(),
+                ),
                 None => {
                     let hint = crate::config::diag::suggest(preset, presets::names());
-                    self.err(loc, format!("unknown preset `{preset}`"), "no such preset", Some(match hint {
-                        Some(h) => format!("did you mean `preset:{h}`? (`aisb presets` lists them)"),
-                        None => format!("built-in presets: {}", presets::names().collect::<Vec<_>>().join(", ")),
-                    }));
+                    self.err(
+                        loc,
+                        format!("unknown preset `{preset}`"),
+                        "no such preset",
+                        Some(match hint {
+                            Some(h) => {
+                                format!("did you mean `preset:{h}`? (`aisb presets` lists them)")
+                            }
+                            None => format!(
+                                "built-in presets: {}",
+                                presets::names().collect::<Vec<_>>().join(", ")
+                            ),
+                        }),
+                    );
                     return;
                 }
             }
         } else {
             let Some(dir) = dir else {
-                self.err(loc, "a built-in preset can only import other presets".into(), "file import", None);
+                self.err(
+                    loc,
+                    "a built-in preset can only import other presets".into(),
+                    "file import",
+                    None,
+                );
                 return;
             };
             let path = dir.join(&import.value);
             let text = match std::fs::read_to_string(&path) {
                 Ok(t) => t,
                 Err(e) => {
-                    self.err(loc, format!("cannot read `{}`: {e}", path.display()), "imported here",
-                        Some("import paths are relative to the importing file".into()));
+                    self.err(
+                        loc,
+                        format!("cannot read `{}`: {e}", path.display()),
+                        "imported here",
+                        Some("import paths are relative to the importing file".into()),
+                    );
                     return;
                 }
             };
@@ -143,8 +216,12 @@ impl Loader<'_> {
         if let Some(pos) = self.stack.iter().position(|(k, _)| *k == key) {
             let mut chain: Vec<&str> = self.stack[pos..].iter().map(|(_, n)| n.as_str()).collect();
             chain.push(&self.stack[pos].1);
-            self.err(loc, format!("import cycle: {}", chain.join(" -> ")), "imported here",
-                Some("remove one of the imports in the cycle".into()));
+            self.err(
+                loc,
+                format!("import cycle: {}", chain.join(" -> ")),
+                "imported here",
+                Some("remove one of the imports in the cycle".into()),
+            );
             return;
         }
         if self.visited.contains_key(&key) {

@@ -10,26 +10,77 @@ use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
 
 /// Seed 000 / seed 002: never readable inside, wherever they are in the project.
 pub const DEFAULT_SENSITIVE: &[&str] = &[
-    ".env", ".env.*", ".envrc", "*.pem", "*.key", "*.p12", "*.pfx", "*.keystore", "*.jks",
-    "*credentials*", "*secret*", ".aws/", ".ssh/", ".gnupg/", ".netrc", ".git-credentials",
-    ".npmrc", ".pypirc", ".docker/", ".kube/", "id_rsa", "id_ed25519", "id_ecdsa", "id_dsa",
-    "*.tfvars", "*.tfstate", ".vault-token",
+    ".env",
+    ".env.*",
+    ".envrc",
+    "*.pem",
+    "*.key",
+    "*.p12",
+    "*.pfx",
+    "*.keystore",
+    "*.jks",
+    "*credentials*",
+    "*secret*",
+    ".aws/",
+    ".ssh/",
+    ".gnupg/",
+    ".netrc",
+    ".git-credentials",
+    ".npmrc",
+    ".pypirc",
+    ".docker/",
+    ".kube/",
+    "id_rsa",
+    "id_ed25519",
+    "id_ecdsa",
+    "id_dsa",
+    "*.tfvars",
+    "*.tfstate",
+    ".vault-token",
 ];
 
 /// Dirs that are gitignored by convention but needed by agents to work (seed 000's
 /// GLOBAL_TOOL_ALLOWLIST): exempt from the gitignored layer, still subject to the others.
 pub const DEFAULT_TOOL_DIRS: &[&str] = &[
-    ".claude/", ".codex/", ".aider*", ".continue/", ".opencode/", ".gemini/", "CLAUDE.md", "AGENTS.md",
+    ".claude/",
+    ".codex/",
+    ".aider*",
+    ".continue/",
+    ".opencode/",
+    ".gemini/",
+    "CLAUDE.md",
+    "AGENTS.md",
 ];
 
 /// Paths under `$HOME` masked when the home is visible (`home "ro"` / `home "overlay"`).
 pub const HOME_SENSITIVE: &[&str] = &[
-    ".ssh", ".aws", ".gnupg", ".netrc", ".git-credentials", ".docker/config.json", ".kube",
-    ".config/gcloud", ".config/gh/hosts.yml", ".azure", ".password-store", ".npmrc", ".pypirc",
-    ".cargo/credentials.toml", ".cargo/credentials", ".vault-token", ".bash_history",
-    ".zsh_history", ".local/share/fish/fish_history", ".config/op", ".local/share/keyrings",
-    ".mozilla", ".config/google-chrome", ".config/chromium", ".terraform.d/credentials.tfrc.json",
-    ".claude/.credentials.json", ".codex/auth.json",
+    ".ssh",
+    ".aws",
+    ".gnupg",
+    ".netrc",
+    ".git-credentials",
+    ".docker/config.json",
+    ".kube",
+    ".config/gcloud",
+    ".config/gh/hosts.yml",
+    ".azure",
+    ".password-store",
+    ".npmrc",
+    ".pypirc",
+    ".cargo/credentials.toml",
+    ".cargo/credentials",
+    ".vault-token",
+    ".bash_history",
+    ".zsh_history",
+    ".local/share/fish/fish_history",
+    ".config/op",
+    ".local/share/keyrings",
+    ".mozilla",
+    ".config/google-chrome",
+    ".config/chromium",
+    ".terraform.d/credentials.tfrc.json",
+    ".claude/.credentials.json",
+    ".codex/auth.json",
 ];
 
 /// Is this pattern acceptable? Returns a short reason when not.
@@ -59,8 +110,15 @@ fn glob_for(p: &str) -> Result<Glob, globset::Error> {
     // A `/` anywhere but at the end anchors the pattern at the project root (`./x` too).
     let anchored = body.contains('/');
     let body = body.strip_prefix("./").unwrap_or(body);
-    let full = if anchored { body.to_string() } else { format!("**/{body}") };
-    GlobBuilder::new(&full).literal_separator(true).backslash_escape(true).build()
+    let full = if anchored {
+        body.to_string()
+    } else {
+        format!("**/{body}")
+    };
+    GlobBuilder::new(&full)
+        .literal_separator(true)
+        .backslash_escape(true)
+        .build()
 }
 
 /// A compiled set of project-relative patterns that remembers which pattern matched.
@@ -89,7 +147,11 @@ impl PatternSet {
             }
         }
         let set = b.build().unwrap_or_else(|_| GlobSet::empty());
-        PatternSet { set, patterns: kept, dir_only }
+        PatternSet {
+            set,
+            patterns: kept,
+            dir_only,
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -132,7 +194,11 @@ mod tests {
         assert_eq!(s.matching("deep/er/.env", false), Some(".env"));
         assert_eq!(s.matching("certs/x.pem", false), Some("*.pem"));
         assert_eq!(s.matching("a/.aws", true), Some(".aws/"));
-        assert_eq!(s.matching("a/.aws", false), None, "dir-only pattern must not match a file");
+        assert_eq!(
+            s.matching("a/.aws", false),
+            None,
+            "dir-only pattern must not match a file"
+        );
         assert_eq!(s.matching(".envx", false), None);
     }
 
@@ -140,8 +206,16 @@ mod tests {
     fn anchored_patterns_and_separators() {
         let s = PatternSet::new(["config/*.yml", "./top.txt"]);
         assert_eq!(s.matching("config/prod.yml", false), Some("config/*.yml"));
-        assert_eq!(s.matching("config/sub/prod.yml", false), None, "* must not cross /");
-        assert_eq!(s.matching("sub/config/prod.yml", false), None, "anchored at the root");
+        assert_eq!(
+            s.matching("config/sub/prod.yml", false),
+            None,
+            "* must not cross /"
+        );
+        assert_eq!(
+            s.matching("sub/config/prod.yml", false),
+            None,
+            "anchored at the root"
+        );
         assert_eq!(s.matching("top.txt", false), Some("./top.txt"));
         assert_eq!(s.matching("a/top.txt", false), None);
     }

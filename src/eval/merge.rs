@@ -14,7 +14,13 @@ use crate::config::{Errors, SourceFile, Spanned};
 
 /// Merge `over` (a profile, or an imported file's top level when `is_profile` is false) into
 /// `base`.
-pub fn merge(base: &mut Settings, over: &Settings, is_profile: bool, sources: &[SourceFile], errors: &mut Errors) {
+pub fn merge(
+    base: &mut Settings,
+    over: &Settings,
+    is_profile: bool,
+    sources: &[SourceFile],
+    errors: &mut Errors,
+) {
     fn scalar<T: Clone>(b: &mut Option<T>, o: &Option<T>) {
         if o.is_some() {
             b.clone_from(o);
@@ -30,9 +36,21 @@ pub fn merge(base: &mut Settings, over: &Settings, is_profile: bool, sources: &[
     base.allow.extend(over.allow.iter().cloned());
 
     for (b, o, name) in [
-        (&mut base.secrets.defaults, &over.secrets.defaults, "defaults"),
-        (&mut base.secrets.gitignored, &over.secrets.gitignored, "gitignored"),
-        (&mut base.secrets.git_crypt, &over.secrets.git_crypt, "git-crypt"),
+        (
+            &mut base.secrets.defaults,
+            &over.secrets.defaults,
+            "defaults",
+        ),
+        (
+            &mut base.secrets.gitignored,
+            &over.secrets.gitignored,
+            "gitignored",
+        ),
+        (
+            &mut base.secrets.git_crypt,
+            &over.secrets.git_crypt,
+            "git-crypt",
+        ),
     ] {
         match o {
             Some(Spanned { value: false, loc }) if is_profile => errors.push(
@@ -46,7 +64,9 @@ pub fn merge(base: &mut Settings, over: &Settings, is_profile: bool, sources: &[
             None => {}
         }
     }
-    base.secrets.tool_dirs.extend(over.secrets.tool_dirs.iter().cloned());
+    base.secrets
+        .tool_dirs
+        .extend(over.secrets.tool_dirs.iter().cloned());
 
     scalar(&mut base.env.inherit, &over.env.inherit);
     scalar(&mut base.env.filter_secrets, &over.env.filter_secrets);
@@ -56,15 +76,23 @@ pub fn merge(base: &mut Settings, over: &Settings, is_profile: bool, sources: &[
     base.env.set.extend(over.env.set.iter().cloned());
 
     scalar(&mut base.network.mode, &over.network.mode);
-    base.network.allow.extend(over.network.allow.iter().cloned());
+    base.network
+        .allow
+        .extend(over.network.allow.iter().cloned());
     base.network.deny.extend(over.network.deny.iter().cloned());
-    base.network.groups.extend(over.network.groups.iter().cloned());
-    base.network.localhost_ports.extend(over.network.localhost_ports.iter().cloned());
+    base.network
+        .groups
+        .extend(over.network.groups.iter().cloned());
+    base.network
+        .localhost_ports
+        .extend(over.network.localhost_ports.iter().cloned());
 
     scalar(&mut base.process.command, &over.process.command);
     scalar(&mut base.process.cwd, &over.process.cwd);
     scalar(&mut base.process.shell, &over.process.shell);
     scalar(&mut base.process.user, &over.process.user);
     scalar(&mut base.process.hostname, &over.process.hostname);
-    base.process.rlimits.extend(over.process.rlimits.iter().cloned());
+    base.process
+        .rlimits
+        .extend(over.process.rlimits.iter().cloned());
 }

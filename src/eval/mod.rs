@@ -43,13 +43,25 @@ impl Host {
         let uid = nix::unistd::getuid();
         let gid = nix::unistd::getgid();
         let pw = nix::unistd::User::from_uid(uid).ok().flatten();
-        let user = pw.as_ref().map(|u| u.name.clone())
+        let user = pw
+            .as_ref()
+            .map(|u| u.name.clone())
             .or_else(|| env.get("USER").cloned())
             .unwrap_or_else(|| uid.to_string());
-        let home = env.get("HOME").map(PathBuf::from).filter(|h| h.is_absolute())
+        let home = env
+            .get("HOME")
+            .map(PathBuf::from)
+            .filter(|h| h.is_absolute())
             .or_else(|| pw.as_ref().map(|u| u.dir.clone()))
             .unwrap_or_else(|| PathBuf::from("/"));
-        Ok(Host { env, cwd: std::env::current_dir()?, uid: uid.as_raw(), gid: gid.as_raw(), user, home })
+        Ok(Host {
+            env,
+            cwd: std::env::current_dir()?,
+            uid: uid.as_raw(),
+            gid: gid.as_raw(),
+            user,
+            home,
+        })
     }
 
     fn xdg(&self, var: &str, fallback: &str) -> String {
@@ -85,34 +97,114 @@ pub enum EvalError {
     #[diagnostic(help("{help}"))]
     UnknownProfile { name: String, help: String },
     #[error("scanning the project failed: {0}")]
-    #[diagnostic(help("aisb needs `git` on PATH for git projects; check that the project is readable"))]
+    #[diagnostic(help(
+        "aisb needs `git` on PATH for git projects; check that the project is readable"
+    ))]
     Scan(#[from] scan::ScanError),
     #[error("refusing to use {path} as the project root: {why}")]
-    #[diagnostic(help("run aisb inside a project directory, or name one with `project \"…\"` in sandbox.kdl"))]
+    #[diagnostic(help(
+        "run aisb inside a project directory, or name one with `project \"…\"` in sandbox.kdl"
+    ))]
     BadProject { path: PathBuf, why: String },
 }
 
 /// The built-in domain groups presets use (`network { group "registries" }`).
 pub const BUILTIN_GROUPS: &[(&str, &[&str])] = &[
-    ("registries", &["registry.npmjs.org", "registry.yarnpkg.com", "pypi.org", "files.pythonhosted.org",
-        "crates.io", "index.crates.io", "static.crates.io", "proxy.golang.org", "sum.golang.org",
-        "rubygems.org", "index.rubygems.org", "repo.maven.apache.org", "repo1.maven.org"]),
-    ("github", &["github.com", "api.github.com", "codeload.github.com", "objects.githubusercontent.com",
-        "raw.githubusercontent.com", "uploads.github.com"]),
-    ("anthropic", &["api.anthropic.com", "statsig.anthropic.com", "console.anthropic.com"]),
-    ("openai", &["api.openai.com", "auth.openai.com", "chatgpt.com"]),
-    ("google", &["generativelanguage.googleapis.com", "oauth2.googleapis.com", "cloudcode-pa.googleapis.com"]),
+    (
+        "registries",
+        &[
+            "registry.npmjs.org",
+            "registry.yarnpkg.com",
+            "pypi.org",
+            "files.pythonhosted.org",
+            "crates.io",
+            "index.crates.io",
+            "static.crates.io",
+            "proxy.golang.org",
+            "sum.golang.org",
+            "rubygems.org",
+            "index.rubygems.org",
+            "repo.maven.apache.org",
+            "repo1.maven.org",
+        ],
+    ),
+    (
+        "github",
+        &[
+            "github.com",
+            "api.github.com",
+            "codeload.github.com",
+            "objects.githubusercontent.com",
+            "raw.githubusercontent.com",
+            "uploads.github.com",
+        ],
+    ),
+    (
+        "anthropic",
+        &[
+            "api.anthropic.com",
+            "statsig.anthropic.com",
+            "console.anthropic.com",
+        ],
+    ),
+    (
+        "openai",
+        &["api.openai.com", "auth.openai.com", "chatgpt.com"],
+    ),
+    (
+        "google",
+        &[
+            "generativelanguage.googleapis.com",
+            "oauth2.googleapis.com",
+            "cloudcode-pa.googleapis.com",
+        ],
+    ),
 ];
 
 /// Host system paths shown read-only inside. `/etc` is not shared whole (seed 002: `/etc` is
 /// blocked): only the entries tools need to run.
-pub const SYSTEM_PATHS: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt"];
+pub const SYSTEM_PATHS: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt",
+];
 pub const ETC_PATHS: &[&str] = &[
-    "passwd", "group", "hosts", "resolv.conf", "nsswitch.conf", "host.conf", "ld.so.cache", "ld.so.conf",
-    "ld.so.conf.d", "localtime", "timezone", "ssl", "ca-certificates", "ca-certificates.conf", "pki",
-    "alternatives", "gitconfig", "fish", "bash.bashrc", "profile", "profile.d", "inputrc", "terminfo",
-    "os-release", "debian_version", "mime.types", "protocols", "services", "locale.alias", "locale.conf",
-    "vim", "zsh", "zshrc", "python3", "perl", "magic", "magic.mime", "manpath.config",
+    "passwd",
+    "group",
+    "hosts",
+    "resolv.conf",
+    "nsswitch.conf",
+    "host.conf",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "localtime",
+    "timezone",
+    "ssl",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "pki",
+    "alternatives",
+    "gitconfig",
+    "fish",
+    "bash.bashrc",
+    "profile",
+    "profile.d",
+    "inputrc",
+    "terminfo",
+    "os-release",
+    "debian_version",
+    "mime.types",
+    "protocols",
+    "services",
+    "locale.alias",
+    "locale.conf",
+    "vim",
+    "zsh",
+    "zshrc",
+    "python3",
+    "perl",
+    "magic",
+    "magic.mime",
+    "manpath.config",
 ];
 
 struct Ctx<'a> {
@@ -122,7 +214,8 @@ struct Ctx<'a> {
 
 impl Ctx<'_> {
     fn err(&mut self, loc: Loc, msg: impl Into<String>, label: &str, help: Option<String>) {
-        self.errors.push(&self.loaded.sources, loc, msg, label, help);
+        self.errors
+            .push(&self.loaded.sources, loc, msg, label, help);
     }
 }
 
@@ -138,26 +231,43 @@ pub fn profile_names(loaded: &Loaded) -> Vec<String> {
 }
 
 pub fn evaluate(loaded: &Loaded, host: &Host, req: &Request) -> Result<Plan, EvalError> {
-    let mut cx = Ctx { loaded, errors: Errors::default() };
+    let mut cx = Ctx {
+        loaded,
+        errors: Errors::default(),
+    };
 
     // Top levels, imports first; profiles and groups by name, the importer's definition wins.
     let mut settings = Settings::default();
     let mut profiles: HashMap<&str, &ProfileDecl> = HashMap::new();
-    let mut groups: BTreeMap<String, Vec<String>> =
-        BUILTIN_GROUPS.iter().map(|(n, d)| (n.to_string(), d.iter().map(|s| s.to_string()).collect())).collect();
+    let mut groups: BTreeMap<String, Vec<String>> = BUILTIN_GROUPS
+        .iter()
+        .map(|(n, d)| (n.to_string(), d.iter().map(|s| s.to_string()).collect()))
+        .collect();
     for &i in &loaded.order {
         let f = &loaded.files[i];
-        merge::merge(&mut settings, &f.base, false, &loaded.sources, &mut cx.errors);
+        merge::merge(
+            &mut settings,
+            &f.base,
+            false,
+            &loaded.sources,
+            &mut cx.errors,
+        );
         for p in &f.profiles {
             profiles.insert(&p.name.value, p);
         }
         for g in &f.groups {
-            groups.insert(g.name.value.clone(), g.domains.iter().map(|d| d.value.clone()).collect());
+            groups.insert(
+                g.name.value.clone(),
+                g.domains.iter().map(|d| d.value.clone()).collect(),
+            );
         }
     }
 
     let root_file = &loaded.files[loaded.root];
-    let chosen = req.profile.clone().or_else(|| root_file.default_profile.as_ref().map(|p| p.value.clone()));
+    let chosen = req
+        .profile
+        .clone()
+        .or_else(|| root_file.default_profile.as_ref().map(|p| p.value.clone()));
     let profile_name = chosen.clone().unwrap_or_else(|| "default".to_string());
     if let Some(name) = chosen.filter(|n| n != "default") {
         let Some(&decl) = profiles.get(name.as_str()) else {
@@ -171,7 +281,12 @@ pub fn evaluate(loaded: &Loaded, host: &Host, req: &Request) -> Result<Plan, Eva
                 }
             };
             if let (None, Some(dp)) = (&req.profile, &root_file.default_profile) {
-                cx.err(dp.loc, format!("unknown profile `{name}`"), "no such profile", Some(help));
+                cx.err(
+                    dp.loc,
+                    format!("unknown profile `{name}`"),
+                    "no such profile",
+                    Some(help),
+                );
                 return Err(ConfigErrors::new(cx.errors.list).into());
             }
             return Err(EvalError::UnknownProfile { name, help });
@@ -186,8 +301,12 @@ pub fn evaluate(loaded: &Loaded, host: &Host, req: &Request) -> Result<Plan, Eva
             }
             if seen.contains(&parent.value.as_str()) {
                 seen.push(&parent.value);
-                cx.err(parent.loc, format!("profile inheritance cycle: {}", seen.join(" -> ")), "extends here",
-                    Some("a profile may not extend itself, directly or through others".into()));
+                cx.err(
+                    parent.loc,
+                    format!("profile inheritance cycle: {}", seen.join(" -> ")),
+                    "extends here",
+                    Some("a profile may not extend itself, directly or through others".into()),
+                );
                 break;
             }
             match profiles.get(parent.value.as_str()) {
@@ -197,21 +316,48 @@ pub fn evaluate(loaded: &Loaded, host: &Host, req: &Request) -> Result<Plan, Eva
                     cur = p;
                 }
                 None => {
-                    let hint = crate::config::diag::suggest(&parent.value, profiles.keys().copied().chain(["default"]));
-                    cx.err(parent.loc, format!("unknown profile `{}`", parent.value), "extends an unknown profile",
-                        Some(hint.map_or_else(|| "profiles extend `default` (the top level) unless they name another".into(), |h| format!("did you mean `{h}`?"))));
+                    let hint = crate::config::diag::suggest(
+                        &parent.value,
+                        profiles.keys().copied().chain(["default"]),
+                    );
+                    cx.err(
+                        parent.loc,
+                        format!("unknown profile `{}`", parent.value),
+                        "extends an unknown profile",
+                        Some(hint.map_or_else(
+                            || {
+                                "profiles extend `default` (the top level) unless they name another"
+                                    .into()
+                            },
+                            |h| format!("did you mean `{h}`?"),
+                        )),
+                    );
                     break;
                 }
             }
         }
         for p in chain.iter().rev() {
-            merge::merge(&mut settings, &p.settings, true, &loaded.sources, &mut cx.errors);
+            merge::merge(
+                &mut settings,
+                &p.settings,
+                true,
+                &loaded.sources,
+                &mut cx.errors,
+            );
         }
     }
     if !cx.errors.is_empty() {
         return Err(ConfigErrors::new(cx.errors.list).into());
     }
-    resolve(&mut cx, host, req, &settings, &groups, profile_name, &profiles)
+    resolve(
+        &mut cx,
+        host,
+        req,
+        &settings,
+        &groups,
+        profile_name,
+        &profiles,
+    )
 }
 
 fn sha_hex(bytes: &[u8]) -> String {
@@ -242,9 +388,24 @@ fn resolve(
     profile_name: String,
     profiles: &HashMap<&str, &ProfileDecl>,
 ) -> Result<Plan, EvalError> {
-    let identity_name = s.process.user.as_ref().and_then(|u| u.name.as_ref()).map_or(host.user.clone(), |n| n.value.clone());
-    let uid = s.process.user.as_ref().and_then(|u| u.uid.as_ref()).map_or(host.uid, |v| v.value);
-    let gid = s.process.user.as_ref().and_then(|u| u.gid.as_ref()).map_or(host.gid, |v| v.value);
+    let identity_name = s
+        .process
+        .user
+        .as_ref()
+        .and_then(|u| u.name.as_ref())
+        .map_or(host.user.clone(), |n| n.value.clone());
+    let uid = s
+        .process
+        .user
+        .as_ref()
+        .and_then(|u| u.uid.as_ref())
+        .map_or(host.uid, |v| v.value);
+    let gid = s
+        .process
+        .user
+        .as_ref()
+        .and_then(|u| u.gid.as_ref())
+        .map_or(host.gid, |v| v.value);
     let mut builtins: BTreeMap<&'static str, String> = BTreeMap::new();
     builtins.insert("HOME", host.home.to_string_lossy().into_owned());
     builtins.insert("USER", identity_name.clone());
@@ -259,7 +420,10 @@ fn resolve(
     // The project root may use every variable but $PROJECT itself.
     let root_raw = s.project.root.clone();
     let project = {
-        let vars = Vars { builtins: builtins.clone(), env: &host.env };
+        let vars = Vars {
+            builtins: builtins.clone(),
+            env: &host.env,
+        };
         match &root_raw {
             Some(r) => match vars.expand(&r.value) {
                 Ok(p) => normalise(&base_dir.join(p)),
@@ -273,20 +437,39 @@ fn resolve(
     };
     let project = match project.canonicalize() {
         Ok(p) if p.is_dir() => p,
-        Ok(p) => return Err(EvalError::BadProject { path: p, why: "not a directory".into() }),
+        Ok(p) => {
+            return Err(EvalError::BadProject {
+                path: p,
+                why: "not a directory".into(),
+            })
+        }
         Err(e) => {
             if let Some(r) = &root_raw {
-                cx.err(r.loc, format!("project root `{}` does not exist: {e}", project.display()), "project root", None);
+                cx.err(
+                    r.loc,
+                    format!("project root `{}` does not exist: {e}", project.display()),
+                    "project root",
+                    None,
+                );
                 return Err(ConfigErrors::new(std::mem::take(&mut cx.errors.list)).into());
             }
-            return Err(EvalError::BadProject { path: project, why: e.to_string() });
+            return Err(EvalError::BadProject {
+                path: project,
+                why: e.to_string(),
+            });
         }
     };
     if project == Path::new("/") || project == host.home {
-        return Err(EvalError::BadProject { path: project, why: "it would share everything under it".into() });
+        return Err(EvalError::BadProject {
+            path: project,
+            why: "it would share everything under it".into(),
+        });
     }
     builtins.insert("PROJECT", project.to_string_lossy().into_owned());
-    let vars = Vars { builtins, env: &host.env };
+    let vars = Vars {
+        builtins,
+        env: &host.env,
+    };
     let expand = |cx: &mut Ctx<'_>, v: &Spanned<String>| -> Option<String> {
         match vars.expand(&v.value) {
             Ok(x) => Some(x),
@@ -309,15 +492,31 @@ fn resolve(
         (false, a) => a.unwrap_or(Access::Rw),
     };
     let sandbox = req.sandbox.clone().unwrap_or_else(|| "default".into());
-    let dir_name = project.file_name().map_or_else(|| "root".into(), |n| n.to_string_lossy().into_owned());
-    let state_dir = host.cache_home().join("aisb")
-        .join(format!("{dir_name}-{}", sha_hex(project.as_os_str().as_encoded_bytes())))
+    let dir_name = project
+        .file_name()
+        .map_or_else(|| "root".into(), |n| n.to_string_lossy().into_owned());
+    let state_dir = host
+        .cache_home()
+        .join("aisb")
+        .join(format!(
+            "{dir_name}-{}",
+            sha_hex(project.as_os_str().as_encoded_bytes())
+        ))
         .join(&sandbox);
-    let identity = Identity { uid, gid, name: identity_name, home: host.home.clone() };
+    let identity = Identity {
+        uid,
+        gid,
+        name: identity_name,
+        home: host.home.clone(),
+    };
 
     // ---- system paths ---------------------------------------------------------------------
     let mut system = Vec::new();
-    for p in SYSTEM_PATHS.iter().map(PathBuf::from).chain(ETC_PATHS.iter().map(|e| Path::new("/etc").join(e))) {
+    for p in SYSTEM_PATHS
+        .iter()
+        .map(PathBuf::from)
+        .chain(ETC_PATHS.iter().map(|e| Path::new("/etc").join(e)))
+    {
         match std::fs::symlink_metadata(&p) {
             Ok(m) if m.file_type().is_symlink() && p.parent() == Some(Path::new("/")) => {
                 if let Ok(target) = std::fs::read_link(&p) {
@@ -331,22 +530,39 @@ fn resolve(
 
     // ---- mounts ----------------------------------------------------------------------------
     let slug = |target: &Path| {
-        let name = target.file_name().map_or_else(|| "root".into(), |n| n.to_string_lossy().into_owned());
-        format!("{}-{name}", &sha_hex(target.as_os_str().as_encoded_bytes())[..16])
+        let name = target
+            .file_name()
+            .map_or_else(|| "root".into(), |n| n.to_string_lossy().into_owned());
+        format!(
+            "{}-{name}",
+            &sha_hex(target.as_os_str().as_encoded_bytes())[..16]
+        )
     };
     let cow = |source: &Path, target: &Path| -> MountKind {
         if source.is_dir() {
             let d = state_dir.join("overlay").join(slug(target));
-            MountKind::Overlay { lower: source.to_path_buf(), upper: d.join("upper"), work: d.join("work") }
+            MountKind::Overlay {
+                lower: source.to_path_buf(),
+                upper: d.join("upper"),
+                work: d.join("work"),
+            }
         } else {
-            let name = target.file_name().map_or_else(|| "file".into(), |n| n.to_os_string());
-            MountKind::Copy { source: source.to_path_buf(), copy: state_dir.join("copy").join(slug(target)).join(name) }
+            let name = target
+                .file_name()
+                .map_or_else(|| "file".into(), |n| n.to_os_string());
+            MountKind::Copy {
+                source: source.to_path_buf(),
+                copy: state_dir.join("copy").join(slug(target)).join(name),
+            }
         }
     };
     let bind = |source: &Path, access: Access, target: &Path| -> MountKind {
         match access {
             Access::Overlay => cow(source, target),
-            a => MountKind::Bind { source: source.to_path_buf(), writable: a == Access::Rw && !read_only },
+            a => MountKind::Bind {
+                source: source.to_path_buf(),
+                writable: a == Access::Rw && !read_only,
+            },
         }
     };
     let mut mounts: Vec<Mount> = Vec::new();
@@ -354,62 +570,143 @@ fn resolve(
     let home = host.home.clone();
     if home != Path::new("/") {
         let kind = match home_mode {
-            HomeMode::Empty => MountKind::Tmpfs { size: None, mode: 0o700, owner: Some((uid, gid)) },
+            HomeMode::Empty => MountKind::Tmpfs {
+                size: None,
+                mode: 0o700,
+                owner: Some((uid, gid)),
+            },
             HomeMode::Ro => bind(&home, Access::Ro, &home),
             HomeMode::Overlay => cow(&home, &home),
         };
-        mounts.push(Mount { target: home.clone(), kind, why: format!("home ({})", match home_mode {
-            HomeMode::Empty => "empty", HomeMode::Ro => "read-only", HomeMode::Overlay => "copy-on-write" }) });
+        mounts.push(Mount {
+            target: home.clone(),
+            kind,
+            why: format!(
+                "home ({})",
+                match home_mode {
+                    HomeMode::Empty => "empty",
+                    HomeMode::Ro => "read-only",
+                    HomeMode::Overlay => "copy-on-write",
+                }
+            ),
+        });
     }
-    mounts.push(Mount { target: PathBuf::from("/tmp"), kind: MountKind::Tmpfs { size: None, mode: 0o1777, owner: None }, why: "private /tmp".into() });
-    mounts.push(Mount { target: project.clone(), kind: bind(&project, project_access, &project), why: "project".into() });
+    mounts.push(Mount {
+        target: PathBuf::from("/tmp"),
+        kind: MountKind::Tmpfs {
+            size: None,
+            mode: 0o1777,
+            owner: None,
+        },
+        why: "private /tmp".into(),
+    });
+    mounts.push(Mount {
+        target: project.clone(),
+        kind: bind(&project, project_access, &project),
+        why: "project".into(),
+    });
 
     let shell = match &s.process.shell {
         Some(sh) => expand(cx, sh).map(PathBuf::from),
         None => None,
-    }.or_else(|| host.env.get("SHELL").map(PathBuf::from).filter(|p| p.is_absolute() && p.exists()))
-     .unwrap_or_else(|| PathBuf::from(if Path::new("/bin/bash").exists() { "/bin/bash" } else { "/bin/sh" }));
+    }
+    .or_else(|| {
+        host.env
+            .get("SHELL")
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute() && p.exists())
+    })
+    .unwrap_or_else(|| {
+        PathBuf::from(if Path::new("/bin/bash").exists() {
+            "/bin/bash"
+        } else {
+            "/bin/sh"
+        })
+    });
     // Seed 004: a fish user gets fish inside, with their fish config read-only.
     if shell.file_name().is_some_and(|n| n == "fish") {
         let fish = home.join(".config/fish");
         if fish.is_dir() && home_mode == HomeMode::Empty {
-            mounts.push(Mount { target: fish.clone(), kind: MountKind::Bind { source: fish, writable: false }, why: "fish config (your shell is fish)".into() });
+            mounts.push(Mount {
+                target: fish.clone(),
+                kind: MountKind::Bind {
+                    source: fish,
+                    writable: false,
+                },
+                why: "fish config (your shell is fish)".into(),
+            });
         }
     }
 
     for m in &s.mounts {
-        let Some(source) = path(cx, &m.source) else { continue };
+        let Some(source) = path(cx, &m.source) else {
+            continue;
+        };
         let target = match &m.target {
-            Some(t) => match path(cx, t) { Some(p) => p, None => continue },
+            Some(t) => match path(cx, t) {
+                Some(p) => p,
+                None => continue,
+            },
             None => source.clone(),
         };
         if !source.exists() {
             if !m.optional {
-                cx.err(m.source.loc, format!("`{}` does not exist", source.display()), "mount source",
-                    Some("create it, fix the path, or add optional=#true to skip it when missing".into()));
+                cx.err(
+                    m.source.loc,
+                    format!("`{}` does not exist", source.display()),
+                    "mount source",
+                    Some(
+                        "create it, fix the path, or add optional=#true to skip it when missing"
+                            .into(),
+                    ),
+                );
             }
             continue;
         }
-        if matches!(target.components().nth(1), Some(Component::Normal(n)) if n == "proc" || n == "dev" || n == "sys") {
-            cx.err(m.loc, format!("cannot mount over `{}`", target.display()), "mount target",
-                Some("/proc, /dev and /sys are managed by the sandbox".into()));
+        if matches!(target.components().nth(1), Some(Component::Normal(n)) if n == "proc" || n == "dev" || n == "sys")
+        {
+            cx.err(
+                m.loc,
+                format!("cannot mount over `{}`", target.display()),
+                "mount target",
+                Some("/proc, /dev and /sys are managed by the sandbox".into()),
+            );
             continue;
         }
         let (file, line) = loc_line(cx, m.loc);
         mounts.retain(|x| x.target != target);
-        mounts.push(Mount { target: target.clone(), kind: bind(&source, m.access, &target), why: format!("mount at {file}:{line}") });
+        mounts.push(Mount {
+            target: target.clone(),
+            kind: bind(&source, m.access, &target),
+            why: format!("mount at {file}:{line}"),
+        });
     }
     for t in &s.tmpfs {
-        let Some(target) = path(cx, &t.target) else { continue };
+        let Some(target) = path(cx, &t.target) else {
+            continue;
+        };
         let (file, line) = loc_line(cx, t.loc);
         mounts.retain(|x| x.target != target);
-        mounts.push(Mount { target, kind: MountKind::Tmpfs { size: t.size, mode: 0o1777, owner: None }, why: format!("tmpfs at {file}:{line}") });
+        mounts.push(Mount {
+            target,
+            kind: MountKind::Tmpfs {
+                size: t.size,
+                mode: 0o1777,
+                owner: None,
+            },
+            why: format!("tmpfs at {file}:{line}"),
+        });
     }
     // Parents before children; stable, so equal depths keep their declared order.
     mounts.sort_by_key(|m| m.target.components().count());
 
     // ---- env -------------------------------------------------------------------------------
-    let set: Vec<(String, String)> = s.env.set.iter().filter_map(|(k, v)| Some((k.value.clone(), expand(cx, v)?))).collect();
+    let set: Vec<(String, String)> = s
+        .env
+        .set
+        .iter()
+        .filter_map(|(k, v)| Some((k.value.clone(), expand(cx, v)?)))
+        .collect();
     let forced = [
         ("HOME", home.to_string_lossy().into_owned()),
         ("USER", identity.name.clone()),
@@ -417,14 +714,28 @@ fn resolve(
         ("SHELL", shell.to_string_lossy().into_owned()),
     ];
     let strings = |v: &[Spanned<String>]| v.iter().map(|x| x.value.clone()).collect::<Vec<_>>();
-    let (allow, deny, pass) = (strings(&s.env.allow), strings(&s.env.deny), strings(&s.env.pass));
-    let mut env = env::filter(&host.env, &env::EnvPolicy {
-        inherit: s.env.inherit.as_ref().map_or(Inherit::Safe, |i| i.value),
-        filter_secrets: s.env.filter_secrets.as_ref().is_none_or(|b| b.value),
-        allow: &allow, deny: &deny, pass: &pass, set: &set, forced: &forced,
-    });
+    let (allow, deny, pass) = (
+        strings(&s.env.allow),
+        strings(&s.env.deny),
+        strings(&s.env.pass),
+    );
+    let mut env = env::filter(
+        &host.env,
+        &env::EnvPolicy {
+            inherit: s.env.inherit.as_ref().map_or(Inherit::Safe, |i| i.value),
+            filter_secrets: s.env.filter_secrets.as_ref().is_none_or(|b| b.value),
+            allow: &allow,
+            deny: &deny,
+            pass: &pass,
+            set: &set,
+            forced: &forced,
+        },
+    );
     if !env.vars.iter().any(|(k, _)| k == "PATH") {
-        env.vars.push(("PATH".into(), "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin".into()));
+        env.vars.push((
+            "PATH".into(),
+            "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin".into(),
+        ));
         env.vars.sort();
     }
 
@@ -438,22 +749,54 @@ fn resolve(
     }
     for g in &s.network.groups {
         match groups.get(&g.value) {
-            Some(list) => allow_rules.extend(list.iter().filter_map(|d| DomainRule::parse(d).ok()).map(|r| r.to_string())),
+            Some(list) => allow_rules.extend(
+                list.iter()
+                    .filter_map(|d| DomainRule::parse(d).ok())
+                    .map(|r| r.to_string()),
+            ),
             None => {
-                let hint = crate::config::diag::suggest(&g.value, groups.keys().map(String::as_str));
-                cx.err(g.loc, format!("unknown domain group `{}`", g.value), "no such group", Some(hint.map_or_else(
-                    || format!("known groups: {}; define one with `domains \"NAME\" \"a.com\" …`", groups.keys().cloned().collect::<Vec<_>>().join(", ")),
-                    |h| format!("did you mean `{h}`?"))));
+                let hint =
+                    crate::config::diag::suggest(&g.value, groups.keys().map(String::as_str));
+                cx.err(
+                    g.loc,
+                    format!("unknown domain group `{}`", g.value),
+                    "no such group",
+                    Some(hint.map_or_else(
+                        || {
+                            format!(
+                                "known groups: {}; define one with `domains \"NAME\" \"a.com\" …`",
+                                groups.keys().cloned().collect::<Vec<_>>().join(", ")
+                            )
+                        },
+                        |h| format!("did you mean `{h}`?"),
+                    )),
+                );
             }
         }
     }
-    let deny_rules: BTreeSet<String> = s.network.deny.iter().filter_map(|d| DomainRule::parse(&d.value).ok()).map(|r| r.to_string()).collect();
+    let deny_rules: BTreeSet<String> = s
+        .network
+        .deny
+        .iter()
+        .filter_map(|d| DomainRule::parse(&d.value).ok())
+        .map(|r| r.to_string())
+        .collect();
     let mut ports: Vec<u16> = s.network.localhost_ports.iter().map(|p| p.value).collect();
     ports.sort_unstable();
     ports.dedup();
     let network = match mode {
-        NetMode::Allow => Network { mode, allow: allow_rules.into_iter().collect(), deny: deny_rules.into_iter().collect(), localhost_ports: ports },
-        _ => Network { mode, allow: vec![], deny: vec![], localhost_ports: vec![] },
+        NetMode::Allow => Network {
+            mode,
+            allow: allow_rules.into_iter().collect(),
+            deny: deny_rules.into_iter().collect(),
+            localhost_ports: ports,
+        },
+        _ => Network {
+            mode,
+            allow: vec![],
+            deny: vec![],
+            localhost_ports: vec![],
+        },
     };
 
     // ---- process ---------------------------------------------------------------------------
@@ -471,11 +814,23 @@ fn resolve(
     };
     let mut rlimits: Vec<Rlimit> = Vec::new();
     for r in &s.process.rlimits {
-        let kind = RLIMITS.iter().find(|(n, _)| *n == r.resource.value).map_or("", |(_, k)| k).to_string();
+        let kind = RLIMITS
+            .iter()
+            .find(|(n, _)| *n == r.resource.value)
+            .map_or("", |(_, k)| k)
+            .to_string();
         rlimits.retain(|x| x.kind != kind);
-        rlimits.push(Rlimit { kind, soft: r.soft, hard: r.hard });
+        rlimits.push(Rlimit {
+            kind,
+            soft: r.soft,
+            hard: r.hard,
+        });
     }
-    let hostname = s.process.hostname.as_ref().map_or_else(|| "aisb".to_string(), |h| h.value.clone());
+    let hostname = s
+        .process
+        .hostname
+        .as_ref()
+        .map_or_else(|| "aisb".to_string(), |h| h.value.clone());
 
     // ---- tasks -----------------------------------------------------------------------------
     let mut tasks: BTreeMap<String, Task> = BTreeMap::new();
@@ -484,8 +839,15 @@ fn resolve(
             if let Some(p) = &t.profile {
                 if p.value != "default" && !profiles.contains_key(p.value.as_str()) {
                     let hint = crate::config::diag::suggest(&p.value, profiles.keys().copied());
-                    cx.err(p.loc, format!("task `{}` names unknown profile `{}`", t.name.value, p.value), "no such profile",
-                        hint.map(|h| format!("did you mean `{h}`?")));
+                    cx.err(
+                        p.loc,
+                        format!(
+                            "task `{}` names unknown profile `{}`",
+                            t.name.value, p.value
+                        ),
+                        "no such profile",
+                        hint.map(|h| format!("did you mean `{h}`?")),
+                    );
                 }
             }
             let args = if t.run.value.len() == 1 {
@@ -494,9 +856,22 @@ fn resolve(
                 t.run.value.clone()
             };
             let cwd = t.cwd.as_ref().and_then(|c| path(cx, c));
-            let env = t.env.iter().filter_map(|(k, v)| Some((k.value.clone(), expand(cx, v)?))).collect();
-            tasks.insert(t.name.value.clone(), Task { name: t.name.value.clone(), description: t.description.clone(),
-                args, profile: t.profile.as_ref().map(|p| p.value.clone()), cwd, env });
+            let env = t
+                .env
+                .iter()
+                .filter_map(|(k, v)| Some((k.value.clone(), expand(cx, v)?)))
+                .collect();
+            tasks.insert(
+                t.name.value.clone(),
+                Task {
+                    name: t.name.value.clone(),
+                    description: t.description.clone(),
+                    args,
+                    profile: t.profile.as_ref().map(|p| p.value.clone()),
+                    cwd,
+                    env,
+                },
+            );
         }
     }
 
@@ -519,8 +894,11 @@ fn resolve(
         block_patterns.extend(masks::DEFAULT_SENSITIVE.iter().map(|s| s.to_string()));
     }
     let allow_patterns: Vec<&str> = s.allow.iter().map(|a| a.value.as_str()).collect();
-    let tool_patterns: Vec<&str> = masks::DEFAULT_TOOL_DIRS.iter().copied()
-        .chain(s.secrets.tool_dirs.iter().map(|t| t.value.as_str())).collect();
+    let tool_patterns: Vec<&str> = masks::DEFAULT_TOOL_DIRS
+        .iter()
+        .copied()
+        .chain(s.secrets.tool_dirs.iter().map(|t| t.value.as_str()))
+        .collect();
     if !cx.errors.is_empty() {
         return Err(ConfigErrors::new(std::mem::take(&mut cx.errors.list)).into());
     }
@@ -529,26 +907,67 @@ fn resolve(
     let tool_set = PatternSet::new(tool_patterns.iter().copied());
     let gitignored = s.secrets.gitignored.as_ref().is_none_or(|b| b.value);
     let git_crypt = s.secrets.git_crypt.as_ref().is_none_or(|b| b.value);
-    let block_rule = |p: &str| if explicit.contains(p) { format!("block \"{p}\"") } else { format!("sensitive \"{p}\"") };
-    let key = sha_hex(serde_json::to_string(&(&block_patterns, &allow_patterns, &tool_patterns, gitignored, git_crypt, "v1"))
-        .unwrap_or_default().as_bytes());
-    let rules = scan::ScanRules { block: &block_set, block_rule: &block_rule, allow: &allow_set, tool_dirs: &tool_set, gitignored, git_crypt, key };
-    let cache_dir = req.use_cache.then(|| host.cache_home().join("aisb").join("scan"));
+    let block_rule = |p: &str| {
+        if explicit.contains(p) {
+            format!("block \"{p}\"")
+        } else {
+            format!("sensitive \"{p}\"")
+        }
+    };
+    let key = sha_hex(
+        serde_json::to_string(&(
+            &block_patterns,
+            &allow_patterns,
+            &tool_patterns,
+            gitignored,
+            git_crypt,
+            "v1",
+        ))
+        .unwrap_or_default()
+        .as_bytes(),
+    );
+    let rules = scan::ScanRules {
+        block: &block_set,
+        block_rule: &block_rule,
+        allow: &allow_set,
+        tool_dirs: &tool_set,
+        gitignored,
+        git_crypt,
+        key,
+    };
+    let cache_dir = req
+        .use_cache
+        .then(|| host.cache_home().join("aisb").join("scan"));
     let scanned = scan::scan(&project, &rules, cache_dir.as_deref())?;
-    let mut mask_list: Vec<Mask> = scanned.masks.iter()
-        .map(|m| Mask { path: project.join(&m.rel), dir: m.dir, rule: m.rule.clone() }).collect();
+    let mut mask_list: Vec<Mask> = scanned
+        .masks
+        .iter()
+        .map(|m| Mask {
+            path: project.join(&m.rel),
+            dir: m.dir,
+            rule: m.rule.clone(),
+        })
+        .collect();
     let home_visible = home_mode != HomeMode::Empty;
     if home_visible && defaults {
         for rel in masks::HOME_SENSITIVE {
             let p = home.join(rel);
             if let Ok(m) = std::fs::symlink_metadata(&p) {
-                mask_list.push(Mask { dir: m.is_dir(), path: p, rule: format!("home \"~/{rel}\"") });
+                mask_list.push(Mask {
+                    dir: m.is_dir(),
+                    path: p,
+                    rule: format!("home \"~/{rel}\""),
+                });
             }
         }
     }
     for (p, rule) in outside {
         if let Ok(m) = std::fs::symlink_metadata(&p) {
-            mask_list.push(Mask { dir: m.is_dir(), path: p, rule });
+            mask_list.push(Mask {
+                dir: m.is_dir(),
+                path: p,
+                rule,
+            });
         }
     }
     // A mask only matters where something is mounted; it must also never hide a mount's root
@@ -562,7 +981,10 @@ fn resolve(
     let mut profile_list: Vec<String> = profiles.keys().map(|s| s.to_string()).collect();
     profile_list.sort();
     Ok(Plan {
-        config_file: match &cx.loaded.root_kind { Root::File(p) | Root::Text { path: p, .. } => Some(p.clone()), Root::Default { .. } => None },
+        config_file: match &cx.loaded.root_kind {
+            Root::File(p) | Root::Text { path: p, .. } => Some(p.clone()),
+            Root::Default { .. } => None,
+        },
         profile: profile_name,
         project,
         project_access,
@@ -572,10 +994,21 @@ fn resolve(
         system,
         mounts,
         masks: mask_list,
-        scan: ScanSummary { git: scanned.git, cached: scanned.from_cache, entries: scanned.entries_seen, notes: scanned.notes },
+        scan: ScanSummary {
+            git: scanned.git,
+            cached: scanned.from_cache,
+            entries: scanned.entries_seen,
+            notes: scanned.notes,
+        },
         env,
         network,
-        process: Process { args, cwd, shell, hostname, rlimits },
+        process: Process {
+            args,
+            cwd,
+            shell,
+            hostname,
+            rlimits,
+        },
         tasks: tasks.into_values().collect(),
         profiles: profile_list,
     })

@@ -61,12 +61,26 @@ pub struct Mount {
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum MountKind {
-    Bind { source: PathBuf, writable: bool },
+    Bind {
+        source: PathBuf,
+        writable: bool,
+    },
     /// Copy-on-write directory: overlayfs with the host path as the lower layer.
-    Overlay { lower: PathBuf, upper: PathBuf, work: PathBuf },
+    Overlay {
+        lower: PathBuf,
+        upper: PathBuf,
+        work: PathBuf,
+    },
     /// Copy-on-write file: a private copy taken when the sandbox is created.
-    Copy { source: PathBuf, copy: PathBuf },
-    Tmpfs { size: Option<u64>, mode: u32, owner: Option<(u32, u32)> },
+    Copy {
+        source: PathBuf,
+        copy: PathBuf,
+    },
+    Tmpfs {
+        size: Option<u64>,
+        mode: u32,
+        owner: Option<(u32, u32)>,
+    },
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -60,11 +60,21 @@ pub struct ScanResult {
 #[derive(Debug, thiserror::Error)]
 pub enum ScanError {
     #[error("could not run git in {root}: {source}")]
-    Git { root: PathBuf, source: std::io::Error },
+    Git {
+        root: PathBuf,
+        source: std::io::Error,
+    },
     #[error("`git {args}` failed in {root}: {stderr}")]
-    GitFailed { root: PathBuf, args: String, stderr: String },
+    GitFailed {
+        root: PathBuf,
+        args: String,
+        stderr: String,
+    },
     #[error("could not read {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{root} has more than {MAX_WALK_ENTRIES} entries and is not a git repository")]
     TooBig { root: PathBuf },
 }
@@ -88,15 +98,25 @@ struct Stamp {
 
 fn stamp(path: &Path) -> Option<Stamp> {
     let m = fs::symlink_metadata(path).ok()?;
-    Some(Stamp { mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128, size: m.size(), ino: m.ino() })
+    Some(Stamp {
+        mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
+        size: m.size(),
+        ino: m.ino(),
+    })
 }
 
 fn now_ns() -> i128 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i128)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i128)
 }
 
 /// Scan `root` (or reuse the cache in `cache_dir`).
-pub fn scan(root: &Path, rules: &ScanRules<'_>, cache_dir: Option<&Path>) -> Result<ScanResult, ScanError> {
+pub fn scan(
+    root: &Path,
+    rules: &ScanRules<'_>,
+    cache_dir: Option<&Path>,
+) -> Result<ScanResult, ScanError> {
     let cache_path = cache_dir.map(|d| {
         let mut h = Sha256::new();
         h.update(root.as_os_str().as_encoded_bytes());
@@ -118,11 +138,20 @@ pub fn scan(root: &Path, rules: &ScanRules<'_>, cache_dir: Option<&Path>) -> Res
     if let Some(p) = &cache_path {
         stamped.sort();
         stamped.dedup();
-        let stamps = stamped.into_iter().map(|rel| {
-            let s = stamp(&root.join(&rel));
-            (rel, s)
-        }).collect();
-        let cache = CacheFile { version: CACHE_VERSION, key: rules.key.clone(), scan_start_ns: start, stamps, result: result.clone() };
+        let stamps = stamped
+            .into_iter()
+            .map(|rel| {
+                let s = stamp(&root.join(&rel));
+                (rel, s)
+            })
+            .collect();
+        let cache = CacheFile {
+            version: CACHE_VERSION,
+            key: rules.key.clone(),
+            scan_start_ns: start,
+            stamps,
+            result: result.clone(),
+        };
         // A cache we cannot write only costs time on the next run.
         let _ = write_atomic(p, &serde_json::to_vec(&cache).unwrap_or_default());
     }
@@ -172,21 +201,35 @@ fn git_dir(root: &Path) -> Option<PathBuf> {
     if !out.status.success() {
         return None;
     }
-    Some(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim_end()))
+    Some(PathBuf::from(
+        String::from_utf8_lossy(&out.stdout).trim_end(),
+    ))
 }
 
 fn git(root: &Path, args: &[&str], stdin: Option<&[u8]>) -> Result<Vec<u8>, ScanError> {
     let mut cmd = Command::new("git");
-    cmd.args(["-c", "core.quotepath=off"]).args(args).current_dir(root);
-    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
+    cmd.args(["-c", "core.quotepath=off"])
+        .args(args)
+        .current_dir(root);
+    cmd.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    });
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = cmd.spawn().map_err(|source| ScanError::Git { root: root.into(), source })?;
+    let mut child = cmd.spawn().map_err(|source| ScanError::Git {
+        root: root.into(),
+        source,
+    })?;
     let writer = stdin.map(|input| {
         let mut w = child.stdin.take().expect("stdin piped");
         let input = input.to_vec();
         std::thread::spawn(move || w.write_all(&input))
     });
-    let out = child.wait_with_output().map_err(|source| ScanError::Git { root: root.into(), source })?;
+    let out = child.wait_with_output().map_err(|source| ScanError::Git {
+        root: root.into(),
+        source,
+    })?;
     if let Some(w) = writer {
         let _ = w.join();
     }
@@ -201,7 +244,10 @@ fn git(root: &Path, args: &[&str], stdin: Option<&[u8]>) -> Result<Vec<u8>, Scan
 }
 
 fn split_z(bytes: &[u8]) -> impl Iterator<Item = String> + '_ {
-    bytes.split(|b| *b == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned())
+    bytes
+        .split(|b| *b == 0)
+        .filter(|s| !s.is_empty())
+        .map(|s| String::from_utf8_lossy(s).into_owned())
 }
 
 /// Collects masks, never masking beneath an already masked directory.
@@ -212,16 +258,24 @@ struct Collector {
 
 impl Collector {
     fn add(&mut self, rel: &str, dir: bool, rule: String) {
-        self.masks.entry(rel.to_string()).or_insert(Masked { rel: rel.to_string(), dir, rule });
+        self.masks.entry(rel.to_string()).or_insert(Masked {
+            rel: rel.to_string(),
+            dir,
+            rule,
+        });
     }
 
     fn finish(self) -> Vec<Masked> {
         // Drop entries under a masked directory: the directory mask hides them already.
         let mut out: Vec<Masked> = Vec::new();
         for m in self.masks.into_values() {
-            let covered = out.iter().rev().take_while(|p| m.rel.starts_with(&p.rel)).any(|p| {
-                p.dir && m.rel.len() > p.rel.len() && m.rel.as_bytes()[p.rel.len()] == b'/'
-            });
+            let covered = out
+                .iter()
+                .rev()
+                .take_while(|p| m.rel.starts_with(&p.rel))
+                .any(|p| {
+                    p.dir && m.rel.len() > p.rel.len() && m.rel.as_bytes()[p.rel.len()] == b'/'
+                });
             if !covered {
                 out.push(m);
             }
@@ -231,7 +285,13 @@ impl Collector {
 }
 
 /// Check one path (and its not-yet-checked ancestor dirs) against allow and block.
-fn classify(rules: &ScanRules<'_>, seen_dirs: &mut HashSet<String>, col: &mut Collector, rel: &str, is_dir: bool) {
+fn classify(
+    rules: &ScanRules<'_>,
+    seen_dirs: &mut HashSet<String>,
+    col: &mut Collector,
+    rel: &str,
+    is_dir: bool,
+) {
     for (i, c) in rel.char_indices() {
         if c == '/' {
             let dir = &rel[..i];
@@ -253,13 +313,27 @@ fn classify(rules: &ScanRules<'_>, seen_dirs: &mut HashSet<String>, col: &mut Co
     }
 }
 
-fn scan_git(root: &Path, git_dir: &Path, rules: &ScanRules<'_>) -> Result<(ScanResult, Vec<String>), ScanError> {
+fn scan_git(
+    root: &Path,
+    git_dir: &Path,
+    rules: &ScanRules<'_>,
+) -> Result<(ScanResult, Vec<String>), ScanError> {
     let mut col = Collector::default();
     let mut seen_dirs = HashSet::new();
     let mut notes = Vec::new();
     let mut entries_seen = 0;
 
-    let visible = git(root, &["ls-files", "-z", "--cached", "--others", "--exclude-standard"], None)?;
+    let visible = git(
+        root,
+        &[
+            "ls-files",
+            "-z",
+            "--cached",
+            "--others",
+            "--exclude-standard",
+        ],
+        None,
+    )?;
     let mut attr_files = Vec::new();
     let mut tracked_or_visible: Vec<String> = Vec::new();
     for rel in split_z(&visible) {
@@ -271,7 +345,13 @@ fn scan_git(root: &Path, git_dir: &Path, rules: &ScanRules<'_>) -> Result<(ScanR
         tracked_or_visible.push(rel);
     }
 
-    let mut ignored_args = vec!["ls-files", "-z", "--others", "--ignored", "--exclude-standard"];
+    let mut ignored_args = vec![
+        "ls-files",
+        "-z",
+        "--others",
+        "--ignored",
+        "--exclude-standard",
+    ];
     if rules.gitignored {
         ignored_args.push("--directory");
     }
@@ -283,7 +363,8 @@ fn scan_git(root: &Path, git_dir: &Path, rules: &ScanRules<'_>) -> Result<(ScanR
         if rel.is_empty() {
             continue;
         }
-        let exempt = rules.allow.covers(rel, is_dir).is_some() || rules.tool_dirs.covers(rel, is_dir).is_some();
+        let exempt = rules.allow.covers(rel, is_dir).is_some()
+            || rules.tool_dirs.covers(rel, is_dir).is_some();
         if rules.gitignored && !exempt {
             col.add(rel, is_dir, "gitignored".into());
             continue;
@@ -301,20 +382,28 @@ fn scan_git(root: &Path, git_dir: &Path, rules: &ScanRules<'_>) -> Result<(ScanR
         }
     }
     if !rules.gitignored {
-        notes.push("gitignored layer off: ignored files are masked only when a pattern matches".into());
+        notes.push(
+            "gitignored layer off: ignored files are masked only when a pattern matches".into(),
+        );
     }
 
     if rules.git_crypt {
-        let mentions = attr_files.iter().any(|f| {
-            fs::read(root.join(f)).is_ok_and(|b| b.windows(9).any(|w| w == b"git-crypt"))
-        }) || fs::read(git_dir.join("info/attributes")).is_ok_and(|b| b.windows(9).any(|w| w == b"git-crypt"));
+        let mentions = attr_files
+            .iter()
+            .any(|f| fs::read(root.join(f)).is_ok_and(|b| b.windows(9).any(|w| w == b"git-crypt")))
+            || fs::read(git_dir.join("info/attributes"))
+                .is_ok_and(|b| b.windows(9).any(|w| w == b"git-crypt"));
         if mentions {
             let mut input = Vec::new();
             for f in &tracked_or_visible {
                 input.extend_from_slice(f.as_bytes());
                 input.push(0);
             }
-            let out = git(root, &["check-attr", "-z", "--stdin", "filter"], Some(&input))?;
+            let out = git(
+                root,
+                &["check-attr", "-z", "--stdin", "filter"],
+                Some(&input),
+            )?;
             let fields: Vec<String> = split_z(&out).collect();
             for chunk in fields.chunks(3) {
                 if let [path, _attr, value] = chunk {
@@ -328,9 +417,16 @@ fn scan_git(root: &Path, git_dir: &Path, rules: &ScanRules<'_>) -> Result<(ScanR
 
     let masks = col.finish();
     // Record every directory not hidden by a mask, and git's control files.
-    let masked_dirs: BTreeSet<&str> = masks.iter().filter(|m| m.dir).map(|m| m.rel.as_str()).collect();
+    let masked_dirs: BTreeSet<&str> = masks
+        .iter()
+        .filter(|m| m.dir)
+        .map(|m| m.rel.as_str())
+        .collect();
     let mut stamped = vec![String::new()];
-    let git_rel = git_dir.strip_prefix(root).ok().map(|p| p.to_string_lossy().into_owned());
+    let git_rel = git_dir
+        .strip_prefix(root)
+        .ok()
+        .map(|p| p.to_string_lossy().into_owned());
     walk_dirs(root, &masked_dirs, git_rel.as_deref(), &mut stamped)?;
     for f in ["index", "HEAD", "info/exclude", "info/attributes", "config"] {
         stamped.push(git_dir.join(f).to_string_lossy().into_owned());
@@ -346,16 +442,30 @@ fn scan_git(root: &Path, git_dir: &Path, rules: &ScanRules<'_>) -> Result<(ScanR
     if let Some(global) = global_excludes() {
         stamped.push(global.to_string_lossy().into_owned());
     }
-    Ok((ScanResult { masks, notes, git: true, entries_seen, from_cache: false }, stamped))
+    Ok((
+        ScanResult {
+            masks,
+            notes,
+            git: true,
+            entries_seen,
+            from_cache: false,
+        },
+        stamped,
+    ))
 }
 
 fn global_excludes() -> Option<PathBuf> {
-    let out = Command::new("git").args(["config", "--path", "core.excludesFile"]).stderr(Stdio::null()).output().ok()?;
+    let out = Command::new("git")
+        .args(["config", "--path", "core.excludesFile"])
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
     let s = String::from_utf8_lossy(&out.stdout).trim().to_string();
     if !s.is_empty() {
         return Some(PathBuf::from(s));
     }
-    let base = std::env::var_os("XDG_CONFIG_HOME").map(PathBuf::from)
+    let base = std::env::var_os("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
     Some(base.join("git/ignore"))
 }
@@ -377,11 +487,25 @@ fn scan_plain(root: &Path, rules: &ScanRules<'_>) -> Result<(ScanResult, Vec<Str
         return Err(ScanError::TooBig { root: root.into() });
     }
     let masks = col.finish();
-    let masked_dirs: BTreeSet<&str> = masks.iter().filter(|m| m.dir).map(|m| m.rel.as_str()).collect();
+    let masked_dirs: BTreeSet<&str> = masks
+        .iter()
+        .filter(|m| m.dir)
+        .map(|m| m.rel.as_str())
+        .collect();
     let mut stamped = vec![String::new()];
     walk_dirs(root, &masked_dirs, None, &mut stamped)?;
-    let notes = vec!["not a git repository: the gitignored and git-crypt layers do not apply".to_string()];
-    Ok((ScanResult { masks, notes, git: false, entries_seen, from_cache: false }, stamped))
+    let notes =
+        vec!["not a git repository: the gitignored and git-crypt layers do not apply".to_string()];
+    Ok((
+        ScanResult {
+            masks,
+            notes,
+            git: false,
+            entries_seen,
+            from_cache: false,
+        },
+        stamped,
+    ))
 }
 
 /// Walk `dir`, calling `f(relative path, is_dir)` for every entry (not following symlinks).
@@ -389,9 +513,17 @@ fn walk(dir: &Path, f: &mut dyn FnMut(&str, bool)) -> Result<(), ScanError> {
     for entry in walkdir::WalkDir::new(dir).min_depth(1).follow_links(false) {
         let entry = match entry {
             Ok(e) => e,
-            Err(e) if e.io_error().is_some_and(|io| io.kind() == std::io::ErrorKind::PermissionDenied) => continue,
+            Err(e)
+                if e.io_error()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::PermissionDenied) =>
+            {
+                continue
+            }
             Err(e) => {
-                return Err(ScanError::Io { path: e.path().unwrap_or(dir).to_path_buf(), source: e.into() })
+                return Err(ScanError::Io {
+                    path: e.path().unwrap_or(dir).to_path_buf(),
+                    source: e.into(),
+                })
             }
         };
         if let Ok(rel) = entry.path().strip_prefix(dir) {
@@ -402,8 +534,16 @@ fn walk(dir: &Path, f: &mut dyn FnMut(&str, bool)) -> Result<(), ScanError> {
 }
 
 /// Every directory under `root` except the git dir and masked directories.
-fn walk_dirs(root: &Path, masked: &BTreeSet<&str>, git_rel: Option<&str>, out: &mut Vec<String>) -> Result<(), ScanError> {
-    let mut it = walkdir::WalkDir::new(root).min_depth(1).follow_links(false).into_iter();
+fn walk_dirs(
+    root: &Path,
+    masked: &BTreeSet<&str>,
+    git_rel: Option<&str>,
+    out: &mut Vec<String>,
+) -> Result<(), ScanError> {
+    let mut it = walkdir::WalkDir::new(root)
+        .min_depth(1)
+        .follow_links(false)
+        .into_iter();
     while let Some(entry) = it.next() {
         let entry = match entry {
             Ok(e) => e,
@@ -412,7 +552,11 @@ fn walk_dirs(root: &Path, masked: &BTreeSet<&str>, git_rel: Option<&str>, out: &
         if !entry.file_type().is_dir() {
             continue;
         }
-        let rel = entry.path().strip_prefix(root).map(|r| r.to_string_lossy().into_owned()).unwrap_or_default();
+        let rel = entry
+            .path()
+            .strip_prefix(root)
+            .map(|r| r.to_string_lossy().into_owned())
+            .unwrap_or_default();
         if masked.contains(rel.as_str()) || Some(rel.as_str()) == git_rel || rel == ".git" {
             it.skip_current_dir();
             continue;

@@ -20,9 +20,13 @@ pub enum VarError {
 impl VarError {
     pub fn help(&self) -> String {
         match self {
-            VarError::Undefined(n) => format!("set {n} in the environment, or give a default: ${{{n}:-value}}"),
+            VarError::Undefined(n) => {
+                format!("set {n} in the environment, or give a default: ${{{n}:-value}}")
+            }
             VarError::Unterminated(_) => "close it: ${NAME} or ${NAME:-default}".into(),
-            VarError::BadName(_) => "names are letters, digits and `_`; write `$$` for a literal `$`".into(),
+            VarError::BadName(_) => {
+                "names are letters, digits and `_`; write `$$` for a literal `$`".into()
+            }
         }
     }
 }
@@ -34,7 +38,10 @@ pub struct Vars<'a> {
 
 impl Vars<'_> {
     fn lookup(&self, name: &str) -> Option<&str> {
-        self.builtins.get(name).map(String::as_str).or_else(|| self.env.get(name).map(String::as_str))
+        self.builtins
+            .get(name)
+            .map(String::as_str)
+            .or_else(|| self.env.get(name).map(String::as_str))
     }
 
     pub fn expand(&self, input: &str) -> Result<String, VarError> {
@@ -43,7 +50,10 @@ impl Vars<'_> {
             out.push_str(self.lookup("HOME").unwrap_or(""));
             ""
         } else if let Some(r) = input.strip_prefix("~/") {
-            out.push_str(self.lookup("HOME").ok_or_else(|| VarError::Undefined("HOME".into()))?);
+            out.push_str(
+                self.lookup("HOME")
+                    .ok_or_else(|| VarError::Undefined("HOME".into()))?,
+            );
             out.push('/');
             r
         } else {
@@ -73,7 +83,11 @@ impl Vars<'_> {
                     if !crate::config::decode::is_env_name(name) {
                         return Err(VarError::BadName(name.to_string()));
                     }
-                    match (self.lookup(name).filter(|v| !v.is_empty() || default.is_none()), default) {
+                    match (
+                        self.lookup(name)
+                            .filter(|v| !v.is_empty() || default.is_none()),
+                        default,
+                    ) {
                         (Some(v), _) => out.push_str(v),
                         (None, Some(d)) => out.push_str(&self.expand_default(d)?),
                         (None, None) => return Err(VarError::Undefined(name.to_string())),
@@ -94,7 +108,10 @@ impl Vars<'_> {
                         }
                     }
                     let name = &rest[start..end];
-                    out.push_str(self.lookup(name).ok_or_else(|| VarError::Undefined(name.to_string()))?);
+                    out.push_str(
+                        self.lookup(name)
+                            .ok_or_else(|| VarError::Undefined(name.to_string()))?,
+                    );
                 }
                 _ => return Err(VarError::BadName(rest[i..].chars().take(8).collect())),
             }
@@ -121,7 +138,10 @@ mod tests {
 
     #[test]
     fn expands() {
-        let env = BTreeMap::from([("FOO".to_string(), "bar".to_string()), ("EMPTY".to_string(), String::new())]);
+        let env = BTreeMap::from([
+            ("FOO".to_string(), "bar".to_string()),
+            ("EMPTY".to_string(), String::new()),
+        ]);
         let v = vars(&env);
         assert_eq!(v.expand("~/.claude").unwrap(), "/home/u/.claude");
         assert_eq!(v.expand("$PROJECT/x").unwrap(), "/src/p/x");
@@ -138,7 +158,10 @@ mod tests {
         let env = BTreeMap::new();
         let v = vars(&env);
         assert_eq!(v.expand("$NOPE"), Err(VarError::Undefined("NOPE".into())));
-        assert_eq!(v.expand("${HOME"), Err(VarError::Unterminated("${HOME".into())));
+        assert_eq!(
+            v.expand("${HOME"),
+            Err(VarError::Unterminated("${HOME".into()))
+        );
         assert_eq!(v.expand("${1x}"), Err(VarError::BadName("1x".into())));
         assert!(matches!(v.expand("$ x"), Err(VarError::BadName(_))));
     }

@@ -25,7 +25,10 @@ pub enum InitError {
     #[error("unknown rlimit `{0}`")]
     BadRlimit(String),
     #[error("cannot drop capability {cap}: {source}")]
-    Caps { cap: String, source: caps::errors::CapsError },
+    Caps {
+        cap: String,
+        source: caps::errors::CapsError,
+    },
     #[error("cannot set no_new_privs: {0}")]
     NoNewPrivs(nix::Error),
     #[error(transparent)]
@@ -67,8 +70,16 @@ pub fn run(opts: &Options) -> Result<i32, InitError> {
         return Err(InitError::NoCommand);
     }
     harden(opts)?;
-    let forwarded = [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGQUIT, Signal::SIGUSR1,
-        Signal::SIGUSR2, Signal::SIGWINCH, Signal::SIGCONT];
+    let forwarded = [
+        Signal::SIGINT,
+        Signal::SIGTERM,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+        Signal::SIGUSR1,
+        Signal::SIGUSR2,
+        Signal::SIGWINCH,
+        Signal::SIGCONT,
+    ];
     let mut set = SigSet::empty();
     for s in forwarded {
         // An ignored signal is discarded before sigwait could see it: start from the defaults
@@ -90,10 +101,17 @@ pub fn run(opts: &Options) -> Result<i32, InitError> {
 }
 
 fn exec(command: &[OsString]) -> ! {
-    let args: Vec<CString> = command.iter().filter_map(|a| CString::new(a.as_bytes()).ok()).collect();
+    let args: Vec<CString> = command
+        .iter()
+        .filter_map(|a| CString::new(a.as_bytes()).ok())
+        .collect();
     if args.len() == command.len() {
         let err = execvp(&args[0], &args).unwrap_err();
-        eprintln!("aisb: cannot run `{}`: {}", command[0].to_string_lossy(), err.desc());
+        eprintln!(
+            "aisb: cannot run `{}`: {}",
+            command[0].to_string_lossy(),
+            err.desc()
+        );
         std::process::exit(if err == nix::Error::ENOENT { 127 } else { 126 });
     }
     eprintln!("aisb: an argument contains a NUL byte");
@@ -134,7 +152,10 @@ fn set_rlimit(name: &str, soft: u64, hard: u64) -> Result<(), InitError> {
         "RLIMIT_SIGPENDING" => Resource::RLIMIT_SIGPENDING,
         other => return Err(InitError::BadRlimit(other.to_string())),
     };
-    setrlimit(r, soft, hard).map_err(|source| InitError::Rlimit { name: name.to_string(), source })
+    setrlimit(r, soft, hard).map_err(|source| InitError::Rlimit {
+        name: name.to_string(),
+        source,
+    })
 }
 
 /// Clear the bounding set first (so no later exec can regain anything), then the others.

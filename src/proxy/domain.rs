@@ -58,8 +58,15 @@ impl DomainRule {
             return Err(DomainError::Empty);
         }
         let (host, port) = split_port(input)?;
-        if let Ok(ip) = host.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>() {
-            return Ok(DomainRule { host: Host::Ip(ip), port });
+        if let Ok(ip) = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<IpAddr>()
+        {
+            return Ok(DomainRule {
+                host: Host::Ip(ip),
+                port,
+            });
         }
         let host = host.strip_suffix('.').unwrap_or(host);
         if host == "*" {
@@ -76,7 +83,11 @@ impl DomainRule {
         if wild && !ascii.contains('.') {
             return Err(DomainError::WholeTld(ascii));
         }
-        let host = if wild { Host::Subdomains(ascii) } else { Host::Exact(ascii) };
+        let host = if wild {
+            Host::Subdomains(ascii)
+        } else {
+            Host::Exact(ascii)
+        };
         Ok(DomainRule { host, port })
     }
 
@@ -87,9 +98,18 @@ impl DomainRule {
         }
         match &self.host {
             Host::Exact(n) => n == host,
-            Host::Subdomains(n) => host.len() > n.len() + 1 && host.ends_with(n.as_str())
-                && host.as_bytes()[host.len() - n.len() - 1] == b'.',
-            Host::Ip(ip) => host.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>().ok() == Some(*ip),
+            Host::Subdomains(n) => {
+                host.len() > n.len() + 1
+                    && host.ends_with(n.as_str())
+                    && host.as_bytes()[host.len() - n.len() - 1] == b'.'
+            }
+            Host::Ip(ip) => {
+                host.trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .parse::<IpAddr>()
+                    .ok()
+                    == Some(*ip)
+            }
         }
     }
 }
@@ -97,8 +117,12 @@ impl DomainRule {
 /// Lowercase, IDNA to ASCII, and check the labels.
 pub fn normalise_name(name: &str) -> Result<String, DomainError> {
     let name = name.strip_suffix('.').unwrap_or(name);
-    let ascii = idna::domain_to_ascii_strict(name).map_err(|_| DomainError::BadName(name.to_string()))?;
-    if ascii.is_empty() || ascii.split('.').any(|l| l.is_empty() || l.len() > 63) || ascii.len() > 253 {
+    let ascii =
+        idna::domain_to_ascii_strict(name).map_err(|_| DomainError::BadName(name.to_string()))?;
+    if ascii.is_empty()
+        || ascii.split('.').any(|l| l.is_empty() || l.len() > 63)
+        || ascii.len() > 253
+    {
         return Err(DomainError::BadName(name.to_string()));
     }
     Ok(ascii)
@@ -161,17 +185,32 @@ mod tests {
         assert_eq!(r.port, Some(8443));
         let r = DomainRule::parse("bücher.example").unwrap();
         assert_eq!(r.host, Host::Exact("xn--bcher-kva.example".into()));
-        assert_eq!(DomainRule::parse("[::1]:5432").unwrap().to_string(), "[::1]:5432");
-        assert_eq!(DomainRule::parse("127.0.0.1").unwrap().host, Host::Ip("127.0.0.1".parse().unwrap()));
+        assert_eq!(
+            DomainRule::parse("[::1]:5432").unwrap().to_string(),
+            "[::1]:5432"
+        );
+        assert_eq!(
+            DomainRule::parse("127.0.0.1").unwrap().host,
+            Host::Ip("127.0.0.1".parse().unwrap())
+        );
     }
 
     #[test]
     fn refuses_overbroad_and_malformed() {
         assert_eq!(DomainRule::parse("*"), Err(DomainError::MatchAll));
-        assert_eq!(DomainRule::parse("*.com"), Err(DomainError::WholeTld("com".into())));
+        assert_eq!(
+            DomainRule::parse("*.com"),
+            Err(DomainError::WholeTld("com".into()))
+        );
         assert_eq!(DomainRule::parse("a.*.com"), Err(DomainError::BadWildcard));
-        assert_eq!(DomainRule::parse("x.com:0"), Err(DomainError::BadPort("0".into())));
-        assert_eq!(DomainRule::parse("x.com:99999"), Err(DomainError::BadPort("99999".into())));
+        assert_eq!(
+            DomainRule::parse("x.com:0"),
+            Err(DomainError::BadPort("0".into()))
+        );
+        assert_eq!(
+            DomainRule::parse("x.com:99999"),
+            Err(DomainError::BadPort("99999".into()))
+        );
         assert!(DomainRule::parse("a..b").is_err());
         assert!(DomainRule::parse("").is_err());
     }

@@ -12,7 +12,12 @@ use oci_spec::runtime::Spec;
 use super::{exit_code, RuntimeError};
 
 /// Signals sent to aisb that are meant for the sandbox.
-const FORWARDED: [Signal; 4] = [Signal::SIGTERM, Signal::SIGHUP, Signal::SIGUSR1, Signal::SIGUSR2];
+const FORWARDED: [Signal; 4] = [
+    Signal::SIGTERM,
+    Signal::SIGHUP,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+];
 /// The terminal's own: on a terminal they already reach the sandbox's foreground process
 /// group (the workload shares our session), so they are only forwarded when it does not.
 const TERMINAL: [Signal; 2] = [Signal::SIGINT, Signal::SIGQUIT];
@@ -22,9 +27,13 @@ pub fn run(spec: &Spec, bundle: &Path, interactive: bool) -> Result<i32, Runtime
         let what = what.to_string();
         move |source| RuntimeError::Io { what, source }
     };
-    let mut inputs = aisb_bwrap::inputs_from_bundle(spec, bundle).map_err(io("reading the bundle"))?;
+    let mut inputs =
+        aisb_bwrap::inputs_from_bundle(spec, bundle).map_err(io("reading the bundle"))?;
     let (info_r, info_w): (OwnedFd, OwnedFd) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-        .map_err(|e| RuntimeError::Io { what: "creating a pipe".into(), source: e.into() })?;
+        .map_err(|e| RuntimeError::Io {
+            what: "creating a pipe".into(),
+            source: e.into(),
+        })?;
     inputs.info_fd = Some(info_w.as_raw_fd());
     inputs.new_session = !interactive;
     let args = aisb_bwrap::argv(spec, &inputs)?;
@@ -39,13 +48,19 @@ pub fn run(spec: &Spec, bundle: &Path, interactive: bool) -> Result<i32, Runtime
             set.add(*s);
         }
     }
-    blocked.thread_block().map_err(|e| RuntimeError::Io { what: "blocking signals".into(), source: e.into() })?;
+    blocked.thread_block().map_err(|e| RuntimeError::Io {
+        what: "blocking signals".into(),
+        source: e.into(),
+    })?;
     let mut cmd = aisb_bwrap::command(&args);
     let w = info_w.as_raw_fd();
     // SAFETY: only async-signal-safe calls (fcntl, signal) between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
-            nix::fcntl::fcntl(w, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()))?;
+            nix::fcntl::fcntl(
+                w,
+                nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+            )?;
             for s in [Signal::SIGINT, Signal::SIGQUIT] {
                 nix::sys::signal::signal(s, nix::sys::signal::SigHandler::SigIgn)?;
             }
@@ -58,12 +73,16 @@ pub fn run(spec: &Spec, bundle: &Path, interactive: bool) -> Result<i32, Runtime
         Ok(c) => c,
         Err(source) => {
             let _ = blocked.thread_unblock();
-            return Err(RuntimeError::Spawn { program: "bwrap".into(), source });
+            return Err(RuntimeError::Spawn {
+                program: "bwrap".into(),
+                source,
+            });
         }
     };
     let mut info = String::new();
     let _ = std::fs::File::from(info_r).read_to_string(&mut info);
-    let init_pid = serde_json::from_str::<serde_json::Value>(&info).ok()
+    let init_pid = serde_json::from_str::<serde_json::Value>(&info)
+        .ok()
         .and_then(|v| v["child-pid"].as_i64())
         .map(|p| Pid::from_raw(p as i32));
     let bwrap_pid = Pid::from_raw(child.id() as i32);

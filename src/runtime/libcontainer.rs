@@ -5,26 +5,67 @@
 use std::path::Path;
 
 use nix::sys::signal::{kill, SigSet, Signal};
+use std::os::fd::AsRawFd;
+
 use nix::unistd::Pid;
 
 use super::{exit_code, RuntimeError};
 
-const FORWARDED: [Signal; 4] = [Signal::SIGTERM, Signal::SIGHUP, Signal::SIGUSR1, Signal::SIGUSR2];
+const FORWARDED: [Signal; 4] = [
+    Signal::SIGTERM,
+    Signal::SIGHUP,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+];
 const TERMINAL: [Signal; 2] = [Signal::SIGINT, Signal::SIGQUIT];
 
-pub fn run(bundle: &Path, state_root: &Path, id: &str, interactive: bool) -> Result<i32, RuntimeError> {
-    let exe = std::env::current_exe().map_err(|source| RuntimeError::Io { what: "locating the aisb binary".into(), source })?;
+pub fn run(
+    bundle: &Path,
+    state_root: &Path,
+    id: &str,
+    interactive: bool,
+    terminal: bool,
+) -> Result<i32, RuntimeError> {
+    let exe = std::env::current_exe().map_err(|source| RuntimeError::Io {
+        what: "locating the aisb binary".into(),
+        source,
+    })?;
     let mut blocked = SigSet::empty();
     let mut set = SigSet::empty();
     for s in FORWARDED.iter().chain(&TERMINAL) {
         blocked.add(*s);
+        // On a terminal, ^C reaches the sandbox by itself: as a signal to our shared process
+        // group, or as a byte through the sandbox's own pseudo-terminal.
         if !(interactive && TERMINAL.contains(s)) {
             set.add(*s);
         }
     }
-    blocked.thread_block().map_err(|e| RuntimeError::Io { what: "blocking signals".into(), source: e.into() })?;
+    if terminal {
+        blocked.add(Signal::SIGWINCH);
+        set.add(Signal::SIGWINCH);
+    }
+    let console = if terminal {
+        Some(
+            super::console::ConsoleSocket::listen().map_err(|source| RuntimeError::Io {
+                what: "creating the console socket".into(),
+                source,
+            })?,
+        )
+    } else {
+        None
+    };
+    blocked.thread_block().map_err(|e| RuntimeError::Io {
+        what: "blocking signals".into(),
+        source: e.into(),
+    })?;
     let mut cmd = std::process::Command::new(&exe);
-    cmd.arg("__libcontainer").arg(bundle).arg(state_root).arg(id);
+    cmd.arg("__libcontainer")
+        .arg(bundle)
+        .arg(state_root)
+        .arg(id);
+    if let Some(c) = &console {
+        cmd.arg("--console-socket").arg(&c.path);
+    }
     // If aisb dies (even by SIGKILL), the helper gets SIGTERM, forwards it to the sandbox,
     // waits for it and deletes the container: nothing is left running.
     // SAFETY: prctl is async-signal-safe.
@@ -39,15 +80,54 @@ pub fn run(bundle: &Path, state_root: &Path, id: &str, interactive: bool) -> Res
         Ok(c) => c,
         Err(source) => {
             let _ = blocked.thread_unblock();
-            return Err(RuntimeError::Spawn { program: exe.display().to_string(), source });
+            return Err(RuntimeError::Spawn {
+                program: exe.display().to_string(),
+                source,
+            });
         }
     };
     let helper = Pid::from_raw(child.id() as i32);
+    let io = |what: &'static str| {
+        move |source| RuntimeError::Io {
+            what: what.into(),
+            source,
+        }
+    };
+    let mut master_fd = None;
+    let mut output = None;
+    let mut raw = None;
+    if let Some(c) = &console {
+        if let Some(master) = c
+            .receive(&mut child)
+            .map_err(io("receiving the sandbox's terminal"))?
+        {
+            super::console::sync_size(master.as_raw_fd());
+            master_fd = Some(master.as_raw_fd());
+            raw = Some(super::console::RawMode::enter());
+            output = Some(
+                super::console::proxy(master).map_err(io("connecting the sandbox's terminal"))?,
+            );
+        }
+    }
     std::thread::spawn(move || loop {
-        if let Ok(sig) = set.wait() {
-            let _ = kill(helper, sig);
+        match set.wait() {
+            Ok(Signal::SIGWINCH) => {
+                if let Some(fd) = master_fd {
+                    super::console::sync_size(fd);
+                }
+            }
+            Ok(sig) => {
+                let _ = kill(helper, sig);
+            }
+            Err(_) => {}
         }
     });
-    let status = child.wait().map_err(|source| RuntimeError::Io { what: "waiting for the libcontainer helper".into(), source })?;
+    let status = child
+        .wait()
+        .map_err(io("waiting for the libcontainer helper"))?;
+    if let Some(out) = output {
+        let _ = out.join();
+    }
+    drop(raw);
     Ok(exit_code(status))
 }

@@ -2,6 +2,7 @@
 //! Backends share one spec (see `spec`); each lives in its own crate under `runtimes/`.
 
 mod bwrap;
+mod console;
 mod libcontainer;
 
 use std::path::PathBuf;
@@ -31,10 +32,16 @@ pub enum RuntimeError {
     BwrapUnsupported(#[from] aisb_bwrap::BwrapError),
     #[error("cannot start `{program}`: {source}")]
     #[diagnostic(help("install it (Debian: apt-get install bubblewrap), or run `aisb doctor`"))]
-    Spawn { program: String, source: std::io::Error },
+    Spawn {
+        program: String,
+        source: std::io::Error,
+    },
     #[error("{what}: {source}")]
     #[diagnostic(help("check that the sandbox state directory is writable"))]
-    Io { what: String, source: std::io::Error },
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
 }
 
 /// What `aisb run --json` reports.
@@ -65,15 +72,31 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
     if dir.exists() {
         let _ = std::fs::remove_dir_all(&dir);
     }
-    std::fs::create_dir_all(&runs).map_err(|source| RuntimeError::Io { what: format!("creating {}", runs.display()), source })?;
-    let exe = std::env::current_exe().map_err(|source| RuntimeError::Io { what: "locating the aisb binary".into(), source })?;
+    std::fs::create_dir_all(&runs).map_err(|source| RuntimeError::Io {
+        what: format!("creating {}", runs.display()),
+        source,
+    })?;
+    let exe = std::env::current_exe().map_err(|source| RuntimeError::Io {
+        what: "locating the aisb binary".into(),
+        source,
+    })?;
     let guard = BundleGuard(dir.clone());
-    let spec = bundle::write(plan, &dir, Some(&exe))?;
+    // bwrap hands the sandbox our terminal as it is; libcontainer needs a pseudo-terminal of
+    // its own, passed back through a console socket.
+    let terminal =
+        backend == Backend::Libcontainer && interactive && nix::unistd::isatty(0).unwrap_or(false);
+    let spec = bundle::write(plan, &dir, Some(&exe), terminal)?;
     let exit_code = match backend {
         Backend::Bwrap => bwrap::run(&spec, &guard.0, interactive)?,
         Backend::Libcontainer => {
             let id = format!("aisb-{}", std::process::id());
-            libcontainer::run(&guard.0, &plan.state_dir.join("libcontainer"), &id, interactive)?
+            libcontainer::run(
+                &guard.0,
+                &plan.state_dir.join("libcontainer"),
+                &id,
+                interactive,
+                terminal,
+            )?
         }
     };
     drop(guard);
@@ -90,5 +113,7 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
 /// Exit code of a finished child: its code, or 128+N for a signal.
 pub(crate) fn exit_code(status: std::process::ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
-    status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+    status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
 }

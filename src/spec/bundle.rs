@@ -16,14 +16,20 @@ pub enum BundleError {
     NotEmpty { path: PathBuf },
     #[error("could not write {path}: {source}")]
     #[diagnostic(help("check that the directory is writable and the disk is not full"))]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error(transparent)]
     #[diagnostic(transparent)]
     Spec(#[from] SpecError),
 }
 
 fn io<T>(path: &Path, r: std::io::Result<T>) -> Result<T, BundleError> {
-    r.map_err(|source| BundleError::Io { path: path.to_path_buf(), source })
+    r.map_err(|source| BundleError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Cgroup path of a sandbox: absolute, unique per bundle.
@@ -31,17 +37,36 @@ pub fn cgroups_path(plan: &Plan, dir: &Path) -> String {
     use sha2::{Digest, Sha256};
     let h = Sha256::digest(dir.as_os_str().as_encoded_bytes());
     let tag: String = h.iter().take(6).map(|b| format!("{b:02x}")).collect();
-    let name: String = plan.project.file_name().map_or("sandbox".into(), |n| n.to_string_lossy().into_owned())
-        .chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect();
+    let name: String = plan
+        .project
+        .file_name()
+        .map_or("sandbox".into(), |n| n.to_string_lossy().into_owned())
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
     format!("/aisb/{name}-{tag}")
 }
 
 /// `init`: the aisb binary to run as the sandbox's init (see [`SpecPaths::init`]).
-pub fn write(plan: &Plan, dir: &Path, init: Option<&Path>) -> Result<oci_spec::runtime::Spec, BundleError> {
+/// `terminal`: the process gets a pseudo-terminal through the runtime's console socket.
+pub fn write(
+    plan: &Plan,
+    dir: &Path,
+    init: Option<&Path>,
+    terminal: bool,
+) -> Result<oci_spec::runtime::Spec, BundleError> {
     if dir.exists() {
         let mut entries = io(dir, fs::read_dir(dir))?;
         if !dir.is_dir() || entries.next().is_some() {
-            return Err(BundleError::NotEmpty { path: dir.to_path_buf() });
+            return Err(BundleError::NotEmpty {
+                path: dir.to_path_buf(),
+            });
         }
     }
     io(dir, fs::create_dir_all(dir))?;
@@ -56,9 +81,21 @@ pub fn write(plan: &Plan, dir: &Path, init: Option<&Path>) -> Result<oci_spec::r
     }
     let mask_file = dir.join("masked");
     io(&mask_file, fs::write(&mask_file, b""))?;
-    io(&mask_file, fs::set_permissions(&mask_file, fs::Permissions::from_mode(0o000)))?;
+    io(
+        &mask_file,
+        fs::set_permissions(&mask_file, fs::Permissions::from_mode(0o000)),
+    )?;
     realise_state(plan)?;
-    let spec = build(plan, &SpecPaths { rootfs: PathBuf::from("rootfs"), mask_file, cgroups_path: cgroups_path(plan, &dir), init: init.map(Path::to_path_buf) })?;
+    let spec = build(
+        plan,
+        &SpecPaths {
+            rootfs: PathBuf::from("rootfs"),
+            mask_file,
+            cgroups_path: cgroups_path(plan, &dir),
+            init: init.map(Path::to_path_buf),
+            terminal,
+        },
+    )?;
     let json = super::to_json(&spec)?;
     let config = dir.join("config.json");
     io(&config, fs::write(&config, json))?;

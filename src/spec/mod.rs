@@ -29,6 +29,8 @@ pub struct SpecPaths {
     /// sandbox's first process (loopback, capabilities, no_new_privs, seccomp, reaping).
     /// `None` only for specs meant to be read, not run.
     pub init: Option<PathBuf>,
+    /// Give the process a pseudo-terminal (runtimes that need a console socket).
+    pub terminal: bool,
 }
 
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
@@ -39,10 +41,25 @@ pub enum SpecError {
 }
 
 const MASKED_PROC: &[&str] = &[
-    "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
-    "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware", "/sys/devices/virtual/powercap",
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/sys/firmware",
+    "/sys/devices/virtual/powercap",
 ];
-const READONLY_PROC: &[&str] = &["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"];
+const READONLY_PROC: &[&str] = &[
+    "/proc/bus",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+];
 
 fn s(p: &Path) -> String {
     p.to_string_lossy().into_owned()
@@ -73,31 +90,85 @@ pub fn to_json(spec: &Spec) -> Result<String, SpecError> {
 pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
     let netns = plan.network.mode != NetMode::Host;
     let mut mounts = vec![
-        mount(Path::new("/proc"), "proc", "proc", &opts(&["nosuid", "noexec", "nodev"])),
-        mount(Path::new("/dev"), "tmpfs", "tmpfs", &opts(&["nosuid", "strictatime", "mode=755", "size=65536k"])),
-        mount(Path::new("/dev/pts"), "devpts", "devpts", &opts(&["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"])),
-        mount(Path::new("/dev/shm"), "tmpfs", "shm", &opts(&["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"])),
-        mount(Path::new("/sys"), "sysfs", "sysfs", &opts(&["nosuid", "noexec", "nodev", "ro"])),
+        mount(
+            Path::new("/proc"),
+            "proc",
+            "proc",
+            &opts(&["nosuid", "noexec", "nodev"]),
+        ),
+        mount(
+            Path::new("/dev"),
+            "tmpfs",
+            "tmpfs",
+            &opts(&["nosuid", "strictatime", "mode=755", "size=65536k"]),
+        ),
+        mount(
+            Path::new("/dev/pts"),
+            "devpts",
+            "devpts",
+            &opts(&[
+                "nosuid",
+                "noexec",
+                "newinstance",
+                "ptmxmode=0666",
+                "mode=0620",
+            ]),
+        ),
+        mount(
+            Path::new("/dev/shm"),
+            "tmpfs",
+            "shm",
+            &opts(&["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]),
+        ),
+        mount(
+            Path::new("/sys"),
+            "sysfs",
+            "sysfs",
+            &opts(&["nosuid", "noexec", "nodev", "ro"]),
+        ),
     ];
     for sys in &plan.system {
         if let SystemPath::Bind { path } = sys {
-            mounts.push(mount(path, "bind", &s(path), &opts(&["rbind", "ro", "nosuid", "nodev"])));
+            mounts.push(mount(
+                path,
+                "bind",
+                &s(path),
+                &opts(&["rbind", "ro", "nosuid", "nodev"]),
+            ));
         }
     }
     for m in &plan.mounts {
         let v = match &m.kind {
-            MountKind::Bind { source, writable } => {
-                mount(&m.target, "bind", &s(source), &opts(&["rbind", if *writable { "rw" } else { "ro" }, "nosuid", "nodev"]))
-            }
-            MountKind::Overlay { lower, upper, work } => mount(&m.target, "overlay", "overlay", &[
-                format!("lowerdir={}", s(lower)),
-                format!("upperdir={}", s(upper)),
-                format!("workdir={}", s(work)),
-                "userxattr".into(),
-                "nosuid".into(),
-                "nodev".into(),
-            ]),
-            MountKind::Copy { copy, .. } => mount(&m.target, "bind", &s(copy), &opts(&["bind", "rw", "nosuid", "nodev"])),
+            MountKind::Bind { source, writable } => mount(
+                &m.target,
+                "bind",
+                &s(source),
+                &opts(&[
+                    "rbind",
+                    if *writable { "rw" } else { "ro" },
+                    "nosuid",
+                    "nodev",
+                ]),
+            ),
+            MountKind::Overlay { lower, upper, work } => mount(
+                &m.target,
+                "overlay",
+                "overlay",
+                &[
+                    format!("lowerdir={}", s(lower)),
+                    format!("upperdir={}", s(upper)),
+                    format!("workdir={}", s(work)),
+                    "userxattr".into(),
+                    "nosuid".into(),
+                    "nodev".into(),
+                ],
+            ),
+            MountKind::Copy { copy, .. } => mount(
+                &m.target,
+                "bind",
+                &s(copy),
+                &opts(&["bind", "rw", "nosuid", "nodev"]),
+            ),
             MountKind::Tmpfs { size, mode, owner } => {
                 let mut o = opts(&["nosuid", "nodev"]);
                 o.push(format!("mode={mode:o}"));
@@ -115,29 +186,64 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
     }
     // Masks matter only where something is mounted; elsewhere the path does not exist inside.
     let visible = |p: &Path| {
-        plan.mounts.iter().any(|m| p.starts_with(&m.target) && p != m.target)
-            || plan.system.iter().any(|sp| matches!(sp, SystemPath::Bind { path } if p.starts_with(path) && p != path))
+        plan.mounts
+            .iter()
+            .any(|m| p.starts_with(&m.target) && p != m.target)
+            || plan.system.iter().any(
+                |sp| matches!(sp, SystemPath::Bind { path } if p.starts_with(path) && p != path),
+            )
     };
     for m in plan.masks.iter().filter(|m| visible(&m.path)) {
         mounts.push(if m.dir {
-            mount(&m.path, "tmpfs", "tmpfs", &opts(&["ro", "nosuid", "nodev", "noexec", "mode=555", "size=4k"]))
+            mount(
+                &m.path,
+                "tmpfs",
+                "tmpfs",
+                &opts(&["ro", "nosuid", "nodev", "noexec", "mode=555", "size=4k"]),
+            )
         } else {
-            mount(&m.path, "bind", &s(&paths.mask_file), &opts(&["bind", "ro", "nosuid", "nodev", "noexec"]))
+            mount(
+                &m.path,
+                "bind",
+                &s(&paths.mask_file),
+                &opts(&["bind", "ro", "nosuid", "nodev", "noexec"]),
+            )
         });
     }
 
     if let Some(init) = &paths.init {
-        mounts.push(mount(Path::new(INIT_PATH), "bind", &s(init), &opts(&["bind", "ro", "nosuid", "nodev"])));
+        mounts.push(mount(
+            Path::new(INIT_PATH),
+            "bind",
+            &s(init),
+            &opts(&["bind", "ro", "nosuid", "nodev"]),
+        ));
     }
 
-    let mut namespaces = vec![json!({"type": "pid"}), json!({"type": "ipc"}), json!({"type": "uts"}),
-        json!({"type": "mount"}), json!({"type": "user"}), json!({"type": "cgroup"})];
+    let mut namespaces = vec![
+        json!({"type": "pid"}),
+        json!({"type": "ipc"}),
+        json!({"type": "uts"}),
+        json!({"type": "mount"}),
+        json!({"type": "user"}),
+        json!({"type": "cgroup"}),
+    ];
     if netns {
         namespaces.push(json!({"type": "network"}));
     }
     let id = &plan.identity;
-    let env: Vec<String> = plan.env.vars.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    let rlimits: Vec<Value> = plan.process.rlimits.iter().map(|r| json!({"type": r.kind, "soft": r.soft, "hard": r.hard})).collect();
+    let env: Vec<String> = plan
+        .env
+        .vars
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let rlimits: Vec<Value> = plan
+        .process
+        .rlimits
+        .iter()
+        .map(|r| json!({"type": r.kind, "soft": r.soft, "hard": r.hard}))
+        .collect();
     // The init needs CAP_NET_ADMIN for `lo` and CAP_SETPCAP to empty the bounding set; it drops
     // both (and everything else) before the workload starts.
     let init_caps: Vec<String> = match (&paths.init, netns) {
@@ -162,7 +268,7 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
         "root": { "path": s(&paths.rootfs), "readonly": true },
         "hostname": plan.process.hostname,
         "process": {
-            "terminal": false,
+            "terminal": paths.terminal,
             "user": { "uid": id.uid, "gid": id.gid },
             "args": args,
             "env": env,

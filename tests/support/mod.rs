@@ -36,13 +36,30 @@ impl Fixture {
     }
     pub fn host(&self) -> Host {
         let mut env = BTreeMap::new();
-        for (k, v) in [("PATH", "/usr/bin:/bin"), ("TERM", "xterm"), ("OPENAI_API_KEY", "sk-secret"),
-            ("ANTHROPIC_API_KEY", "sk-ant"), ("AWS_SECRET_ACCESS_KEY", "aws"), ("NODE_ENV", "test"), ("MY_VAR", "1")] {
+        for (k, v) in [
+            ("PATH", "/usr/bin:/bin"),
+            ("TERM", "xterm"),
+            ("OPENAI_API_KEY", "sk-secret"),
+            ("ANTHROPIC_API_KEY", "sk-ant"),
+            ("AWS_SECRET_ACCESS_KEY", "aws"),
+            ("NODE_ENV", "test"),
+            ("MY_VAR", "1"),
+        ] {
             env.insert(k.to_string(), v.to_string());
         }
         env.insert("HOME".into(), self.home().to_string_lossy().into_owned());
-        env.insert("XDG_CACHE_HOME".into(), self.root().join("cache").to_string_lossy().into_owned());
-        Host { env, cwd: self.project(), uid: 1000, gid: 1000, user: "dev".into(), home: self.home() }
+        env.insert(
+            "XDG_CACHE_HOME".into(),
+            self.root().join("cache").to_string_lossy().into_owned(),
+        );
+        Host {
+            env,
+            cwd: self.project(),
+            uid: 1000,
+            gid: 1000,
+            user: "dev".into(),
+            home: self.home(),
+        }
     }
     pub fn git(&self, args: &[&str]) {
         git_in(&self.project(), args);
@@ -50,7 +67,14 @@ impl Fixture {
     /// Load `text` as `proj/sandbox.kdl` (not written to disk).
     pub fn load(&self, text: &str) -> (Loaded, Errors) {
         let mut errors = Errors::default();
-        let loaded = eval::load(Root::Text { path: self.project().join("sandbox.kdl"), text: text.into() }, &mut errors).unwrap();
+        let loaded = eval::load(
+            Root::Text {
+                path: self.project().join("sandbox.kdl"),
+                text: text.into(),
+            },
+            &mut errors,
+        )
+        .unwrap();
         (loaded, errors)
     }
     pub fn eval(&self, text: &str, profile: Option<&str>) -> Result<Plan, String> {
@@ -58,21 +82,41 @@ impl Fixture {
         if let Err(e) = errors.into_result() {
             return Err(render(&e));
         }
-        let req = Request { profile: profile.map(str::to_string), use_cache: false, ..Default::default() };
+        let req = Request {
+            profile: profile.map(str::to_string),
+            use_cache: false,
+            ..Default::default()
+        };
         eval::evaluate(&loaded, &self.host(), &req).map_err(|e| match e {
             EvalError::Config(c) => render(&c),
             other => render(&other),
         })
     }
     pub fn plan(&self, text: &str, profile: Option<&str>) -> Plan {
-        self.eval(text, profile).unwrap_or_else(|e| panic!("evaluation failed:\n{e}"))
+        self.eval(text, profile)
+            .unwrap_or_else(|e| panic!("evaluation failed:\n{e}"))
     }
 }
 
 pub fn git_in(dir: &Path, args: &[&str]) {
-    let st = Command::new("git").args(["-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"])
-        .args(args).current_dir(dir).output().expect("git");
-    assert!(st.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&st.stderr));
+    let st = Command::new("git")
+        .args([
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "-c",
+            "init.defaultBranch=main",
+        ])
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("git");
+    assert!(
+        st.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&st.stderr)
+    );
 }
 
 /// Render a diagnostic exactly as a terminal without colours would see it.

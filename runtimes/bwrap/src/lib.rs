@@ -45,15 +45,23 @@ pub struct Inputs {
 }
 
 fn opt_value<'a>(options: &'a [String], key: &str) -> Option<&'a str> {
-    options.iter().find_map(|o| o.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
+    options
+        .iter()
+        .find_map(|o| o.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
 }
 
 /// Spec -> bwrap arguments (without the `bwrap` program name).
 pub fn argv(spec: &Spec, inputs: &Inputs) -> Result<Vec<String>, BwrapError> {
     let mut a: Vec<String> = Vec::new();
     let mut push = |items: &[&str]| a.extend(items.iter().map(|s| s.to_string()));
-    let linux = spec.linux().as_ref().ok_or(BwrapError::Missing("linux section"))?;
-    let process = spec.process().as_ref().ok_or(BwrapError::Missing("process"))?;
+    let linux = spec
+        .linux()
+        .as_ref()
+        .ok_or(BwrapError::Missing("linux section"))?;
+    let process = spec
+        .process()
+        .as_ref()
+        .ok_or(BwrapError::Missing("process"))?;
     let namespaces = linux.namespaces().clone().unwrap_or_default();
     let has = |t: LinuxNamespaceType| namespaces.iter().any(|n| n.typ() == t);
 
@@ -78,7 +86,12 @@ pub fn argv(spec: &Spec, inputs: &Inputs) -> Result<Vec<String>, BwrapError> {
         push(&["--unshare-cgroup-try"]);
     }
     let user = process.user();
-    push(&["--uid", &user.uid().to_string(), "--gid", &user.gid().to_string()]);
+    push(&[
+        "--uid",
+        &user.uid().to_string(),
+        "--gid",
+        &user.gid().to_string(),
+    ]);
     if let Some(h) = spec.hostname() {
         push(&["--hostname", h]);
     }
@@ -93,7 +106,11 @@ pub fn argv(spec: &Spec, inputs: &Inputs) -> Result<Vec<String>, BwrapError> {
     push(&["--cap-drop", "ALL"]);
 
     for (link, target) in &inputs.rootfs_symlinks {
-        push(&["--symlink", &target.to_string_lossy(), &link.to_string_lossy()]);
+        push(&[
+            "--symlink",
+            &target.to_string_lossy(),
+            &link.to_string_lossy(),
+        ]);
     }
 
     for m in spec.mounts().clone().unwrap_or_default() {
@@ -101,7 +118,11 @@ pub fn argv(spec: &Spec, inputs: &Inputs) -> Result<Vec<String>, BwrapError> {
         let options = m.options().clone().unwrap_or_default();
         let ro = options.iter().any(|o| o == "ro");
         let source = m.source().as_ref().map(|s| {
-            if s.is_relative() { inputs.bundle.join(s) } else { s.clone() }
+            if s.is_relative() {
+                inputs.bundle.join(s)
+            } else {
+                s.clone()
+            }
         });
         match m.typ().as_deref().unwrap_or("bind") {
             "proc" => push(&["--proc", &dest]),
@@ -109,7 +130,11 @@ pub fn argv(spec: &Spec, inputs: &Inputs) -> Result<Vec<String>, BwrapError> {
             "devpts" | "sysfs" | "mqueue" => {}
             "bind" => {
                 let src = source.ok_or(BwrapError::Missing("bind mount source"))?;
-                push(&[if ro { "--ro-bind" } else { "--bind" }, &src.to_string_lossy(), &dest]);
+                push(&[
+                    if ro { "--ro-bind" } else { "--bind" },
+                    &src.to_string_lossy(),
+                    &dest,
+                ]);
             }
             "tmpfs" => {
                 if let Some(mode) = opt_value(&options, "mode") {
@@ -130,7 +155,10 @@ pub fn argv(spec: &Spec, inputs: &Inputs) -> Result<Vec<String>, BwrapError> {
                 })
             }
             other => {
-                return Err(BwrapError::Unsupported { what: format!("a `{other}` mount at {dest}"), why: "unknown mount type" })
+                return Err(BwrapError::Unsupported {
+                    what: format!("a `{other}` mount at {dest}"),
+                    why: "unknown mount type",
+                })
             }
         }
     }
@@ -143,7 +171,11 @@ pub fn argv(spec: &Spec, inputs: &Inputs) -> Result<Vec<String>, BwrapError> {
             None => {}
         }
     }
-    if spec.root().as_ref().is_some_and(|r| r.readonly().unwrap_or(false)) {
+    if spec
+        .root()
+        .as_ref()
+        .is_some_and(|r| r.readonly().unwrap_or(false))
+    {
         push(&["--remount-ro", "/"]);
     }
 
@@ -153,7 +185,12 @@ pub fn argv(spec: &Spec, inputs: &Inputs) -> Result<Vec<String>, BwrapError> {
         push(&["--setenv", k, v]);
     }
     push(&["--"]);
-    a.extend(process.args().clone().ok_or(BwrapError::Missing("process args"))?);
+    a.extend(
+        process
+            .args()
+            .clone()
+            .ok_or(BwrapError::Missing("process args"))?,
+    );
     Ok(a)
 }
 
@@ -170,22 +207,46 @@ fn parse_size(s: &str) -> Option<u64> {
 
 /// Gather [`Inputs`] from the bundle on disk and the host's /proc.
 pub fn inputs_from_bundle(spec: &Spec, bundle: &Path) -> std::io::Result<Inputs> {
-    let rootfs = spec.root().as_ref().map_or_else(|| PathBuf::from("rootfs"), |r| r.path().clone());
-    let rootfs = if rootfs.is_relative() { bundle.join(rootfs) } else { rootfs };
+    let rootfs = spec
+        .root()
+        .as_ref()
+        .map_or_else(|| PathBuf::from("rootfs"), |r| r.path().clone());
+    let rootfs = if rootfs.is_relative() {
+        bundle.join(rootfs)
+    } else {
+        rootfs
+    };
     let mut rootfs_symlinks = Vec::new();
     for e in std::fs::read_dir(&rootfs)? {
         let e = e?;
         if e.file_type()?.is_symlink() {
-            rootfs_symlinks.push((Path::new("/").join(e.file_name()), std::fs::read_link(e.path())?));
+            rootfs_symlinks.push((
+                Path::new("/").join(e.file_name()),
+                std::fs::read_link(e.path())?,
+            ));
         }
     }
     rootfs_symlinks.sort();
-    let masked_kinds = spec.linux().as_ref().and_then(|l| l.masked_paths().clone()).unwrap_or_default()
+    let masked_kinds = spec
+        .linux()
+        .as_ref()
+        .and_then(|l| l.masked_paths().clone())
+        .unwrap_or_default()
         .into_iter()
         .filter(|p| p.starts_with("/proc/"))
-        .filter_map(|p| std::fs::metadata(&p).ok().map(|m| (PathBuf::from(&p), m.is_dir())))
+        .filter_map(|p| {
+            std::fs::metadata(&p)
+                .ok()
+                .map(|m| (PathBuf::from(&p), m.is_dir()))
+        })
         .collect();
-    Ok(Inputs { bundle: bundle.to_path_buf(), rootfs_symlinks, masked_kinds, new_session: false, info_fd: None })
+    Ok(Inputs {
+        bundle: bundle.to_path_buf(),
+        rootfs_symlinks,
+        masked_kinds,
+        new_session: false,
+        info_fd: None,
+    })
 }
 
 /// The `bwrap` command for these arguments.

@@ -29,20 +29,32 @@ pub enum LibcontainerError {
 }
 
 /// Signals forwarded to the container's init (which forwards them to the workload).
-pub const FORWARDED: [Signal; 6] =
-    [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGQUIT, Signal::SIGUSR1, Signal::SIGUSR2];
+pub const FORWARDED: [Signal; 6] = [
+    Signal::SIGINT,
+    Signal::SIGTERM,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+];
 
 fn threads() -> usize {
-    std::fs::read_dir("/proc/self/task").map(|d| d.count()).unwrap_or(1)
+    std::fs::read_dir("/proc/self/task")
+        .map(|d| d.count())
+        .unwrap_or(1)
 }
 
 /// Remove what crashed earlier runs left in `state_root`: containers named `PREFIX-PID` whose
 /// run (PID) is gone, and any container with our own id.
 fn remove_stale(state_root: &Path, id: &str) {
-    let Ok(entries) = std::fs::read_dir(state_root) else { return };
+    let Ok(entries) = std::fs::read_dir(state_root) else {
+        return;
+    };
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        let owner_alive = name.rsplit_once('-').and_then(|(_, pid)| pid.parse::<i32>().ok())
+        let owner_alive = name
+            .rsplit_once('-')
+            .and_then(|(_, pid)| pid.parse::<i32>().ok())
             .is_some_and(|pid| kill(Pid::from_raw(pid), None).is_ok());
         if name == id || !owner_alive {
             let dir = e.path();
@@ -64,7 +76,14 @@ impl Drop for Created {
 }
 
 /// Run the bundle to completion; returns the init's exit code (128+N for a signal).
-pub fn run(bundle: &Path, state_root: &Path, id: &str) -> Result<i32, LibcontainerError> {
+/// `console_socket`: where to send the pseudo-terminal's master when the spec asks for a
+/// terminal (the caller listens there).
+pub fn run(
+    bundle: &Path,
+    state_root: &Path,
+    id: &str,
+    console_socket: Option<&Path>,
+) -> Result<i32, LibcontainerError> {
     let n = threads();
     if n > 1 {
         return Err(LibcontainerError::Threaded(n));
@@ -76,13 +95,17 @@ pub fn run(bundle: &Path, state_root: &Path, id: &str) -> Result<i32, Libcontain
     set.add(Signal::SIGCHLD);
     set.thread_block().map_err(LibcontainerError::Wait)?;
     remove_stale(state_root, id);
+    // libcontainer only takes a console socket in detached mode, where the container's init
+    // may be re-parented: as a subreaper we still get it back to wait for.
+    nix::sys::prctl::set_child_subreaper(true).map_err(LibcontainerError::Wait)?;
     let container = ContainerBuilder::new(id.to_string(), SyscallType::default())
         .with_executor(DefaultExecutor {})
         .with_root_path(PathBuf::from(state_root))?
+        .with_console_socket(console_socket)
         .validate_id()?
         .as_init(bundle)
         .with_systemd(false)
-        .with_detach(false)
+        .with_detach(console_socket.is_some())
         .build()?;
     let mut created = Created(container);
     created.0.start()?;
