@@ -19,8 +19,9 @@ pub struct Args {
     pub task: Option<String>,
     #[arg(short, long)]
     pub profile: Option<String>,
-    #[arg(long, value_enum, default_value = "bwrap")]
-    pub backend: Backend,
+    /// Default: libcontainer when run as root, bwrap otherwise (`aisb doctor` tells why)
+    #[arg(long, value_enum)]
+    pub backend: Option<Backend>,
     /// Print a JSON summary (exit code, duration, profile) to stderr when done
     #[arg(long)]
     pub json: bool,
@@ -68,7 +69,7 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
         ));
     }
     let plan = eval::evaluate(&loaded, &host, &req)?;
-    let summary = runtime::run(&plan, a.backend, false)?;
+    let summary = runtime::run(&plan, a.backend.unwrap_or_else(Backend::default_for_caller), false)?;
     if a.json {
         eprintln!("{}", serde_json::to_string(&summary).unwrap_or_default());
     }

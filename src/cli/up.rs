@@ -13,8 +13,9 @@ Examples:
 pub struct Args {
     #[arg(short, long)]
     pub profile: Option<String>,
-    #[arg(long, value_enum, default_value = "bwrap")]
-    pub backend: Backend,
+    /// Default: libcontainer when run as root, bwrap otherwise (`aisb doctor` tells why)
+    #[arg(long, value_enum)]
+    pub backend: Option<Backend>,
     /// The command (default: your shell)
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -33,5 +34,5 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
         ..Default::default()
     };
     let plan = eval::evaluate(&loaded, &host, &req)?;
-    Ok(runtime::run(&plan, a.backend, true)?.exit_code)
+    Ok(runtime::run(&plan, a.backend.unwrap_or_else(Backend::default_for_caller), true)?.exit_code)
 }

@@ -44,6 +44,18 @@ pub enum RuntimeError {
     },
 }
 
+impl Backend {
+    /// libcontainer for root; bwrap for everyone else until libcontainer's rootless mode
+    /// (subordinate id maps, delegated cgroups) exists.
+    pub fn default_for_caller() -> Backend {
+        if nix::unistd::geteuid().is_root() {
+            Backend::Libcontainer
+        } else {
+            Backend::Bwrap
+        }
+    }
+}
+
 /// What `aisb run --json` reports.
 #[derive(Debug, Serialize)]
 pub struct Summary {
