@@ -69,7 +69,11 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
         ));
     }
     let plan = eval::evaluate(&loaded, &host, &req)?;
-    let summary = runtime::run(&plan, a.backend.unwrap_or_else(Backend::default_for_caller), false)?;
+    let summary = runtime::run(
+        &plan,
+        a.backend.unwrap_or_else(Backend::default_for_caller),
+        false,
+    )?;
     if a.json {
         eprintln!("{}", serde_json::to_string(&summary).unwrap_or_default());
     }

@@ -34,5 +34,10 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
         ..Default::default()
     };
     let plan = eval::evaluate(&loaded, &host, &req)?;
-    Ok(runtime::run(&plan, a.backend.unwrap_or_else(Backend::default_for_caller), true)?.exit_code)
+    Ok(runtime::run(
+        &plan,
+        a.backend.unwrap_or_else(Backend::default_for_caller),
+        true,
+    )?
+    .exit_code)
 }

@@ -5,22 +5,11 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 
-use nix::sys::signal::{kill, SigSet, Signal};
+use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use oci_spec::runtime::Spec;
 
 use super::{exit_code, RuntimeError};
-
-/// Signals sent to aisb that are meant for the sandbox.
-const FORWARDED: [Signal; 4] = [
-    Signal::SIGTERM,
-    Signal::SIGHUP,
-    Signal::SIGUSR1,
-    Signal::SIGUSR2,
-];
-/// The terminal's own: on a terminal they already reach the sandbox's foreground process
-/// group (the workload shares our session), so they are only forwarded when it does not.
-const TERMINAL: [Signal; 2] = [Signal::SIGINT, Signal::SIGQUIT];
 
 pub fn run(spec: &Spec, bundle: &Path, interactive: bool) -> Result<i32, RuntimeError> {
     let io = |what: &str| {
@@ -40,18 +29,7 @@ pub fn run(spec: &Spec, bundle: &Path, interactive: bool) -> Result<i32, Runtime
 
     // Signals meant for the sandbox are taken here and sent to its init, which forwards them
     // to the workload; bwrap itself ignores the terminal's (it would die and SIGKILL everything).
-    let mut blocked = SigSet::empty();
-    let mut set = SigSet::empty();
-    for s in FORWARDED.iter().chain(&TERMINAL) {
-        blocked.add(*s);
-        if !(interactive && TERMINAL.contains(s)) {
-            set.add(*s);
-        }
-    }
-    blocked.thread_block().map_err(|e| RuntimeError::Io {
-        what: "blocking signals".into(),
-        source: e.into(),
-    })?;
+    let (blocked, set) = super::take_signals(interactive, false)?;
     let mut cmd = aisb_bwrap::command(&args);
     let w = info_w.as_raw_fd();
     // SAFETY: only async-signal-safe calls (fcntl, signal) between fork and exec.

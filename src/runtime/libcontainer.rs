@@ -4,20 +4,12 @@
 
 use std::path::Path;
 
-use nix::sys::signal::{kill, SigSet, Signal};
+use nix::sys::signal::{kill, Signal};
 use std::os::fd::AsRawFd;
 
 use nix::unistd::Pid;
 
 use super::{exit_code, RuntimeError};
-
-const FORWARDED: [Signal; 4] = [
-    Signal::SIGTERM,
-    Signal::SIGHUP,
-    Signal::SIGUSR1,
-    Signal::SIGUSR2,
-];
-const TERMINAL: [Signal; 2] = [Signal::SIGINT, Signal::SIGQUIT];
 
 pub fn run(
     bundle: &Path,
@@ -30,20 +22,6 @@ pub fn run(
         what: "locating the aisb binary".into(),
         source,
     })?;
-    let mut blocked = SigSet::empty();
-    let mut set = SigSet::empty();
-    for s in FORWARDED.iter().chain(&TERMINAL) {
-        blocked.add(*s);
-        // On a terminal, ^C reaches the sandbox by itself: as a signal to our shared process
-        // group, or as a byte through the sandbox's own pseudo-terminal.
-        if !(interactive && TERMINAL.contains(s)) {
-            set.add(*s);
-        }
-    }
-    if terminal {
-        blocked.add(Signal::SIGWINCH);
-        set.add(Signal::SIGWINCH);
-    }
     let console = if terminal {
         Some(
             super::console::ConsoleSocket::listen().map_err(|source| RuntimeError::Io {
@@ -54,10 +32,7 @@ pub fn run(
     } else {
         None
     };
-    blocked.thread_block().map_err(|e| RuntimeError::Io {
-        what: "blocking signals".into(),
-        source: e.into(),
-    })?;
+    let (blocked, set) = super::take_signals(interactive, terminal)?;
     let mut cmd = std::process::Command::new(&exe);
     cmd.arg("__libcontainer")
         .arg(bundle)

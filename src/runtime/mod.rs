@@ -8,6 +8,7 @@ mod libcontainer;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use nix::sys::signal::{SigSet, Signal};
 use serde::Serialize;
 
 use crate::eval::Plan;
@@ -120,6 +121,44 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
         masked_paths: plan.masks.len(),
         network: plan.network.mode,
     })
+}
+
+/// Signals sent to aisb that are meant for the sandbox.
+const FORWARDED: [Signal; 4] = [
+    Signal::SIGTERM,
+    Signal::SIGHUP,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+];
+/// The terminal's own (^C, ^\). On a terminal they reach the sandbox by themselves (as a
+/// signal to the process group it shares with us, or as a byte through its own
+/// pseudo-terminal), so they are forwarded only when the run is not interactive.
+const TERMINAL: [Signal; 2] = [Signal::SIGINT, Signal::SIGQUIT];
+
+/// Block, in this thread, every signal meant for the sandbox (threads started later inherit
+/// the mask; children get it reset). Returns (blocked, to forward): a thread `sigwait`s on the
+/// second and passes them on. `winch`: also take SIGWINCH (the caller resizes a terminal).
+pub(crate) fn take_signals(
+    interactive: bool,
+    winch: bool,
+) -> Result<(SigSet, SigSet), RuntimeError> {
+    let mut blocked = SigSet::empty();
+    let mut forward = SigSet::empty();
+    for s in FORWARDED.iter().chain(&TERMINAL) {
+        blocked.add(*s);
+        if !(interactive && TERMINAL.contains(s)) {
+            forward.add(*s);
+        }
+    }
+    if winch {
+        blocked.add(Signal::SIGWINCH);
+        forward.add(Signal::SIGWINCH);
+    }
+    blocked.thread_block().map_err(|e| RuntimeError::Io {
+        what: "blocking signals".into(),
+        source: e.into(),
+    })?;
+    Ok((blocked, forward))
 }
 
 /// Exit code of a finished child: its code, or 128+N for a signal.
