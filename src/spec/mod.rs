@@ -184,13 +184,14 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
         };
         mounts.push(v);
     }
-    // Masks matter only where something is mounted; elsewhere the path does not exist inside.
+    // Masks matter only where something is mounted (a mask on a mount's own target hides the
+    // whole mount: `block` wins over `mount`); elsewhere the path does not exist inside.
     let visible = |p: &Path| {
         plan.mounts
             .iter()
-            .any(|m| p.starts_with(&m.target) && p != m.target)
+            .any(|m| p.starts_with(&m.target))
             || plan.system.iter().any(
-                |sp| matches!(sp, SystemPath::Bind { path } if p.starts_with(path) && p != path),
+                |sp| matches!(sp, SystemPath::Bind { path } if p.starts_with(path)),
             )
     };
     for m in plan.masks.iter().filter(|m| visible(&m.path)) {
