@@ -7,6 +7,7 @@
 pub mod cli;
 pub mod config;
 pub mod eval;
+pub mod graph;
 pub mod init;
 pub mod presets;
 pub mod proxy;

@@ -362,12 +362,26 @@ fn bwrap_refuses_what_it_cannot_express() {
 #[test]
 fn a_block_on_a_mount_target_hides_the_mount() {
     let mut plan = sample_plan();
-    plan.masks.push(Mask { path: "/home/dev/.claude".into(), dir: true, rule: "block \"~/.claude\"".into() });
+    plan.masks.push(Mask {
+        path: "/home/dev/.claude".into(),
+        dir: true,
+        rule: "block \"~/.claude\"".into(),
+    });
     let v = serde_json::to_value(spec::build(&plan, &paths()).unwrap()).unwrap();
     let mounts = v["mounts"].as_array().unwrap();
-    let last = mounts.iter().rposition(|m| m["destination"] == "/home/dev/.claude").unwrap();
-    let first = mounts.iter().position(|m| m["destination"] == "/home/dev/.claude").unwrap();
+    let last = mounts
+        .iter()
+        .rposition(|m| m["destination"] == "/home/dev/.claude")
+        .unwrap();
+    let first = mounts
+        .iter()
+        .position(|m| m["destination"] == "/home/dev/.claude")
+        .unwrap();
     assert!(last > first, "the mask must be mounted after the overlay");
     assert_eq!(mounts[last]["type"], "tmpfs");
-    assert!(mounts[last]["options"].as_array().unwrap().iter().any(|o| o == "ro"));
+    assert!(mounts[last]["options"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|o| o == "ro"));
 }

@@ -69,27 +69,33 @@ pub fn render(plan: &Plan, _cwd: &Path) -> String {
     let _ = writeln!(o, "state     {}", plan.state_dir.display());
 
     let _ = writeln!(o, "\nsystem (read-only)");
-    let list: Vec<String> = plan
-        .system
-        .iter()
-        .filter(|s| !matches!(s, SystemPath::Bind { path } if path.starts_with("/etc")))
-        .map(|s| match s {
-            SystemPath::Bind { path } => path.display().to_string(),
+    let mut list = Vec::new();
+    for sys in &plan.system {
+        match sys {
+            SystemPath::Bind { path } => list.push(path.display().to_string()),
             SystemPath::Symlink { path, target } => {
-                format!("{} -> {}", path.display(), target.display())
+                list.push(format!("{} -> {}", path.display(), target.display()))
             }
-        })
-        .collect();
-    let etc = plan
-        .system
-        .iter()
-        .filter(|s| matches!(s, SystemPath::Bind { path } if path.starts_with("/etc")))
-        .count();
+            SystemPath::Snapshot { .. } => {}
+        }
+    }
     let _ = writeln!(o, "  {}", list.join("  "));
-    let _ = writeln!(
-        o,
-        "  /etc: {etc} entries (passwd, hosts, ssl, …); the rest of /etc is not visible"
-    );
+    for sys in &plan.system {
+        if let SystemPath::Snapshot {
+            path,
+            entries,
+            snapshot,
+        } = sys
+        {
+            let _ = writeln!(
+                o,
+                "  {}: {entries} allowlisted, world-readable entries (passwd, hosts, ssl, …), \
+                 snapshot {}; the rest is not visible",
+                path.display(),
+                snapshot.dir.display()
+            );
+        }
+    }
 
     let _ = writeln!(o, "\nmounts");
     for m in &plan.mounts {

@@ -512,11 +512,7 @@ fn resolve(
 
     // ---- system paths ---------------------------------------------------------------------
     let mut system = Vec::new();
-    for p in SYSTEM_PATHS
-        .iter()
-        .map(PathBuf::from)
-        .chain(ETC_PATHS.iter().map(|e| Path::new("/etc").join(e)))
-    {
+    for p in SYSTEM_PATHS.iter().map(PathBuf::from) {
         match std::fs::symlink_metadata(&p) {
             Ok(m) if m.file_type().is_symlink() && p.parent() == Some(Path::new("/")) => {
                 if let Ok(target) = std::fs::read_link(&p) {
@@ -527,6 +523,16 @@ fn resolve(
             Err(_) => {}
         }
     }
+    let etc = crate::graph::etc::plan(
+        Path::new("/etc"),
+        ETC_PATHS,
+        &host.cache_home().join("aisb/store"),
+    );
+    system.push(SystemPath::Snapshot {
+        path: PathBuf::from("/etc"),
+        entries: etc.entries.len(),
+        snapshot: etc,
+    });
 
     // ---- mounts ----------------------------------------------------------------------------
     let slug = |target: &Path| {

@@ -47,6 +47,22 @@ pub enum SystemPath {
     Bind { path: PathBuf },
     /// The host path is a symlink (merged /usr): recreate it in the rootfs.
     Symlink { path: PathBuf, target: PathBuf },
+    /// A store snapshot of part of a host directory (the /etc allowlist), one read-only bind.
+    Snapshot {
+        path: PathBuf,
+        entries: usize,
+        snapshot: crate::graph::etc::Snapshot,
+    },
+}
+
+impl SystemPath {
+    /// Where it appears inside the sandbox when it is mounted (symlinks are not).
+    pub fn mounted_at(&self) -> Option<&std::path::Path> {
+        match self {
+            SystemPath::Bind { path } | SystemPath::Snapshot { path, .. } => Some(path),
+            SystemPath::Symlink { .. } => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -86,6 +86,11 @@ pub fn write(
         fs::set_permissions(&mask_file, fs::Permissions::from_mode(0o000)),
     )?;
     realise_state(plan)?;
+    for sys in &plan.system {
+        if let SystemPath::Snapshot { snapshot, .. } = sys {
+            io(&snapshot.dir, crate::graph::etc::realise(snapshot))?;
+        }
+    }
     let spec = build(
         plan,
         &SpecPaths {

@@ -128,6 +128,14 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
         ),
     ];
     for sys in &plan.system {
+        if let SystemPath::Snapshot { path, snapshot, .. } = sys {
+            mounts.push(mount(
+                path,
+                "bind",
+                &s(&snapshot.dir),
+                &opts(&["rbind", "ro", "nosuid", "nodev"]),
+            ));
+        }
         if let SystemPath::Bind { path } = sys {
             mounts.push(mount(
                 path,
@@ -187,12 +195,11 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
     // Masks matter only where something is mounted (a mask on a mount's own target hides the
     // whole mount: `block` wins over `mount`); elsewhere the path does not exist inside.
     let visible = |p: &Path| {
-        plan.mounts
-            .iter()
-            .any(|m| p.starts_with(&m.target))
-            || plan.system.iter().any(
-                |sp| matches!(sp, SystemPath::Bind { path } if p.starts_with(path)),
-            )
+        plan.mounts.iter().any(|m| p.starts_with(&m.target))
+            || plan
+                .system
+                .iter()
+                .any(|sp| sp.mounted_at().is_some_and(|path| p.starts_with(path)))
     };
     for m in plan.masks.iter().filter(|m| visible(&m.path)) {
         mounts.push(if m.dir {
