@@ -81,15 +81,10 @@ pub fn render(plan: &Plan, _cwd: &Path) -> String {
     }
     let _ = writeln!(o, "  {}", list.join("  "));
     for sys in &plan.system {
-        if let SystemPath::Snapshot {
-            path,
-            entries,
-            snapshot,
-        } = sys
-        {
+        if let SystemPath::Snapshot { path, snapshot } = sys {
             let _ = writeln!(
                 o,
-                "  {}: {entries} allowlisted, world-readable entries (passwd, hosts, ssl, …), \
+                "  {}: the allowlisted, world-readable entries (passwd, hosts, ssl, …), \
                  snapshot {}; the rest is not visible",
                 path.display(),
                 snapshot.dir.display()

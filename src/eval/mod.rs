@@ -530,7 +530,6 @@ fn resolve(
     );
     system.push(SystemPath::Snapshot {
         path: PathBuf::from("/etc"),
-        entries: etc.entries.len(),
         snapshot: etc,
     });
 

@@ -50,7 +50,6 @@ pub enum SystemPath {
     /// A store snapshot of part of a host directory (the /etc allowlist), one read-only bind.
     Snapshot {
         path: PathBuf,
-        entries: usize,
         snapshot: crate::graph::etc::Snapshot,
     },
 }

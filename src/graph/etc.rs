@@ -35,7 +35,7 @@ pub struct Snapshot {
     #[serde(skip)]
     pub source: PathBuf,
     #[serde(skip)]
-    pub entries: Vec<Entry>,
+    pub names: Vec<String>,
 }
 
 fn entry(source: &Path, rel: &Path) -> Option<Entry> {
@@ -68,8 +68,9 @@ fn entry(source: &Path, rel: &Path) -> Option<Entry> {
     })
 }
 
-/// Stamp the allowlisted `names` under `source` (normally /etc) and name their snapshot.
-pub fn plan(source: &Path, names: &[&str], store: &Path) -> Snapshot {
+/// What a snapshot is made of: each allowlisted entry and everything below it that anyone
+/// may read.
+fn entries(source: &Path, names: &[String]) -> Vec<Entry> {
     let mut entries = Vec::new();
     for name in names {
         let Some(e) = entry(source, Path::new(name)) else {
@@ -96,14 +97,50 @@ pub fn plan(source: &Path, names: &[&str], store: &Path) -> Snapshot {
             }
         }
     }
+    entries
+}
+
+/// Name the snapshot of the allowlisted `names` under `source` (normally /etc) from cheap
+/// stamps: every top-level entry, and every directory below (a file added, removed or
+/// replaced by rename changes its directory). Files edited in place inside a subdirectory keep
+/// the old snapshot until something else changes.
+pub fn plan(source: &Path, names: &[&str], store: &Path) -> Snapshot {
+    let mut stamps = Vec::new();
+    for name in names {
+        let Some(e) = entry(source, Path::new(name)) else {
+            continue;
+        };
+        let is_dir = e.kind == Kind::Dir;
+        stamps.push(e);
+        if is_dir {
+            for d in walkdir::WalkDir::new(source.join(name))
+                .min_depth(1)
+                .follow_links(false)
+                .sort_by_file_name()
+                .into_iter()
+                .flatten()
+            {
+                if d.file_type().is_dir() {
+                    if let Some(e) = d
+                        .path()
+                        .strip_prefix(source)
+                        .ok()
+                        .and_then(|rel| entry(source, rel))
+                    {
+                        stamps.push(e);
+                    }
+                }
+            }
+        }
+    }
     let key = format!(
         "{:x}",
-        Sha256::digest(serde_json::to_vec(&(source, &entries)).unwrap_or_default())
+        Sha256::digest(serde_json::to_vec(&(source, &stamps)).unwrap_or_default())
     );
     Snapshot {
         dir: store.join(format!("{}-etc", &key[..32])),
         source: source.to_path_buf(),
-        entries,
+        names: names.iter().map(|n| n.to_string()).collect(),
     }
 }
 
@@ -131,7 +168,8 @@ pub fn realise(s: &Snapshot) -> io::Result<()> {
 }
 
 fn copy_entries(s: &Snapshot, to: &Path) -> io::Result<()> {
-    for e in &s.entries {
+    let entries = entries(&s.source, &s.names);
+    for e in &entries {
         let dst = to.join(&e.rel);
         match &e.kind {
             Kind::Dir => fs::create_dir_all(&dst)?,
@@ -143,7 +181,7 @@ fn copy_entries(s: &Snapshot, to: &Path) -> io::Result<()> {
         }
     }
     // Directory modes last: a read-only directory would have refused its own contents.
-    for e in s.entries.iter().rev().filter(|e| e.kind == Kind::Dir) {
+    for e in entries.iter().rev().filter(|e| e.kind == Kind::Dir) {
         fs::set_permissions(to.join(&e.rel), fs::Permissions::from_mode(e.mode & 0o755))?;
     }
     fs::set_permissions(to, fs::Permissions::from_mode(0o755))

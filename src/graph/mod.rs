@@ -4,6 +4,6 @@
 //!
 //! | entry | what goes into its hash | never |
 //! |-------|-------------------------|-------|
-//! | `etc` | each allowlisted /etc path: relative path, kind, mode, size, mtime (ns), symlink target | file contents of unlisted paths |
+//! | `etc` | each allowlisted /etc entry and every directory below it: relative path, kind, mode, size, mtime (ns), symlink target | file contents; files below the top level (their directory's mtime stands for them) |
 
 pub mod etc;
