@@ -236,5 +236,16 @@ mod tests {
         assert!(fs::read_to_string(s2.dir.join("passwd"))
             .unwrap()
             .contains("new:x"));
+        fs::write(etc.join("ssl/certs/added.pem"), "NEW").unwrap();
+        let s3 = plan(&etc, &["passwd", "shadow", "ssl"], &store);
+        assert_ne!(
+            s3.dir, s2.dir,
+            "a file added below the top level gives a new snapshot"
+        );
+        realise(&s3).unwrap();
+        assert_eq!(
+            fs::read_to_string(s3.dir.join("ssl/certs/added.pem")).unwrap(),
+            "NEW"
+        );
     }
 }
