@@ -25,6 +25,7 @@ fn sample_plan() -> Plan {
             home: "/home/dev".into(),
         },
         state_dir: "/home/dev/.cache/aisb/p-abc/default".into(),
+        store: "/home/dev/.cache/aisb/store".into(),
         system: vec![
             SystemPath::Bind {
                 path: "/usr".into(),

@@ -33,7 +33,7 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     let bundle = plan.state_dir.join("bundle");
     let paths = SpecPaths {
         rootfs: "rootfs".into(),
-        mask_file: bundle.join("masked"),
+        mask_file: plan.store.join("masked-0000"),
         cgroups_path: spec::bundle::cgroups_path(&plan, &bundle),
         terminal: false,
         init: Some(std::env::current_exe().map_err(|source| Error::Io {

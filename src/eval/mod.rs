@@ -523,11 +523,8 @@ fn resolve(
             Err(_) => {}
         }
     }
-    let etc = crate::graph::etc::plan(
-        Path::new("/etc"),
-        ETC_PATHS,
-        &host.cache_home().join("aisb/store"),
-    );
+    let store = host.cache_home().join("aisb/store");
+    let etc = crate::graph::etc::plan(Path::new("/etc"), ETC_PATHS, &store);
     system.push(SystemPath::Snapshot {
         path: PathBuf::from("/etc"),
         snapshot: etc,
@@ -996,6 +993,7 @@ fn resolve(
         read_only,
         identity,
         state_dir,
+        store,
         system,
         mounts,
         masks: mask_list,

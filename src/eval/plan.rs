@@ -18,6 +18,8 @@ pub struct Plan {
     pub identity: Identity,
     /// Per-sandbox state: overlay upper dirs, copies, bundle (`$XDG_CACHE_HOME/aisb/…`).
     pub state_dir: PathBuf,
+    /// The content-addressed store shared by all sandboxes (`$XDG_CACHE_HOME/aisb/store`).
+    pub store: PathBuf,
     /// Host system paths mounted read-only (or recreated as symlinks), in mount order.
     pub system: Vec<SystemPath>,
     /// Everything else mounted, in mount order (parents before children).

@@ -3,7 +3,7 @@
 use std::io::Read;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::PathBuf;
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -11,13 +11,17 @@ use oci_spec::runtime::Spec;
 
 use super::{exit_code, RuntimeError};
 
-pub fn run(spec: &Spec, bundle: &Path, interactive: bool) -> Result<i32, RuntimeError> {
+/// `rootfs_symlinks`: (link inside, target), recreated on bwrap's empty root.
+pub fn run(
+    spec: &Spec,
+    rootfs_symlinks: Vec<(PathBuf, PathBuf)>,
+    interactive: bool,
+) -> Result<i32, RuntimeError> {
     let io = |what: &str| {
         let what = what.to_string();
         move |source| RuntimeError::Io { what, source }
     };
-    let mut inputs =
-        aisb_bwrap::inputs_from_bundle(spec, bundle).map_err(io("reading the bundle"))?;
+    let mut inputs = aisb_bwrap::inputs(spec, rootfs_symlinks);
     let (info_r, info_w): (OwnedFd, OwnedFd) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .map_err(|e| RuntimeError::Io {
             what: "creating a pipe".into(),

@@ -79,29 +79,51 @@ impl Drop for BundleGuard {
 
 pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, RuntimeError> {
     let start = Instant::now();
-    let runs = plan.state_dir.join("run");
-    let dir = runs.join(std::process::id().to_string());
-    // A bundle left by a crashed run with our pid is stale by construction.
-    if dir.exists() {
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-    std::fs::create_dir_all(&runs).map_err(|source| RuntimeError::Io {
-        what: format!("creating {}", runs.display()),
-        source,
-    })?;
     let exe = std::env::current_exe().map_err(|source| RuntimeError::Io {
         what: "locating the aisb binary".into(),
         source,
     })?;
-    let guard = BundleGuard(dir.clone());
-    // bwrap hands the sandbox our terminal as it is; libcontainer needs a pseudo-terminal of
-    // its own, passed back through a console socket.
-    let terminal =
-        backend == Backend::Libcontainer && interactive && nix::unistd::isatty(0).unwrap_or(false);
-    let spec = bundle::write(plan, &dir, Some(&exe), terminal)?;
     let exit_code = match backend {
-        Backend::Bwrap => bwrap::run(&spec, &guard.0, interactive)?,
+        // bwrap needs no bundle on disk: the spec goes straight into its arguments, and it
+        // hands the sandbox our terminal as it is.
+        Backend::Bwrap => {
+            let mask_file = bundle::prepare(plan)?;
+            let paths = crate::spec::SpecPaths {
+                rootfs: PathBuf::from("rootfs"),
+                mask_file,
+                cgroups_path: bundle::cgroups_path(plan, &plan.state_dir),
+                init: Some(exe),
+                terminal: false,
+            };
+            let spec = crate::spec::build(plan, &paths).map_err(BundleError::from)?;
+            let symlinks = plan
+                .system
+                .iter()
+                .filter_map(|s| match s {
+                    crate::eval::plan::SystemPath::Symlink { path, target } => {
+                        Some((path.clone(), target.clone()))
+                    }
+                    _ => None,
+                })
+                .collect();
+            bwrap::run(&spec, symlinks, interactive)?
+        }
+        // libcontainer reads `config.json` from a bundle; it also needs a pseudo-terminal of
+        // its own on a terminal, passed back through a console socket.
         Backend::Libcontainer => {
+            let runs = plan.state_dir.join("run");
+            let dir = runs.join(std::process::id().to_string());
+            // A bundle left by a crashed run with our pid is stale by construction.
+            if dir.exists() {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+            std::fs::create_dir_all(&runs).map_err(|source| RuntimeError::Io {
+                what: format!("creating {}", runs.display()),
+                source,
+            })?;
+            let guard = BundleGuard(dir.clone());
+            let terminal = interactive && nix::unistd::isatty(0).unwrap_or(false);
+            bundle::write(plan, &dir, Some(&exe), terminal)?;
             let id = format!("aisb-{}", std::process::id());
             libcontainer::run(
                 &guard.0,
@@ -112,7 +134,6 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
             )?
         }
     };
-    drop(guard);
     Ok(Summary {
         backend,
         profile: plan.profile.clone(),

@@ -79,18 +79,7 @@ pub fn write(
             io(&link, symlink(target, &link))?;
         }
     }
-    let mask_file = dir.join("masked");
-    io(&mask_file, fs::write(&mask_file, b""))?;
-    io(
-        &mask_file,
-        fs::set_permissions(&mask_file, fs::Permissions::from_mode(0o000)),
-    )?;
-    realise_state(plan)?;
-    for sys in &plan.system {
-        if let SystemPath::Snapshot { snapshot, .. } = sys {
-            io(&snapshot.dir, crate::graph::etc::realise(snapshot))?;
-        }
-    }
+    let mask_file = prepare(plan)?;
     let spec = build(
         plan,
         &SpecPaths {
@@ -105,6 +94,38 @@ pub fn write(
     let config = dir.join("config.json");
     io(&config, fs::write(&config, json))?;
     Ok(spec)
+}
+
+/// Everything on the host a sandbox of this plan needs, on any backend: overlay dirs, private
+/// copies, the /etc snapshot and the masking file. Returns the masking file.
+pub fn prepare(plan: &Plan) -> Result<PathBuf, BundleError> {
+    realise_state(plan)?;
+    for sys in &plan.system {
+        if let SystemPath::Snapshot { snapshot, .. } = sys {
+            io(&snapshot.dir, crate::graph::etc::realise(snapshot))?;
+        }
+    }
+    mask_file(&plan.store)
+}
+
+/// The empty mode-0000 file bind-mounted over masked files (one in the store, shared): its
+/// mode is checked on every use, so a loosened copy is put back.
+pub fn mask_file(store: &Path) -> Result<PathBuf, BundleError> {
+    use std::os::unix::fs::MetadataExt;
+    let path = store.join("masked-0000");
+    match fs::symlink_metadata(&path) {
+        Ok(m) if m.is_file() && m.mode() & 0o7777 == 0 && m.len() == 0 => return Ok(path),
+        Ok(_) => io(&path, fs::remove_file(&path))?,
+        Err(_) => io(store, fs::create_dir_all(store))?,
+    }
+    let tmp = store.join(format!(".tmp-masked-{}", std::process::id()));
+    io(&tmp, fs::write(&tmp, b""))?;
+    io(
+        &tmp,
+        fs::set_permissions(&tmp, fs::Permissions::from_mode(0o000)),
+    )?;
+    io(&path, fs::rename(&tmp, &path))?;
+    Ok(path)
 }
 
 /// Create overlay dirs and take private copies that do not exist yet.

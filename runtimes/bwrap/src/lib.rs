@@ -30,7 +30,7 @@ pub enum BwrapError {
 /// Facts the translation needs from outside the spec, gathered by the caller.
 #[derive(Debug, Clone, Default)]
 pub struct Inputs {
-    /// The bundle directory (relative mount sources and the rootfs are inside it).
+    /// Relative mount sources are taken from here (the bundle directory).
     pub bundle: PathBuf,
     /// Top-level symlinks of the rootfs: (link path inside, target), e.g. (`/bin`, `usr/bin`).
     pub rootfs_symlinks: Vec<(PathBuf, PathBuf)>,
@@ -205,28 +205,9 @@ fn parse_size(s: &str) -> Option<u64> {
     num.parse::<u64>().ok()?.checked_mul(mult)
 }
 
-/// Gather [`Inputs`] from the bundle on disk and the host's /proc.
-pub fn inputs_from_bundle(spec: &Spec, bundle: &Path) -> std::io::Result<Inputs> {
-    let rootfs = spec
-        .root()
-        .as_ref()
-        .map_or_else(|| PathBuf::from("rootfs"), |r| r.path().clone());
-    let rootfs = if rootfs.is_relative() {
-        bundle.join(rootfs)
-    } else {
-        rootfs
-    };
-    let mut rootfs_symlinks = Vec::new();
-    for e in std::fs::read_dir(&rootfs)? {
-        let e = e?;
-        if e.file_type()?.is_symlink() {
-            rootfs_symlinks.push((
-                Path::new("/").join(e.file_name()),
-                std::fs::read_link(e.path())?,
-            ));
-        }
-    }
-    rootfs_symlinks.sort();
+/// [`Inputs`] for `spec`: the rootfs symlinks the caller knows, and which of the spec's
+/// `/proc` masked paths exist on this kernel (read from the host's /proc).
+pub fn inputs(spec: &Spec, rootfs_symlinks: Vec<(PathBuf, PathBuf)>) -> Inputs {
     let masked_kinds = spec
         .linux()
         .as_ref()
@@ -240,13 +221,13 @@ pub fn inputs_from_bundle(spec: &Spec, bundle: &Path) -> std::io::Result<Inputs>
                 .map(|m| (PathBuf::from(&p), m.is_dir()))
         })
         .collect();
-    Ok(Inputs {
-        bundle: bundle.to_path_buf(),
+    Inputs {
+        bundle: PathBuf::from("/"),
         rootfs_symlinks,
         masked_kinds,
         new_session: false,
         info_fd: None,
-    })
+    }
 }
 
 /// The `bwrap` command for these arguments.
