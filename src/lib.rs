@@ -46,11 +46,6 @@ pub enum Error {
     #[error("{path} already exists")]
     #[diagnostic(help("aisb init never overwrites; remove it or choose another path with -o"))]
     Exists { path: PathBuf },
-    #[error("sandbox init: {0}")]
-    #[diagnostic(help(
-        "the sandbox was stopped before running anything; `aisb doctor` checks the host"
-    ))]
-    Init(#[from] init::InitError),
     #[error(transparent)]
     #[diagnostic(transparent)]
     Runtime(#[from] runtime::RuntimeError),
@@ -77,6 +72,11 @@ impl From<eval::EvalError> for Error {
 
 /// Run the command line; returns the process exit code. Errors are printed here.
 pub fn run(args: impl IntoIterator<Item = OsString>) -> i32 {
+    let args: Vec<OsString> = args.into_iter().collect();
+    // The sandbox's init: no clap, no config; the same entry point as the `aisb-init` binary.
+    if args.get(1).is_some_and(|a| a == "__init") {
+        return init::main_from_args(args.into_iter().skip(1));
+    }
     match cli::run(args) {
         Ok(code) => code,
         Err(e) => {

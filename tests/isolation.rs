@@ -130,6 +130,11 @@ impl Sandbox {
             let exe = s.root().join("bin/aisb");
             std::fs::create_dir_all(exe.parent().unwrap()).unwrap();
             std::fs::copy(&s.exe, &exe).unwrap();
+            std::fs::copy(
+                env!("CARGO_BIN_EXE_aisb-init"),
+                exe.with_file_name("aisb-init"),
+            )
+            .unwrap();
             s.exe = exe;
             let ok = Command::new("chown")
                 .args(["-R", &format!("{uid}:{gid}")])

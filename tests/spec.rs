@@ -187,7 +187,7 @@ fn run_in_runc(f: &Fixture, text: &str, script: &str) -> (String, String, i32) {
     aisb::spec::bundle::write(
         &plan,
         &bundle,
-        Some(std::path::Path::new(env!("CARGO_BIN_EXE_aisb"))),
+        Some(std::path::Path::new(env!("CARGO_BIN_EXE_aisb-init"))),
         false,
     )
     .unwrap();

@@ -51,7 +51,7 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
         path: "/proc/self/exe".into(),
         source,
     })?;
-    crate::spec::bundle::write(&plan, &dir, Some(&exe), false)?;
+    crate::spec::bundle::write(&plan, &dir, Some(&crate::init::binary_beside(&exe)), false)?;
     eprintln!(
         "wrote bundle {} (profile {}, {} masked paths)",
         dir.display(),

@@ -9,7 +9,6 @@ mod libcontainer_helper;
 mod plan;
 mod presets;
 mod run;
-mod sandbox_init;
 mod spec;
 mod tasks;
 mod up;
@@ -67,8 +66,6 @@ pub enum Command {
     Completions(completions::Args),
     #[command(name = "__libcontainer", hide = true)]
     LibcontainerHelper(libcontainer_helper::Args),
-    #[command(name = "__init", hide = true)]
-    SandboxInit(sandbox_init::Args),
 }
 
 pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
@@ -102,7 +99,6 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
         Command::Presets(a) => presets::run(a),
         Command::Doctor(a) => doctor::run(a),
         Command::Completions(a) => completions::run(a),
-        Command::SandboxInit(a) => sandbox_init::run(a),
         Command::LibcontainerHelper(a) => libcontainer_helper::run(a),
     }
 }

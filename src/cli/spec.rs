@@ -31,15 +31,16 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     };
     let plan = crate::eval::evaluate(&loaded, &host, &req)?;
     let bundle = plan.state_dir.join("bundle");
+    let exe = std::env::current_exe().map_err(|source| Error::Io {
+        path: "/proc/self/exe".into(),
+        source,
+    })?;
     let paths = SpecPaths {
         rootfs: "rootfs".into(),
         mask_file: plan.store.join("masked-0000"),
         cgroups_path: spec::bundle::cgroups_path(&plan, &bundle),
         terminal: false,
-        init: Some(std::env::current_exe().map_err(|source| Error::Io {
-            path: "/proc/self/exe".into(),
-            source,
-        })?),
+        init: Some(crate::init::binary_beside(&exe)),
     };
     let spec = spec::build(&plan, &paths)?;
     println!("{}", spec::to_json(&spec)?);

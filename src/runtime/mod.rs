@@ -92,7 +92,7 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
                 rootfs: PathBuf::from("rootfs"),
                 mask_file,
                 cgroups_path: bundle::cgroups_path(plan, &plan.state_dir),
-                init: Some(exe),
+                init: Some(crate::init::binary_beside(&exe)),
                 terminal: false,
             };
             let spec = crate::spec::build(plan, &paths).map_err(BundleError::from)?;
@@ -123,7 +123,12 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
             })?;
             let guard = BundleGuard(dir.clone());
             let terminal = interactive && nix::unistd::isatty(0).unwrap_or(false);
-            bundle::write(plan, &dir, Some(&exe), terminal)?;
+            bundle::write(
+                plan,
+                &dir,
+                Some(&crate::init::binary_beside(&exe)),
+                terminal,
+            )?;
             let id = format!("aisb-{}", std::process::id());
             libcontainer::run(
                 &guard.0,
