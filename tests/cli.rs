@@ -333,14 +333,27 @@ fn both_init_entry_points_harden_and_refuse_bad_usage() {
     ] {
         let out = Command::new(exe)
             .args(&args)
-            .args(["/bin/sh", "-c", "grep -E '^(Seccomp|NoNewPrivs|CapEff):' /proc/self/status; exit 3"])
+            .args([
+                "/bin/sh",
+                "-c",
+                "grep -E '^(Seccomp|NoNewPrivs|CapEff):' /proc/self/status; exit 3",
+            ])
             .output()
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert_eq!(out.status.code(), Some(3), "{exe}: {stdout}");
-        assert!(stdout.contains("Seccomp:\t2") && stdout.contains("NoNewPrivs:\t1"), "{exe}: {stdout}");
-        assert!(stdout.contains("CapEff:\t0000000000000000"), "{exe}: {stdout}");
-        let bad = Command::new(exe).args(["__init", "--bogus", "--", "true"]).output().unwrap();
+        assert!(
+            stdout.contains("Seccomp:\t2") && stdout.contains("NoNewPrivs:\t1"),
+            "{exe}: {stdout}"
+        );
+        assert!(
+            stdout.contains("CapEff:\t0000000000000000"),
+            "{exe}: {stdout}"
+        );
+        let bad = Command::new(exe)
+            .args(["__init", "--bogus", "--", "true"])
+            .output()
+            .unwrap();
         assert_eq!(bad.status.code(), Some(125), "{exe}");
     }
 }

@@ -498,3 +498,50 @@ fn stale_libcontainer_state_is_removed() {
     assert_eq!(o.code, 0, "{}", o.stderr);
     assert!(!stale.exists(), "stale container state was left behind");
 }
+
+/// SIGTERM to aisb reaches the workload through the init: it ends, and aisb exits 128+15.
+#[test]
+fn sigterm_to_aisb_is_forwarded() {
+    if !privileged() {
+        return;
+    }
+    for backend in BACKENDS {
+        let s = Sandbox::new();
+        let mut child = Command::new(&s.exe)
+            .args([
+                "run",
+                "--backend",
+                backend,
+                "--",
+                "/bin/sh",
+                "-c",
+                "echo started; exec sleep 300",
+            ])
+            .current_dir(s.proj())
+            .env("HOME", s.root().join("home"))
+            .env("XDG_CACHE_HOME", s.root().join("cache"))
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert_eq!(line, "started\n", "[{backend}]");
+        let start = std::time::Instant::now();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(143), "[{backend}]");
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(5),
+            "[{backend}] took {:?}",
+            start.elapsed()
+        );
+    }
+}
