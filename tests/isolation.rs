@@ -223,6 +223,7 @@ echo "nnp=$(grep NoNewPrivs /proc/self/status | cut -f2)"
 try vsock python3 -c 'import socket; socket.socket(40, socket.SOCK_STREAM)'
 try tiocsti python3 -c 'import pty, fcntl, termios; m, s = pty.openpty(); fcntl.ioctl(s, termios.TIOCSTI, b"x")'
 try ptrace python3 -c 'import ctypes, sys; sys.exit(0 if ctypes.CDLL(None, use_errno=True).ptrace(0, 0, 0, 0) == 0 else 1)'
+try keyctl python3 -c 'import ctypes, sys; l = ctypes.CDLL(None, use_errno=True); sys.exit(0 if l.syscall(250, 0, -3, 1) >= 0 else 1)'
 try mount mount -t tmpfs none /tmp
 try userns unshare -U true
 try mountns unshare -m true
@@ -265,6 +266,7 @@ fn escapes_fail_and_the_project_works() {
             "vsock",
             "tiocsti",
             "ptrace",
+            "keyctl",
             "mount",
             "userns",
             "mountns",
