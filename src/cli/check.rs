@@ -1,6 +1,6 @@
 use super::Global;
 use crate::config::{ConfigError, Errors, SourceFile};
-use crate::eval::{self, EvalError, Host, Request};
+use crate::eval::{self, EvalError, Host};
 use crate::Error;
 
 /// Validate sandbox.kdl: syntax, every profile, every task
@@ -39,11 +39,7 @@ pub fn collect(
     let profiles = eval::profile_names(&loaded);
     if all.is_empty() {
         for p in std::iter::once(None).chain(profiles.iter().map(|p| Some(p.clone()))) {
-            let req = Request {
-                profile: p,
-                use_cache: !g.no_cache,
-                ..Default::default()
-            };
+            let req = g.request(p, vec![]);
             match eval::evaluate(&loaded, host, &req) {
                 Ok(_) => {}
                 Err(EvalError::Config(c)) => {
@@ -65,10 +61,7 @@ pub fn collect(
 }
 
 pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
-    let host = Host::current().map_err(|source| Error::Io {
-        path: ".".into(),
-        source,
-    })?;
+    let host = super::host()?;
     let (sources, errors, n_profiles, root) = collect(g, &host)?;
     match a.format {
         Format::Json => {

@@ -1,7 +1,6 @@
 use std::path::PathBuf;
 
 use super::Global;
-use crate::eval::{Host, Request};
 use crate::Error;
 
 /// Export the sandbox as an OCI bundle
@@ -35,22 +34,9 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
         profile,
         command,
     } = a.what;
-    let host = Host::current().map_err(|source| Error::Io {
-        path: ".".into(),
-        source,
-    })?;
-    let loaded = g.load(&host)?;
-    let req = Request {
-        profile,
-        command,
-        use_cache: !g.no_cache,
-        ..Default::default()
-    };
-    let plan = crate::eval::evaluate(&loaded, &host, &req)?;
-    let exe = std::env::current_exe().map_err(|source| Error::Io {
-        path: "/proc/self/exe".into(),
-        source,
-    })?;
+    let host = super::host()?;
+    let plan = g.plan(&host, profile, command)?;
+    let exe = super::current_exe()?;
     crate::spec::bundle::write(&plan, &dir, Some(&crate::init::binary_beside(&exe)), false)?;
     eprintln!(
         "wrote bundle {} (profile {}, {} masked paths)",

@@ -109,6 +109,22 @@ pub struct Global {
     pub no_cache: bool,
 }
 
+/// The caller, as the evaluator sees it.
+pub fn host() -> Result<Host, Error> {
+    Host::current().map_err(|source| Error::Io {
+        path: ".".into(),
+        source,
+    })
+}
+
+/// The running aisb binary (the init binary and the libcontainer helper live beside it).
+pub fn current_exe() -> Result<std::path::PathBuf, Error> {
+    std::env::current_exe().map_err(|source| Error::Io {
+        path: "/proc/self/exe".into(),
+        source,
+    })
+}
+
 /// The directory a project's root defaults to: the git work tree's top, else `start`.
 pub fn project_dir(start: &Path) -> PathBuf {
     let mut cur = Some(start);
@@ -173,13 +189,23 @@ impl Global {
         Ok(loaded)
     }
 
-    pub fn plan(&self, host: &Host, profile: Option<String>) -> Result<eval::Plan, Error> {
-        let loaded = self.load(host)?;
-        let req = Request {
+    /// What to evaluate: a profile and a command, with this invocation's cache setting.
+    pub fn request(&self, profile: Option<String>, command: Vec<String>) -> Request {
+        Request {
             profile,
+            command,
             use_cache: !self.no_cache,
             ..Request::default()
-        };
-        eval::evaluate(&loaded, host, &req).map_err(Error::from)
+        }
+    }
+
+    pub fn plan(
+        &self,
+        host: &Host,
+        profile: Option<String>,
+        command: Vec<String>,
+    ) -> Result<eval::Plan, Error> {
+        let loaded = self.load(host)?;
+        eval::evaluate(&loaded, host, &self.request(profile, command)).map_err(Error::from)
     }
 }

@@ -3,7 +3,6 @@ use std::path::Path;
 
 use super::Global;
 use crate::eval::plan::{MountKind, NetMode, Plan, SystemPath};
-use crate::eval::Host;
 use crate::Error;
 
 /// Show what the sandbox will be: mounts, masked paths and why, env names, network
@@ -20,11 +19,8 @@ pub struct Args {
 }
 
 pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
-    let host = Host::current().map_err(|source| Error::Io {
-        path: ".".into(),
-        source,
-    })?;
-    let plan = g.plan(&host, a.profile)?;
+    let host = super::host()?;
+    let plan = g.plan(&host, a.profile, vec![])?;
     if a.json {
         println!(
             "{}",

@@ -1,5 +1,5 @@
 use super::Global;
-use crate::eval::{self, Host, Request};
+use crate::eval;
 use crate::runtime::{self, Backend};
 use crate::Error;
 
@@ -31,17 +31,9 @@ pub struct Args {
 }
 
 pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
-    let host = Host::current().map_err(|source| Error::Io {
-        path: ".".into(),
-        source,
-    })?;
+    let host = super::host()?;
     let loaded = g.load(&host)?;
-    let mut req = Request {
-        profile: a.profile,
-        command: a.command,
-        use_cache: !g.no_cache,
-        ..Default::default()
-    };
+    let mut req = g.request(a.profile, a.command);
     if let Some(task) = &a.task {
         // Evaluate once to read the task, then again with its profile and command.
         let plan = eval::evaluate(&loaded, &host, &req)?;

@@ -1,5 +1,4 @@
 use super::Global;
-use crate::eval::Host;
 use crate::spec::{self, SpecPaths};
 use crate::Error;
 
@@ -18,23 +17,10 @@ pub struct Args {
 }
 
 pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
-    let host = Host::current().map_err(|source| Error::Io {
-        path: ".".into(),
-        source,
-    })?;
-    let loaded = g.load(&host)?;
-    let req = crate::eval::Request {
-        profile: a.profile,
-        command: a.command,
-        use_cache: !g.no_cache,
-        ..Default::default()
-    };
-    let plan = crate::eval::evaluate(&loaded, &host, &req)?;
+    let host = super::host()?;
+    let plan = g.plan(&host, a.profile, a.command)?;
     let bundle = plan.state_dir.join("bundle");
-    let exe = std::env::current_exe().map_err(|source| Error::Io {
-        path: "/proc/self/exe".into(),
-        source,
-    })?;
+    let exe = super::current_exe()?;
     let paths = SpecPaths {
         rootfs: "rootfs".into(),
         mask_file: plan.store.join("masked-0000"),

@@ -1,5 +1,4 @@
 use super::Global;
-use crate::eval::Host;
 use crate::Error;
 
 /// List the tasks defined in sandbox.kdl
@@ -12,11 +11,8 @@ pub struct Args {
 }
 
 pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
-    let host = Host::current().map_err(|source| Error::Io {
-        path: ".".into(),
-        source,
-    })?;
-    let plan = g.plan(&host, None)?;
+    let host = super::host()?;
+    let plan = g.plan(&host, None, vec![])?;
     if a.json {
         println!(
             "{}",

@@ -1,5 +1,4 @@
 use super::Global;
-use crate::eval::{self, Host, Request};
 use crate::runtime::{self, Backend};
 use crate::Error;
 
@@ -22,18 +21,8 @@ pub struct Args {
 }
 
 pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
-    let host = Host::current().map_err(|source| Error::Io {
-        path: ".".into(),
-        source,
-    })?;
-    let loaded = g.load(&host)?;
-    let req = Request {
-        profile: a.profile,
-        command: a.command,
-        use_cache: !g.no_cache,
-        ..Default::default()
-    };
-    let plan = eval::evaluate(&loaded, &host, &req)?;
+    let host = super::host()?;
+    let plan = g.plan(&host, a.profile, a.command)?;
     Ok(runtime::run(
         &plan,
         a.backend.unwrap_or_else(Backend::default_for_caller),
