@@ -68,36 +68,40 @@ fn entry(source: &Path, rel: &Path) -> Option<Entry> {
     })
 }
 
-/// What a snapshot is made of: each allowlisted entry and everything below it that anyone
-/// may read.
-fn entries(source: &Path, names: &[String]) -> Vec<Entry> {
-    let mut entries = Vec::new();
+/// Each allowlisted entry and, below a directory, everything anyone may read (`dirs_only`:
+/// only the directories). An unreadable directory is left out with everything in it.
+fn collect(source: &Path, names: &[String], dirs_only: bool) -> Vec<Entry> {
+    let mut out = Vec::new();
     for name in names {
         let Some(e) = entry(source, Path::new(name)) else {
             continue;
         };
         let is_dir = e.kind == Kind::Dir;
-        entries.push(e);
-        if is_dir {
-            let mut it = walkdir::WalkDir::new(source.join(name))
-                .min_depth(1)
-                .follow_links(false)
-                .sort_by_file_name()
-                .into_iter();
-            while let Some(Ok(d)) = it.next() {
-                let Ok(rel) = d.path().strip_prefix(source) else {
-                    continue;
-                };
-                match entry(source, rel) {
-                    Some(e) => entries.push(e),
-                    // An unreadable directory: skip it and everything in it.
-                    None if d.file_type().is_dir() => it.skip_current_dir(),
-                    None => {}
-                }
+        out.push(e);
+        if !is_dir {
+            continue;
+        }
+        let mut it = walkdir::WalkDir::new(source.join(name))
+            .min_depth(1)
+            .follow_links(false)
+            .sort_by_file_name()
+            .into_iter();
+        while let Some(Ok(d)) = it.next() {
+            let is_dir = d.file_type().is_dir();
+            if dirs_only && !is_dir {
+                continue;
+            }
+            let Ok(rel) = d.path().strip_prefix(source) else {
+                continue;
+            };
+            match entry(source, rel) {
+                Some(e) => out.push(e),
+                None if is_dir => it.skip_current_dir(),
+                None => {}
             }
         }
     }
-    entries
+    out
 }
 
 /// Name the snapshot of the allowlisted `names` under `source` (normally /etc) from cheap
@@ -105,34 +109,8 @@ fn entries(source: &Path, names: &[String]) -> Vec<Entry> {
 /// replaced by rename changes its directory). Files edited in place inside a subdirectory keep
 /// the old snapshot until something else changes.
 pub fn plan(source: &Path, names: &[&str], store: &Path) -> Snapshot {
-    let mut stamps = Vec::new();
-    for name in names {
-        let Some(e) = entry(source, Path::new(name)) else {
-            continue;
-        };
-        let is_dir = e.kind == Kind::Dir;
-        stamps.push(e);
-        if is_dir {
-            for d in walkdir::WalkDir::new(source.join(name))
-                .min_depth(1)
-                .follow_links(false)
-                .sort_by_file_name()
-                .into_iter()
-                .flatten()
-            {
-                if d.file_type().is_dir() {
-                    if let Some(e) = d
-                        .path()
-                        .strip_prefix(source)
-                        .ok()
-                        .and_then(|rel| entry(source, rel))
-                    {
-                        stamps.push(e);
-                    }
-                }
-            }
-        }
-    }
+    let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+    let stamps = collect(source, &names, true);
     let key = format!(
         "{:x}",
         Sha256::digest(serde_json::to_vec(&(source, &stamps)).unwrap_or_default())
@@ -140,7 +118,7 @@ pub fn plan(source: &Path, names: &[&str], store: &Path) -> Snapshot {
     Snapshot {
         dir: store.join(format!("{}-etc", &key[..32])),
         source: source.to_path_buf(),
-        names: names.iter().map(|n| n.to_string()).collect(),
+        names,
     }
 }
 
@@ -168,7 +146,7 @@ pub fn realise(s: &Snapshot) -> io::Result<()> {
 }
 
 fn copy_entries(s: &Snapshot, to: &Path) -> io::Result<()> {
-    let entries = entries(&s.source, &s.names);
+    let entries = collect(&s.source, &s.names, false);
     for e in &entries {
         let dst = to.join(&e.rel);
         match &e.kind {
