@@ -185,7 +185,7 @@ impl Global {
             Root::Default { dir } => dir.clone(),
         };
         let loaded = eval::load(root, &mut errors).map_err(|source| Error::Io { path, source })?;
-        errors.into_result().map_err(|e| Error::Config(e))?;
+        errors.into_result().map_err(Error::Config)?;
         Ok(loaded)
     }
 

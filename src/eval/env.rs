@@ -7,6 +7,7 @@
 //! 4. secret heuristics (`*_KEY`, `*_SECRET`, `*_TOKEN`, `*PASSWORD*`, `*CREDENTIAL*`, `AWS_*`,
 //!    `GITHUB_*`, …) when `filter-secrets` is on (the default): dropped.
 //! 5. `inherit`: `all` keeps it, `safe` keeps it only when it is on the safe list, `none` drops.
+//!
 //! Then `set` values are applied, and identity variables (HOME, USER, LOGNAME, SHELL) are
 //! forced to the sandbox's identity.
 
@@ -111,9 +112,7 @@ pub fn filter(host_env: &BTreeMap<String, String>, p: &EnvPolicy<'_>) -> Env {
     for (name, value) in host_env {
         let keep = if deny.is_match(name) {
             Err("denied by `env deny`")
-        } else if p.pass.iter().any(|n| n == name) {
-            Ok(())
-        } else if allow.is_match(name) {
+        } else if p.pass.iter().any(|n| n == name) || allow.is_match(name) {
             Ok(())
         } else if p.filter_secrets && secret.is_match(name.to_ascii_uppercase()) {
             Err("looks like a secret")
