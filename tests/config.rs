@@ -420,3 +420,23 @@ fn project_root_may_not_be_home_or_slash() {
     let e = f.eval("project \"~\"\n", None).unwrap_err();
     assert!(e.contains("refusing to use"), "{e}");
 }
+
+#[test]
+fn backend_preference() {
+    let f = Fixture::new();
+    assert_eq!(f.plan("", None).backend, None);
+    assert_eq!(
+        f.plan("backend \"bwrap\"\n", None).backend.as_deref(),
+        Some("bwrap")
+    );
+    let p = f.plan(
+        "backend \"bwrap\"\nprofile \"p\" { backend \"libcontainer\" }\n",
+        Some("p"),
+    );
+    assert_eq!(p.backend.as_deref(), Some("libcontainer"));
+    let e = f.eval("backend \"bwarp\"\n", None).unwrap_err();
+    assert!(
+        e.contains("unknown value `bwarp`") && e.contains("did you mean `bwrap`?"),
+        "{e}"
+    );
+}

@@ -547,3 +547,35 @@ fn sigterm_to_aisb_is_forwarded() {
         );
     }
 }
+
+#[test]
+fn backend_from_config_and_flag() {
+    if !privileged() {
+        return;
+    }
+    let s = Sandbox::new();
+    std::fs::write(s.proj().join("sandbox.kdl"), "backend \"bwrap\"\n").unwrap();
+    let out = Command::new(&s.exe)
+        .args(["run", "--json", "--", "true"])
+        .current_dir(s.proj())
+        .env("HOME", s.root().join("home"))
+        .env("XDG_CACHE_HOME", s.root().join("cache"))
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("\"backend\":\"bwrap\""),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(&s.exe)
+        .args(["run", "--backend", "libcontainer", "--json", "--", "true"])
+        .current_dir(s.proj())
+        .env("HOME", s.root().join("home"))
+        .env("XDG_CACHE_HOME", s.root().join("cache"))
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("\"backend\":\"libcontainer\""),
+        "the flag wins"
+    );
+}

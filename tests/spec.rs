@@ -15,6 +15,7 @@ fn sample_plan() -> Plan {
     Plan {
         config_file: Some("/src/p/sandbox.kdl".into()),
         profile: "default".into(),
+        backend: None,
         project: "/src/p".into(),
         project_access: Access::Rw,
         read_only: false,

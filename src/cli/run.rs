@@ -19,7 +19,7 @@ pub struct Args {
     pub task: Option<String>,
     #[arg(short, long)]
     pub profile: Option<String>,
-    /// Default: libcontainer when run as root, bwrap otherwise (`aisb doctor` tells why)
+    /// Default: `backend` in sandbox.kdl, else libcontainer for root and bwrap otherwise
     #[arg(long, value_enum)]
     pub backend: Option<Backend>,
     /// Print a JSON summary (exit code, duration, profile) to stderr when done
@@ -63,7 +63,7 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     let plan = eval::evaluate(&loaded, &host, &req)?;
     let summary = runtime::run(
         &plan,
-        a.backend.unwrap_or_else(Backend::default_for_caller),
+        Backend::choose(a.backend, plan.backend.as_deref()),
         false,
     )?;
     if a.json {

@@ -12,7 +12,7 @@ Examples:
 pub struct Args {
     #[arg(short, long)]
     pub profile: Option<String>,
-    /// Default: libcontainer when run as root, bwrap otherwise (`aisb doctor` tells why)
+    /// Default: `backend` in sandbox.kdl, else libcontainer for root and bwrap otherwise
     #[arg(long, value_enum)]
     pub backend: Option<Backend>,
     /// The command (default: your shell)
@@ -25,7 +25,7 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     let plan = g.plan(&host, a.profile, a.command)?;
     Ok(runtime::run(
         &plan,
-        a.backend.unwrap_or_else(Backend::default_for_caller),
+        Backend::choose(a.backend, plan.backend.as_deref()),
         true,
     )?
     .exit_code)

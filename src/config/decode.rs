@@ -28,7 +28,11 @@ const SETTINGS_NODES: &[&str] = &[
     "env",
     "network",
     "process",
+    "backend",
 ];
+
+/// Runtime backends `backend` accepts (the runtimes themselves live outside the config).
+pub const BACKENDS: [&str; 2] = ["libcontainer", "bwrap"];
 
 fn kind_of(v: &KdlValue) -> &'static str {
     match v {
@@ -181,6 +185,15 @@ impl Decoder<'_> {
             "env" => self.env(node, &mut s.env),
             "network" => self.network(node, &mut s.network),
             "process" => self.process(node, &mut s.process),
+            "backend" => {
+                self.only_props(node, &[]);
+                self.no_children(node);
+                if let Some(e) = self.args(node, 1, 1, "one of: libcontainer, bwrap").first() {
+                    s.backend = self.enumerated(e, &BACKENDS, |b| {
+                        BACKENDS.contains(&b).then(|| b.to_string())
+                    });
+                }
+            }
             other => {
                 let hint = suggest(other, known).map(|k| format!("did you mean `{k}`?"));
                 self.err(

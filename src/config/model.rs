@@ -145,6 +145,8 @@ impl NetMode {
 /// Everything a profile can say. `None` / empty means "not said here" (inherit).
 #[derive(Debug, Clone, Default)]
 pub struct Settings {
+    /// Preferred runtime (`libcontainer` | `bwrap`); `--backend` overrides it.
+    pub backend: Option<S<String>>,
     pub project: ProjectCfg,
     pub read_only: Option<S<bool>>,
     pub mounts: Vec<MountCfg>,

@@ -26,6 +26,7 @@ pub fn merge(
             b.clone_from(o);
         }
     }
+    scalar(&mut base.backend, &over.backend);
     scalar(&mut base.project.root, &over.project.root);
     scalar(&mut base.project.access, &over.project.access);
     scalar(&mut base.read_only, &over.read_only);

@@ -988,6 +988,7 @@ fn resolve(
             Root::Default { .. } => None,
         },
         profile: profile_name,
+        backend: s.backend.as_ref().map(|b| b.value.clone()),
         project,
         project_access,
         read_only,

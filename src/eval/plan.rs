@@ -12,6 +12,8 @@ pub struct Plan {
     /// The config file used, `None` when the embedded default applied.
     pub config_file: Option<PathBuf>,
     pub profile: String,
+    /// The runtime the configuration prefers, if it names one.
+    pub backend: Option<String>,
     pub project: PathBuf,
     pub project_access: Access,
     pub read_only: bool,

@@ -46,6 +46,14 @@ pub enum RuntimeError {
 }
 
 impl Backend {
+    /// `--backend`, else the configuration's `backend`, else the caller's default.
+    pub fn choose(flag: Option<Backend>, configured: Option<&str>) -> Backend {
+        flag.or_else(|| {
+            configured.and_then(|c| <Backend as clap::ValueEnum>::from_str(c, false).ok())
+        })
+        .unwrap_or_else(Backend::default_for_caller)
+    }
+
     /// libcontainer for root; bwrap for everyone else until libcontainer's rootless mode
     /// (subordinate id maps, delegated cgroups) exists.
     pub fn default_for_caller() -> Backend {
