@@ -162,21 +162,27 @@ impl Sandbox {
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(p, content).unwrap();
     }
-    fn run(&self, backend: &str, extra: &[&str], script: &str) -> Out {
+    /// `aisb` as the sandbox's owner would start it: in the project, with a clean environment
+    /// whose home and cache are the fixture's.
+    fn aisb(&self) -> Command {
         let mut cmd = Command::new(&self.exe);
         if let Some((uid, gid)) = self.user {
             std::os::unix::process::CommandExt::uid(&mut cmd, uid);
             std::os::unix::process::CommandExt::gid(&mut cmd, gid);
         }
-        let out = cmd
-            .args(["run", "--backend", backend])
-            .args(extra)
-            .args(["--", "/bin/sh", "-c", script])
-            .current_dir(self.proj())
+        cmd.current_dir(self.proj())
             .env_clear()
             .env("PATH", "/usr/local/bin:/usr/bin:/bin")
             .env("HOME", self.root().join("home"))
-            .env("XDG_CACHE_HOME", self.root().join("cache"))
+            .env("XDG_CACHE_HOME", self.root().join("cache"));
+        cmd
+    }
+    fn run(&self, backend: &str, extra: &[&str], script: &str) -> Out {
+        let out = self
+            .aisb()
+            .args(["run", "--backend", backend])
+            .args(extra)
+            .args(["--", "/bin/sh", "-c", script])
             .env("GITHUB_TOKEN", "ghp_leaked_value")
             .env("AWS_SECRET_ACCESS_KEY", "aws_leaked_value")
             .stdin(std::process::Stdio::null())
@@ -434,7 +440,8 @@ fn killing_aisb_leaves_no_process() {
     for backend in BACKENDS {
         let s = Sandbox::new();
         let marker = format!("aisb-orphan-{}-{backend}", std::process::id());
-        let mut child = Command::new(&s.exe)
+        let mut child = s
+            .aisb()
             .args([
                 "run",
                 "--backend",
@@ -444,9 +451,6 @@ fn killing_aisb_leaves_no_process() {
                 "-c",
                 &format!("exec -a {marker} sleep 300"),
             ])
-            .current_dir(s.proj())
-            .env("HOME", s.root().join("home"))
-            .env("XDG_CACHE_HOME", s.root().join("cache"))
             .spawn()
             .unwrap();
         let running = || {
@@ -485,13 +489,7 @@ fn stale_libcontainer_state_is_removed() {
         return;
     }
     let s = Sandbox::new();
-    let plan = Command::new(&s.exe)
-        .args(["plan", "--json"])
-        .current_dir(s.proj())
-        .env("HOME", s.root().join("home"))
-        .env("XDG_CACHE_HOME", s.root().join("cache"))
-        .output()
-        .unwrap();
+    let plan = s.aisb().args(["plan", "--json"]).output().unwrap();
     let v: serde_json::Value = serde_json::from_slice(&plan.stdout).unwrap();
     let stale = PathBuf::from(v["state_dir"].as_str().unwrap()).join("libcontainer/aisb-4194303");
     std::fs::create_dir_all(&stale).unwrap();
@@ -509,7 +507,8 @@ fn sigterm_to_aisb_is_forwarded() {
     }
     for backend in BACKENDS {
         let s = Sandbox::new();
-        let mut child = Command::new(&s.exe)
+        let mut child = s
+            .aisb()
             .args([
                 "run",
                 "--backend",
@@ -519,9 +518,6 @@ fn sigterm_to_aisb_is_forwarded() {
                 "-c",
                 "echo started; exec sleep 300",
             ])
-            .current_dir(s.proj())
-            .env("HOME", s.root().join("home"))
-            .env("XDG_CACHE_HOME", s.root().join("cache"))
             .stdout(std::process::Stdio::piped())
             .spawn()
             .unwrap();
@@ -555,11 +551,9 @@ fn backend_from_config_and_flag() {
     }
     let s = Sandbox::new();
     std::fs::write(s.proj().join("sandbox.kdl"), "backend \"bwrap\"\n").unwrap();
-    let out = Command::new(&s.exe)
+    let out = s
+        .aisb()
         .args(["run", "--json", "--", "true"])
-        .current_dir(s.proj())
-        .env("HOME", s.root().join("home"))
-        .env("XDG_CACHE_HOME", s.root().join("cache"))
         .output()
         .unwrap();
     assert!(
@@ -567,11 +561,9 @@ fn backend_from_config_and_flag() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let out = Command::new(&s.exe)
+    let out = s
+        .aisb()
         .args(["run", "--backend", "libcontainer", "--json", "--", "true"])
-        .current_dir(s.proj())
-        .env("HOME", s.root().join("home"))
-        .env("XDG_CACHE_HOME", s.root().join("cache"))
         .output()
         .unwrap();
     assert!(
