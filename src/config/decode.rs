@@ -87,10 +87,7 @@ impl Decoder<'_> {
                 }
                 "profile" => {
                     if let Some(p) = self.profile(node) {
-                        if let Some(prev) =
-                            cfg.profiles.iter().find(|p2| p2.name.value == p.name.value)
-                        {
-                            let _ = prev;
+                        if cfg.profiles.iter().any(|p2| p2.name.value == p.name.value) {
                             self.err(
                                 p.name.loc.span,
                                 format!("profile `{}` is defined twice in this file", p.name.value),

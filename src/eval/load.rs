@@ -150,7 +150,7 @@ impl Loader<'_> {
             .and_then(Path::parent)
             .map(Path::to_path_buf);
         for import in &file.imports {
-            self.import(import, dir.as_deref(), idx);
+            self.import(import, dir.as_deref());
         }
         self.stack.pop();
         self.files[idx] = file;
@@ -158,7 +158,7 @@ impl Loader<'_> {
         idx
     }
 
-    fn import(&mut self, import: &Spanned<String>, dir: Option<&Path>, from: usize) {
+    fn import(&mut self, import: &Spanned<String>, dir: Option<&Path>) {
         let loc = import.loc;
         let (key, name, path, text) = if let Some(preset) = import.value.strip_prefix("preset:") {
             match presets::get(preset) {
@@ -227,7 +227,6 @@ impl Loader<'_> {
         if self.visited.contains_key(&key) {
             return;
         }
-        let _ = from;
         self.add(key, name, path, text);
     }
 
