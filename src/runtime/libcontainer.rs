@@ -11,17 +11,15 @@ use nix::unistd::Pid;
 
 use super::{exit_code, RuntimeError};
 
+/// `exe`: the running aisb binary, re-executed as the helper.
 pub fn run(
+    exe: &Path,
     bundle: &Path,
     state_root: &Path,
     id: &str,
     interactive: bool,
     terminal: bool,
 ) -> Result<i32, RuntimeError> {
-    let exe = std::env::current_exe().map_err(|source| RuntimeError::Io {
-        what: "locating the aisb binary".into(),
-        source,
-    })?;
     let console = if terminal {
         Some(
             super::console::ConsoleSocket::listen().map_err(|source| RuntimeError::Io {

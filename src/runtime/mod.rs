@@ -139,6 +139,7 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
             )?;
             let id = format!("aisb-{}", std::process::id());
             libcontainer::run(
+                &exe,
                 &guard.0,
                 &plan.state_dir.join("libcontainer"),
                 &id,
