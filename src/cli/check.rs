@@ -1,5 +1,5 @@
 use super::Global;
-use crate::config::{ConfigError, Errors, SourceFile};
+use crate::config::{ConfigError, SourceFile};
 use crate::eval::{self, EvalError, Host};
 use crate::Error;
 
@@ -28,13 +28,7 @@ pub fn collect(
     g: &Global,
     host: &Host,
 ) -> Result<(Vec<SourceFile>, Vec<ConfigError>, usize, usize), Error> {
-    let root = g.root(host)?;
-    let mut errors = Errors::default();
-    let path = match &root {
-        eval::Root::File(p) | eval::Root::Text { path: p, .. } => p.clone(),
-        eval::Root::Default { dir } => dir.clone(),
-    };
-    let loaded = eval::load(root, &mut errors).map_err(|source| Error::Io { path, source })?;
+    let (loaded, errors) = g.load_with_errors(host)?;
     let mut all = errors.list;
     let profiles = eval::profile_names(&loaded);
     if all.is_empty() {

@@ -178,6 +178,14 @@ impl Global {
 
     /// Load the configuration; syntax and decoding errors are returned all together.
     pub fn load(&self, host: &Host) -> Result<Loaded, Error> {
+        let (loaded, errors) = self.load_with_errors(host)?;
+        errors.into_result().map_err(Error::Config)?;
+        Ok(loaded)
+    }
+
+    /// Load what can be loaded; configuration errors are returned beside it, not raised
+    /// (`aisb check` reports them with the evaluation's own).
+    pub fn load_with_errors(&self, host: &Host) -> Result<(Loaded, crate::config::Errors), Error> {
         let root = self.root(host)?;
         let mut errors = crate::config::Errors::default();
         let path = match &root {
@@ -185,8 +193,7 @@ impl Global {
             Root::Default { dir } => dir.clone(),
         };
         let loaded = eval::load(root, &mut errors).map_err(|source| Error::Io { path, source })?;
-        errors.into_result().map_err(Error::Config)?;
-        Ok(loaded)
+        Ok((loaded, errors))
     }
 
     /// What to evaluate: a profile and a command, with this invocation's cache setting.
