@@ -31,7 +31,7 @@ pub fn run(
         None
     };
     let (blocked, set) = super::take_signals(interactive, terminal)?;
-    let mut cmd = std::process::Command::new(&exe);
+    let mut cmd = std::process::Command::new(exe);
     cmd.arg("__libcontainer")
         .arg(bundle)
         .arg(state_root)
