@@ -1,6 +1,7 @@
 #!/bin/sh
 # Installs what aisb and its tests need on Debian: git (the project scan), bubblewrap (the
-# bwrap backend), runc (the OCI cross-check test), python3 (the isolation suite's probes).
+# bwrap backend), uidmap (newuidmap for rootless libcontainer), runc (the OCI cross-check
+# test), python3 (the isolation suite's probes).
 # Safe to run again: installs only what is missing.
 set -eu
 need=""
@@ -8,6 +9,7 @@ command -v git >/dev/null 2>&1 || need="$need git"
 command -v runc >/dev/null 2>&1 || need="$need runc"
 command -v bwrap >/dev/null 2>&1 || need="$need bubblewrap"
 [ -x /usr/bin/python3 ] || need="$need python3"
+command -v newuidmap >/dev/null 2>&1 || need="$need uidmap"
 command -v cargo >/dev/null 2>&1 || { echo "setup: cargo not found; install Rust (rustup) first" >&2; exit 1; }
 if [ -n "$need" ]; then
     if [ "$(id -u)" -eq 0 ]; then sudo=""; elif command -v sudo >/dev/null 2>&1; then sudo="sudo"; else

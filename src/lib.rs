@@ -49,6 +49,9 @@ pub enum Error {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Runtime(#[from] runtime::RuntimeError),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Setup(#[from] runtime::rootless::SetupError),
     #[error("unknown task `{name}`")]
     #[diagnostic(help("{}", hint.as_ref().map_or_else(|| "`aisb tasks` lists the tasks in sandbox.kdl".to_string(), |h| format!("did you mean `{h}`?"))))]
     UnknownTask { name: String, hint: Option<String> },

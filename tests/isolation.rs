@@ -8,21 +8,37 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const BACKENDS: &[&str] = &["bwrap", "libcontainer"];
-/// Backends that run for an unprivileged caller. libcontainer's rootless mode (subuid maps
-/// via newuidmap, pre-delegated cgroups) is not built yet.
-const ROOTLESS_BACKENDS: &[&str] = &["bwrap"];
 const TEST_USER: &str = "aisb-test";
 
 /// Every (backend, caller) pair: root, and an ordinary user (uid, gid).
 fn matrix() -> Vec<(&'static str, Option<(u32, u32)>)> {
-    let mut m: Vec<_> = BACKENDS.iter().map(|b| (*b, None)).collect();
     let user = test_user();
-    m.extend(ROOTLESS_BACKENDS.iter().map(|b| (*b, Some(user))));
+    let mut m: Vec<_> = BACKENDS.iter().map(|b| (*b, None)).collect();
+    m.extend(BACKENDS.iter().map(|b| (*b, Some(user))));
     m
 }
 
-/// An unprivileged account to run the suite as (created once, as root).
+/// An unprivileged account to run the suite as (created once, as root), given what the
+/// rootless libcontainer backend needs by the one-time root step a user would run:
+/// `aisb setup-user` (subordinate ids; a delegated cgroup on cgroup v1 hosts).
 fn test_user() -> (u32, u32) {
+    static USER: std::sync::OnceLock<(u32, u32)> = std::sync::OnceLock::new();
+    *USER.get_or_init(|| {
+        let user = create_test_user();
+        let out = Command::new(env!("CARGO_BIN_EXE_aisb"))
+            .args(["setup-user", TEST_USER])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "aisb setup-user: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        user
+    })
+}
+
+fn create_test_user() -> (u32, u32) {
     if nix::unistd::User::from_name(TEST_USER)
         .ok()
         .flatten()
@@ -404,22 +420,36 @@ fn copy_on_write_config_never_reaches_the_host() {
     if !privileged() {
         return;
     }
+    for user in [None, Some(test_user())] {
+        let s = Sandbox::as_user(user);
+        std::fs::create_dir_all(s.root().join("home/.claude")).unwrap();
+        std::fs::write(s.root().join("home/.claude/settings.json"), "host").unwrap();
+        s.write("sandbox.kdl", "import \"preset:claude\"\n");
+        if let Some((uid, gid)) = user {
+            let ok = Command::new("chown")
+                .args(["-R", &format!("{uid}:{gid}")])
+                .arg(s.root())
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok);
+        }
+        let script = "echo sandbox > ~/.claude/settings.json; echo new > ~/.claude/new.txt; cat ~/.claude/settings.json";
+        let o = s.run("libcontainer", &[], script);
+        assert_eq!(o.code, 0, "[{user:?}] {}\n{}", o.stdout, o.stderr);
+        assert_eq!(o.stdout, "sandbox\n");
+        assert_eq!(
+            std::fs::read_to_string(s.root().join("home/.claude/settings.json")).unwrap(),
+            "host"
+        );
+        assert!(!s.root().join("home/.claude/new.txt").exists());
+        // The next run sees its own earlier writes (the upper dir is kept in the sandbox's state).
+        let o = s.run("libcontainer", &[], "cat ~/.claude/new.txt");
+        assert_eq!(o.stdout, "new\n", "[{user:?}] {}", o.stderr);
+    }
     let s = Sandbox::new();
     std::fs::create_dir_all(s.root().join("home/.claude")).unwrap();
-    std::fs::write(s.root().join("home/.claude/settings.json"), "host").unwrap();
-    std::fs::write(s.proj().join("sandbox.kdl"), "import \"preset:claude\"\n").unwrap();
-    let script = "echo sandbox > ~/.claude/settings.json; echo new > ~/.claude/new.txt; cat ~/.claude/settings.json";
-    let o = s.run("libcontainer", &[], script);
-    assert_eq!(o.code, 0, "{}\n{}", o.stdout, o.stderr);
-    assert_eq!(o.stdout, "sandbox\n");
-    assert_eq!(
-        std::fs::read_to_string(s.root().join("home/.claude/settings.json")).unwrap(),
-        "host"
-    );
-    assert!(!s.root().join("home/.claude/new.txt").exists());
-    // The next run sees its own earlier writes (the upper dir is kept in the sandbox's state).
-    let o = s.run("libcontainer", &[], "cat ~/.claude/new.txt");
-    assert_eq!(o.stdout, "new\n", "{}", o.stderr);
+    s.write("sandbox.kdl", "import \"preset:claude\"\n");
     // bwrap cannot mount overlayfs: it refuses, naming the mount, instead of sharing the dir.
     let o = s.run("bwrap", &[], "true");
     assert_eq!(o.code, 1);
@@ -437,9 +467,10 @@ fn killing_aisb_leaves_no_process() {
     if !privileged() {
         return;
     }
-    for backend in BACKENDS {
-        let s = Sandbox::new();
-        let marker = format!("aisb-orphan-{}-{backend}", std::process::id());
+    for (backend, user) in matrix() {
+        let s = Sandbox::as_user(user);
+        let who = user.map_or("root".to_string(), |(uid, _)| uid.to_string());
+        let marker = format!("aisb-orphan-{}-{backend}-{who}", std::process::id());
         let mut child = s
             .aisb()
             .args([
@@ -465,7 +496,7 @@ fn killing_aisb_leaves_no_process() {
         while !running() {
             assert!(
                 std::time::Instant::now() < deadline,
-                "[{backend}] the sandbox never started"
+                "[{backend} {who}] the sandbox never started"
             );
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
@@ -475,11 +506,29 @@ fn killing_aisb_leaves_no_process() {
         while running() {
             assert!(
                 std::time::Instant::now() < deadline,
-                "[{backend}] the workload outlived aisb"
+                "[{backend} {who}] the workload outlived aisb"
             );
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
     }
+}
+
+/// An ordinary user who has not had the one-time root step gets told what it is.
+#[test]
+fn rootless_libcontainer_without_setup_names_the_root_step() {
+    if !privileged() {
+        return;
+    }
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+    let s = Sandbox::as_user(Some((nobody.uid.as_raw(), nobody.gid.as_raw())));
+    let o = s.run("libcontainer", &[], "true");
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    assert!(
+        o.stderr.contains("nobody has no subordinate uids")
+            && o.stderr.contains("aisb setup-user nobody"),
+        "{}",
+        o.stderr
+    );
 }
 
 /// State left by a crashed libcontainer run (its aisb process is gone) is removed by the next.

@@ -176,12 +176,19 @@ fn backends(c: &[Check]) -> Vec<Backend> {
     } else {
         Backend { name: "bwrap", works: true, why: "all checks pass (copy-on-write mounts are refused: bubblewrap cannot mount overlayfs)".into() }
     };
-    let lc = if !root {
+    let rootless = if root {
+        Ok(())
+    } else {
+        crate::runtime::rootless::prepare_for_caller().map(|_| ())
+    };
+    let lc = if let Err(e) = rootless {
+        let help = miette::Diagnostic::help(&e)
+            .map(|h| format!(" ({h})"))
+            .unwrap_or_default();
         Backend {
             name: "libcontainer",
             works: false,
-            why: "runs as root only for now (rootless mode is not built yet); use --backend bwrap"
-                .into(),
+            why: format!("rootless: {e}{help}"),
         }
     } else if !missing.is_empty() {
         Backend {
@@ -193,7 +200,12 @@ fn backends(c: &[Check]) -> Vec<Backend> {
         Backend {
             name: "libcontainer",
             works: true,
-            why: "all checks pass".into(),
+            why: if root {
+                "all checks pass".into()
+            } else {
+                "all checks pass (rootless: subordinate ids for container root, delegated cgroup)"
+                    .into()
+            },
         }
     };
     vec![bwrap, lc]
@@ -222,6 +234,14 @@ pub fn run(a: Args) -> Result<i32, Error> {
                 x.why
             );
         }
+    }
+    if !a.json {
+        let chosen = crate::runtime::Backend::default_for_caller();
+        println!(
+            "\ndefault backend: {} (choose with --backend or `backend` in sandbox.kdl)",
+            clap::ValueEnum::to_possible_value(&chosen)
+                .map_or_else(String::new, |v| v.get_name().to_string())
+        );
     }
     Ok(if b.iter().any(|x| x.works) { 0 } else { 1 })
 }

@@ -37,7 +37,13 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     let host = super::host()?;
     let plan = g.plan(&host, profile, command)?;
     let exe = super::current_exe()?;
-    crate::spec::bundle::write(&plan, &dir, Some(&crate::init::binary_beside(&exe)), false)?;
+    crate::spec::bundle::write(
+        &plan,
+        &dir,
+        Some(&crate::init::binary_beside(&exe)),
+        false,
+        None,
+    )?;
     eprintln!(
         "wrote bundle {} (profile {}, {} masked paths)",
         dir.display(),

@@ -9,6 +9,7 @@ mod libcontainer_helper;
 mod plan;
 mod presets;
 mod run;
+mod setup_user;
 mod spec;
 mod tasks;
 mod up;
@@ -63,6 +64,7 @@ pub enum Command {
     Tasks(tasks::Args),
     Presets(presets::Args),
     Doctor(doctor::Args),
+    SetupUser(setup_user::Args),
     Completions(completions::Args),
     #[command(name = "__libcontainer", hide = true)]
     LibcontainerHelper(libcontainer_helper::Args),
@@ -98,6 +100,7 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
         Command::Tasks(a) => tasks::run(&g, a),
         Command::Presets(a) => presets::run(a),
         Command::Doctor(a) => doctor::run(a),
+        Command::SetupUser(a) => setup_user::run(a),
         Command::Completions(a) => completions::run(a),
         Command::LibcontainerHelper(a) => libcontainer_helper::run(a),
     }

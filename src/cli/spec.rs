@@ -24,8 +24,9 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     let paths = SpecPaths {
         rootfs: "rootfs".into(),
         mask_file: plan.store.join("masked-0000"),
-        cgroups_path: spec::bundle::cgroups_path(&plan, &bundle),
+        cgroups_path: spec::bundle::cgroups_path(&plan, &bundle, None),
         terminal: false,
+        rootless: None,
         init: Some(crate::init::binary_beside(&exe)),
     };
     let spec = spec::build(&plan, &paths)?;

@@ -4,6 +4,7 @@
 mod bwrap;
 mod console;
 mod libcontainer;
+pub mod rootless;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -37,6 +38,9 @@ pub enum RuntimeError {
         program: String,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Rootless(#[from] rootless::RootlessError),
     #[error("{what}: {source}")]
     #[diagnostic(help("check that the sandbox state directory is writable"))]
     Io {
@@ -54,10 +58,11 @@ impl Backend {
         .unwrap_or_else(Backend::default_for_caller)
     }
 
-    /// libcontainer for root; bwrap for everyone else until libcontainer's rootless mode
-    /// (subordinate id maps, delegated cgroups) exists.
+    /// libcontainer, unless the caller is an ordinary user who has not had the one-time root
+    /// step it needs rootless (see [`rootless`]): then bwrap, which needs none. Either runs
+    /// the same spec; `aisb doctor` says which one is chosen and why.
     pub fn default_for_caller() -> Backend {
-        if nix::unistd::geteuid().is_root() {
+        if nix::unistd::geteuid().is_root() || rootless::prepare_for_caller().is_ok() {
             Backend::Libcontainer
         } else {
             Backend::Bwrap
@@ -99,9 +104,10 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
             let paths = crate::spec::SpecPaths {
                 rootfs: PathBuf::from("rootfs"),
                 mask_file,
-                cgroups_path: bundle::cgroups_path(plan, &plan.state_dir),
+                cgroups_path: bundle::cgroups_path(plan, &plan.state_dir, None),
                 init: Some(crate::init::binary_beside(&exe)),
                 terminal: false,
+                rootless: None,
             };
             let spec = crate::spec::build(plan, &paths).map_err(BundleError::from)?;
             let symlinks = plan
@@ -119,6 +125,12 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
         // libcontainer reads `config.json` from a bundle; it also needs a pseudo-terminal of
         // its own on a terminal, passed back through a console socket.
         Backend::Libcontainer => {
+            let rootless = if nix::unistd::geteuid().is_root() {
+                None
+            } else {
+                let id = &plan.identity;
+                Some(rootless::prepare(&id.name, id.uid, id.gid)?)
+            };
             let runs = plan.state_dir.join("run");
             let dir = runs.join(std::process::id().to_string());
             // A bundle left by a crashed run with our pid is stale by construction.
@@ -136,6 +148,7 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
                 &dir,
                 Some(&crate::init::binary_beside(&exe)),
                 terminal,
+                rootless.as_ref(),
             )?;
             let id = format!("aisb-{}", std::process::id());
             libcontainer::run(

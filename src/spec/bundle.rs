@@ -6,7 +6,7 @@ use std::fs;
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use super::{build, SpecError, SpecPaths};
+use super::{build, Rootless, SpecError, SpecPaths};
 use crate::eval::plan::{MountKind, Plan, SystemPath};
 
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
@@ -32,8 +32,9 @@ fn io<T>(path: &Path, r: std::io::Result<T>) -> Result<T, BundleError> {
     })
 }
 
-/// Cgroup path of a sandbox: absolute, unique per bundle.
-pub fn cgroups_path(plan: &Plan, dir: &Path) -> String {
+/// Cgroup path of a sandbox: absolute, unique per bundle, under `parent` (`/aisb` for root,
+/// the caller's delegated cgroup when rootless).
+pub fn cgroups_path(plan: &Plan, dir: &Path, rootless: Option<&Rootless>) -> String {
     use sha2::{Digest, Sha256};
     let h = Sha256::digest(dir.as_os_str().as_encoded_bytes());
     let tag: String = h.iter().take(6).map(|b| format!("{b:02x}")).collect();
@@ -50,16 +51,19 @@ pub fn cgroups_path(plan: &Plan, dir: &Path) -> String {
             }
         })
         .collect();
-    format!("/aisb/{name}-{tag}")
+    let parent = rootless.map_or("/aisb", |r| r.cgroup_parent.as_str());
+    format!("{parent}/{name}-{tag}")
 }
 
 /// `init`: the aisb binary to run as the sandbox's init (see [`SpecPaths::init`]).
 /// `terminal`: the process gets a pseudo-terminal through the runtime's console socket.
+/// `rootless`: the caller is an ordinary user (see [`SpecPaths::rootless`]).
 pub fn write(
     plan: &Plan,
     dir: &Path,
     init: Option<&Path>,
     terminal: bool,
+    rootless: Option<&Rootless>,
 ) -> Result<oci_spec::runtime::Spec, BundleError> {
     if dir.exists() {
         let mut entries = io(dir, fs::read_dir(dir))?;
@@ -85,9 +89,10 @@ pub fn write(
         &SpecPaths {
             rootfs: PathBuf::from("rootfs"),
             mask_file,
-            cgroups_path: cgroups_path(plan, &dir),
+            cgroups_path: cgroups_path(plan, &dir, rootless),
             init: init.map(Path::to_path_buf),
             terminal,
+            rootless: rootless.cloned(),
         },
     )?;
     let json = super::to_json(&spec)?;

@@ -31,6 +31,19 @@ pub struct SpecPaths {
     pub init: Option<PathBuf>,
     /// Give the process a pseudo-terminal (runtimes that need a console socket).
     pub terminal: bool,
+    /// Set when an ordinary user runs a runtime whose init is root inside while it sets the
+    /// sandbox up (libcontainer): container root maps to one of their subordinate ids.
+    pub rootless: Option<Rootless>,
+}
+
+/// The ids an unprivileged caller's sandbox maps beside their own (see `runtime::rootless`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rootless {
+    /// Host uid and gid (subordinate ids of the caller) that container root maps to.
+    pub root_uid: u32,
+    pub root_gid: u32,
+    /// The cgroup delegated to the caller, under which their sandboxes' cgroups go.
+    pub cgroup_parent: String,
 }
 
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
@@ -85,6 +98,17 @@ pub fn to_json(spec: &Spec) -> Result<String, SpecError> {
         }
     }
     Ok(serde_json::to_string_pretty(&v)?)
+}
+
+/// The caller's own id mapped to itself, and container root to `root` when given (and the
+/// caller is not root already).
+fn id_maps(own: u32, root: Option<u32>) -> Vec<Value> {
+    let mut maps = Vec::new();
+    if let Some(host) = root.filter(|_| own != 0) {
+        maps.push(json!({ "containerID": 0, "hostID": host, "size": 1 }));
+    }
+    maps.push(json!({ "containerID": own, "hostID": own, "size": 1 }));
+    maps
 }
 
 pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
@@ -287,8 +311,8 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
         },
         "mounts": mounts,
         "linux": {
-            "uidMappings": [{ "containerID": id.uid, "hostID": id.uid, "size": 1 }],
-            "gidMappings": [{ "containerID": id.gid, "hostID": id.gid, "size": 1 }],
+            "uidMappings": id_maps(id.uid, paths.rootless.as_ref().map(|r| r.root_uid)),
+            "gidMappings": id_maps(id.gid, paths.rootless.as_ref().map(|r| r.root_gid)),
             "namespaces": namespaces,
             "cgroupsPath": paths.cgroups_path,
             "maskedPaths": MASKED_PROC,
