@@ -8,17 +8,17 @@ use std::io;
 use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Kind {
     Dir,
     File,
     Symlink(PathBuf),
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry {
     /// Relative to /etc.
     pub rel: PathBuf,
@@ -104,21 +104,90 @@ fn collect(source: &Path, names: &[String], dirs_only: bool) -> Vec<Entry> {
     out
 }
 
+/// What the last full walk found, so the next run can check it with one `stat` per entry
+/// instead of listing every directory: the directories it saw and the snapshot's key.
+#[derive(Debug, Serialize, Deserialize)]
+struct Index {
+    source: PathBuf,
+    names: Vec<String>,
+    /// The top-level names, then every directory below: relative path and stamp (`None`:
+    /// missing or unreadable then).
+    checked: Vec<(PathBuf, Option<Entry>)>,
+    key: String,
+}
+
+/// Stamps this close to now may still change within the same timestamp tick: an index
+/// holding one is not written (the next run walks again), like git's racy-index rule.
+const RACY_NS: i128 = 2_000_000_000;
+
 /// Name the snapshot of the allowlisted `names` under `source` (normally /etc) from cheap
 /// stamps: every top-level entry, and every directory below (a file added, removed or
 /// replaced by rename changes its directory). Files edited in place inside a subdirectory keep
 /// the old snapshot until something else changes.
+///
+/// The walk that finds the directories is remembered in the store (`etc-index.json`): while
+/// every remembered entry has the same stamp, no directory gained or lost a subdirectory, so
+/// a new walk would find the same list and the same key.
 pub fn plan(source: &Path, names: &[&str], store: &Path) -> Snapshot {
     let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
-    let stamps = collect(source, &names, true);
-    let key = format!(
-        "{:x}",
-        Sha256::digest(serde_json::to_vec(&(source, &stamps)).unwrap_or_default())
-    );
+    let index_path = store.join("etc-index.json");
+    let remembered = fs::read(&index_path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Index>(&b).ok())
+        .filter(|i| i.source == source && i.names == names)
+        .filter(|i| {
+            i.checked
+                .iter()
+                .all(|(rel, stamp)| entry(source, rel) == *stamp)
+        });
+    let key = match remembered {
+        Some(i) => i.key,
+        None => {
+            let stamps = collect(source, &names, true);
+            let key = format!(
+                "{:x}",
+                Sha256::digest(serde_json::to_vec(&(source, &stamps)).unwrap_or_default())
+            );
+            remember(source, &names, &stamps, &key, &index_path);
+            key
+        }
+    };
     Snapshot {
         dir: store.join(format!("{}-etc", &key[..32])),
         source: source.to_path_buf(),
         names,
+    }
+}
+
+fn remember(source: &Path, names: &[String], stamps: &[Entry], key: &str, path: &Path) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i128);
+    if stamps.iter().any(|e| now - e.mtime_ns < RACY_NS) {
+        return;
+    }
+    let top = names
+        .iter()
+        .map(|n| (PathBuf::from(n), entry(source, Path::new(n))));
+    let below = stamps
+        .iter()
+        .filter(|e| e.kind == Kind::Dir && e.rel.components().count() > 1)
+        .map(|e| (e.rel.clone(), Some(e.clone())));
+    let index = Index {
+        source: source.to_path_buf(),
+        names: names.to_vec(),
+        checked: top.chain(below).collect(),
+        key: key.to_string(),
+    };
+    let Ok(bytes) = serde_json::to_vec(&index) else {
+        return;
+    };
+    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    let written = path.parent().is_some_and(|p| fs::create_dir_all(p).is_ok())
+        && fs::write(&tmp, bytes).is_ok()
+        && fs::rename(&tmp, path).is_ok();
+    if !written {
+        let _ = fs::remove_file(&tmp);
     }
 }
 
@@ -168,6 +237,63 @@ fn copy_entries(s: &Snapshot, to: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Set every entry's times an hour back, out of the racy window.
+    fn backdate(root: &Path) {
+        let past = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        for e in walkdir::WalkDir::new(root).contents_first(true) {
+            let e = e.unwrap();
+            if !e.path_is_symlink() {
+                let f = fs::File::open(e.path()).unwrap();
+                f.set_modified(past).unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn the_index_skips_the_walk_until_a_directory_changes() {
+        let t = tempfile::tempdir().unwrap();
+        let etc = t.path().join("etc");
+        fs::create_dir_all(etc.join("ssl/certs/java")).unwrap();
+        fs::write(etc.join("hosts"), "127.0.0.1 localhost").unwrap();
+        fs::write(etc.join("ssl/certs/ca.pem"), "CA").unwrap();
+        backdate(&etc);
+        let store = t.path().join("store");
+        let names = ["hosts", "ssl", "resolv.conf"];
+        let s1 = plan(&etc, &names, &store);
+        let index = store.join("etc-index.json");
+        let i: Index = serde_json::from_slice(&fs::read(&index).unwrap()).unwrap();
+        let rels: Vec<_> = i.checked.iter().map(|(r, _)| r.clone()).collect();
+        assert_eq!(
+            rels,
+            ["hosts", "ssl", "resolv.conf", "ssl/certs", "ssl/certs/java"].map(PathBuf::from),
+            "top-level names (even missing ones), then every directory below"
+        );
+        assert_eq!(plan(&etc, &names, &store).dir, s1.dir);
+
+        // The index's key is used as long as its stamps hold: prove it by planting one.
+        let mut planted = i;
+        planted.key = "f".repeat(64);
+        fs::write(&index, serde_json::to_vec(&planted).unwrap()).unwrap();
+        assert!(plan(&etc, &names, &store)
+            .dir
+            .ends_with(format!("{}-etc", "f".repeat(32))));
+
+        // A file added two levels down changes its directory's stamp: walked again.
+        fs::write(etc.join("ssl/certs/java/cacerts"), "J").unwrap();
+        let s2 = plan(&etc, &names, &store);
+        assert_ne!(s2.dir, s1.dir);
+        assert!(!s2.dir.to_string_lossy().contains("ffffffff"));
+        // A missing top-level name that appears is seen too.
+        backdate(&etc);
+        let s3 = plan(&etc, &names, &store);
+        fs::write(etc.join("resolv.conf"), "nameserver 127.0.0.1").unwrap();
+        assert_ne!(plan(&etc, &names, &store).dir, s3.dir);
+        // A broken index is ignored.
+        fs::write(&index, "{not json").unwrap();
+        let s4 = plan(&etc, &names, &store);
+        assert!(s4.dir.starts_with(&store));
+    }
 
     #[test]
     fn snapshot_copies_only_world_readable_and_changes_with_the_host() {
