@@ -357,3 +357,44 @@ fn both_init_entry_points_harden_and_refuse_bad_usage() {
         assert_eq!(bad.status.code(), Some(125), "{exe}");
     }
 }
+
+/// Decoded files come from the cache on the second run; what the user sees is the same: the
+/// plan, and errors found after decoding, located in the right file and line.
+#[test]
+fn decoded_config_cache_changes_nothing_visible() {
+    let t = Test::new()
+        .file(
+            "sandbox.kdl",
+            "import \"extra.kdl\"\nprofile \"p\" {\n    read-only\n}\ndefault-profile \"nope\"\n",
+        )
+        .file("extra.kdl", "block \"*.pem\"\n");
+    let first = t.with(&["check", "--format", "short"]);
+    let cache = t.dir.path().join("cache/aisb/kdl");
+    let cached = std::fs::read_dir(&cache).map_or(0, |d| d.count());
+    assert!(
+        cached >= 3,
+        "profiles preset, sandbox.kdl and extra.kdl cached: {cached}"
+    );
+    let second = t.with(&["check", "--format", "short"]);
+    assert_eq!(first.code, 1);
+    assert!(
+        first.stdout.contains("sandbox.kdl:5:") && first.stdout.contains("unknown profile `nope`"),
+        "{}",
+        first.stdout
+    );
+    assert_eq!((first.stdout, first.stderr), (second.stdout, second.stderr));
+    let uncached = t.with(&["--no-cache", "plan", "--json", "--profile", "p"]);
+    let warm = t.with(&["plan", "--json", "--profile", "p"]);
+    assert_eq!(uncached.code, 0, "{}", uncached.stderr);
+    assert_eq!(uncached.stdout, warm.stdout);
+    // An entry is named by the text: an edited file is decoded again.
+    std::fs::write(t.proj().join("extra.kdl"), "block \"*.key\"\n").unwrap();
+    std::fs::write(t.proj().join("a.key"), "k").unwrap();
+    let edited = t.with(&["plan", "--json", "--profile", "p"]);
+    assert!(
+        edited.stdout.contains("block \\\"*.key\\\""),
+        "{}",
+        edited.stdout
+    );
+    assert_eq!(std::fs::read_dir(&cache).unwrap().count(), cached + 1);
+}

@@ -195,7 +195,9 @@ impl Global {
             Root::File(p) | Root::Text { path: p, .. } => p.clone(),
             Root::Default { dir } => dir.clone(),
         };
-        let loaded = eval::load(root, &mut errors).map_err(|source| Error::Io { path, source })?;
+        let cache = (!self.no_cache).then(|| host.cache_home().join("aisb").join("kdl"));
+        let loaded = eval::load_cached(root, &mut errors, cache)
+            .map_err(|source| Error::Io { path, source })?;
         Ok((loaded, errors))
     }
 

@@ -41,8 +41,40 @@ pub struct Loc {
     pub span: SourceSpan,
 }
 
+thread_local! {
+    /// The source index given to every [`Loc`] deserialized on this thread (see
+    /// [`with_file`]): a cached decoded file is stored without it, as its index differs
+    /// from one load to the next.
+    static DESERIALIZING_FILE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Run `f` (a deserialization) with every [`Loc`] it reads pointing into source `file`.
+pub fn with_file<R>(file: usize, f: impl FnOnce() -> R) -> R {
+    let before = DESERIALIZING_FILE.with(|c| c.replace(file));
+    let r = f();
+    DESERIALIZING_FILE.with(|c| c.set(before));
+    r
+}
+
+/// Serialized as `[offset, length]`: the span only.
+impl Serialize for Loc {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        (self.span.offset(), self.span.len()).serialize(s)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Loc {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let (offset, len) = <(usize, usize)>::deserialize(d)?;
+        Ok(Loc {
+            file: DESERIALIZING_FILE.with(|c| c.get()),
+            span: SourceSpan::new(offset.into(), len),
+        })
+    }
+}
+
 /// A value read from the configuration, with where it was written.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Spanned<T> {
     pub value: T,
     pub loc: Loc,

@@ -6,7 +6,7 @@ use super::diag::{Loc, Spanned};
 pub type S<T> = Spanned<T>;
 
 /// One decoded file.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct ConfigFile {
     pub imports: Vec<S<String>>,
     /// The top-level settings: the base every profile extends unless it names another.
@@ -17,7 +17,7 @@ pub struct ConfigFile {
     pub default_profile: Option<S<String>>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct ProfileDecl {
     pub name: S<String>,
     pub extends: Option<S<String>>,
@@ -25,7 +25,7 @@ pub struct ProfileDecl {
     pub settings: Settings,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct TaskDecl {
     pub name: S<String>,
     pub description: Option<String>,
@@ -37,13 +37,15 @@ pub struct TaskDecl {
 }
 
 /// `domains "NAME" "a.com" "*.b.com"`: a named list of domain rules presets can refer to.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct GroupDecl {
     pub name: S<String>,
     pub domains: Vec<S<String>>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum Access {
     /// Read-only bind mount.
@@ -73,7 +75,7 @@ impl Access {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum HomeMode {
     /// An empty private home (tmpfs); only what is mounted into it is visible. The default.
@@ -96,7 +98,7 @@ impl HomeMode {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Inherit {
     /// Everything from the caller's environment, minus denied and secret-looking names.
@@ -119,7 +121,7 @@ impl Inherit {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum NetMode {
     /// Loopback only, no proxy.
@@ -143,7 +145,7 @@ impl NetMode {
 }
 
 /// Everything a profile can say. `None` / empty means "not said here" (inherit).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Settings {
     /// Preferred runtime (`libcontainer` | `bwrap`); `--backend` overrides it.
     pub backend: Option<S<String>>,
@@ -160,13 +162,13 @@ pub struct Settings {
     pub process: ProcessCfg,
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct ProjectCfg {
     pub root: Option<S<String>>,
     pub access: Option<S<Access>>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct MountCfg {
     pub source: S<String>,
     pub target: Option<S<String>>,
@@ -175,7 +177,7 @@ pub struct MountCfg {
     pub loc: Loc,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct TmpfsCfg {
     pub target: S<String>,
     pub size: Option<u64>,
@@ -184,7 +186,7 @@ pub struct TmpfsCfg {
 
 /// The layers of the blocklist (seed 000): built-in sensitive patterns, gitignored files,
 /// git-crypt files, and the tool dirs exempted from the gitignored layer.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct SecretsCfg {
     pub defaults: Option<S<bool>>,
     pub gitignored: Option<S<bool>>,
@@ -192,7 +194,7 @@ pub struct SecretsCfg {
     pub tool_dirs: Vec<S<String>>,
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct EnvCfg {
     pub inherit: Option<S<Inherit>>,
     pub filter_secrets: Option<S<bool>>,
@@ -202,7 +204,7 @@ pub struct EnvCfg {
     pub set: Vec<(S<String>, S<String>)>,
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct NetworkCfg {
     pub mode: Option<S<NetMode>>,
     pub allow: Vec<S<String>>,
@@ -211,7 +213,7 @@ pub struct NetworkCfg {
     pub localhost_ports: Vec<S<u16>>,
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct ProcessCfg {
     pub command: Option<S<Vec<String>>>,
     pub cwd: Option<S<String>>,
@@ -221,7 +223,7 @@ pub struct ProcessCfg {
     pub hostname: Option<S<String>>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct UserCfg {
     pub uid: Option<S<u32>>,
     pub gid: Option<S<u32>>,
@@ -229,7 +231,7 @@ pub struct UserCfg {
     pub loc: Loc,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct RlimitCfg {
     pub resource: S<String>,
     pub soft: u64,

@@ -65,9 +65,20 @@ struct Loader<'e> {
     visited: HashMap<Key, usize>,
     stack: Vec<(Key, String)>,
     errors: &'e mut Errors,
+    /// Where decoded files are cached (see `config::parse_cached`); `None`: parse every time.
+    cache: Option<PathBuf>,
 }
 
 pub fn load(root: Root, errors: &mut Errors) -> Result<Loaded, std::io::Error> {
+    load_cached(root, errors, None)
+}
+
+/// [`load`], reusing decoded files cached in `cache`.
+pub fn load_cached(
+    root: Root,
+    errors: &mut Errors,
+    cache: Option<PathBuf>,
+) -> Result<Loaded, std::io::Error> {
     let mut l = Loader {
         sources: Vec::new(),
         files: Vec::new(),
@@ -75,6 +86,7 @@ pub fn load(root: Root, errors: &mut Errors) -> Result<Loaded, std::io::Error> {
         visited: HashMap::new(),
         stack: Vec::new(),
         errors,
+        cache,
     };
     let builtin = presets::get("profiles").expect("built-in profiles preset");
     l.add(
@@ -141,7 +153,7 @@ impl Loader<'_> {
             path: path.clone(),
             text: Arc::new(text),
         });
-        let file = config::parse(&self.sources, idx, self.errors);
+        let file = config::parse_cached(&self.sources, idx, self.errors, self.cache.as_deref());
         self.files.push(ConfigFile::default());
         self.visited.insert(key.clone(), idx);
         self.stack.push((key, name));

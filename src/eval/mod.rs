@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 use crate::config::model::{Access, HomeMode, Inherit, NetMode, ProfileDecl, Settings, RLIMITS};
 use crate::config::{ConfigErrors, Errors, Loc, Spanned};
 use crate::proxy::domain::DomainRule;
-pub use load::{load, Loaded, Root};
+pub use load::{load, load_cached, Loaded, Root};
 use masks::PatternSet;
 pub use plan::Plan;
 use plan::*;
