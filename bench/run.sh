@@ -30,13 +30,16 @@ cases = [
 ]
 if shutil.which("srt"):
     cases.append(("srt -c true", ["srt", "-c", "true"]))
-res = {}
-for name, cmd in cases:
-    ts = []
-    for _ in range(runs):
+# Round-robin: every round runs each case once, so a slow spell of this noisy machine hits
+# all cases alike and the ratios stay meaningful.
+times = {name: [] for name, _ in cases}
+for _ in range(runs):
+    for name, cmd in cases:
         t = time.perf_counter()
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        ts.append((time.perf_counter() - t) * 1000)
+        times[name].append((time.perf_counter() - t) * 1000)
+res = {}
+for name, ts in times.items():
     ts.sort()
     res[name] = (ts[len(ts) // 2], ts[int(len(ts) * 0.9)])
 base, raw = res["/bin/true"][0], res["bwrap --unshare-all (raw)"][0]

@@ -124,34 +124,43 @@ fn glob_for(p: &str) -> Result<Glob, globset::Error> {
 /// A compiled set of project-relative patterns that remembers which pattern matched.
 #[derive(Debug, Clone)]
 pub struct PatternSet {
-    set: GlobSet,
+    /// Compiled on first use: a run whose project scan comes from the cache never matches
+    /// anything, and compiling the defaults costs ~0.1 ms.
+    set: std::sync::OnceLock<GlobSet>,
     patterns: Vec<String>,
     dir_only: Vec<bool>,
 }
 
 impl PatternSet {
-    /// Compile; outside-the-project patterns are skipped here (they are resolved as literal
-    /// paths by the evaluator). Patterns must have passed `validate_pattern`.
+    /// Outside-the-project patterns are skipped here (they are resolved as literal paths by
+    /// the evaluator). Patterns must have passed `validate_pattern`.
     pub fn new<'a>(patterns: impl IntoIterator<Item = &'a str>) -> PatternSet {
-        let mut b = GlobSetBuilder::new();
         let mut kept = Vec::new();
         let mut dir_only = Vec::new();
         for p in patterns {
-            if is_outside(p) {
+            if is_outside(p) || glob_for(p).is_err() {
                 continue;
             }
-            if let Ok(g) = glob_for(p) {
-                b.add(g);
-                kept.push(p.to_string());
-                dir_only.push(p.ends_with('/'));
-            }
+            kept.push(p.to_string());
+            dir_only.push(p.ends_with('/'));
         }
-        let set = b.build().unwrap_or_else(|_| GlobSet::empty());
         PatternSet {
-            set,
+            set: std::sync::OnceLock::new(),
             patterns: kept,
             dir_only,
         }
+    }
+
+    fn set(&self) -> &GlobSet {
+        self.set.get_or_init(|| {
+            let mut b = GlobSetBuilder::new();
+            for p in &self.patterns {
+                if let Ok(g) = glob_for(p) {
+                    b.add(g);
+                }
+            }
+            b.build().unwrap_or_else(|_| GlobSet::empty())
+        })
     }
 
     pub fn is_empty(&self) -> bool {
@@ -163,7 +172,7 @@ impl PatternSet {
         if self.patterns.is_empty() {
             return None;
         }
-        self.set
+        self.set()
             .matches(rel)
             .into_iter()
             .find(|&i| is_dir || !self.dir_only[i])
