@@ -8,6 +8,7 @@ mod init;
 mod libcontainer_helper;
 mod plan;
 mod presets;
+mod proxy;
 mod run;
 mod setup_user;
 mod spec;
@@ -68,6 +69,8 @@ pub enum Command {
     Completions(completions::Args),
     #[command(name = "__libcontainer", hide = true)]
     LibcontainerHelper(libcontainer_helper::Args),
+    #[command(name = "__proxy", hide = true)]
+    Proxy(proxy::Args),
 }
 
 pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
@@ -103,6 +106,7 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
         Command::SetupUser(a) => setup_user::run(a),
         Command::Completions(a) => completions::run(a),
         Command::LibcontainerHelper(a) => libcontainer_helper::run(a),
+        Command::Proxy(a) => proxy::run(a),
     }
 }
 

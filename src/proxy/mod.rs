@@ -2,3 +2,5 @@
 //! by the host-side proxy that enforces them.
 
 pub mod domain;
+pub mod policy;
+pub mod server;

@@ -1,0 +1,56 @@
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::audit::Log;
+use crate::proxy::policy::{Policy, PolicyConfig};
+use crate::proxy::server::{serve, Proxy};
+use crate::Error;
+
+/// The network proxy of one sandbox (started by `aisb run`/`up`; not for direct use)
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The Unix socket to listen on (its directory must exist)
+    #[arg(long)]
+    pub socket: PathBuf,
+    /// The policy, as JSON (`PolicyConfig`)
+    #[arg(long)]
+    pub policy: PathBuf,
+    /// Append every decision to this audit log
+    #[arg(long)]
+    pub audit: Option<PathBuf>,
+}
+
+pub fn run(a: Args) -> Result<i32, Error> {
+    let io = |path: &PathBuf| {
+        let path = path.clone();
+        move |source| Error::Io { path, source }
+    };
+    let text = std::fs::read(&a.policy).map_err(io(&a.policy))?;
+    let cfg: PolicyConfig = serde_json::from_slice(&text).map_err(|e| Error::Io {
+        path: a.policy.clone(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+    })?;
+    let audit = match &a.audit {
+        Some(p) => Some(Log::open(p).map_err(io(p))?),
+        None => None,
+    };
+    let proxy = Arc::new(Proxy {
+        policy: Policy::new(&cfg),
+        audit,
+    });
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(io(&a.socket))?;
+    rt.block_on(async {
+        let _ = std::fs::remove_file(&a.socket);
+        let listener = tokio::net::UnixListener::bind(&a.socket).map_err(io(&a.socket))?;
+        // The caller waits for this line before it starts the sandbox.
+        let mut out = std::io::stdout();
+        let _ = writeln!(out, "ready");
+        let _ = out.flush();
+        serve(listener, proxy).await.map_err(io(&a.socket))
+    })?;
+    Ok(0)
+}
