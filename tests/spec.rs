@@ -143,6 +143,7 @@ fn paths() -> SpecPaths {
         cgroups_path: "/aisb/p-0123".into(),
         init: Some("/opt/aisb/bin/aisb".into()),
         terminal: false,
+        proxy_dir: None,
         rootless: None,
     }
 }
@@ -191,6 +192,7 @@ fn run_in_runc(f: &Fixture, text: &str, script: &str) -> (String, String, i32) {
         &bundle,
         Some(std::path::Path::new(env!("CARGO_BIN_EXE_aisb-init"))),
         false,
+        None,
         None,
     )
     .unwrap();

@@ -43,6 +43,7 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
         Some(&crate::init::binary_beside(&exe)),
         false,
         None,
+        None,
     )?;
     eprintln!(
         "wrote bundle {} (profile {}, {} masked paths)",

@@ -13,7 +13,7 @@ pub struct Args {
     /// The Unix socket to listen on (its directory must exist)
     #[arg(long)]
     pub socket: PathBuf,
-    /// The policy, as JSON (`PolicyConfig`)
+    /// The policy, as JSON (`PolicyConfig`); `-` reads it from stdin
     #[arg(long)]
     pub policy: PathBuf,
     /// Append every decision to this audit log
@@ -26,7 +26,13 @@ pub fn run(a: Args) -> Result<i32, Error> {
         let path = path.clone();
         move |source| Error::Io { path, source }
     };
-    let text = std::fs::read(&a.policy).map_err(io(&a.policy))?;
+    let text = if a.policy.as_os_str() == "-" {
+        let mut t = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut t).map_err(io(&a.policy))?;
+        t
+    } else {
+        std::fs::read(&a.policy).map_err(io(&a.policy))?
+    };
     let cfg: PolicyConfig = serde_json::from_slice(&text).map_err(|e| Error::Io {
         path: a.policy.clone(),
         source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),

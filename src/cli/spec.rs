@@ -26,6 +26,7 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
         mask_file: plan.store.join("masked-0000"),
         cgroups_path: spec::bundle::cgroups_path(&plan, &bundle, None),
         terminal: false,
+        proxy_dir: None,
         rootless: None,
         init: Some(crate::init::binary_beside(&exe)),
     };

@@ -801,6 +801,14 @@ fn resolve(
         },
     };
 
+    if mode == NetMode::Allow {
+        let proxy_env = crate::proxy::sandbox_env();
+        env.vars
+            .retain(|(k, _)| !proxy_env.iter().any(|(p, _)| p == k));
+        env.vars.extend(proxy_env);
+        env.vars.sort();
+    }
+
     // ---- process ---------------------------------------------------------------------------
     let cwd = match &s.process.cwd {
         Some(c) => path(cx, c).unwrap_or_else(|| project.clone()),

@@ -4,6 +4,7 @@
 //! parent: forward signals to it, reap zombies, and exit with its status (128+N for a signal).
 //! Any step that fails stops the sandbox: it never runs the workload with less isolation.
 
+pub mod relay;
 pub mod seccomp;
 
 use std::ffi::{CString, OsString};
@@ -35,7 +36,18 @@ pub fn binary_beside(exe: &std::path::Path) -> std::path::PathBuf {
 /// could not be set up, so it never runs the workload with less isolation.
 pub fn main_from_args(args: impl IntoIterator<Item = OsString>) -> i32 {
     let mut opts = Options::default();
-    let mut args = args.into_iter();
+    let mut args = args.into_iter().peekable();
+    if args.peek().is_some_and(|a| a == "connect") {
+        let rest: Vec<String> = args
+            .skip(1)
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        if let [host, port] = rest.as_slice() {
+            return relay::connect_main(host, port);
+        }
+        eprintln!("usage: {INIT_PATH} connect HOST PORT");
+        return 2;
+    }
     let mut ok = args.next().is_some_and(|a| a == "__init");
     while ok {
         let Some(a) = args.next() else {
@@ -47,6 +59,13 @@ pub fn main_from_args(args: impl IntoIterator<Item = OsString>) -> i32 {
             break;
         } else if a == "--loopback" {
             opts.loopback = true;
+        } else if a == "--relay-proxy" {
+            opts.relay_proxy = true;
+        } else if let Some(p) = a.strip_prefix("--relay-port=") {
+            match p.parse::<u16>() {
+                Ok(p) if p > 0 => opts.relay_ports.push(p),
+                _ => ok = false,
+            }
         } else if let Some(r) = a.strip_prefix("--rlimit=") {
             match parse_rlimit(r) {
                 Some(r) => opts.rlimits.push(r),
@@ -99,6 +118,8 @@ pub enum InitError {
     Fork(nix::Error),
     #[error("no command to run")]
     NoCommand,
+    #[error("cannot listen on 127.0.0.1:{port} for the network relay: {source}")]
+    Relay { port: u16, source: std::io::Error },
 }
 
 #[derive(Debug, Clone, Default)]
@@ -107,15 +128,35 @@ pub struct Options {
     pub loopback: bool,
     /// (`RLIMIT_NOFILE`, soft, hard)
     pub rlimits: Vec<(String, u64, u64)>,
+    /// Relay 127.0.0.1:[`relay::PROXY_PORT`] (and [::1]) to the host's proxy.
+    pub relay_proxy: bool,
+    /// Relay these loopback ports to the host's own 127.0.0.1:PORT, through the proxy.
+    pub relay_ports: Vec<u16>,
     pub command: Vec<OsString>,
 }
 
 /// Everything up to the exec, in the order that keeps each step possible: the loopback needs
-/// CAP_NET_ADMIN, so it comes before the capabilities go; seccomp comes last because it forbids
-/// calls the earlier steps make.
-pub fn harden(opts: &Options) -> Result<(), InitError> {
+/// CAP_NET_ADMIN and a relay on a port below 1024 CAP_NET_BIND_SERVICE, so both come before
+/// the capabilities go; seccomp comes last because it forbids calls the earlier steps make.
+/// Returns the relay listeners, bound; the caller serves them (threads started after this
+/// inherit the seccomp filter).
+pub fn harden(opts: &Options) -> Result<Vec<(std::net::TcpListener, relay::Target)>, InitError> {
     if opts.loopback {
         loopback_up().map_err(InitError::Loopback)?;
+    }
+    let mut listeners = Vec::new();
+    let ports = opts
+        .relay_proxy
+        .then_some((relay::PROXY_PORT, relay::Target::Proxy))
+        .into_iter()
+        .chain(
+            opts.relay_ports
+                .iter()
+                .map(|&p| (p, relay::Target::HostPort(p))),
+        );
+    for (port, target) in ports {
+        let bound = relay::bind(port).map_err(|source| InitError::Relay { port, source })?;
+        listeners.extend(bound.into_iter().map(|l| (l, target)));
     }
     for (name, soft, hard) in &opts.rlimits {
         set_rlimit(name, *soft, *hard)?;
@@ -123,7 +164,7 @@ pub fn harden(opts: &Options) -> Result<(), InitError> {
     drop_capabilities()?;
     nix::sys::prctl::set_no_new_privs().map_err(InitError::NoNewPrivs)?;
     seccomp::apply()?;
-    Ok(())
+    Ok(listeners)
 }
 
 /// Run as the sandbox's init; returns the exit code for the caller to exit with.
@@ -131,7 +172,7 @@ pub fn run(opts: &Options) -> Result<i32, InitError> {
     if opts.command.is_empty() {
         return Err(InitError::NoCommand);
     }
-    harden(opts)?;
+    let listeners = harden(opts)?;
     let forwarded = [
         Signal::SIGINT,
         Signal::SIGTERM,
@@ -152,32 +193,42 @@ pub fn run(opts: &Options) -> Result<i32, InitError> {
     }
     set.add(Signal::SIGCHLD);
     set.thread_block().map_err(InitError::Fork)?;
+    // Relay threads start with every forwarded signal blocked, so signals reach `supervise`.
+    relay::start(listeners);
+    // Built before the fork: the child must not allocate (a relay thread could hold the
+    // allocator's lock at that instant).
+    let argv: Vec<CString> = opts
+        .command
+        .iter()
+        .filter_map(|a| CString::new(a.as_bytes()).ok())
+        .collect();
+    if argv.len() != opts.command.len() {
+        eprintln!("aisb: an argument contains a NUL byte");
+        return Ok(126);
+    }
     // SAFETY: single-threaded here; the child only calls async-signal-safe functions and exec.
     match unsafe { fork() }.map_err(InitError::Fork)? {
         ForkResult::Child => {
             let _ = set.thread_unblock();
-            exec(&opts.command)
+            exec(&argv)
         }
         ForkResult::Parent { child } => Ok(supervise(child, &set)),
     }
 }
 
-fn exec(command: &[OsString]) -> ! {
-    let args: Vec<CString> = command
-        .iter()
-        .filter_map(|a| CString::new(a.as_bytes()).ok())
-        .collect();
-    if args.len() == command.len() {
-        let err = execvp(&args[0], &args).unwrap_err();
-        eprintln!(
-            "aisb: cannot run `{}`: {}",
-            command[0].to_string_lossy(),
-            err.desc()
-        );
-        std::process::exit(if err == nix::Error::ENOENT { 127 } else { 126 });
+fn exec(argv: &[CString]) -> ! {
+    let err = execvp(&argv[0], argv).unwrap_err();
+    // Fixed text and raw writes only: no allocation between fork and exec or exit.
+    let why: &[u8] = match err {
+        nix::Error::ENOENT => b"`: not found\n",
+        nix::Error::EACCES => b"`: permission denied\n",
+        _ => b"`: not executable\n",
+    };
+    for part in [b"aisb: cannot run `".as_slice(), argv[0].as_bytes(), why] {
+        let _ = nix::unistd::write(std::io::stderr(), part);
     }
-    eprintln!("aisb: an argument contains a NUL byte");
-    std::process::exit(126)
+    // SAFETY: _exit is async-signal-safe; nothing to flush in the child.
+    unsafe { libc::_exit(if err == nix::Error::ENOENT { 127 } else { 126 }) }
 }
 
 /// Wait for signals: forward the workload's, reap every child, return the workload's status.

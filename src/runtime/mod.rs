@@ -4,6 +4,7 @@
 mod bwrap;
 mod console;
 mod libcontainer;
+pub mod net;
 pub mod rootless;
 
 use std::path::PathBuf;
@@ -96,6 +97,20 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
         what: "locating the aisb binary".into(),
         source,
     })?;
+    let audit = crate::audit::Log::open(&plan.state_dir.join("audit.jsonl")).ok();
+    let proxy = net::start(plan, &exe)?;
+    if let Some(log) = &audit {
+        let _ = log.write(crate::audit::Kind::Start {
+            profile: plan.profile.clone(),
+            backend: clap::ValueEnum::to_possible_value(&backend)
+                .map_or_else(String::new, |v| v.get_name().to_string()),
+            command: plan.process.args.clone(),
+            network: format!("{:?}", plan.network.mode).to_lowercase(),
+            masked_paths: plan.masks.len(),
+            env_dropped: plan.env.dropped.iter().map(|d| d.name.clone()).collect(),
+            allow: plan.network.allow.clone(),
+        });
+    }
     let exit_code = match backend {
         // bwrap needs no bundle on disk: the spec goes straight into its arguments, and it
         // hands the sandbox our terminal as it is.
@@ -107,6 +122,7 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
                 cgroups_path: bundle::cgroups_path(plan, &plan.state_dir, None),
                 init: Some(crate::init::binary_beside(&exe)),
                 terminal: false,
+                proxy_dir: proxy.as_ref().map(|p| p.dir.clone()),
                 rootless: None,
             };
             let spec = crate::spec::build(plan, &paths).map_err(BundleError::from)?;
@@ -149,6 +165,7 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
                 Some(&crate::init::binary_beside(&exe)),
                 terminal,
                 rootless.as_ref(),
+                proxy.as_ref().map(|p| p.dir.as_path()),
             )?;
             let id = format!("aisb-{}", std::process::id());
             libcontainer::run(
@@ -161,6 +178,13 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
             )?
         }
     };
+    drop(proxy);
+    if let Some(log) = &audit {
+        let _ = log.write(crate::audit::Kind::Exit {
+            exit_code,
+            duration_ms: start.elapsed().as_millis() as u64,
+        });
+    }
     Ok(Summary {
         backend,
         profile: plan.profile.clone(),

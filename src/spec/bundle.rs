@@ -64,6 +64,7 @@ pub fn write(
     init: Option<&Path>,
     terminal: bool,
     rootless: Option<&Rootless>,
+    proxy_dir: Option<&Path>,
 ) -> Result<oci_spec::runtime::Spec, BundleError> {
     if dir.exists() {
         let mut entries = io(dir, fs::read_dir(dir))?;
@@ -92,6 +93,7 @@ pub fn write(
             cgroups_path: cgroups_path(plan, &dir, rootless),
             init: init.map(Path::to_path_buf),
             terminal,
+            proxy_dir: proxy_dir.map(Path::to_path_buf),
             rootless: rootless.cloned(),
         },
     )?;

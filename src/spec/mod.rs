@@ -31,6 +31,10 @@ pub struct SpecPaths {
     pub init: Option<PathBuf>,
     /// Give the process a pseudo-terminal (runtimes that need a console socket).
     pub terminal: bool,
+    /// Host directory holding the network proxy's socket, mounted read-only at
+    /// `/run/aisb/net` when the network is `allow` (the init relays loopback ports to it).
+    /// Without it such a sandbox has no way out at all.
+    pub proxy_dir: Option<PathBuf>,
     /// Set when an ordinary user runs a runtime whose init is root inside while it sets the
     /// sandbox up (libcontainer): container root maps to one of their subordinate ids.
     pub rootless: Option<Rootless>,
@@ -243,6 +247,15 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
         });
     }
 
+    let proxied = netns && plan.network.mode == NetMode::Allow;
+    if let (true, Some(dir)) = (proxied, &paths.proxy_dir) {
+        mounts.push(mount(
+            Path::new(crate::init::relay::PROXY_DIR),
+            "bind",
+            &s(dir),
+            &opts(&["bind", "ro", "nosuid", "nodev", "noexec"]),
+        ));
+    }
     if let Some(init) = &paths.init {
         mounts.push(mount(
             Path::new(INIT_PATH),
@@ -288,6 +301,12 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
         args.extend([INIT_PATH.to_string(), "__init".to_string()]);
         if netns {
             args.push("--loopback".into());
+        }
+        if proxied {
+            args.push("--relay-proxy".into());
+            for p in &plan.network.localhost_ports {
+                args.push(format!("--relay-port={p}"));
+            }
         }
         for r in &plan.process.rlimits {
             args.push(format!("--rlimit={}={}:{}", r.kind, r.soft, r.hard));

@@ -1,0 +1,150 @@
+//! The in-sandbox end of the network: listeners on 127.0.0.1 and [::1] that relay to the
+//! host-side proxy's Unix socket (bind-mounted at [`PROXY_SOCKET`]).
+//!
+//! The init binds them before the workload starts and keeps them: they are close-on-exec, so
+//! the workload cannot accept on them, and the init is PID 1, which nothing inside can kill or
+//! trace. Plain threads, no runtime: the init stays small. `connect` is the ProxyCommand for
+//! SSH (`GIT_SSH_COMMAND`): it opens a CONNECT tunnel and pipes stdin/stdout through it.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::unix::net::UnixStream;
+
+/// Where the proxy's socket appears inside the sandbox.
+pub const PROXY_DIR: &str = "/run/aisb/net";
+pub const PROXY_SOCKET: &str = "/run/aisb/net/proxy.sock";
+/// The loopback port the workload's `HTTP(S)_PROXY` points at.
+pub const PROXY_PORT: u16 = 3128;
+
+/// What a listener relays: everything to the proxy, or one host loopback port through it.
+#[derive(Debug, Clone, Copy)]
+pub enum Target {
+    Proxy,
+    /// `localhost-port N`: a tunnel to the host's 127.0.0.1:N, checked by the proxy.
+    HostPort(u16),
+}
+
+/// Bind `port` on 127.0.0.1 and, where the kernel has IPv6, on [::1].
+pub fn bind(port: u16) -> std::io::Result<Vec<TcpListener>> {
+    let mut out = vec![TcpListener::bind(("127.0.0.1", port))?];
+    match TcpListener::bind(("::1", port)) {
+        Ok(l) => out.push(l),
+        // No IPv6 on `lo` (disabled by the kernel): IPv4 only.
+        Err(e) if e.kind() == std::io::ErrorKind::AddrNotAvailable => {}
+        Err(e) if e.raw_os_error() == Some(libc::EAFNOSUPPORT) => {}
+        Err(e) => return Err(e),
+    }
+    Ok(out)
+}
+
+/// Serve the listeners on their own threads, for as long as the process lives.
+pub fn start(listeners: Vec<(TcpListener, Target)>) {
+    for (listener, target) in listeners {
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                std::thread::spawn(move || {
+                    let _ = relay(conn, target);
+                });
+            }
+        });
+    }
+}
+
+fn relay(tcp: TcpStream, target: Target) -> std::io::Result<()> {
+    let _ = tcp.set_nodelay(true);
+    let mut unix = UnixStream::connect(PROXY_SOCKET)?;
+    if let Target::HostPort(port) = target {
+        if let Err(e) = tunnel(&mut unix, &format!("127.0.0.1:{port}")) {
+            let _ = tcp.shutdown(Shutdown::Both);
+            return Err(e);
+        }
+    }
+    pipe(tcp, unix)
+}
+
+/// Send CONNECT for `authority` and read the answer's head: Ok when the proxy said 200.
+fn tunnel(s: &mut UnixStream, authority: &str) -> std::io::Result<()> {
+    s.write_all(format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n").as_bytes())?;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if s.read(&mut byte)? == 0 || head.len() > 16 * 1024 {
+            return Err(std::io::Error::other("the proxy closed the tunnel"));
+        }
+        head.push(byte[0]);
+    }
+    let status = String::from_utf8_lossy(&head);
+    if status.split(' ').nth(1) == Some("200") {
+        return Ok(());
+    }
+    // The body says which rule blocked it.
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    Err(std::io::Error::other(body.trim().to_string()))
+}
+
+/// Copy both ways until each side ends; 64 KiB at a time.
+fn pipe(tcp: TcpStream, unix: UnixStream) -> std::io::Result<()> {
+    let (mut tcp_r, mut unix_w) = (tcp.try_clone()?, unix.try_clone()?);
+    let up = std::thread::spawn(move || {
+        let _ = copy(&mut tcp_r, &mut unix_w);
+        let _ = unix_w.shutdown(Shutdown::Write);
+    });
+    let (mut unix_r, mut tcp_w) = (unix, tcp);
+    let _ = copy(&mut unix_r, &mut tcp_w);
+    let _ = tcp_w.shutdown(Shutdown::Write);
+    let _ = up.join();
+    Ok(())
+}
+
+fn copy(r: &mut impl Read, w: &mut impl Write) -> std::io::Result<u64> {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut total = 0;
+    loop {
+        let n = match r.read(&mut buf) {
+            Ok(0) => return Ok(total),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        w.write_all(&buf[..n])?;
+        w.flush()?; // stdout is buffered: an SSH session must see every byte at once
+        total += n as u64;
+    }
+}
+
+/// `init connect HOST PORT`: an SSH ProxyCommand. Tunnels stdin/stdout to HOST:PORT through
+/// the proxy (so the allowlist applies to SSH too); a refusal is printed with its rule.
+pub fn connect_main(host: &str, port: &str) -> i32 {
+    let authority = if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    let mut s = match UnixStream::connect(PROXY_SOCKET) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!(
+                "aisb connect: no network proxy in this sandbox ({e}); is `network` set to allow?"
+            );
+            return 1;
+        }
+    };
+    if let Err(e) = tunnel(&mut s, &authority) {
+        eprintln!("aisb connect {authority}: {e}");
+        return 1;
+    }
+    let mut from = match s.try_clone() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("aisb connect: {e}");
+            return 1;
+        }
+    };
+    std::thread::spawn(move || {
+        let _ = copy(&mut std::io::stdin().lock(), &mut s);
+        let _ = s.shutdown(Shutdown::Write);
+    });
+    let _ = copy(&mut from, &mut std::io::stdout().lock());
+    0
+}

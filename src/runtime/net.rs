@@ -1,0 +1,127 @@
+//! The network proxy of one run: started before the sandbox (when its network is `allow`),
+//! stopped after it. Its socket lives in a fresh 0700 directory under the sandbox's state,
+//! which the spec mounts read-only at `/run/aisb/net`.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use super::RuntimeError;
+use crate::eval::plan::NetMode;
+use crate::eval::Plan;
+use crate::proxy::policy::PolicyConfig;
+
+/// Names the proxy resolves without DNS: `name=ip,name=ip` (tests, or pinning a host).
+pub const RESOLVE_ENV: &str = "AISB_PROXY_RESOLVE";
+
+pub struct ProxyProcess {
+    pub dir: PathBuf,
+    child: Child,
+}
+
+impl Drop for ProxyProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn io(what: String) -> impl FnOnce(std::io::Error) -> RuntimeError {
+    move |source| RuntimeError::Io { what, source }
+}
+
+/// The policy the proxy enforces for this plan.
+pub fn policy(plan: &Plan) -> Result<PolicyConfig, RuntimeError> {
+    let mut resolve = Vec::new();
+    if let Ok(spec) = std::env::var(RESOLVE_ENV) {
+        for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let parsed = item
+                .split_once('=')
+                .and_then(|(n, ip)| Some((n.to_string(), ip.trim().parse().ok()?)));
+            match parsed {
+                Some(p) => resolve.push(p),
+                None => {
+                    return Err(RuntimeError::Io {
+                        what: format!("{RESOLVE_ENV}: `{item}` is not NAME=IP"),
+                        source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+                    })
+                }
+            }
+        }
+    }
+    Ok(PolicyConfig {
+        allow: plan.network.allow.clone(),
+        deny: plan.network.deny.clone(),
+        localhost_ports: plan.network.localhost_ports.clone(),
+        resolve,
+    })
+}
+
+/// Start the proxy when the plan's network needs one; wait until it listens.
+pub fn start(plan: &Plan, exe: &Path) -> Result<Option<ProxyProcess>, RuntimeError> {
+    if plan.network.mode != NetMode::Allow {
+        return Ok(None);
+    }
+    let policy = serde_json::to_vec(&policy(plan)?).map_err(|e| RuntimeError::Io {
+        what: "encoding the network policy".into(),
+        source: e.into(),
+    })?;
+    let parent = plan.state_dir.join("net");
+    std::fs::create_dir_all(&parent).map_err(io(format!("creating {}", parent.display())))?;
+    let dir = parent.join(std::process::id().to_string());
+    if dir.exists() {
+        // Left by a crashed run with our pid: stale by construction.
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .map_err(io(format!("creating {}", dir.display())))?;
+    let mut cmd = Command::new(exe);
+    // Bound by a relative name from inside its directory: a socket's path is limited to 107
+    // bytes, and the state directory's alone can be longer.
+    cmd.arg("__proxy")
+        .current_dir(&dir)
+        .arg("--socket")
+        .arg("proxy.sock")
+        .arg("--policy")
+        .arg("-")
+        .arg("--audit")
+        .arg(plan.state_dir.join("audit.jsonl"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        // Its own process group: the terminal's ^C is for the sandbox, not for its network.
+        .process_group(0);
+    // SAFETY: prctl is async-signal-safe. If aisb dies, so does its proxy.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(|source| RuntimeError::Spawn {
+        program: format!("{} __proxy", exe.display()),
+        source,
+    })?;
+    let mut stdin = child.stdin.take();
+    let stdout = child.stdout.take();
+    let proc = ProxyProcess { dir, child };
+    if let Some(mut s) = stdin.take() {
+        s.write_all(&policy)
+            .map_err(io("sending the network policy to the proxy".into()))?;
+    }
+    let mut line = String::new();
+    if let Some(out) = stdout {
+        let _ = BufReader::new(out).read_line(&mut line);
+    }
+    if line.trim() != "ready" {
+        return Err(RuntimeError::Io {
+            what: "the network proxy did not start (see its message above)".into(),
+            source: std::io::Error::from(std::io::ErrorKind::BrokenPipe),
+        });
+    }
+    Ok(Some(proc))
+}
