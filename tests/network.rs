@@ -1,0 +1,255 @@
+//! The network suite: a sandbox with `network { allow … }` reaches only what its policy allows,
+//! through the host-side proxy, on both backends. Servers run on the host's loopback; test
+//! names are mapped by the proxy's resolver override (`AISB_PROXY_RESOLVE`), never real DNS.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+const BACKENDS: &[&str] = &["bwrap", "libcontainer"];
+
+/// A small HTTP/1.1 file server on 127.0.0.1 (one thread per connection, at most `limit`
+/// connections, each with a read timeout): `/echo` answers with the Host header it got,
+/// anything else is a file under `root`.
+fn serve(root: PathBuf, limit: usize) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().take(limit).flatten() {
+            let root = root.clone();
+            std::thread::spawn(move || {
+                let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                let mut conn = conn;
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    return;
+                }
+                let target = line.split(' ').nth(1).unwrap_or("/");
+                let path = target.split('?').next().unwrap_or("/").to_string();
+                let mut host = String::new();
+                loop {
+                    let mut h = String::new();
+                    if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                        break;
+                    }
+                    if let Some(v) = h.to_ascii_lowercase().strip_prefix("host:") {
+                        host = v.trim().to_string();
+                    }
+                }
+                let (status, body) = if path == "/echo" {
+                    ("200 OK", format!("host={host}\n").into_bytes())
+                } else {
+                    let file = root.join(path.trim_start_matches('/'));
+                    match std::fs::read(&file) {
+                        Ok(b) => ("200 OK", b),
+                        Err(_) => ("404 Not Found", b"missing\n".to_vec()),
+                    }
+                };
+                let _ = write!(
+                    conn,
+                    "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = conn.write_all(&body);
+            });
+        }
+    });
+    port
+}
+
+struct Out {
+    stdout: String,
+    stderr: String,
+    code: i32,
+}
+
+impl Out {
+    fn value(&self, key: &str) -> Option<&str> {
+        self.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+    }
+    fn expect(&self, key: &str, want: &str) {
+        assert_eq!(
+            self.value(key),
+            Some(want),
+            "check `{key}`\nstdout:\n{}\nstderr:\n{}",
+            self.stdout,
+            self.stderr
+        );
+    }
+}
+
+fn run(dir: &Path, backend: &str, resolve: &str, script: &str) -> Out {
+    let out = Command::new(env!("CARGO_BIN_EXE_aisb"))
+        .args(["run", "--backend", backend, "--", "/bin/sh", "-c", script])
+        .current_dir(dir.join("proj"))
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("HOME", dir.join("home"))
+        .env("XDG_CACHE_HOME", dir.join("cache"))
+        .env("AISB_PROXY_RESOLVE", resolve)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    Out {
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        code: out.status.code().unwrap_or(-1),
+    }
+}
+
+fn privileged() -> bool {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: the network suite needs root on this host (CI runs as root)");
+        return false;
+    }
+    if Command::new("curl").arg("--version").output().is_err() {
+        eprintln!("skipped: curl is not installed (scripts/setup.sh installs it)");
+        return false;
+    }
+    true
+}
+
+fn git(dir: &Path, args: &[&str]) {
+    let ok = Command::new("git")
+        .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap()
+        .status
+        .success();
+    assert!(ok, "git {args:?}");
+}
+
+#[test]
+fn only_the_allowlist_goes_out_and_every_decision_is_logged() {
+    if !privileged() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let www = t.path().join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    std::fs::write(www.join("hello.txt"), "hello from the host\n").unwrap();
+    // A repository served over plain ("dumb") HTTP, for `git clone` through the proxy.
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    git(&src, &["init", "-q"]);
+    std::fs::write(src.join("README"), "cloned through the proxy\n").unwrap();
+    git(&src, &["add", "-A"]);
+    git(&src, &["commit", "-qm", "one"]);
+    git(t.path(), &["clone", "-q", "--bare", "src", "www/repo.git"]);
+    git(&www.join("repo.git"), &["update-server-info"]);
+
+    let port = serve(www, 400);
+    let db = serve(t.path().join("db"), 50); // a "dev database" on a host loopback port
+    for d in ["home", "proj"] {
+        std::fs::create_dir_all(t.path().join(d)).unwrap();
+    }
+    git(&t.path().join("proj"), &["init", "-q"]);
+    std::fs::write(
+        t.path().join("proj/sandbox.kdl"),
+        format!(
+            "network {{\n    allow \"good.test:{port}\" \"*.sub.test\" \"rebind.test\"\n    deny \"bad.sub.test\"\n    localhost-port {db}\n}}\n"
+        ),
+    )
+    .unwrap();
+    let resolve =
+        "good.test=127.0.0.1,a.sub.test=127.0.0.1,bad.sub.test=127.0.0.1,rebind.test=127.0.0.1";
+    let script = format!(
+        r#"
+p=http://127.0.0.1:3128
+code() {{ curl -s -o /dev/null -w '%{{http_code}}' -m 10 "$@"; }}
+echo "http=$(curl -s -m 10 http://good.test:{port}/hello.txt)"
+echo "connect=$(curl -s -m 10 -p http://good.test:{port}/hello.txt)"
+echo "socks=$(curl -s -m 10 -x socks5h://127.0.0.1:3128 http://good.test:{port}/hello.txt)"
+echo "blocked=$(code http://evil.test/)"
+echo "blocked_header=$(curl -s -D - -o /dev/null -m 10 http://evil.test/ | tr -d '\r' | grep -i '^x-aisb-blocked' | cut -d' ' -f2-)"
+echo "blocked_connect=$(curl -s -m 10 -p http://evil.test/ >/dev/null 2>&1; echo $?)"
+echo "blocked_socks=$(curl -s -m 10 -x socks5h://127.0.0.1:3128 http://evil.test/ >/dev/null 2>&1; echo $?)"
+echo "wild_apex=$(code http://sub.test:{port}/hello.txt)"
+echo "denied=$(code http://bad.sub.test:{port}/hello.txt)"
+echo "ip_literal=$(code -x $p --noproxy '' http://127.0.0.1:{port}/hello.txt)"
+echo "rebind=$(code http://rebind.test:{port}/hello.txt)"
+echo "smuggle=$(curl -s -m 10 -H 'Host: evil.test' http://good.test:{port}/echo)"
+echo "connect_loopback=$(curl -s -m 10 -x $p --noproxy '' -p http://127.0.0.1:22/ >/dev/null 2>&1; echo $?)"
+echo "localhost_port=$(curl -s -m 10 --noproxy '*' -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{db}/x)"
+echo "direct=$(curl -s -m 5 --noproxy '*' http://127.0.0.1:{port}/hello.txt >/dev/null 2>&1; echo $?)"
+echo "dns=$(python3 -c 'import socket; socket.getaddrinfo("good.test", 80)' >/dev/null 2>&1; echo $?)"
+echo "udp=$(python3 -c 'import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.connect(("127.0.0.2", 53)); s.send(b"x"); s.recv(1)' >/dev/null 2>&1; echo $?)"
+echo "vsock=$(python3 -c 'import socket; socket.socket(40, socket.SOCK_STREAM)' >/dev/null 2>&1; echo $?)"
+echo "ifaces=$(awk -F: 'NR > 2 {{ gsub(/ /, "", $1); printf "%s ", $1 }}' /proc/net/dev)"
+rm -rf /tmp/clone; git clone -q http://good.test:{port}/repo.git /tmp/clone 2>/tmp/git.err; echo "git=$?"
+echo "cloned=$(cat /tmp/clone/README 2>/dev/null)"
+echo "git_err=$(cat /tmp/git.err | tr '\n' ' ')"
+"#
+    );
+    for backend in BACKENDS {
+        let o = run(t.path(), backend, resolve, &script);
+        assert_eq!(o.code, 0, "[{backend}]\n{}\n{}", o.stdout, o.stderr);
+        o.expect("http", "hello from the host");
+        o.expect("connect", "hello from the host");
+        o.expect("socks", "hello from the host");
+        o.expect("blocked", "403");
+        o.expect("blocked_header", "not in the allowlist");
+        assert_ne!(o.value("blocked_connect"), Some("0"), "[{backend}]");
+        assert_ne!(o.value("blocked_socks"), Some("0"), "[{backend}]");
+        o.expect("wild_apex", "403");
+        o.expect("denied", "403");
+        o.expect("ip_literal", "403");
+        o.expect("rebind", "403");
+        o.expect("smuggle", &format!("host=good.test:{port}"));
+        assert_ne!(o.value("connect_loopback"), Some("0"), "[{backend}]");
+        o.expect("localhost_port", "404");
+        assert_ne!(
+            o.value("direct"),
+            Some("0"),
+            "[{backend}] direct TCP got out"
+        );
+        assert_ne!(o.value("dns"), Some("0"), "[{backend}] DNS resolved");
+        assert_ne!(o.value("udp"), Some("0"), "[{backend}] UDP answered");
+        assert_ne!(o.value("vsock"), Some("0"), "[{backend}] AF_VSOCK");
+        o.expect("ifaces", "lo ");
+        o.expect("git", "0");
+        o.expect("cloned", "cloned through the proxy");
+    }
+    // Every decision is in the audit log, with the rule that made it.
+    let logs: Vec<PathBuf> = walk(&t.path().join("cache/aisb"), "audit.jsonl");
+    assert_eq!(logs.len(), 1, "{logs:?}");
+    let mut text = String::new();
+    std::fs::File::open(&logs[0])
+        .unwrap()
+        .read_to_string(&mut text)
+        .unwrap();
+    for needle in [
+        "\"action\":\"allow\",\"proto\":\"http\",\"host\":\"good.test\"",
+        "\"action\":\"allow\",\"proto\":\"socks5\"",
+        "\"action\":\"block\",\"proto\":\"http\",\"host\":\"evil.test\"",
+        "\"rule\":\"deny \\\"bad.sub.test\\\"\"",
+        "resolves to the internal address 127.0.0.1",
+        &format!("\"rule\":\"localhost-port {db}\""),
+        "\"event\":\"start\"",
+        "\"event\":\"exit\"",
+    ] {
+        assert!(text.contains(needle), "audit log lacks {needle}:\n{text}");
+    }
+}
+
+fn walk(dir: &Path, name: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk(&p, name));
+            } else if p.file_name().is_some_and(|n| n == name) {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
