@@ -398,3 +398,10 @@ fn decoded_config_cache_changes_nothing_visible() {
     );
     assert_eq!(std::fs::read_dir(&cache).unwrap().count(), cached + 1);
 }
+
+/// clap's own consistency checks over every subcommand (duplicate short flags, …), which would
+/// otherwise only fire when that subcommand is used.
+#[test]
+fn command_line_definition_is_consistent() {
+    <aisb::cli::Cli as clap::CommandFactory>::command().debug_assert();
+}

@@ -237,6 +237,39 @@ echo "git_err=$(cat /tmp/git.err | tr '\n' ' ')"
     ] {
         assert!(text.contains(needle), "audit log lacks {needle}:\n{text}");
     }
+    let blocked = audit(t.path(), &["--blocked-only"]);
+    assert!(blocked.lines().count() >= 2 * 8, "{blocked}");
+    assert!(
+        blocked.lines().all(|l| l.contains("  BLOCK  ")),
+        "{blocked}"
+    );
+    assert!(
+        blocked.contains("BLOCK  http evil.test:80  not in the allowlist"),
+        "{blocked}"
+    );
+    let json = audit(t.path(), &["--json"]);
+    assert_eq!(json.lines().count(), text.lines().count());
+    assert!(json
+        .lines()
+        .all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()));
+}
+
+/// `aisb audit` reads the same log back, for people and programs.
+fn audit(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_aisb"))
+        .arg("audit")
+        .args(args)
+        .current_dir(dir.join("proj"))
+        .env("HOME", dir.join("home"))
+        .env("XDG_CACHE_HOME", dir.join("cache"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn walk(dir: &Path, name: &str) -> Vec<PathBuf> {

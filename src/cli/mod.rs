@@ -1,5 +1,6 @@
 //! Command line: clap structs, one file per subcommand.
 
+mod audit;
 mod check;
 mod completions;
 mod doctor;
@@ -33,7 +34,8 @@ Examples:
   aisb plan                      show mounts, masked paths, env and network
   aisb plan --profile investigate
   aisb spec > config.json        the OCI runtime spec
-  aisb export bundle /tmp/b      a bundle any OCI runtime (runc) can run";
+  aisb export bundle /tmp/b      a bundle any OCI runtime (runc) can run
+  aisb audit --blocked-only      what the sandbox's network policy refused";
 
 #[derive(Debug, Parser)]
 #[command(name = "aisb", version, about = "Run AI coding agents and any command in a sandbox described by sandbox.kdl",
@@ -65,6 +67,7 @@ pub enum Command {
     Tasks(tasks::Args),
     Presets(presets::Args),
     Doctor(doctor::Args),
+    Audit(audit::Args),
     SetupUser(setup_user::Args),
     Completions(completions::Args),
     #[command(name = "__libcontainer", hide = true)]
@@ -103,6 +106,7 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
         Command::Tasks(a) => tasks::run(&g, a),
         Command::Presets(a) => presets::run(a),
         Command::Doctor(a) => doctor::run(a),
+        Command::Audit(a) => audit::run(&g, a),
         Command::SetupUser(a) => setup_user::run(a),
         Command::Completions(a) => completions::run(a),
         Command::LibcontainerHelper(a) => libcontainer_helper::run(a),
