@@ -83,7 +83,7 @@ fn tunnel(s: &mut UnixStream, authority: &str) -> std::io::Result<()> {
     Err(std::io::Error::other(body.trim().to_string()))
 }
 
-/// Copy both ways until each side ends; 64 KiB at a time.
+/// Copy both ways until each side ends; 256 KiB at a time.
 fn pipe(tcp: TcpStream, unix: UnixStream) -> std::io::Result<()> {
     let (mut tcp_r, mut unix_w) = (tcp.try_clone()?, unix.try_clone()?);
     let up = std::thread::spawn(move || {
@@ -98,7 +98,7 @@ fn pipe(tcp: TcpStream, unix: UnixStream) -> std::io::Result<()> {
 }
 
 fn copy(r: &mut impl Read, w: &mut impl Write) -> std::io::Result<u64> {
-    let mut buf = vec![0u8; 64 * 1024];
+    let mut buf = vec![0u8; 256 * 1024];
     let mut total = 0;
     loop {
         let n = match r.read(&mut buf) {
