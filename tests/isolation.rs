@@ -4,11 +4,13 @@
 //!
 //! Needs root here (CI runs as root); an unprivileged run prints why it skips.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const BACKENDS: &[&str] = &["bwrap", "libcontainer"];
-const TEST_USER: &str = "aisb-test";
+use support::test_user;
 
 /// Every (backend, caller) pair: root, and an ordinary user (uid, gid).
 fn matrix() -> Vec<(&'static str, Option<(u32, u32)>)> {
@@ -16,57 +18,6 @@ fn matrix() -> Vec<(&'static str, Option<(u32, u32)>)> {
     let mut m: Vec<_> = BACKENDS.iter().map(|b| (*b, None)).collect();
     m.extend(BACKENDS.iter().map(|b| (*b, Some(user))));
     m
-}
-
-/// An unprivileged account to run the suite as (created once, as root), given what the
-/// rootless libcontainer backend needs by the one-time root step a user would run:
-/// `aisb setup-user` (subordinate ids; a delegated cgroup on cgroup v1 hosts).
-fn test_user() -> (u32, u32) {
-    static USER: std::sync::OnceLock<(u32, u32)> = std::sync::OnceLock::new();
-    *USER.get_or_init(|| {
-        let user = create_test_user();
-        let out = Command::new(env!("CARGO_BIN_EXE_aisb"))
-            .args(["setup-user", TEST_USER])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "aisb setup-user: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        user
-    })
-}
-
-fn create_test_user() -> (u32, u32) {
-    if nix::unistd::User::from_name(TEST_USER)
-        .ok()
-        .flatten()
-        .is_none()
-    {
-        let out = Command::new("useradd")
-            .args([
-                "--system",
-                "--no-create-home",
-                "--shell",
-                "/usr/sbin/nologin",
-                TEST_USER,
-            ])
-            .output()
-            .unwrap();
-        // A concurrent test may have created it first.
-        assert!(
-            out.status.success()
-                || nix::unistd::User::from_name(TEST_USER)
-                    .ok()
-                    .flatten()
-                    .is_some(),
-            "useradd: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let u = nix::unistd::User::from_name(TEST_USER).unwrap().unwrap();
-    (u.uid.as_raw(), u.gid.as_raw())
 }
 
 struct Sandbox {

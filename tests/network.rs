@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+mod support;
+
 const BACKENDS: &[&str] = &["bwrap", "libcontainer"];
 
 /// A small HTTP/1.1 file server on 127.0.0.1 (one thread per connection, at most `limit`
@@ -83,14 +85,33 @@ impl Out {
     }
 }
 
-fn run(dir: &Path, backend: &str, resolve: &str, script: &str) -> Out {
-    let out = Command::new(env!("CARGO_BIN_EXE_aisb"))
+/// Run `script` in the project's sandbox as root (`user` None) or as that (uid, gid), each
+/// caller with a cache of its own.
+fn run(dir: &Path, backend: &str, user: Option<(u32, u32)>, resolve: &str, script: &str) -> Out {
+    let who = user.map_or("root".to_string(), |(uid, _)| uid.to_string());
+    let mut cmd = match user {
+        // Their own copy of aisb: the build tree may not be reachable for them.
+        Some((uid, gid)) => {
+            let bin = dir.join("bin");
+            if !bin.join("aisb").exists() {
+                std::fs::create_dir_all(&bin).unwrap();
+                std::fs::copy(env!("CARGO_BIN_EXE_aisb"), bin.join("aisb")).unwrap();
+                std::fs::copy(env!("CARGO_BIN_EXE_aisb-init"), bin.join("aisb-init")).unwrap();
+            }
+            let mut c = Command::new(bin.join("aisb"));
+            std::os::unix::process::CommandExt::uid(&mut c, uid);
+            std::os::unix::process::CommandExt::gid(&mut c, gid);
+            c
+        }
+        None => Command::new(env!("CARGO_BIN_EXE_aisb")),
+    };
+    let out = cmd
         .args(["run", "--backend", backend, "--", "/bin/sh", "-c", script])
         .current_dir(dir.join("proj"))
         .env_clear()
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
         .env("HOME", dir.join("home"))
-        .env("XDG_CACHE_HOME", dir.join("cache"))
+        .env("XDG_CACHE_HOME", dir.join(format!("cache-{who}")))
         .env("AISB_PROXY_RESOLVE", resolve)
         .stdin(std::process::Stdio::null())
         .output()
@@ -188,8 +209,23 @@ echo "cloned=$(cat /tmp/clone/README 2>/dev/null)"
 echo "git_err=$(cat /tmp/git.err | tr '\n' ' ')"
 "#
     );
-    for backend in BACKENDS {
-        let o = run(t.path(), backend, resolve, &script);
+    // Everyone may read the fixture (a temp dir is 0700); the callers write only their caches.
+    std::fs::set_permissions(
+        t.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let user = support::test_user();
+    let cache = t.path().join(format!("cache-{}", user.0));
+    std::fs::create_dir_all(&cache).unwrap();
+    std::os::unix::fs::chown(&cache, Some(user.0), Some(user.1)).unwrap();
+    let callers = [None, Some(user)];
+    for (backend, user) in BACKENDS
+        .iter()
+        .flat_map(|b| callers.iter().map(move |u| (*b, *u)))
+    {
+        let o = run(t.path(), backend, user, resolve, &script);
+        let backend = format!("{backend} {user:?}");
         assert_eq!(o.code, 0, "[{backend}]\n{}\n{}", o.stdout, o.stderr);
         o.expect("http", "hello from the host");
         o.expect("connect", "hello from the host");
@@ -218,7 +254,7 @@ echo "git_err=$(cat /tmp/git.err | tr '\n' ' ')"
         o.expect("cloned", "cloned through the proxy");
     }
     // Every decision is in the audit log, with the rule that made it.
-    let logs: Vec<PathBuf> = walk(&t.path().join("cache/aisb"), "audit.jsonl");
+    let logs: Vec<PathBuf> = walk(&t.path().join("cache-root/aisb"), "audit.jsonl");
     assert_eq!(logs.len(), 1, "{logs:?}");
     let mut text = String::new();
     std::fs::File::open(&logs[0])
@@ -261,7 +297,7 @@ fn audit(dir: &Path, args: &[&str]) -> String {
         .args(args)
         .current_dir(dir.join("proj"))
         .env("HOME", dir.join("home"))
-        .env("XDG_CACHE_HOME", dir.join("cache"))
+        .env("XDG_CACHE_HOME", dir.join("cache-root"))
         .output()
         .unwrap();
     assert!(

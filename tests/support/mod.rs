@@ -129,3 +129,56 @@ pub fn render(d: &dyn miette::Diagnostic) -> String {
         .unwrap();
     out
 }
+
+const TEST_USER: &str = "aisb-test";
+
+/// An unprivileged account to run the suite as (created once, as root), given what the
+/// rootless libcontainer backend needs by the one-time root step a user would run:
+/// `aisb setup-user` (subordinate ids; a delegated cgroup on cgroup v1 hosts).
+pub fn test_user() -> (u32, u32) {
+    static USER: std::sync::OnceLock<(u32, u32)> = std::sync::OnceLock::new();
+    *USER.get_or_init(|| {
+        let user = create_test_user();
+        let out = Command::new(env!("CARGO_BIN_EXE_aisb"))
+            .args(["setup-user", TEST_USER])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "aisb setup-user: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        user
+    })
+}
+
+fn create_test_user() -> (u32, u32) {
+    if nix::unistd::User::from_name(TEST_USER)
+        .ok()
+        .flatten()
+        .is_none()
+    {
+        let out = Command::new("useradd")
+            .args([
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                TEST_USER,
+            ])
+            .output()
+            .unwrap();
+        // A concurrent test may have created it first.
+        assert!(
+            out.status.success()
+                || nix::unistd::User::from_name(TEST_USER)
+                    .ok()
+                    .flatten()
+                    .is_some(),
+            "useradd: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let u = nix::unistd::User::from_name(TEST_USER).unwrap().unwrap();
+    (u.uid.as_raw(), u.gid.as_raw())
+}
