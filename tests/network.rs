@@ -200,6 +200,7 @@ echo "smuggle=$(curl -s -m 10 -H 'Host: evil.test' http://good.test:{port}/echo)
 echo "connect_loopback=$(curl -s -m 10 -x $p --noproxy '' -p http://127.0.0.1:22/ >/dev/null 2>&1; echo $?)"
 echo "localhost_port=$(curl -s -m 10 --noproxy '*' -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{db}/x)"
 echo "direct=$(curl -s -m 5 --noproxy '*' http://127.0.0.1:{port}/hello.txt >/dev/null 2>&1; echo $?)"
+echo "around=$(python3 -c 'import socket; socket.create_connection(("192.0.2.1", 443), timeout=5)' 2>&1 | tail -1)"
 echo "dns=$(python3 -c 'import socket; socket.getaddrinfo("good.test", 80)' >/dev/null 2>&1; echo $?)"
 echo "udp=$(python3 -c 'import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.connect(("127.0.0.2", 53)); s.send(b"x"); s.recv(1)' >/dev/null 2>&1; echo $?)"
 echo "vsock=$(python3 -c 'import socket; socket.socket(40, socket.SOCK_STREAM)' >/dev/null 2>&1; echo $?)"
@@ -246,6 +247,13 @@ echo "git_err=$(cat /tmp/git.err | tr '\n' ' ')"
             Some("0"),
             "[{backend}] direct TCP got out"
         );
+        // A tool that ignores the proxy is told why (documentation address: never routed).
+        o.expect("around", "PermissionError: [Errno 13] Permission denied");
+        assert!(
+            o.stderr.contains("aisb: refused a direct connection to 192.0.2.1:443: the network goes through the proxy only"),
+            "[{backend}] {}",
+            o.stderr
+        );
         assert_ne!(o.value("dns"), Some("0"), "[{backend}] DNS resolved");
         assert_ne!(o.value("udp"), Some("0"), "[{backend}] UDP answered");
         assert_ne!(o.value("vsock"), Some("0"), "[{backend}] AF_VSOCK");
@@ -268,13 +276,14 @@ echo "git_err=$(cat /tmp/git.err | tr '\n' ' ')"
         "\"rule\":\"deny \\\"bad.sub.test\\\"\"",
         "resolves to the internal address 127.0.0.1",
         &format!("\"rule\":\"localhost-port {db}\""),
+        "\"proto\":\"direct\",\"host\":\"192.0.2.1\",\"port\":443,\"rule\":\"direct-connect-not-via-proxy\"",
         "\"event\":\"start\"",
         "\"event\":\"exit\"",
     ] {
         assert!(text.contains(needle), "audit log lacks {needle}:\n{text}");
     }
     let blocked = audit(t.path(), &["--blocked-only"]);
-    assert!(blocked.lines().count() >= 2 * 8, "{blocked}");
+    assert!(blocked.lines().count() >= 2 * 9, "{blocked}");
     assert!(
         blocked.lines().all(|l| l.contains("  BLOCK  ")),
         "{blocked}"

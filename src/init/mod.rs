@@ -4,6 +4,7 @@
 //! parent: forward signals to it, reap zombies, and exit with its status (128+N for a signal).
 //! Any step that fails stops the sandbox: it never runs the workload with less isolation.
 
+pub mod notify;
 pub mod relay;
 pub mod seccomp;
 
@@ -206,13 +207,23 @@ pub fn run(opts: &Options) -> Result<i32, InitError> {
         eprintln!("aisb: an argument contains a NUL byte");
         return Ok(126);
     }
-    // SAFETY: single-threaded here; the child only calls async-signal-safe functions and exec.
+    // Direct connections out of a private network namespace: reported, refused with a reason.
+    let notify = opts.loopback.then(notify::prepare).flatten();
+    // SAFETY: the child only calls async-signal-safe functions on prepared memory, then exec.
     match unsafe { fork() }.map_err(InitError::Fork)? {
         ForkResult::Child => {
             let _ = set.thread_unblock();
+            if let Some(n) = &notify {
+                notify::install_in_child(n);
+            }
             exec(&argv)
         }
-        ForkResult::Parent { child } => Ok(supervise(child, &set)),
+        ForkResult::Parent { child } => {
+            if let Some(fd) = notify.and_then(notify::receive) {
+                notify::serve(fd, opts.relay_proxy);
+            }
+            Ok(supervise(child, &set))
+        }
     }
 }
 

@@ -148,3 +148,16 @@ pub fn connect_main(host: &str, port: &str) -> i32 {
     let _ = copy(&mut from, &mut std::io::stdout().lock());
     0
 }
+
+/// Tell the proxy (for its audit log) that the workload tried to connect to `addr` directly.
+pub fn report_direct(addr: std::net::SocketAddr) {
+    if let Ok(mut s) = UnixStream::connect(PROXY_SOCKET) {
+        let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(2)));
+        let _ = s.write_all(format!("{DIRECT_METHOD} {addr} HTTP/1.1\r\n\r\n").as_bytes());
+        let mut answer = [0u8; 64];
+        let _ = s.read(&mut answer);
+    }
+}
+
+/// The request method the init uses to report a direct connection attempt to the proxy.
+pub const DIRECT_METHOD: &str = "AISB-DIRECT-CONNECT";

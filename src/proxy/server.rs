@@ -183,6 +183,24 @@ impl Proxy {
                 .map(|h| String::from_utf8_lossy(h.value).trim().to_string())
         };
 
+        if method == crate::init::relay::DIRECT_METHOD {
+            // The init saw the workload try to connect around the proxy (it was refused).
+            let (host, port) = split_authority(&target, None).unwrap_or((target.clone(), 0));
+            client.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await?;
+            return Ok(Some(Outcome {
+                proto: "direct",
+                host,
+                port,
+                result: Err(Blocked {
+                    rule: "direct-connect-not-via-proxy".into(),
+                    hint: None,
+                }),
+                addr: None,
+                up: 0,
+                down: 0,
+                start,
+            }));
+        }
         if method == "CONNECT" {
             let Some((host, port)) = split_authority(&target, None) else {
                 respond(client, 400, "Bad Request", "CONNECT needs host:port", None).await?;
