@@ -62,6 +62,75 @@ fn serve(root: PathBuf, limit: usize) -> u16 {
     port
 }
 
+/// A child process killed when dropped (also when the test fails).
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The same files over HTTPS (Python's server, a self-signed certificate for good.test made
+/// with openssl; the sandbox trusts it by path). Killed when the test process ends.
+fn serve_tls(www: &Path, dir: &Path) -> (u16, Killed) {
+    let ok = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=good.test",
+        ])
+        .args(["-addext", "subjectAltName=DNS:good.test"])
+        .arg("-keyout")
+        .arg(dir.join("key.pem"))
+        .arg("-out")
+        .arg(www.join("cert.pem"))
+        .output()
+        .unwrap()
+        .status
+        .success();
+    assert!(ok, "openssl");
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let code = format!(
+        "import http.server, ssl, functools\n\
+         h = functools.partial(http.server.SimpleHTTPRequestHandler, directory={www:?})\n\
+         s = http.server.ThreadingHTTPServer(('127.0.0.1', {port}), h)\n\
+         c = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)\n\
+         c.load_cert_chain({cert:?}, {key:?})\n\
+         s.socket = c.wrap_socket(s.socket, server_side=True)\n\
+         s.timeout = 10\n\
+         s.serve_forever()\n",
+        www = www.display().to_string(),
+        cert = www.join("cert.pem").display().to_string(),
+        key = dir.join("key.pem").display().to_string(),
+    );
+    let child = Command::new("timeout")
+        .args(["300", "python3", "-c", &code])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let guard = Killed(child);
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return (port, guard);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("the TLS server did not start");
+}
+
 struct Out {
     stdout: String,
     stderr: String,
@@ -166,7 +235,8 @@ fn only_the_allowlist_goes_out_and_every_decision_is_logged() {
     git(t.path(), &["clone", "-q", "--bare", "src", "www/repo.git"]);
     git(&www.join("repo.git"), &["update-server-info"]);
 
-    let port = serve(www, 400);
+    let port = serve(www.clone(), 400);
+    let (tls, _tls_server) = serve_tls(&www, t.path());
     let db = serve(t.path().join("db"), 50); // a "dev database" on a host loopback port
     for d in ["home", "proj"] {
         std::fs::create_dir_all(t.path().join(d)).unwrap();
@@ -175,12 +245,19 @@ fn only_the_allowlist_goes_out_and_every_decision_is_logged() {
     std::fs::write(
         t.path().join("proj/sandbox.kdl"),
         format!(
-            "network {{\n    allow \"good.test:{port}\" \"*.sub.test\" \"rebind.test\"\n    deny \"bad.sub.test\"\n    localhost-port {db}\n}}\n"
+            "network {{\n    allow \"good.test:{port}\" \"good.test:{tls}\" \"*.sub.test\" \"rebind.test\"\n    deny \"bad.sub.test\"\n    localhost-port {db}\n}}\n"
         ),
     )
     .unwrap();
     let resolve =
         "good.test=127.0.0.1,a.sub.test=127.0.0.1,bad.sub.test=127.0.0.1,rebind.test=127.0.0.1";
+    // The sandbox sees the project only: the certificate goes there (`*.pem` would be masked).
+    std::fs::copy(
+        t.path().join("www/cert.pem"),
+        t.path().join("proj/good-test-ca.crt"),
+    )
+    .unwrap();
+    let ca = t.path().join("proj/good-test-ca.crt").display().to_string();
     let script = format!(
         r#"
 p=http://127.0.0.1:3128
@@ -206,6 +283,10 @@ echo "udp=$(python3 -c 'import socket; s = socket.socket(socket.AF_INET, socket.
 echo "vsock=$(python3 -c 'import socket; socket.socket(40, socket.SOCK_STREAM)' >/dev/null 2>&1; echo $?)"
 echo "ifaces=$(awk -F: 'NR > 2 {{ gsub(/ /, "", $1); printf "%s ", $1 }}' /proc/net/dev)"
 rm -rf /tmp/clone; git clone -q http://good.test:{port}/repo.git /tmp/clone 2>/tmp/git.err; echo "git=$?"
+rm -rf /tmp/tls; git -c http.sslCAInfo={ca} clone -q https://good.test:{tls}/repo.git /tmp/tls 2>>/tmp/git.err; echo "git_https=$?"
+echo "https=$(curl -s -m 10 --cacert {ca} https://good.test:{tls}/hello.txt)"
+echo "ssh_tunnel=$(printf 'GET /hello.txt HTTP/1.0\r\n\r\n' | /run/aisb/init connect good.test {port} | tail -1)"
+echo "ssh_blocked=$(/run/aisb/init connect evil.test 22 </dev/null 2>&1 | head -1)"
 echo "cloned=$(cat /tmp/clone/README 2>/dev/null)"
 echo "git_err=$(cat /tmp/git.err | tr '\n' ' ')"
 "#
@@ -260,6 +341,13 @@ echo "git_err=$(cat /tmp/git.err | tr '\n' ' ')"
         o.expect("ifaces", "lo ");
         o.expect("git", "0");
         o.expect("cloned", "cloned through the proxy");
+        o.expect("git_https", "0");
+        o.expect("https", "hello from the host");
+        o.expect("ssh_tunnel", "hello from the host");
+        o.expect(
+            "ssh_blocked",
+            "aisb connect evil.test:22: aisb: blocked CONNECT evil.test:22: not in the allowlist",
+        );
     }
     // Every decision is in the audit log, with the rule that made it.
     let logs: Vec<PathBuf> = walk(&t.path().join("cache-root/aisb"), "audit.jsonl");
