@@ -1,12 +1,13 @@
 #!/bin/sh
 # Installs what aisb and its tests need on Debian: git (the project scan), bubblewrap (the
 # bwrap backend), uidmap (newuidmap for rootless libcontainer), runc (the OCI cross-check
-# test), python3 and curl (the isolation and network suites' probes).
+# test), python3, curl and openssl (the isolation and network suites' probes and servers).
 # Safe to run again: installs only what is missing.
 set -eu
 need=""
 command -v git >/dev/null 2>&1 || need="$need git"
 command -v curl >/dev/null 2>&1 || need="$need curl"
+command -v openssl >/dev/null 2>&1 || need="$need openssl"
 command -v runc >/dev/null 2>&1 || need="$need runc"
 command -v bwrap >/dev/null 2>&1 || need="$need bubblewrap"
 [ -x /usr/bin/python3 ] || need="$need python3"
