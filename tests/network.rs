@@ -67,7 +67,11 @@ struct Killed(std::process::Child);
 
 impl Drop for Killed {
     fn drop(&mut self) {
-        let _ = self.0.kill();
+        // SIGTERM, which `timeout` passes on to the server (SIGKILL would orphan it).
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.0.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
         let _ = self.0.wait();
     }
 }
