@@ -207,8 +207,10 @@ pub fn run(opts: &Options) -> Result<i32, InitError> {
         eprintln!("aisb: an argument contains a NUL byte");
         return Ok(126);
     }
-    // Direct connections out of a private network namespace: reported, refused with a reason.
-    let notify = opts.loopback.then(notify::prepare).flatten();
+    // Direct connections around the proxy: reported, refused with a reason. (Without a proxy,
+    // `network "none"`, the kernel's "Network is unreachable" says it all, and the ~0.3 ms
+    // this costs per start is saved.)
+    let notify = opts.relay_proxy.then(notify::prepare).flatten();
     // SAFETY: the child only calls async-signal-safe functions on prepared memory, then exec.
     match unsafe { fork() }.map_err(InitError::Fork)? {
         ForkResult::Child => {

@@ -221,7 +221,7 @@ fn report(addr: SocketAddr, proxied: bool) {
             super::relay::PROXY_PORT
         )
     } else {
-        "this sandbox has no network (`network` in sandbox.kdl)".to_string()
+        "this sandbox has no network".to_string()
     };
     let _ = writeln!(
         std::io::stderr(),
