@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const BACKENDS: &[&str] = &["bwrap", "libcontainer"];
-use support::test_user;
+use support::{chown_r, test_user, Out};
 
 /// Every (backend, caller) pair: root, and an ordinary user (uid, gid).
 fn matrix() -> Vec<(&'static str, Option<(u32, u32)>)> {
@@ -25,29 +25,6 @@ struct Sandbox {
     /// Run as this (uid, gid) instead of root; the whole tree (and a copy of aisb) is theirs.
     user: Option<(u32, u32)>,
     exe: PathBuf,
-}
-
-struct Out {
-    stdout: String,
-    stderr: String,
-    code: i32,
-}
-
-impl Out {
-    fn value(&self, key: &str) -> Option<&str> {
-        self.stdout
-            .lines()
-            .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
-    }
-    fn expect(&self, key: &str, want: &str) {
-        assert_eq!(
-            self.value(key),
-            Some(want),
-            "check `{key}`\nstdout:\n{}\nstderr:\n{}",
-            self.stdout,
-            self.stderr
-        );
-    }
 }
 
 impl Sandbox {
@@ -103,13 +80,7 @@ impl Sandbox {
             )
             .unwrap();
             s.exe = exe;
-            let ok = Command::new("chown")
-                .args(["-R", &format!("{uid}:{gid}")])
-                .arg(s.root())
-                .status()
-                .unwrap()
-                .success();
-            assert!(ok, "chown");
+            chown_r(s.root(), uid, gid);
             std::fs::set_permissions(
                 s.root(),
                 std::os::unix::fs::PermissionsExt::from_mode(0o755),
@@ -155,11 +126,7 @@ impl Sandbox {
             .stdin(std::process::Stdio::null())
             .output()
             .unwrap();
-        Out {
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-            code: out.status.code().unwrap_or(-1),
-        }
+        Out::from(out)
     }
 }
 
@@ -377,13 +344,7 @@ fn copy_on_write_config_never_reaches_the_host() {
         std::fs::write(s.root().join("home/.claude/settings.json"), "host").unwrap();
         s.write("sandbox.kdl", "import \"preset:claude\"\n");
         if let Some((uid, gid)) = user {
-            let ok = Command::new("chown")
-                .args(["-R", &format!("{uid}:{gid}")])
-                .arg(s.root())
-                .status()
-                .unwrap()
-                .success();
-            assert!(ok);
+            chown_r(s.root(), uid, gid);
         }
         let script = "echo sandbox > ~/.claude/settings.json; echo new > ~/.claude/new.txt; cat ~/.claude/settings.json";
         let o = s.run("libcontainer", &[], script);

@@ -10,6 +10,8 @@ use std::time::Duration;
 
 mod support;
 
+use support::Out;
+
 const BACKENDS: &[&str] = &["bwrap", "libcontainer"];
 
 /// A small HTTP/1.1 file server on 127.0.0.1 (one thread per connection, at most `limit`
@@ -135,29 +137,6 @@ fn serve_tls(www: &Path, dir: &Path) -> (u16, Killed) {
     panic!("the TLS server did not start");
 }
 
-struct Out {
-    stdout: String,
-    stderr: String,
-    code: i32,
-}
-
-impl Out {
-    fn value(&self, key: &str) -> Option<&str> {
-        self.stdout
-            .lines()
-            .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
-    }
-    fn expect(&self, key: &str, want: &str) {
-        assert_eq!(
-            self.value(key),
-            Some(want),
-            "check `{key}`\nstdout:\n{}\nstderr:\n{}",
-            self.stdout,
-            self.stderr
-        );
-    }
-}
-
 /// Run `script` in the project's sandbox as root (`user` None) or as that (uid, gid), each
 /// caller with a cache of its own.
 fn run(dir: &Path, backend: &str, user: Option<(u32, u32)>, resolve: &str, script: &str) -> Out {
@@ -189,11 +168,7 @@ fn run(dir: &Path, backend: &str, user: Option<(u32, u32)>, resolve: &str, scrip
         .stdin(std::process::Stdio::null())
         .output()
         .unwrap();
-    Out {
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        code: out.status.code().unwrap_or(-1),
-    }
+    Out::from(out)
 }
 
 fn privileged() -> bool {

@@ -86,48 +86,63 @@ impl Proxy {
         });
     }
 
-    /// Check, resolve and connect: the upstream and the address, or why not.
+    /// Check, resolve and connect: the outcome so far (to be completed with the byte counts
+    /// and logged), and the upstream when the request may go out.
     async fn open(
         &self,
-        host: &str,
+        proto: &'static str,
+        host: String,
         port: u16,
-    ) -> (
-        Result<Allowed, Blocked>,
-        Option<TcpStream>,
-        Option<std::net::SocketAddr>,
-    ) {
-        let allowed = match self.policy.check(host, port) {
+        start: Instant,
+    ) -> (Outcome, Option<TcpStream>) {
+        let mut o = Outcome {
+            proto,
+            host,
+            port,
+            result: Err(Blocked {
+                rule: String::new(),
+                hint: None,
+            }),
+            addr: None,
+            up: 0,
+            down: 0,
+            start,
+        };
+        let allowed = match self.policy.check(&o.host, port) {
             Ok(a) => a,
-            Err(b) => return (Err(b), None, None),
+            Err(b) => {
+                o.result = Err(b);
+                return (o, None);
+            }
         };
         let addr = match self.policy.resolve(&allowed, port).await {
             Ok(a) => a,
-            Err(b) => return (Err(b), None, None),
+            Err(b) => {
+                o.result = Err(b);
+                return (o, None);
+            }
         };
+        o.addr = Some(addr);
         match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
             Ok(Ok(s)) => {
                 let _ = s.set_nodelay(true);
-                (Ok(allowed), Some(s), Some(addr))
+                o.result = Ok(allowed);
+                (o, Some(s))
             }
-            Ok(Err(e)) => (
-                Err(Blocked {
-                    rule: format!(
-                        "{allowed_rule}, but connecting to {addr} failed: {e}",
-                        allowed_rule = allowed.rule
-                    ),
+            Ok(Err(e)) => {
+                o.result = Err(Blocked {
+                    rule: format!("{}, but connecting to {addr} failed: {e}", allowed.rule),
                     hint: None,
-                }),
-                None,
-                Some(addr),
-            ),
-            Err(_) => (
-                Err(Blocked {
+                });
+                (o, None)
+            }
+            Err(_) => {
+                o.result = Err(Blocked {
                     rule: format!("{}, but connecting to {addr} timed out", allowed.rule),
                     hint: None,
-                }),
-                None,
-                Some(addr),
-            ),
+                });
+                (o, None)
+            }
         }
     }
 
@@ -206,17 +221,7 @@ impl Proxy {
                 respond(client, 400, "Bad Request", "CONNECT needs host:port", None).await?;
                 return Ok(None);
             };
-            let (result, upstream, addr) = self.open(&host, port).await;
-            let mut o = Outcome {
-                proto: "connect",
-                host,
-                port,
-                result,
-                addr,
-                up: 0,
-                down: 0,
-                start,
-            };
+            let (mut o, upstream) = self.open("connect", host, port, start).await;
             match (&o.result, upstream) {
                 (Ok(_), Some(mut up)) => {
                     client
@@ -299,17 +304,7 @@ impl Proxy {
                 return Ok(None);
             }
         };
-        let (result, upstream, addr) = self.open(&host, port).await;
-        let mut o = Outcome {
-            proto: "http",
-            host,
-            port,
-            result,
-            addr,
-            up: 0,
-            down: 0,
-            start,
-        };
+        let (mut o, upstream) = self.open("http", host, port, start).await;
         let allowed = match (&o.result, upstream) {
             (Ok(a), Some(up)) => (a.clone(), up),
             (Err(b), _) => {
@@ -436,17 +431,7 @@ impl Proxy {
             }
         };
         let port = u16::from_be_bytes([buf[rest], buf[rest + 1]]);
-        let (result, upstream, addr) = self.open(&host, port).await;
-        let mut o = Outcome {
-            proto: "socks5",
-            host,
-            port,
-            result,
-            addr,
-            up: 0,
-            down: 0,
-            start,
-        };
+        let (mut o, upstream) = self.open("socks5", host, port, start).await;
         match (&o.result, upstream) {
             (Ok(_), Some(mut up)) => {
                 client.write_all(&reply(0)).await?;

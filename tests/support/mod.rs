@@ -182,3 +182,48 @@ fn create_test_user() -> (u32, u32) {
     let u = nix::unistd::User::from_name(TEST_USER).unwrap().unwrap();
     (u.uid.as_raw(), u.gid.as_raw())
 }
+
+/// A finished command's output, with `key=value` lines on stdout read as probe results.
+pub struct Out {
+    pub stdout: String,
+    pub stderr: String,
+    pub code: i32,
+}
+
+impl From<std::process::Output> for Out {
+    fn from(out: std::process::Output) -> Out {
+        Out {
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            code: out.status.code().unwrap_or(-1),
+        }
+    }
+}
+
+impl Out {
+    pub fn value(&self, key: &str) -> Option<&str> {
+        self.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+    }
+    pub fn expect(&self, key: &str, want: &str) {
+        assert_eq!(
+            self.value(key),
+            Some(want),
+            "check `{key}`\nstdout:\n{}\nstderr:\n{}",
+            self.stdout,
+            self.stderr
+        );
+    }
+}
+
+/// `chown -R uid:gid path`.
+pub fn chown_r(path: &Path, uid: u32, gid: u32) {
+    let ok = Command::new("chown")
+        .args(["-R", &format!("{uid}:{gid}")])
+        .arg(path)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "chown -R {uid}:{gid} {}", path.display());
+}
