@@ -109,6 +109,9 @@ pub enum EvalError {
 }
 
 /// The built-in domain groups presets use (`network { group "registries" }`).
+/// Test-only: `ssh` mounts the caller's ~/.ssh into the sandbox (see where it is read).
+pub const BREAK_ISOLATION_ENV: &str = "AISB_TEST_BREAK_ISOLATION";
+
 pub const BUILTIN_GROUPS: &[(&str, &[&str])] = &[
     (
         "registries",
@@ -987,6 +990,24 @@ fn resolve(
 
     if !cx.errors.is_empty() {
         return Err(ConfigErrors::new(std::mem::take(&mut cx.errors.list)).into());
+    }
+    // A deliberately broken sandbox, so the isolation suites and the VM testbed can prove they
+    // catch a leak. Loud, and no more than a `mount "~/.ssh"` in sandbox.kdl could do.
+    if std::env::var(BREAK_ISOLATION_ENV).as_deref() == Ok("ssh") {
+        let ssh = host.home.join(".ssh");
+        eprintln!(
+            "aisb: WARNING: {BREAK_ISOLATION_ENV}=ssh: {} is visible in this sandbox (a test of the tests)",
+            ssh.display()
+        );
+        mask_list.retain(|m| !m.path.starts_with(&ssh));
+        mounts.push(Mount {
+            target: ssh.clone(),
+            kind: MountKind::Bind {
+                source: ssh,
+                writable: false,
+            },
+            why: format!("{BREAK_ISOLATION_ENV}=ssh"),
+        });
     }
     let mut profile_list: Vec<String> = profiles.keys().map(|s| s.to_string()).collect();
     profile_list.sort();

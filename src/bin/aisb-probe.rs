@@ -1,0 +1,101 @@
+//! Escape probes for the isolation scenarios in `vm-tests/` (a test tool: it runs inside a
+//! sandbox, on the host or in a testbed VM where there is no Python). Each probe attempts one
+//! thing and exits 0 when it succeeded, 1 when the kernel refused it, 2 on bad usage.
+//!
+//!   aisb-probe vsock | tiocsti | ptrace | keyctl | bpf | userns | mountns | mount
+//!   aisb-probe capeff            exits 0 when the effective capability set is empty
+//!   aisb-probe seccomp           exits 0 when a seccomp filter is in force
+//!   aisb-probe connect HOST PORT
+
+use std::process::exit;
+
+fn ok(r: bool) -> ! {
+    exit(if r { 0 } else { 1 })
+}
+
+fn status_field(name: &str) -> Option<String> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix(name))
+        .map(|v| v.trim_start_matches(':').trim().to_string())
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(what) = args.first() else {
+        eprintln!("usage: aisb-probe PROBE (see the source for the list)");
+        exit(2)
+    };
+    // SAFETY (all blocks below): plain system calls with valid arguments; results checked.
+    match what.as_str() {
+        "vsock" => ok(unsafe { libc::socket(libc::AF_VSOCK, libc::SOCK_STREAM, 0) } >= 0),
+        "tiocsti" => {
+            let mut master = 0;
+            let mut slave = 0;
+            let r = unsafe {
+                libc::openpty(
+                    &mut master,
+                    &mut slave,
+                    std::ptr::null_mut(),
+                    std::ptr::null(),
+                    std::ptr::null(),
+                )
+            };
+            if r != 0 {
+                exit(1)
+            }
+            let c: u8 = b'x';
+            ok(unsafe { libc::ioctl(slave, libc::TIOCSTI, &c) } == 0)
+        }
+        // PTRACE_ATTACH to our parent (outside the probe, inside the sandbox).
+        "ptrace" => ok(unsafe {
+            libc::ptrace(
+                libc::PTRACE_ATTACH,
+                libc::getppid(),
+                std::ptr::null_mut::<libc::c_void>(),
+                std::ptr::null_mut::<libc::c_void>(),
+            )
+        } == 0),
+        // KEYCTL_GET_KEYRING_ID of the session keyring.
+        "keyctl" => ok(unsafe { libc::syscall(libc::SYS_keyctl, 0, -3i64, 1) } >= 0),
+        "bpf" => {
+            // BPF_PROG_LOAD with an empty program: EPERM (seccomp) vs EINVAL (reached bpf).
+            let r = unsafe { libc::syscall(libc::SYS_bpf, 5, std::ptr::null::<u8>(), 0) };
+            let e = std::io::Error::last_os_error().raw_os_error();
+            ok(r >= 0 || e == Some(libc::EINVAL) || e == Some(libc::EFAULT))
+        }
+        "userns" => ok(unsafe { libc::unshare(libc::CLONE_NEWUSER) } == 0),
+        "mountns" => ok(unsafe { libc::unshare(libc::CLONE_NEWNS) } == 0),
+        "mount" => {
+            let t = c"tmpfs";
+            let target = c"/tmp";
+            ok(
+                unsafe {
+                    libc::mount(t.as_ptr(), target.as_ptr(), t.as_ptr(), 0, std::ptr::null())
+                } == 0,
+            )
+        }
+        "capeff" => ok(status_field("CapEff").is_some_and(|v| v.chars().all(|c| c == '0'))),
+        "seccomp" => ok(status_field("Seccomp").as_deref() == Some("2")),
+        "connect" => {
+            let (Some(host), Some(port)) = (args.get(1), args.get(2)) else {
+                exit(2)
+            };
+            let Ok(port) = port.parse::<u16>() else {
+                exit(2)
+            };
+            ok(std::net::TcpStream::connect_timeout(
+                &match format!("{host}:{port}").parse() {
+                    Ok(a) => a,
+                    Err(_) => exit(2),
+                },
+                std::time::Duration::from_secs(3),
+            )
+            .is_ok())
+        }
+        _ => {
+            eprintln!("aisb-probe: unknown probe `{what}`");
+            exit(2)
+        }
+    }
+}

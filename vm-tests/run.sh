@@ -1,0 +1,61 @@
+#!/bin/sh
+# Run every scenario of vm-tests/scenarios in one sandbox per (backend, caller) and print one
+# `@@RESULT {json}` line per scenario. Used the same way by `cargo test` on the host
+# (tests/vm_scenarios.rs) and by the testbed's guest init in each VM.
+#
+#   run.sh AISB PROBE WORKDIR "BACKENDS" "CALLERS"
+#   CALLERS: `root` and/or `NAME:UID:GID` (an unprivileged account)
+set -u
+aisb=$1; probe=$2; work=$3; backends=$4; callers=$5
+here=$(cd "$(dirname "$0")" && pwd)
+
+as_caller() { # uid gid command...
+    uid=$1; gid=$2; shift 2
+    if [ "$uid" = 0 ]; then "$@";
+    elif command -v setpriv >/dev/null 2>&1; then setpriv --reuid="$uid" --regid="$gid" --clear-groups "$@";
+    else chpst -u "$uid:$gid" "$@"; fi
+}
+
+# The script that runs inside the sandbox: each scenario in its own shell, `name=status`.
+driver=$(mktemp)
+{
+    echo 'cd "$PROJ"'
+    for f in "$here"/scenarios/*.sh; do
+        name=$(basename "$f" .sh)
+        printf '( %s\n) >/dev/null 2>&1 </dev/null; echo "%s=$?"\n' "$(grep -v '^#' "$f")" "$name"
+    done
+} > "$driver"
+
+for backend in $backends; do
+    for caller in $callers; do
+        case $caller in
+            root) name=root; uid=0; gid=0 ;;
+            *) name=${caller%%:*}; rest=${caller#*:}; uid=${rest%%:*}; gid=${rest#*:} ;;
+        esac
+        root=$work/$backend-$name
+        owner=""; [ "$uid" = 0 ] || owner="$uid:$gid"
+        sh "$here/fixture.sh" "$root" "$owner" "$probe" >/dev/null 2>&1
+        cp "$driver" "$root/proj/bin/driver.sh"; cp "$aisb" "$root/aisb"
+        [ -e "$(dirname "$aisb")/aisb-init" ] && cp "$(dirname "$aisb")/aisb-init" "$root/aisb-init"
+        [ -n "$owner" ] && chown -R "$owner" "$root"
+        out=$(cd "$root/proj" && as_caller "$uid" "$gid" env -i PATH=/usr/local/bin:/usr/bin:/bin \
+            HOME="$root/home" XDG_CACHE_HOME="$root/cache" GITHUB_TOKEN=ghp_leaked \
+            ${AISB_TEST_BREAK_ISOLATION:+AISB_TEST_BREAK_ISOLATION=$AISB_TEST_BREAK_ISOLATION} \
+            "$root/aisb" run --backend "$backend" -- env PROJ="$root/proj" PROBE="$root/proj/bin/aisb-probe" \
+            HOST_PID=$$ /bin/sh "$root/proj/bin/driver.sh" 2>"$root/stderr")
+        rc=$?
+        for f in "$here"/scenarios/*.sh; do
+            scen=$(basename "$f" .sh)
+            expect=$(sed -n 's/^# expect: *//p' "$f")
+            got=$(printf '%s\n' "$out" | sed -n "s/^$scen=//p")
+            if [ -z "$got" ]; then
+                outcome=fail; detail="did not run (aisb exit $rc: $(head -c 300 "$root/stderr" | tr '\n"\\' '   '))"
+            elif [ "$expect" = blocked ] && [ "$got" != 0 ]; then outcome=pass; detail="refused (status $got)"
+            elif [ "$expect" = works ] && [ "$got" = 0 ]; then outcome=pass; detail="works"
+            else outcome=fail; detail="expected $expect, got status $got"; fi
+            printf '@@RESULT {"scenario":"%s","backend":"%s","user":"%s","outcome":"%s","detail":"%s"}\n' \
+                "$scen" "$backend" "$name" "$outcome" "$detail"
+        done
+    done
+done
+rm -f "$driver"

@@ -1,0 +1,3 @@
+# a socket to the hypervisor (AF_VSOCK)
+# expect: blocked
+"$PROBE" vsock

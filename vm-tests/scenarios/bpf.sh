@@ -1,0 +1,3 @@
+# loading BPF programs
+# expect: blocked
+"$PROBE" bpf

@@ -1,0 +1,3 @@
+# another (host) process's environment
+# expect: blocked
+cat /proc/$HOST_PID/environ

@@ -1,0 +1,3 @@
+# the kernel keyring
+# expect: blocked
+"$PROBE" keyctl

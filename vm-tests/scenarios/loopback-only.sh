@@ -1,0 +1,3 @@
+# no network interface but lo
+# expect: works
+test "$(tail -n +3 /proc/net/dev | wc -l)" -eq 1

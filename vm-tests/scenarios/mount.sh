@@ -1,0 +1,3 @@
+# mounting a filesystem
+# expect: blocked
+"$PROBE" mount

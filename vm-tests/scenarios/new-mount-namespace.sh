@@ -1,0 +1,3 @@
+# a new mount namespace
+# expect: blocked
+"$PROBE" mountns

@@ -1,0 +1,3 @@
+# a nested user namespace
+# expect: blocked
+"$PROBE" userns

@@ -1,0 +1,3 @@
+# the effective capability set is empty
+# expect: works
+"$PROBE" capeff

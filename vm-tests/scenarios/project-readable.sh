@@ -1,0 +1,3 @@
+# project files can be read
+# expect: works
+cat src/main.rs

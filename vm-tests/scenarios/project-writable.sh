@@ -1,0 +1,3 @@
+# project files can be written
+# expect: works
+echo new > src/new.txt && test -s src/new.txt

@@ -1,0 +1,3 @@
+# tracing another process
+# expect: blocked
+"$PROBE" ptrace

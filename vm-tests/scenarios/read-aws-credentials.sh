@@ -1,0 +1,3 @@
+# cloud credentials in the caller's home
+# expect: blocked
+cat "$HOME/.aws/credentials"

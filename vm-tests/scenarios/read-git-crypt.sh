@@ -1,0 +1,3 @@
+# a file git-crypt encrypts
+# expect: blocked
+cat vault/prod.yml

@@ -1,0 +1,3 @@
+# a file git ignores
+# expect: blocked
+cat ignored.txt

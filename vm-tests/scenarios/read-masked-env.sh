@@ -1,0 +1,3 @@
+# a .env file in the project
+# expect: blocked
+cat .env

@@ -1,0 +1,3 @@
+# the host's password hashes
+# expect: blocked
+cat /etc/shadow

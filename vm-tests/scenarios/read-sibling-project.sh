@@ -1,0 +1,3 @@
+# a project beside this one
+# expect: blocked
+cat ../sibling/notes.txt

@@ -1,0 +1,3 @@
+# a private key in the caller's home
+# expect: blocked
+cat "$HOME/.ssh/id_ed25519"

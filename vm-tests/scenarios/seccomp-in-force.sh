@@ -1,0 +1,3 @@
+# the seccomp filter is applied
+# expect: works
+"$PROBE" seccomp

@@ -1,0 +1,3 @@
+# pushing input into a terminal (TIOCSTI)
+# expect: blocked
+"$PROBE" tiocsti

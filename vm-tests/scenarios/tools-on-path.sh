@@ -1,0 +1,3 @@
+# tools on PATH run
+# expect: works
+git --version

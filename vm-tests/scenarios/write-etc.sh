@@ -1,0 +1,3 @@
+# writing to /etc
+# expect: blocked
+echo x > /etc/escape

@@ -1,0 +1,3 @@
+# writing to the system
+# expect: blocked
+echo x > /usr/escape
