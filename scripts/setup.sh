@@ -1,7 +1,8 @@
 #!/bin/sh
 # Installs what aisb and its tests need on Debian: git (the project scan), bubblewrap (the
 # bwrap backend), uidmap (newuidmap for rootless libcontainer), runc (the OCI cross-check
-# test), python3, curl and openssl (the isolation and network suites' probes and servers).
+# test), python3, curl and openssl (the isolation and network suites' probes and servers),
+# and what the VM testbed needs (below).
 # Safe to run again: installs only what is missing.
 set -eu
 need=""
@@ -12,6 +13,12 @@ command -v runc >/dev/null 2>&1 || need="$need runc"
 command -v bwrap >/dev/null 2>&1 || need="$need bubblewrap"
 [ -x /usr/bin/python3 ] || need="$need python3"
 command -v newuidmap >/dev/null 2>&1 || need="$need uidmap"
+# The VM testbed (testbed/): QEMU, a static busybox for the guest, kmod (depmod) and xz for
+# the kernels' modules.
+command -v qemu-system-x86_64 >/dev/null 2>&1 || need="$need qemu-system-x86"
+[ -x /bin/busybox ] || need="$need busybox-static"
+command -v depmod >/dev/null 2>&1 || [ -x /usr/sbin/depmod ] || [ -x /sbin/depmod ] || need="$need kmod"
+command -v xz >/dev/null 2>&1 || need="$need xz-utils"
 command -v cargo >/dev/null 2>&1 || { echo "setup: cargo not found; install Rust (rustup) first" >&2; exit 1; }
 if [ -n "$need" ]; then
     if [ "$(id -u)" -eq 0 ]; then sudo=""; elif command -v sudo >/dev/null 2>&1; then sudo="sudo"; else
@@ -19,5 +26,5 @@ if [ -n "$need" ]; then
     fi
     echo "setup: installing$need" >&2
     $sudo apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $need >/dev/null
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends $need >/dev/null
 fi

@@ -1,7 +1,8 @@
 #!/bin/sh
 # The test command (README, .ci/run): set-up, then every test of the workspace, including the
-# property test that throws arbitrary input at parse+eval, the runc cross-check and the
-# isolation suite on both backends. Ends with one summary line: `N passed, M failed`.
+# property test that throws arbitrary input at parse+eval, the runc cross-check, the
+# isolation and network suites on both backends, then the VM testbed's kernel matrix. Ends
+# with one summary line: `N passed, M failed` (cargo's tests; the testbed prints its table).
 set -eu
 cd "$(dirname "$0")/.."
 sh scripts/setup.sh
@@ -12,6 +13,12 @@ PROPTEST_CASES="${PROPTEST_CASES:-1000}" cargo test --workspace --locked 2>&1 | 
 # `cargo test` exits non-zero on any failure; the pipe hides that, so read it back.
 grep -q '^test result: FAILED' "$log" && status=1
 grep -q '^error' "$log" && status=1
+# The VM matrix: every scenario in Debian's 6.1 and 6.12 kernels, both backends, root and
+# uid 1000 (testbed/, vm-tests/); then proof that it catches a sandbox that leaks ~/.ssh.
+echo "== VM testbed" >&2
+cargo run -q --locked -p testbed -- run || status=1
+cargo run -q --locked -p testbed -- run --filter ssh --break-isolation --bin-dir target/release >/dev/null || {
+    echo "the testbed did not catch a deliberately leaking sandbox" >&2; status=1; }
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "%d passed, %d failed\n", p, f }' "$log"
 exit $status

@@ -9,10 +9,15 @@ set -u
 aisb=$1; probe=$2; work=$3; backends=$4; callers=$5
 here=$(cd "$(dirname "$0")" && pwd)
 
+# util-linux setpriv by its path: a busybox shell may prefer its own applet of that name.
+setpriv=""
+for p in /usr/bin/setpriv /bin/setpriv; do
+    if [ -x "$p" ] && "$p" --help 2>&1 | grep -q reuid; then setpriv=$p; break; fi
+done
 as_caller() { # uid gid command...
     uid=$1; gid=$2; shift 2
     if [ "$uid" = 0 ]; then "$@";
-    elif command -v setpriv >/dev/null 2>&1; then setpriv --reuid="$uid" --regid="$gid" --clear-groups "$@";
+    elif [ -n "$setpriv" ]; then "$setpriv" --reuid="$uid" --regid="$gid" --clear-groups "$@";
     else chpst -u "$uid:$gid" "$@"; fi
 }
 
