@@ -55,6 +55,8 @@ for backend in $backends; do
             got=$(printf '%s\n' "$out" | sed -n "s/^$scen=//p")
             if [ -z "$got" ]; then
                 outcome=fail; detail="did not run (aisb exit $rc: $(head -c 300 "$root/stderr" | tr '\n"\\' '   '))"
+            elif [ "$got" = 126 ] || [ "$got" = 127 ]; then
+                outcome=fail; detail="the attempt could not run (status $got: a missing tool or a bad probe)"
             elif [ "$expect" = blocked ] && [ "$got" != 0 ]; then outcome=pass; detail="refused (status $got)"
             elif [ "$expect" = works ] && [ "$got" = 0 ]; then outcome=pass; detail="works"
             else outcome=fail; detail="expected $expect, got status $got"; fi

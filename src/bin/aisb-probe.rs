@@ -1,6 +1,7 @@
 //! Escape probes for the isolation scenarios in `vm-tests/` (a test tool: it runs inside a
 //! sandbox, on the host or in a testbed VM where there is no Python). Each probe attempts one
-//! thing and exits 0 when it succeeded, 1 when the kernel refused it, 2 on bad usage.
+//! thing and exits 0 when it succeeded, 1 when the kernel refused it, 127 on bad usage (the runner
+//! counts 126 and 127 as "the attempt could not run", never as a refusal).
 //!
 //!   aisb-probe vsock | tiocsti | ptrace | keyctl | bpf | userns | mountns | mount
 //!   aisb-probe capeff            exits 0 when the effective capability set is empty
@@ -24,7 +25,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(what) = args.first() else {
         eprintln!("usage: aisb-probe PROBE (see the source for the list)");
-        exit(2)
+        exit(127)
     };
     // SAFETY (all blocks below): plain system calls with valid arguments; results checked.
     match what.as_str() {
@@ -42,7 +43,7 @@ fn main() {
                 )
             };
             if r != 0 {
-                exit(1)
+                exit(127) // no terminal to try it on: the attempt could not run
             }
             let c: u8 = b'x';
             ok(unsafe { libc::ioctl(slave, libc::TIOCSTI, &c) } == 0)
@@ -79,15 +80,15 @@ fn main() {
         "seccomp" => ok(status_field("Seccomp").as_deref() == Some("2")),
         "connect" => {
             let (Some(host), Some(port)) = (args.get(1), args.get(2)) else {
-                exit(2)
+                exit(127)
             };
             let Ok(port) = port.parse::<u16>() else {
-                exit(2)
+                exit(127)
             };
             ok(std::net::TcpStream::connect_timeout(
                 &match format!("{host}:{port}").parse() {
                     Ok(a) => a,
-                    Err(_) => exit(2),
+                    Err(_) => exit(127),
                 },
                 std::time::Duration::from_secs(3),
             )
@@ -95,7 +96,7 @@ fn main() {
         }
         _ => {
             eprintln!("aisb-probe: unknown probe `{what}`");
-            exit(2)
+            exit(127)
         }
     }
 }
