@@ -13,6 +13,7 @@ pub mod init;
 pub mod presets;
 pub mod proxy;
 pub mod runtime;
+pub mod session;
 pub mod spec;
 
 use std::ffi::OsString;
@@ -53,6 +54,9 @@ pub enum Error {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Setup(#[from] runtime::rootless::SetupError),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Session(#[from] session::SessionError),
     #[error("unknown task `{name}`")]
     #[diagnostic(help("{}", hint.as_ref().map_or_else(|| "`aisb tasks` lists the tasks in sandbox.kdl".to_string(), |h| format!("did you mean `{h}`?"))))]
     UnknownTask { name: String, hint: Option<String> },

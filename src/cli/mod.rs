@@ -11,6 +11,7 @@ mod plan;
 mod presets;
 mod proxy;
 mod run;
+mod sandboxes;
 mod setup_user;
 mod spec;
 mod tasks;
@@ -35,7 +36,11 @@ Examples:
   aisb plan --profile investigate
   aisb spec > config.json        the OCI runtime spec
   aisb export bundle /tmp/b      a bundle any OCI runtime (runc) can run
-  aisb audit --blocked-only      what the sandbox's network policy refused";
+  aisb audit --blocked-only      what the sandbox's network policy refused
+  aisb up fix-42                 a named sandbox: its own shared clone, synced both ways
+  aisb ls                        this repository's named sandboxes
+  aisb rm fix-42                 remove one (refused while it has unsynced commits)
+  aisb gc                        remove what old and orphaned sandboxes left";
 
 #[derive(Debug, Parser)]
 #[command(name = "aisb", version, about = "Run AI coding agents and any command in a sandbox described by sandbox.kdl",
@@ -68,6 +73,9 @@ pub enum Command {
     Presets(presets::Args),
     Doctor(doctor::Args),
     Audit(audit::Args),
+    Ls(sandboxes::LsArgs),
+    Rm(sandboxes::RmArgs),
+    Gc(sandboxes::GcArgs),
     SetupUser(setup_user::Args),
     Completions(completions::Args),
     #[command(name = "__libcontainer", hide = true)]
@@ -107,6 +115,9 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
         Command::Presets(a) => presets::run(a),
         Command::Doctor(a) => doctor::run(a),
         Command::Audit(a) => audit::run(&g, a),
+        Command::Ls(a) => sandboxes::ls(&g, a),
+        Command::Rm(a) => sandboxes::rm(&g, a),
+        Command::Gc(a) => sandboxes::gc(a),
         Command::SetupUser(a) => setup_user::run(a),
         Command::Completions(a) => completions::run(a),
         Command::LibcontainerHelper(a) => libcontainer_helper::run(a),
@@ -228,4 +239,35 @@ impl Global {
         let loaded = self.load(host)?;
         eval::evaluate(&loaded, host, &self.request(profile, command)).map_err(Error::from)
     }
+}
+
+/// Run `plan` on `backend`; in the named sandbox `sandbox` when given: its shared clone, kept
+/// in sync with the repository while it runs (see `session`).
+pub fn run_plan(
+    mut plan: eval::Plan,
+    sandbox: Option<&str>,
+    backend: Option<crate::runtime::Backend>,
+    interactive: bool,
+) -> Result<crate::runtime::Summary, Error> {
+    let backend = crate::runtime::Backend::choose(backend, plan.backend.as_deref());
+    let Some(name) = sandbox else {
+        return Ok(crate::runtime::run(&plan, backend, interactive)?);
+    };
+    let s = crate::session::prepare(&mut plan, name)?;
+    let watcher = crate::session::sync::watch(
+        s.repo.clone(),
+        s.clone.clone(),
+        s.name.clone(),
+        s.state.clone(),
+    );
+    let summary = crate::runtime::run(&plan, backend, interactive);
+    drop(watcher);
+    if let Ok(branch) =
+        crate::session::git(&s.clone, &["rev-parse", "--abbrev-ref", "HEAD"], &s.state)
+    {
+        eprintln!(
+            "aisb: sandbox `{name}`: its commits are in this repository as `sandbox-{name}/{branch}` (and its other branches)"
+        );
+    }
+    Ok(summary?)
 }

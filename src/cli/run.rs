@@ -1,6 +1,6 @@
 use super::Global;
 use crate::eval;
-use crate::runtime::{self, Backend};
+use crate::runtime::Backend;
 use crate::Error;
 
 /// Run a command (or a task from sandbox.kdl) in the sandbox, non-interactively
@@ -11,6 +11,7 @@ Examples:
   aisb run --profile investigate -- claude -p \"explain src/main.rs\"
   aisb run test                      # the task named `test` in sandbox.kdl
   aisb run --json -- true            # a JSON summary on stderr after the exit
+  aisb run --sandbox fix-42 -- make  # in the named sandbox `fix-42` (its own clone)
 
 The exit code is the command's own (128+N when a signal N ended it); 125 means the sandbox
 could not start.")]
@@ -25,6 +26,9 @@ pub struct Args {
     /// Print a JSON summary (exit code, duration, profile) to stderr when done
     #[arg(long)]
     pub json: bool,
+    /// Run in this named sandbox (its own shared clone of the repository; see `aisb up NAME`)
+    #[arg(long, value_name = "NAME")]
+    pub sandbox: Option<String>,
     /// The command and its arguments
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -34,6 +38,7 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     let host = super::host()?;
     let loaded = g.load(&host)?;
     let mut req = g.request(a.profile, a.command);
+    req.sandbox = a.sandbox.clone();
     if let Some(task) = &a.task {
         // Evaluate once to read the task, then again with its profile and command.
         let plan = eval::evaluate(&loaded, &host, &req)?;
@@ -61,11 +66,7 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
         ));
     }
     let plan = eval::evaluate(&loaded, &host, &req)?;
-    let summary = runtime::run(
-        &plan,
-        Backend::choose(a.backend, plan.backend.as_deref()),
-        false,
-    )?;
+    let summary = super::run_plan(plan, a.sandbox.as_deref(), a.backend, false)?;
     if a.json {
         eprintln!("{}", serde_json::to_string(&summary).unwrap_or_default());
     }

@@ -1,5 +1,5 @@
 use super::Global;
-use crate::runtime::{self, Backend};
+use crate::runtime::Backend;
 use crate::Error;
 
 /// Open an interactive shell (or run a command) in the sandbox, on this terminal
@@ -8,8 +8,13 @@ use crate::Error;
 Examples:
   aisb up                          # your shell (fish if $SHELL is fish) in the sandbox
   aisb up -- claude                # an agent, interactively
+  aisb up fix-42 -- claude         # in sandbox `fix-42`: a shared clone of this repository,
+                                   # its commits fetched here as `sandbox-fix-42/<branch>`
   aisb up --profile investigate")]
 pub struct Args {
+    /// A named sandbox: works in its own shared clone of this repository (created on first
+    /// use, kept until `aisb rm`); without a name, in the repository itself
+    pub name: Option<String>,
     #[arg(short, long)]
     pub profile: Option<String>,
     /// Default: `backend` in sandbox.kdl, else libcontainer for root and bwrap otherwise
@@ -22,11 +27,9 @@ pub struct Args {
 
 pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     let host = super::host()?;
-    let plan = g.plan(&host, a.profile, a.command)?;
-    Ok(runtime::run(
-        &plan,
-        Backend::choose(a.backend, plan.backend.as_deref()),
-        true,
-    )?
-    .exit_code)
+    let loaded = g.load(&host)?;
+    let mut req = g.request(a.profile, a.command);
+    req.sandbox = a.name.clone();
+    let plan = crate::eval::evaluate(&loaded, &host, &req)?;
+    Ok(super::run_plan(plan, a.name.as_deref(), a.backend, true)?.exit_code)
 }

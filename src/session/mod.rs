@@ -1,0 +1,358 @@
+//! Named sandboxes (seed 004): `aisb up NAME` works in a shared clone of the repository, kept
+//! under the sandbox's state directory, mounted at the repository's own path inside.
+//!
+//! Layout of `<state>` (`$XDG_CACHE_HOME/aisb/<repo>-<sha256 of its path>/<NAME>/`):
+//! - `clone/`: `git clone --shared` of the repository; its objects borrow from
+//!   `origin/.git/objects` (alternates), its `origin` remote is `<state>/origin`;
+//! - `origin`: a symlink to the repository root on the host. Inside the sandbox the same path
+//!   holds the repository's `.git`, read-only, so the alternates and `git fetch origin` work
+//!   in both places (the repository's working tree is never visible inside);
+//! - `state.json` (written atomically), `lock` (flock: one session per sandbox at a time).
+//!
+//! The repository gets the clone as remote `sandbox-NAME`. While a session runs, a watcher
+//! fetches commits across both ways (into `refs/remotes/sandbox-NAME/*` on the host and
+//! `refs/remotes/origin/*` in the clone): fetch only, so the sandbox never moves a branch of
+//! the host repository.
+
+pub mod sync;
+
+use std::fs;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::{Deserialize, Serialize};
+
+use crate::eval::plan::{Mount, MountKind, Plan};
+
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum SessionError {
+    #[error("`{0}` is not a valid sandbox name")]
+    #[diagnostic(help("use letters, digits, `-`, `_` and `.`, not starting with `-` or `.`"))]
+    BadName(String),
+    #[error(
+        "{path} is not a git repository with a commit: a named sandbox works in a clone of it"
+    )]
+    #[diagnostic(help("run `git init` and commit, or use `aisb up` without a name"))]
+    NotARepo { path: PathBuf },
+    #[error("`git {args}` failed: {stderr}")]
+    #[diagnostic(help("the sandbox's state is in {}; `aisb rm` removes it", state.display()))]
+    Git {
+        args: String,
+        stderr: String,
+        state: PathBuf,
+    },
+    #[error("sandbox `{0}` is in use by another aisb (pid {1})")]
+    #[diagnostic(help(
+        "wait for that session to end; attaching a second session to a running sandbox is not supported yet"
+    ))]
+    Busy(String, String),
+    #[error("no sandbox named `{0}` for this repository")]
+    #[diagnostic(help("`aisb ls` lists them"))]
+    Missing(String),
+    #[error("sandbox `{name}` has {commits} commit(s) the repository does not have on any branch")]
+    #[diagnostic(help(
+        "merge them from `sandbox-{name}/<branch>` first, or `aisb rm --force {name}` to drop them"
+    ))]
+    Unsynced { name: String, commits: u64 },
+    #[error("{what}: {source}")]
+    #[diagnostic(help("check that the cache directory is writable"))]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> SessionError {
+    let what = what.into();
+    move |source| SessionError::Io { what, source }
+}
+
+/// What `state.json` records.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct State {
+    pub name: String,
+    pub repo: PathBuf,
+    pub created: u64,
+    pub last_used: u64,
+}
+
+pub fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with(['-', '.'])
+        && name != "default"
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+pub fn git(dir: &Path, args: &[&str], state: &Path) -> Result<String, SessionError> {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .env("GIT_TERMINAL_PROMPT", "0")
+        // Paths we pass are paths, never pathspec patterns.
+        .env("GIT_LITERAL_PATHSPECS", "1")
+        .output()
+        .map_err(io("running git"))?;
+    if !out.status.success() {
+        return Err(SessionError::Git {
+            args: args.join(" "),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            state: state.to_path_buf(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Write `bytes` to `path` by a temporary file and a rename.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), SessionError> {
+    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    let mut f = fs::File::create(&tmp).map_err(io(format!("writing {}", tmp.display())))?;
+    f.write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .map_err(io(format!("writing {}", tmp.display())))?;
+    fs::rename(&tmp, path).map_err(io(format!("writing {}", path.display())))
+}
+
+/// An exclusive lock on a sandbox, held while the value lives (flock: released by the kernel
+/// even when aisb is killed).
+pub struct Lock(#[allow(dead_code)] fs::File);
+
+pub fn lock(state: &Path, name: &str) -> Result<Lock, SessionError> {
+    fs::create_dir_all(state).map_err(io(format!("creating {}", state.display())))?;
+    let path = state.join("lock");
+    let mut f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(io(format!("opening {}", path.display())))?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let holder = fs::read_to_string(&path).unwrap_or_default();
+        return Err(SessionError::Busy(
+            name.to_string(),
+            holder.trim().to_string(),
+        ));
+    }
+    let _ = f.set_len(0);
+    let _ = write!(f, "{}", std::process::id());
+    Ok(Lock(f))
+}
+
+pub struct Session {
+    pub name: String,
+    pub state: PathBuf,
+    pub clone: PathBuf,
+    pub repo: PathBuf,
+    pub _lock: Lock,
+}
+
+/// Make `plan` (evaluated for sandbox `name`) work in the sandbox's shared clone: create the
+/// clone on first use, point the project mount at it, show the repository's `.git` read-only
+/// at the origin path, and drop masks for files the clone does not have.
+pub fn prepare(plan: &mut Plan, name: &str) -> Result<Session, SessionError> {
+    if !valid_name(name) {
+        return Err(SessionError::BadName(name.to_string()));
+    }
+    let repo = plan.project.clone();
+    let state = plan.state_dir.clone();
+    let lock = lock(&state, name)?;
+    if git(&repo, &["rev-parse", "--verify", "-q", "HEAD"], &state).is_err() {
+        return Err(SessionError::NotARepo { path: repo });
+    }
+    let clone = state.join("clone");
+    let origin = state.join("origin");
+    if !clone.join(".git").exists() {
+        eprintln!(
+            "aisb: creating sandbox `{name}`: a shared clone of {}",
+            repo.display()
+        );
+        let _ = fs::remove_dir_all(&clone);
+        let _ = fs::remove_file(&origin);
+        std::os::unix::fs::symlink(&repo, &origin)
+            .map_err(io(format!("linking {}", origin.display())))?;
+        let clone_s = clone.to_string_lossy().into_owned();
+        let origin_s = origin.to_string_lossy().into_owned();
+        git(
+            &state,
+            &["clone", "--quiet", "--shared", "--", &origin_s, &clone_s],
+            &state,
+        )?;
+        write_atomic(
+            &clone.join(".git/objects/info/alternates"),
+            format!("{}\n", origin.join(".git/objects").display()).as_bytes(),
+        )?;
+    }
+    let remote = format!("sandbox-{name}");
+    let clone_s = clone.to_string_lossy().into_owned();
+    if git(&repo, &["remote", "get-url", &remote], &state).is_err() {
+        git(&repo, &["remote", "add", "--", &remote, &clone_s], &state)?;
+    }
+    let st = State {
+        name: name.to_string(),
+        repo: repo.clone(),
+        created: read_state(&state).map_or_else(now, |s| s.created),
+        last_used: now(),
+    };
+    write_atomic(
+        &state.join("state.json"),
+        &serde_json::to_vec_pretty(&st).unwrap_or_default(),
+    )?;
+
+    for m in &mut plan.mounts {
+        if m.target != repo {
+            continue;
+        }
+        match &mut m.kind {
+            MountKind::Bind { source, .. } => *source = clone.clone(),
+            MountKind::Overlay { lower, .. } => *lower = clone.clone(),
+            _ => {}
+        }
+        m.why = format!("sandbox `{name}`: shared clone {}", clone.display());
+    }
+    plan.mounts.push(Mount {
+        target: origin.join(".git"),
+        kind: MountKind::Bind {
+            source: repo.join(".git"),
+            writable: false,
+        },
+        why: format!("sandbox `{name}`: the repository's objects, read-only"),
+    });
+    // Masks are paths in the repository; the clone has only what is committed.
+    plan.masks.retain(|m| match m.path.strip_prefix(&repo) {
+        Ok(rel) => fs::symlink_metadata(clone.join(rel)).is_ok(),
+        Err(_) => true,
+    });
+    // A masked file that is tracked reads as unreadable inside: git would see it modified and
+    // `commit -a` would fail (or, worse, commit it emptied). Tell the clone's index to leave
+    // those paths alone (skip-worktree); their committed content stays as it is.
+    let masked: Vec<String> = plan
+        .masks
+        .iter()
+        .filter_map(|m| m.path.strip_prefix(&repo).ok())
+        .map(|rel| rel.to_string_lossy().into_owned())
+        .collect();
+    if !masked.is_empty() {
+        let mut args = vec!["ls-files", "-z", "--"];
+        args.extend(masked.iter().map(String::as_str));
+        let tracked = git(&clone, &args, &state)?;
+        let tracked: Vec<&str> = tracked.split('\0').filter(|p| !p.is_empty()).collect();
+        if !tracked.is_empty() {
+            let mut args = vec!["update-index", "--skip-worktree", "--"];
+            args.extend(tracked);
+            git(&clone, &args, &state)?;
+        }
+    }
+    Ok(Session {
+        name: name.to_string(),
+        state,
+        clone,
+        repo,
+        _lock: lock,
+    })
+}
+
+pub fn read_state(state: &Path) -> Option<State> {
+    serde_json::from_slice(&fs::read(state.join("state.json")).ok()?).ok()
+}
+
+/// Commits on the clone's branches that no branch or tag of the repository has (after
+/// fetching them into `refs/remotes/sandbox-NAME/*`).
+pub fn unsynced(repo: &Path, name: &str, state: &Path) -> Result<u64, SessionError> {
+    sync::fetch_into_repo(repo, name, state)?;
+    let n = git(
+        repo,
+        &[
+            "rev-list",
+            "--count",
+            &format!("--remotes=sandbox-{name}"),
+            "--not",
+            "--branches",
+            "--tags",
+        ],
+        state,
+    )?;
+    Ok(n.parse().unwrap_or(0))
+}
+
+/// Remove a sandbox: its remote in the repository, its state. Refuses unsynced work unless
+/// `force`.
+pub fn remove(state: &Path, name: &str, force: bool) -> Result<(), SessionError> {
+    let Some(st) = read_state(state) else {
+        return Err(SessionError::Missing(name.to_string()));
+    };
+    let _lock = lock(state, name)?;
+    if st.repo.join(".git").exists() {
+        if !force {
+            let commits = unsynced(&st.repo, name, state)?;
+            if commits > 0 {
+                return Err(SessionError::Unsynced {
+                    name: name.to_string(),
+                    commits,
+                });
+            }
+        }
+        let _ = git(
+            &st.repo,
+            &["remote", "remove", &format!("sandbox-{name}")],
+            state,
+        );
+    }
+    fs::remove_dir_all(state).map_err(io(format!("removing {}", state.display())))
+}
+
+/// Disk use of a directory tree (apparent sizes), not following symlinks.
+pub fn disk_use(dir: &Path) -> u64 {
+    walkdir::WalkDir::new(dir)
+        .follow_links(false)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.metadata().ok())
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+        .sum()
+}
+
+pub fn human_bytes(n: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < units.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", units[i])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        for ok in ["fix-123", "a", "agent_2", "v1.2"] {
+            assert!(valid_name(ok), "{ok}");
+        }
+        for bad in ["", "-x", ".hidden", "a/b", "default", "--mirror", "a b"] {
+            assert!(!valid_name(bad), "{bad}");
+        }
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+    }
+}

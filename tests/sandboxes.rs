@@ -1,0 +1,281 @@
+//! Named sandboxes: a shared clone at the repository's own path, commits synced to the host as
+//! `sandbox-NAME/<branch>` (live, while the session runs), host branches never moved, one
+//! session at a time, and `aisb ls` / `rm` / `gc`.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use support::Out;
+
+struct Repo {
+    dir: tempfile::TempDir,
+}
+
+impl Repo {
+    fn new() -> Repo {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Repo { dir };
+        std::fs::create_dir_all(r.path().join("home")).unwrap();
+        std::fs::create_dir_all(r.repo()).unwrap();
+        r.git(&["init", "-q", "-b", "main"]);
+        std::fs::write(r.repo().join("README"), "hello\n").unwrap();
+        std::fs::write(r.repo().join(".gitignore"), "*.log\n").unwrap();
+        std::fs::write(r.repo().join("debug.log"), "ignored\n").unwrap();
+        std::fs::write(r.repo().join(".env"), "API_KEY=1\n").unwrap();
+        r.git(&["add", "README", ".gitignore", ".env"]);
+        r.git(&["commit", "-qm", "one"]);
+        r
+    }
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+    fn repo(&self) -> PathBuf {
+        self.path().join("repo")
+    }
+    fn git(&self, args: &[&str]) -> String {
+        let out = Command::new("git")
+            .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+            .args(args)
+            .current_dir(self.repo())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+    fn aisb(&self) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_aisb"));
+        c.current_dir(self.repo())
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("HOME", self.path().join("home"))
+            .env("XDG_CACHE_HOME", self.path().join("cache"))
+            .stdin(std::process::Stdio::null());
+        c
+    }
+    fn run(&self, args: &[&str]) -> Out {
+        Out::from(self.aisb().args(args).output().unwrap())
+    }
+}
+
+const INSIDE: &str = r#"
+echo "pwd=$(pwd)"
+echo "readme=$(cat README)"
+echo "ignored=$(cat debug.log 2>&1 | head -c 40)"
+echo "env=$(cat .env 2>&1 | grep -c 'Permission denied')"
+echo change >> README
+git -c user.name=a -c user.email=a@a commit -qam "from the sandbox" && echo committed=yes
+git fetch -q origin && echo "host_head=$(git log -1 --format=%s origin/main)"
+"#;
+
+fn privileged() -> bool {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root on this host (CI runs as root)");
+        return false;
+    }
+    true
+}
+
+#[test]
+fn a_named_sandbox_works_in_its_own_clone_on_both_backends() {
+    if !privileged() {
+        return;
+    }
+    for backend in ["bwrap", "libcontainer"] {
+        let r = Repo::new();
+        let o = r.run(&[
+            "run",
+            "--backend",
+            backend,
+            "--sandbox",
+            "fix",
+            "--",
+            "/bin/sh",
+            "-c",
+            INSIDE,
+        ]);
+        assert_eq!(o.code, 0, "[{backend}] {}\n{}", o.stdout, o.stderr);
+        o.expect("pwd", &r.repo().display().to_string());
+        o.expect("readme", "hello");
+        o.expect("env", "1");
+        o.expect("committed", "yes");
+        o.expect("host_head", "one");
+        assert!(
+            o.value("ignored")
+                .is_some_and(|v| v.contains("No such file")),
+            "[{backend}] untracked files are not in the clone: {:?}",
+            o.value("ignored")
+        );
+        // The host: its working tree and branch untouched, the work fetched beside it.
+        assert_eq!(
+            std::fs::read_to_string(r.repo().join("README")).unwrap(),
+            "hello\n"
+        );
+        assert_eq!(r.git(&["log", "-1", "--format=%s", "main"]), "one");
+        assert_eq!(
+            r.git(&["log", "-1", "--format=%s", "sandbox-fix/main"]),
+            "from the sandbox"
+        );
+        // A commit on the host is fetchable inside, next session.
+        std::fs::write(r.repo().join("HOST"), "x").unwrap();
+        r.git(&["add", "HOST"]);
+        r.git(&["commit", "-qm", "from the host"]);
+        let o = r.run(&[
+            "run",
+            "--backend",
+            backend,
+            "--sandbox",
+            "fix",
+            "--",
+            "/bin/sh",
+            "-c",
+            "git fetch -q origin && git log -1 --format=%s origin/main",
+        ]);
+        assert_eq!(o.stdout.trim(), "from the host", "[{backend}] {}", o.stderr);
+
+        // ls: one sandbox, its unsynced commit counted; rm refuses, then --force removes it.
+        let ls = r.run(&["ls", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&ls.stdout).unwrap();
+        assert_eq!(v[0]["name"], "fix");
+        assert_eq!(v[0]["unsynced"], 1);
+        assert_eq!(v[0]["branch"], "main");
+        let rm = r.run(&["rm", "fix"]);
+        assert_eq!(rm.code, 1);
+        assert!(
+            rm.stderr
+                .contains("has 1 commit(s) the repository does not have"),
+            "{}",
+            rm.stderr
+        );
+        r.git(&["merge", "-q", "--no-edit", "sandbox-fix/main"]);
+        let rm = r.run(&["rm", "fix"]);
+        assert_eq!(rm.code, 0, "{}", rm.stderr);
+        assert!(!r.git(&["remote"]).contains("sandbox-fix"));
+        assert_eq!(r.run(&["ls", "--json"]).stdout.trim(), "[]");
+    }
+}
+
+#[test]
+fn commits_reach_the_host_while_the_session_runs_and_one_session_at_a_time() {
+    if !privileged() {
+        return;
+    }
+    let r = Repo::new();
+    let mut session = r
+        .aisb()
+        .args([
+            "run",
+            "--backend",
+            "bwrap",
+            "--sandbox",
+            "live",
+            "--",
+            "/bin/sh",
+            "-c",
+        ])
+        .arg("echo x >> README; git -c user.name=a -c user.email=a@a commit -qam live; sleep 8")
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(7);
+    let mut seen = false;
+    let mut busy = None;
+    while Instant::now() < deadline {
+        let out = Command::new("git")
+            .args(["log", "-1", "--format=%s", "sandbox-live/main"])
+            .current_dir(r.repo())
+            .output()
+            .unwrap();
+        if String::from_utf8_lossy(&out.stdout).trim() == "live" {
+            seen = true;
+            // A second session of the same sandbox is refused, with who holds it.
+            busy = Some(r.run(&[
+                "run",
+                "--backend",
+                "bwrap",
+                "--sandbox",
+                "live",
+                "--",
+                "true",
+            ]));
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = session.kill();
+    let _ = session.wait();
+    assert!(
+        seen,
+        "the sandbox's commit did not reach the host while it ran"
+    );
+    let busy = busy.unwrap();
+    assert_eq!(busy.code, 1);
+    assert!(
+        busy.stderr
+            .contains("sandbox `live` is in use by another aisb"),
+        "{}",
+        busy.stderr
+    );
+}
+
+#[test]
+fn gc_removes_stale_and_orphaned_state_and_keeps_unsynced_work() {
+    if !privileged() {
+        return;
+    }
+    let r = Repo::new();
+    for name in ["old", "work"] {
+        let script = if name == "work" {
+            "echo y >> README; git -c user.name=a -c user.email=a@a commit -qam work"
+        } else {
+            "true"
+        };
+        let o = r.run(&[
+            "run",
+            "--backend",
+            "bwrap",
+            "--sandbox",
+            name,
+            "--",
+            "/bin/sh",
+            "-c",
+            script,
+        ]);
+        assert_eq!(o.code, 0, "{}", o.stderr);
+    }
+    let ls: serde_json::Value = serde_json::from_str(&r.run(&["ls", "--json"]).stdout).unwrap();
+    let dirs: Vec<PathBuf> = ls
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| PathBuf::from(v["path"].as_str().unwrap()))
+        .collect();
+    // Both last used three days ago; a run directory left by a pid that does not exist.
+    for d in &dirs {
+        let p = d.join("state.json");
+        let mut st: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+        st["last_used"] = serde_json::json!(st["last_used"].as_u64().unwrap() - 3 * 86400);
+        std::fs::write(&p, st.to_string()).unwrap();
+    }
+    let orphan = dirs[0].join("run/4194303");
+    std::fs::create_dir_all(&orphan).unwrap();
+    let gc = r.run(&["gc"]);
+    assert_eq!(gc.code, 0, "{}", gc.stderr);
+    assert!(gc.stdout.contains("Pruned 1 sandbox,"), "{}", gc.stdout);
+    assert!(
+        gc.stdout.contains("kept sandbox `work`") && gc.stdout.contains("1 unsynced commit"),
+        "{}",
+        gc.stdout
+    );
+    assert!(!orphan.exists());
+    let left: serde_json::Value = serde_json::from_str(&r.run(&["ls", "--json"]).stdout).unwrap();
+    assert_eq!(left.as_array().unwrap().len(), 1);
+    assert_eq!(left[0]["name"], "work");
+    assert!(r.git(&["remote"]).lines().all(|l| l != "sandbox-old"));
+}
