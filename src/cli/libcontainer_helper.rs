@@ -10,11 +10,19 @@ pub struct Args {
     pub id: String,
     #[arg(long)]
     pub console_socket: Option<PathBuf>,
+    #[arg(long)]
+    pub pid_file: Option<PathBuf>,
 }
 
 pub fn run(a: Args) -> Result<i32, Error> {
     // 125: the sandbox could not start (distinct from any exit code of the workload's own).
-    match aisb_libcontainer::run(&a.bundle, &a.state_root, &a.id, a.console_socket.as_deref()) {
+    match aisb_libcontainer::run(
+        &a.bundle,
+        &a.state_root,
+        &a.id,
+        a.console_socket.as_deref(),
+        a.pid_file.as_deref(),
+    ) {
         Ok(code) => Ok(code),
         Err(e) => {
             eprintln!("aisb: the libcontainer backend could not run the sandbox: {e}\n  help: `aisb doctor` checks the host; `--backend bwrap` is the other backend");

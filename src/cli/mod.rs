@@ -241,6 +241,14 @@ impl Global {
     }
 }
 
+/// The host pid of the named sandbox's running init, if it runs.
+fn running_init(plan: &eval::Plan) -> Option<i32> {
+    std::fs::read_to_string(plan.state_dir.join(crate::runtime::INIT_PID_FILE))
+        .ok()
+        .and_then(|p| p.trim().parse::<i32>().ok())
+        .filter(|&p| crate::session::attach::alive(p))
+}
+
 /// Run `plan` on `backend`; in the named sandbox `sandbox` when given: its shared clone, kept
 /// in sync with the repository while it runs (see `session`).
 pub fn run_plan(
@@ -253,7 +261,24 @@ pub fn run_plan(
     let Some(name) = sandbox else {
         return Ok(crate::runtime::run(&plan, backend, interactive)?);
     };
-    let s = crate::session::prepare(&mut plan, name)?;
+    let s = match crate::session::prepare(&mut plan, name) {
+        Ok(s) => s,
+        // Running already: a second session joins it instead of starting another sandbox.
+        Err(crate::session::SessionError::Busy(..)) if running_init(&plan).is_some() => {
+            let pid = running_init(&plan).unwrap_or(0);
+            let start = std::time::Instant::now();
+            let exit_code = crate::session::attach::attach(pid, &plan.process.args)?;
+            return Ok(crate::runtime::Summary {
+                backend,
+                profile: plan.profile.clone(),
+                exit_code,
+                duration_ms: start.elapsed().as_millis(),
+                masked_paths: plan.masks.len(),
+                network: plan.network.mode,
+            });
+        }
+        Err(e) => return Err(e.into()),
+    };
     let watcher = crate::session::sync::watch(
         s.repo.clone(),
         s.clone.clone(),

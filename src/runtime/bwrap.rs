@@ -16,6 +16,7 @@ pub fn run(
     spec: &Spec,
     rootfs_symlinks: Vec<(PathBuf, PathBuf)>,
     interactive: bool,
+    pid_file: Option<&std::path::Path>,
 ) -> Result<i32, RuntimeError> {
     let io = |what: &str| {
         let what = what.to_string();
@@ -67,6 +68,9 @@ pub fn run(
         .ok()
         .and_then(|v| v["child-pid"].as_i64())
         .map(|p| Pid::from_raw(p as i32));
+    if let (Some(f), Some(pid)) = (pid_file, init_pid) {
+        let _ = std::fs::write(f, pid.to_string());
+    }
     let bwrap_pid = Pid::from_raw(child.id() as i32);
     std::thread::spawn(move || loop {
         if let Ok(sig) = set.wait() {

@@ -19,6 +19,7 @@ pub fn run(
     id: &str,
     interactive: bool,
     terminal: bool,
+    pid_file: Option<&Path>,
 ) -> Result<i32, RuntimeError> {
     let console = if terminal {
         Some(
@@ -38,6 +39,9 @@ pub fn run(
         .arg(id);
     if let Some(c) = &console {
         cmd.arg("--console-socket").arg(&c.path);
+    }
+    if let Some(f) = pid_file {
+        cmd.arg("--pid-file").arg(f);
     }
     // If aisb dies (even by SIGKILL), the helper gets SIGTERM, forwards it to the sandbox,
     // waits for it and deletes the container: nothing is left running.

@@ -71,6 +71,9 @@ impl Backend {
     }
 }
 
+/// In a named sandbox's state: the host pid of its running init.
+pub const INIT_PID_FILE: &str = "init.pid";
+
 /// What `aisb run --json` reports.
 #[derive(Debug, Serialize)]
 pub struct Summary {
@@ -111,6 +114,13 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
             allow: plan.network.allow.clone(),
         });
     }
+    // Named sandboxes (they have a state.json) record their init's pid, so a second session
+    // can join it (`aisb up NAME` while it runs).
+    let pid_file = plan
+        .state_dir
+        .join("state.json")
+        .exists()
+        .then(|| plan.state_dir.join(INIT_PID_FILE));
     let exit_code = match backend {
         // bwrap needs no bundle on disk: the spec goes straight into its arguments, and it
         // hands the sandbox our terminal as it is.
@@ -136,7 +146,7 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
                     _ => None,
                 })
                 .collect();
-            bwrap::run(&spec, symlinks, interactive)?
+            bwrap::run(&spec, symlinks, interactive, pid_file.as_deref())?
         }
         // libcontainer reads `config.json` from a bundle; it also needs a pseudo-terminal of
         // its own on a terminal, passed back through a console socket.
@@ -175,9 +185,13 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
                 &id,
                 interactive,
                 terminal,
+                pid_file.as_deref(),
             )?
         }
     };
+    if let Some(f) = &pid_file {
+        let _ = std::fs::remove_file(f);
+    }
     drop(proxy);
     if let Some(log) = &audit {
         let _ = log.write(crate::audit::Kind::Exit {

@@ -14,6 +14,7 @@
 //! `refs/remotes/origin/*` in the clone): fetch only, so the sandbox never moves a branch of
 //! the host repository.
 
+pub mod attach;
 pub mod sync;
 
 use std::fs;

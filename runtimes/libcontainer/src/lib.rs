@@ -77,12 +77,14 @@ impl Drop for Created {
 
 /// Run the bundle to completion; returns the init's exit code (128+N for a signal).
 /// `console_socket`: where to send the pseudo-terminal's master when the spec asks for a
-/// terminal (the caller listens there).
+/// terminal (the caller listens there). `pid_file`: where to write the init's pid once it
+/// runs (for sessions that attach to it).
 pub fn run(
     bundle: &Path,
     state_root: &Path,
     id: &str,
     console_socket: Option<&Path>,
+    pid_file: Option<&Path>,
 ) -> Result<i32, LibcontainerError> {
     let n = threads();
     if n > 1 {
@@ -110,6 +112,9 @@ pub fn run(
     let mut created = Created(container);
     created.0.start()?;
     let pid = created.0.pid().ok_or(LibcontainerError::NoPid)?;
+    if let Some(f) = pid_file {
+        let _ = std::fs::write(f, pid.to_string());
+    }
     let code = wait(pid, &set)?;
     drop(created);
     Ok(code)

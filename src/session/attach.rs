@@ -1,0 +1,133 @@
+//! A second session in a running sandbox: join the namespaces of its init (user first, then
+//! mount, network, IPC, UTS, PID, cgroup), take its working directory and environment, apply
+//! the same hardening as the init (no capabilities, no_new_privs, the seccomp filter) and run
+//! the command there. Works on both backends and rootless: the sandbox's user namespace is
+//! owned by the caller, so joining it gives the capabilities the other joins need, and they
+//! are all dropped before the command runs.
+
+use std::ffi::CString;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+
+use nix::sched::{setns, CloneFlags};
+use nix::sys::wait::{waitpid, WaitStatus};
+use nix::unistd::{fork, ForkResult, Pid};
+
+use super::SessionError;
+
+/// Is `pid` a live process?
+pub fn alive(pid: i32) -> bool {
+    nix::sys::signal::kill(Pid::from_raw(pid), None).is_ok()
+}
+
+/// Run `command` inside the sandbox whose init is `pid`; returns its exit code (128+N for a
+/// signal). Must be called before this process starts threads (joining a user namespace
+/// requires a single-threaded caller): the joining happens in a forked child anyway.
+pub fn attach(pid: i32, command: &[String]) -> Result<i32, SessionError> {
+    let io = |what: &str| {
+        let what = what.to_string();
+        move |source: std::io::Error| SessionError::Io { what, source }
+    };
+    let proc = format!("/proc/{pid}");
+    let mut ns: Vec<(OwnedFd, CloneFlags)> = Vec::new();
+    for (name, flag) in [
+        ("user", CloneFlags::CLONE_NEWUSER),
+        ("mnt", CloneFlags::CLONE_NEWNS),
+        ("net", CloneFlags::CLONE_NEWNET),
+        ("ipc", CloneFlags::CLONE_NEWIPC),
+        ("uts", CloneFlags::CLONE_NEWUTS),
+        ("pid", CloneFlags::CLONE_NEWPID),
+        ("cgroup", CloneFlags::CLONE_NEWCGROUP),
+    ] {
+        let f = std::fs::File::open(format!("{proc}/ns/{name}"))
+            .map_err(io(&format!("opening the sandbox's {name} namespace")))?;
+        ns.push((f.into(), flag));
+    }
+    let cwd = std::fs::read_link(format!("{proc}/cwd"))
+        .map_err(io("reading the sandbox's working directory"))?;
+    let environ = std::fs::read(format!("{proc}/environ"))
+        .map_err(io("reading the sandbox's environment"))?;
+    let env: Vec<CString> = environ
+        .split(|b| *b == 0)
+        .filter(|v| !v.is_empty())
+        .filter_map(|v| CString::new(v).ok())
+        .collect();
+    let argv: Vec<CString> = command
+        .iter()
+        .filter_map(|a| CString::new(a.as_bytes()).ok())
+        .collect();
+    if argv.is_empty() || argv.len() != command.len() {
+        return Err(SessionError::Io {
+            what: "the command is empty or has a NUL byte".into(),
+            source: std::io::ErrorKind::InvalidInput.into(),
+        });
+    }
+    let cwd = CString::new(cwd.as_os_str().as_bytes()).unwrap_or_else(|_| c"/".into());
+    // SAFETY: this process is single-threaded here (see above); the child only makes system
+    // calls and allocates before its own exec.
+    match unsafe { fork() }.map_err(|e| SessionError::Io {
+        what: "starting the session".into(),
+        source: e.into(),
+    })? {
+        ForkResult::Child => {
+            let code = join_and_run(&ns, &cwd, &argv, &env);
+            // SAFETY: leaving the forked child without running the parent's destructors.
+            unsafe { libc::_exit(code) }
+        }
+        ForkResult::Parent { child } => Ok(wait_code(child)),
+    }
+}
+
+fn wait_code(child: Pid) -> i32 {
+    loop {
+        match waitpid(child, None) {
+            Ok(WaitStatus::Exited(_, c)) => return c,
+            Ok(WaitStatus::Signaled(_, s, _)) => return 128 + s as i32,
+            Err(nix::Error::EINTR) => continue,
+            Ok(_) => continue,
+            Err(_) => return 125,
+        }
+    }
+}
+
+fn join_and_run(
+    ns: &[(OwnedFd, CloneFlags)],
+    cwd: &CString,
+    argv: &[CString],
+    env: &[CString],
+) -> i32 {
+    for (fd, flag) in ns {
+        if let Err(e) = setns(fd.as_fd(), *flag) {
+            // The same namespace as ours (nothing to join) answers EINVAL for a user namespace.
+            if !(*flag == CloneFlags::CLONE_NEWUSER && e == nix::Error::EINVAL) {
+                eprintln!("aisb: cannot join the sandbox ({flag:?}): {e}");
+                return 125;
+            }
+        }
+    }
+    // Joining a PID namespace takes effect for children: one more fork.
+    // SAFETY: single-threaded child.
+    match unsafe { fork() } {
+        Ok(ForkResult::Child) => {
+            let _ = nix::unistd::chdir(cwd.as_c_str());
+            if let Err(e) = crate::init::harden(&crate::init::Options::default()) {
+                eprintln!("aisb: cannot harden the session: {e}");
+                // SAFETY: exiting the forked child.
+                unsafe { libc::_exit(125) }
+            }
+            let err = nix::unistd::execvpe(&argv[0], argv, env).unwrap_err();
+            eprintln!(
+                "aisb: cannot run `{}`: {}",
+                argv[0].to_string_lossy(),
+                err.desc()
+            );
+            // SAFETY: exiting the forked child.
+            unsafe { libc::_exit(if err == nix::Error::ENOENT { 127 } else { 126 }) }
+        }
+        Ok(ForkResult::Parent { child }) => wait_code(child),
+        Err(e) => {
+            eprintln!("aisb: cannot start the session: {e}");
+            125
+        }
+    }
+}
