@@ -274,3 +274,61 @@ fn gc_removes_stale_and_orphaned_state_and_keeps_unsynced_work() {
     assert_eq!(left[0]["name"], "work");
     assert!(r.git(&["remote"]).lines().all(|l| l != "sandbox-old"));
 }
+
+/// The sandbox stops when its last session ends, not its first: a session that joined keeps
+/// it (and its files) alive after the first one's command is done.
+#[test]
+fn the_last_session_keeps_the_sandbox_up() {
+    if !privileged() {
+        return;
+    }
+    for backend in ["bwrap", "libcontainer"] {
+        let r = Repo::new();
+        let mut first = r
+            .aisb()
+            .args([
+                "run",
+                "--backend",
+                backend,
+                "--sandbox",
+                "pair",
+                "--",
+                "/bin/sh",
+                "-c",
+            ])
+            .arg("echo kept > /tmp/shared; sleep 1; exit 3")
+            .spawn()
+            .unwrap();
+        // Wait until the first aisb owns the sandbox, then join as soon as it is up (until
+        // then a session is refused as busy).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline && !r.run(&["ls", "--json"]).stdout.contains("\"running\"")
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut second = None;
+        while Instant::now() < deadline && second.is_none() {
+            let o = r.run(&[
+                "run",
+                "--sandbox",
+                "pair",
+                "--",
+                "/bin/sh",
+                "-c",
+                "test -e /tmp/shared && sleep 3 && cat /tmp/shared",
+            ]);
+            if o.code == 0 {
+                second = Some(o);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let second = second.unwrap_or_else(|| panic!("[{backend}] could not join the sandbox"));
+        assert_eq!(
+            second.stdout, "kept\n",
+            "[{backend}] the sandbox went down under the second session"
+        );
+        // The first aisb returns its own command's status once the second session is over.
+        let status = first.wait().unwrap();
+        assert_eq!(status.code(), Some(3), "[{backend}]");
+    }
+}

@@ -241,51 +241,106 @@ impl Global {
     }
 }
 
-/// The host pid of the named sandbox's running init, if it runs.
+/// The host pid of the named sandbox's init, once the sandbox is up.
 fn running_init(plan: &eval::Plan) -> Option<i32> {
     std::fs::read_to_string(plan.state_dir.join(crate::runtime::INIT_PID_FILE))
         .ok()
         .and_then(|p| p.trim().parse::<i32>().ok())
-        .filter(|&p| crate::session::attach::alive(p))
+        .filter(|&p| crate::session::attach::ready(p))
 }
 
-/// Run `plan` on `backend`; in the named sandbox `sandbox` when given: its shared clone, kept
-/// in sync with the repository while it runs (see `session`).
+/// Run `plan` on `backend`; in the named sandbox `sandbox` when given (see `session`).
+///
+/// A named sandbox runs a placeholder as its workload, and every session, the first one
+/// included, joins it: the first `aisb` to start it owns it (its network proxy, the sync
+/// watcher) and stops it once no session is left; later ones just join.
 pub fn run_plan(
     mut plan: eval::Plan,
     sandbox: Option<&str>,
     backend: Option<crate::runtime::Backend>,
     interactive: bool,
 ) -> Result<crate::runtime::Summary, Error> {
+    use nix::sys::signal::{signal, SigHandler, Signal};
     let backend = crate::runtime::Backend::choose(backend, plan.backend.as_deref());
     let Some(name) = sandbox else {
         return Ok(crate::runtime::run(&plan, backend, interactive)?);
     };
+    let start = std::time::Instant::now();
+    let summary = |exit_code: i32, plan: &eval::Plan| crate::runtime::Summary {
+        backend,
+        profile: plan.profile.clone(),
+        exit_code,
+        duration_ms: start.elapsed().as_millis(),
+        masked_paths: plan.masks.len(),
+        network: plan.network.mode,
+    };
+    // While a session runs, the terminal's ^C and ^\ are for its command only.
+    for sig in [Signal::SIGINT, Signal::SIGQUIT] {
+        // SAFETY: installing SIG_IGN; the session's command gets the default back.
+        let _ = unsafe { signal(sig, SigHandler::SigIgn) };
+    }
     let s = match crate::session::prepare(&mut plan, name) {
         Ok(s) => s,
-        // Running already: a second session joins it instead of starting another sandbox.
         Err(crate::session::SessionError::Busy(..)) if running_init(&plan).is_some() => {
             let pid = running_init(&plan).unwrap_or(0);
-            let start = std::time::Instant::now();
-            let exit_code = crate::session::attach::attach(pid, &plan.process.args)?;
-            return Ok(crate::runtime::Summary {
-                backend,
-                profile: plan.profile.clone(),
-                exit_code,
-                duration_ms: start.elapsed().as_millis(),
-                masked_paths: plan.masks.len(),
-                network: plan.network.mode,
-            });
+            let _hold = crate::session::join(&plan.state_dir)?;
+            let code = crate::session::attach::attach(pid, &plan.process.args)?;
+            return Ok(summary(code, &plan));
         }
         Err(e) => return Err(e.into()),
     };
+    let pid_file = plan.state_dir.join(crate::runtime::INIT_PID_FILE);
+    let _ = std::fs::remove_file(&pid_file);
     let watcher = crate::session::sync::watch(
         s.repo.clone(),
         s.clone.clone(),
         s.name.clone(),
         s.state.clone(),
     );
-    let summary = crate::runtime::run(&plan, backend, interactive);
+    // The sandbox: the init with a placeholder workload, on a thread of its own. SIGTERM and
+    // SIGHUP are blocked here first, so they reach that thread, which passes them on to the
+    // sandbox: it ends, and with it every session.
+    let mut hold = plan.clone();
+    hold.process.args = vec![crate::init::INIT_PATH.into(), "hold".into()];
+    let mut forwarded = nix::sys::signal::SigSet::empty();
+    for sig in [
+        Signal::SIGTERM,
+        Signal::SIGHUP,
+        Signal::SIGUSR1,
+        Signal::SIGUSR2,
+    ] {
+        forwarded.add(sig);
+    }
+    let _ = forwarded.thread_block();
+    let sandbox = std::thread::spawn(move || crate::runtime::run(&hold, backend, false));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let pid = loop {
+        if let Some(pid) = running_init(&plan) {
+            break pid;
+        }
+        if sandbox.is_finished() || std::time::Instant::now() > deadline {
+            drop(watcher);
+            return match sandbox.join() {
+                Ok(Err(e)) => Err(e.into()),
+                _ => Err(crate::session::SessionError::Io {
+                    what: format!("sandbox `{name}` did not start"),
+                    source: std::io::ErrorKind::TimedOut.into(),
+                }
+                .into()),
+            };
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let code = {
+        let _hold = crate::session::join(&plan.state_dir)?;
+        crate::session::attach::attach(pid, &plan.process.args)?
+    };
+    // Other sessions may still be in it: it stops when the last one ends.
+    while !sandbox.is_finished() && !crate::session::no_sessions(&plan.state_dir) {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGTERM);
+    let _ = sandbox.join();
     drop(watcher);
     if let Ok(branch) =
         crate::session::git(&s.clone, &["rev-parse", "--abbrev-ref", "HEAD"], &s.state)
@@ -294,5 +349,5 @@ pub fn run_plan(
             "aisb: sandbox `{name}`: its commits are in this repository as `sandbox-{name}/{branch}` (and its other branches)"
         );
     }
-    Ok(summary?)
+    Ok(summary(code, &plan))
 }

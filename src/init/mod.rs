@@ -38,6 +38,13 @@ pub fn binary_beside(exe: &std::path::Path) -> std::path::PathBuf {
 pub fn main_from_args(args: impl IntoIterator<Item = OsString>) -> i32 {
     let mut opts = Options::default();
     let mut args = args.into_iter().peekable();
+    if args.peek().is_some_and(|a| a == "hold") {
+        // The placeholder workload of a named sandbox: sessions join it; the init's SIGTERM
+        // (forwarded by the init) ends it, and with it the sandbox.
+        loop {
+            nix::unistd::pause();
+        }
+    }
     if args.peek().is_some_and(|a| a == "connect") {
         let rest: Vec<String> = args
             .skip(1)

@@ -15,9 +15,19 @@ use nix::unistd::{fork, ForkResult, Pid};
 
 use super::SessionError;
 
-/// Is `pid` a live process?
-pub fn alive(pid: i32) -> bool {
-    nix::sys::signal::kill(Pid::from_raw(pid), None).is_ok()
+/// Is `pid` a sandbox init that finished setting the sandbox up? The runtimes report the pid
+/// before the sandbox is complete (bwrap's info pipe, libcontainer's start): joining then
+/// could see a mount namespace without its masks. The init is running once the process is
+/// our init binary, and done once it has started its workload (it forks only after
+/// hardening).
+pub fn ready(pid: i32) -> bool {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let is_init = cmdline.starts_with(crate::init::INIT_PATH.as_bytes())
+        && cmdline.get(crate::init::INIT_PATH.len()) == Some(&0);
+    // Without CONFIG_PROC_CHILDREN (no such file), the exec of the init is the best sign.
+    is_init
+        && std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+            .map_or(true, |c| !c.trim().is_empty())
 }
 
 /// Run `command` inside the sandbox whose init is `pid`; returns its exit code (128+N for a
@@ -109,6 +119,17 @@ fn join_and_run(
     // SAFETY: single-threaded child.
     match unsafe { fork() } {
         Ok(ForkResult::Child) => {
+            // The session's owner ignores the terminal's signals while it waits: the command
+            // gets them with their usual meaning.
+            for sig in [
+                nix::sys::signal::Signal::SIGINT,
+                nix::sys::signal::Signal::SIGQUIT,
+            ] {
+                // SAFETY: restoring a default disposition.
+                let _ =
+                    unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigDfl) };
+            }
+            let _ = nix::sys::signal::SigSet::all().thread_unblock();
             let _ = nix::unistd::chdir(cwd.as_c_str());
             if let Err(e) = crate::init::harden(&crate::init::Options::default()) {
                 eprintln!("aisb: cannot harden the session: {e}");

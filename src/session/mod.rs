@@ -152,6 +152,40 @@ pub fn lock(state: &Path, name: &str) -> Result<Lock, SessionError> {
     Ok(Lock(f))
 }
 
+/// A session's hold on a running sandbox: a shared flock on `<state>/sessions`. The sandbox's
+/// owner stops it when it can take the lock exclusively (no session left).
+pub fn join(state: &Path) -> Result<Lock, SessionError> {
+    let path = state.join("sessions");
+    let f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(io(format!("opening {}", path.display())))?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH) } != 0 {
+        return Err(SessionError::Io {
+            what: format!("locking {}", path.display()),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(Lock(f))
+}
+
+/// True when no session holds the sandbox (the caller must not hold one itself).
+pub fn no_sessions(state: &Path) -> bool {
+    let Ok(f) = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(state.join("sessions"))
+    else {
+        return true;
+    };
+    // SAFETY: flock on a descriptor we own; released when `f` closes.
+    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+}
+
 pub struct Session {
     pub name: String,
     pub state: PathBuf,
