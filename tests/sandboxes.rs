@@ -332,3 +332,57 @@ fn the_last_session_keeps_the_sandbox_up() {
         assert_eq!(status.code(), Some(3), "[{backend}]");
     }
 }
+
+/// `aisb exec` runs a command in the running sandbox; `aisb stop` ends it and every session.
+#[test]
+fn exec_and_stop() {
+    if !privileged() {
+        return;
+    }
+    let r = Repo::new();
+    let mut owner = r
+        .aisb()
+        .args([
+            "run",
+            "--backend",
+            "bwrap",
+            "--sandbox",
+            "svc",
+            "--",
+            "/bin/sh",
+            "-c",
+            "echo up > /tmp/up; sleep 30",
+        ])
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut out = None;
+    while Instant::now() < deadline {
+        let o = r.run(&["exec", "svc", "--", "/bin/sh", "-c", "cat /tmp/up"]);
+        if o.code == 0 {
+            out = Some(o);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = out.expect("aisb exec never reached the running sandbox");
+    assert_eq!(out.stdout, "up\n");
+    let stop = r.run(&["stop", "svc"]);
+    assert_eq!(stop.code, 0, "{}", stop.stderr);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = owner.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the owner outlived `aisb stop`");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_ne!(status.code(), Some(0));
+    let gone = r.run(&["exec", "svc", "--", "true"]);
+    assert_eq!(gone.code, 1);
+    assert!(
+        gone.stderr.contains("sandbox `svc` is not running"),
+        "{}",
+        gone.stderr
+    );
+}

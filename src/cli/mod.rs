@@ -76,6 +76,8 @@ pub enum Command {
     Ls(sandboxes::LsArgs),
     Rm(sandboxes::RmArgs),
     Gc(sandboxes::GcArgs),
+    Exec(sandboxes::ExecArgs),
+    Stop(sandboxes::StopArgs),
     SetupUser(setup_user::Args),
     Completions(completions::Args),
     #[command(name = "__libcontainer", hide = true)]
@@ -118,6 +120,8 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
         Command::Ls(a) => sandboxes::ls(&g, a),
         Command::Rm(a) => sandboxes::rm(&g, a),
         Command::Gc(a) => sandboxes::gc(a),
+        Command::Exec(a) => sandboxes::exec(&g, a),
+        Command::Stop(a) => sandboxes::stop(&g, a),
         Command::SetupUser(a) => setup_user::run(a),
         Command::Completions(a) => completions::run(a),
         Command::LibcontainerHelper(a) => libcontainer_helper::run(a),

@@ -276,3 +276,58 @@ pub fn gc(a: GcArgs) -> Result<i32, Error> {
     );
     Ok(0)
 }
+
+/// Run a command in a running named sandbox (non-interactive; stdio passed through)
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Examples:\n  aisb exec fix-42 -- git log --oneline -3\n  aisb exec fix-42 -- make test"
+)]
+pub struct ExecArgs {
+    pub name: String,
+    #[arg(last = true, required = true)]
+    pub command: Vec<String>,
+}
+
+/// Stop a running named sandbox (every session in it ends)
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Examples:\n  aisb stop fix-42")]
+pub struct StopArgs {
+    pub name: String,
+}
+
+/// The init pid of the running sandbox `name`, or why there is none.
+fn running_pid(g: &Global, name: &str) -> Result<i32, Error> {
+    if !session::valid_name(name) {
+        return Err(SessionError::BadName(name.to_string()).into());
+    }
+    let state = repo_dir(g)?.join(name);
+    if session::read_state(&state).is_none() {
+        return Err(SessionError::Missing(name.to_string()).into());
+    }
+    std::fs::read_to_string(state.join(crate::runtime::INIT_PID_FILE))
+        .ok()
+        .and_then(|p| p.trim().parse::<i32>().ok())
+        .filter(|&p| session::attach::ready(p))
+        .ok_or_else(|| SessionError::NotRunning(name.to_string()).into())
+}
+
+pub fn exec(g: &Global, a: ExecArgs) -> Result<i32, Error> {
+    let pid = running_pid(g, &a.name)?;
+    let state = repo_dir(g)?.join(&a.name);
+    let _hold = session::join(&state)?;
+    Ok(session::attach::attach(pid, &a.command)?)
+}
+
+pub fn stop(g: &Global, a: StopArgs) -> Result<i32, Error> {
+    let pid = running_pid(g, &a.name)?;
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let deadline = Instant::now() + std::time::Duration::from_secs(10);
+    while session::attach::ready(pid) && Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    eprintln!("stopped sandbox `{}`", a.name);
+    Ok(0)
+}

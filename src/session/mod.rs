@@ -49,6 +49,9 @@ pub enum SessionError {
         "wait for that session to end; attaching a second session to a running sandbox is not supported yet"
     ))]
     Busy(String, String),
+    #[error("sandbox `{0}` is not running")]
+    #[diagnostic(help("`aisb up {0}` starts it; `aisb ls` shows which are running"))]
+    NotRunning(String),
     #[error("no sandbox named `{0}` for this repository")]
     #[diagnostic(help("`aisb ls` lists them"))]
     Missing(String),
