@@ -72,6 +72,8 @@ echo "env=$(cat .env 2>&1 | grep -c 'Permission denied')"
 echo change >> README
 git -c user.name=a -c user.email=a@a commit -qam "from the sandbox" && echo committed=yes
 git fetch -q origin && echo "host_head=$(git log -1 --format=%s origin/main)"
+git push -q origin HEAD:main 2>/dev/null; echo "push=$?"
+git push -q origin HEAD:refs/heads/other 2>/dev/null; echo "push_new=$?"
 "#;
 
 fn privileged() -> bool {
@@ -106,6 +108,18 @@ fn a_named_sandbox_works_in_its_own_clone_on_both_backends() {
         o.expect("env", "1");
         o.expect("committed", "yes");
         o.expect("host_head", "one");
+        // The host repository is read-only inside: no push moves or adds a host branch.
+        assert_ne!(
+            o.value("push"),
+            Some("0"),
+            "[{backend}] pushed to the host's main"
+        );
+        assert_ne!(
+            o.value("push_new"),
+            Some("0"),
+            "[{backend}] pushed a new host branch"
+        );
+        assert_eq!(r.git(&["branch", "--list", "other"]), "");
         assert!(
             o.value("ignored")
                 .is_some_and(|v| v.contains("No such file")),
@@ -384,5 +398,72 @@ fn exec_and_stop() {
         gone.stderr.contains("sandbox `svc` is not running"),
         "{}",
         gone.stderr
+    );
+}
+
+/// `kill -9` of the owning aisb mid-session: nothing is left running, the commit made inside
+/// is not lost, and the next `up` works (without XDG_CACHE_HOME: the state is in ~/.cache).
+#[test]
+fn kill_9_mid_session_then_up_again() {
+    if !privileged() {
+        return;
+    }
+    let r = Repo::new();
+    let mut owner = r.aisb();
+    owner.env_remove("XDG_CACHE_HOME");
+    let mut owner = owner
+        .args(["run", "--backend", "libcontainer", "--sandbox", "crash", "--", "/bin/bash", "-c"])
+        .arg("echo z >> README; git -c user.name=a -c user.email=a@a commit -qam saved; exec -a aisb-crash-marker sleep 60")
+        .spawn()
+        .unwrap();
+    let marker_running = || {
+        !Command::new("pgrep")
+            .args(["-f", "^aisb-crash-marker"])
+            .output()
+            .unwrap()
+            .stdout
+            .is_empty()
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !marker_running() {
+        assert!(Instant::now() < deadline, "the session never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    owner.kill().unwrap(); // SIGKILL
+    let _ = owner.wait();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while marker_running() {
+        assert!(Instant::now() < deadline, "the session outlived its aisb");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        r.path().join("home/.cache/aisb").is_dir(),
+        "state under ~/.cache"
+    );
+    // Up again: works, and the commit made before the crash is still there to sync.
+    let mut again = r.aisb();
+    again.env_remove("XDG_CACHE_HOME");
+    let o = Out::from(
+        again
+            .args([
+                "run",
+                "--backend",
+                "libcontainer",
+                "--sandbox",
+                "crash",
+                "--",
+                "git",
+                "log",
+                "-1",
+                "--format=%s",
+            ])
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert_eq!(o.stdout, "saved\n");
+    assert_eq!(
+        r.git(&["log", "-1", "--format=%s", "sandbox-crash/main"]),
+        "saved"
     );
 }

@@ -80,6 +80,9 @@ pub fn attach(pid: i32, command: &[String]) -> Result<i32, SessionError> {
         source: e.into(),
     })? {
         ForkResult::Child => {
+            // If this aisb dies (even by SIGKILL), its session ends too: nothing stays behind
+            // holding the sandbox up.
+            let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
             let code = join_and_run(&ns, &cwd, &argv, &env);
             // SAFETY: leaving the forked child without running the parent's destructors.
             unsafe { libc::_exit(code) }
@@ -119,6 +122,7 @@ fn join_and_run(
     // SAFETY: single-threaded child.
     match unsafe { fork() } {
         Ok(ForkResult::Child) => {
+            let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
             // The session's owner ignores the terminal's signals while it waits: the command
             // gets them with their usual meaning.
             for sig in [
