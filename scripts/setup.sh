@@ -19,6 +19,8 @@ command -v qemu-system-x86_64 >/dev/null 2>&1 || need="$need qemu-system-x86"
 [ -x /bin/busybox ] || need="$need busybox-static"
 command -v depmod >/dev/null 2>&1 || [ -x /usr/sbin/depmod ] || [ -x /sbin/depmod ] || need="$need kmod"
 command -v xz >/dev/null 2>&1 || need="$need xz-utils"
+# fish: named sandboxes give fish users fish (seed 004), tested for real.
+command -v fish >/dev/null 2>&1 || need="$need fish"
 command -v cargo >/dev/null 2>&1 || { echo "setup: cargo not found; install Rust (rustup) first" >&2; exit 1; }
 if [ -n "$need" ]; then
     if [ "$(id -u)" -eq 0 ]; then sudo=""; elif command -v sudo >/dev/null 2>&1; then sudo="sudo"; else

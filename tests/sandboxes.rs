@@ -467,3 +467,48 @@ fn kill_9_mid_session_then_up_again() {
         "saved"
     );
 }
+
+/// A fish user gets fish in their named sandbox, with their fish config (read-only).
+#[test]
+fn fish_users_get_fish() {
+    if !privileged() || Command::new("fish").arg("--version").output().is_err() {
+        eprintln!("skipped: needs root and fish (scripts/setup.sh installs it)");
+        return;
+    }
+    let r = Repo::new();
+    let conf = r.path().join("home/.config/fish");
+    std::fs::create_dir_all(&conf).unwrap();
+    std::fs::write(
+        conf.join("config.fish"),
+        "set -g AISB_TEST_FISH configured\n",
+    )
+    .unwrap();
+    for backend in ["bwrap", "libcontainer"] {
+        let mut c = r.aisb();
+        c.env("SHELL", "/usr/bin/fish")
+            .args(["up", "shell", "--backend", backend])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        {
+            use std::io::Write;
+            let mut stdin = child.stdin.take().unwrap();
+            stdin
+                .write_all(b"echo fish=$FISH_VERSION; echo conf=$AISB_TEST_FISH; touch ~/.config/fish/x; and echo wrote\n")
+                .unwrap();
+        }
+        let out = Out::from(child.wait_with_output().unwrap());
+        assert!(
+            out.value("fish").is_some_and(|v| !v.is_empty()),
+            "[{backend}] {}\n{}",
+            out.stdout,
+            out.stderr
+        );
+        out.expect("conf", "configured");
+        assert!(
+            !out.stdout.contains("wrote"),
+            "[{backend}] the fish config was writable"
+        );
+    }
+}

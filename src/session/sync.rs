@@ -8,8 +8,7 @@
 //! usually a handful of refs.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
 use std::time::{Duration, SystemTime};
 
 use super::{git, SessionError};
@@ -71,13 +70,14 @@ fn stamp(git_dir: &Path) -> Vec<(PathBuf, SystemTime, u64)> {
 
 /// Runs until dropped: a thread that fetches across whenever either side's refs change.
 pub struct Watcher {
-    stop: Arc<AtomicBool>,
+    /// Dropping it wakes the thread at once (no waiting out the poll interval).
+    stop: Option<Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Drop for Watcher {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        drop(self.stop.take());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -85,13 +85,12 @@ impl Drop for Watcher {
 }
 
 pub fn watch(repo: PathBuf, clone: PathBuf, name: String, state: PathBuf) -> Watcher {
-    let stop = Arc::new(AtomicBool::new(false));
-    let flag = Arc::clone(&stop);
+    let (stop, stopped) = channel::<()>();
     let thread = std::thread::spawn(move || {
         let (repo_git, clone_git) = (repo.join(".git"), clone.join(".git"));
         let mut seen = (stamp(&repo_git), stamp(&clone_git));
-        while !flag.load(Ordering::Relaxed) {
-            std::thread::sleep(Duration::from_millis(300));
+        while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(Duration::from_millis(300))
+        {
             let now = (stamp(&repo_git), stamp(&clone_git));
             if now.1 != seen.1 {
                 let _ = fetch_into_repo(&repo, &name, &state);
@@ -107,7 +106,7 @@ pub fn watch(repo: PathBuf, clone: PathBuf, name: String, state: PathBuf) -> Wat
         let _ = fetch_into_repo(&repo, &name, &state);
     });
     Watcher {
-        stop,
+        stop: Some(stop),
         thread: Some(thread),
     }
 }
