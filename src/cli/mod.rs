@@ -270,13 +270,8 @@ pub fn run_plan(
         return Ok(crate::runtime::run(&plan, backend, interactive)?);
     };
     let start = std::time::Instant::now();
-    let summary = |exit_code: i32, plan: &eval::Plan| crate::runtime::Summary {
-        backend,
-        profile: plan.profile.clone(),
-        exit_code,
-        duration_ms: start.elapsed().as_millis(),
-        masked_paths: plan.masks.len(),
-        network: plan.network.mode,
+    let summary = |exit_code: i32, plan: &eval::Plan| {
+        crate::runtime::Summary::new(plan, backend, exit_code, start)
     };
     // While a session runs, the terminal's ^C and ^\ are for its command only.
     for sig in [Signal::SIGINT, Signal::SIGQUIT] {

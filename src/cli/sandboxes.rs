@@ -69,18 +69,7 @@ fn repo_dir(g: &Global) -> Result<PathBuf, Error> {
 }
 
 fn running(state: &Path) -> bool {
-    let Ok(f) = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(state.join("lock"))
-    else {
-        return false;
-    };
-    // SAFETY: flock on a descriptor we own; released when `f` closes.
-    unsafe {
-        use std::os::fd::AsRawFd;
-        libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) != 0
-    }
+    !session::is_free(&state.join("lock"))
 }
 
 fn ago(secs: u64) -> String {

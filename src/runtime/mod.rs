@@ -199,14 +199,20 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
             duration_ms: start.elapsed().as_millis() as u64,
         });
     }
-    Ok(Summary {
-        backend,
-        profile: plan.profile.clone(),
-        exit_code,
-        duration_ms: start.elapsed().as_millis(),
-        masked_paths: plan.masks.len(),
-        network: plan.network.mode,
-    })
+    Ok(Summary::new(plan, backend, exit_code, start))
+}
+
+impl Summary {
+    pub fn new(plan: &Plan, backend: Backend, exit_code: i32, start: Instant) -> Summary {
+        Summary {
+            backend,
+            profile: plan.profile.clone(),
+            exit_code,
+            duration_ms: start.elapsed().as_millis(),
+            masked_paths: plan.masks.len(),
+            network: plan.network.mode,
+        }
+    }
 }
 
 /// Signals sent to aisb that are meant for the sandbox.

@@ -132,18 +132,35 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), SessionError> {
 /// even when aisb is killed).
 pub struct Lock(#[allow(dead_code)] fs::File);
 
-pub fn lock(state: &Path, name: &str) -> Result<Lock, SessionError> {
-    fs::create_dir_all(state).map_err(io(format!("creating {}", state.display())))?;
-    let path = state.join("lock");
-    let mut f = fs::OpenOptions::new()
+fn open_lock_file(path: &Path) -> Result<fs::File, SessionError> {
+    fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .read(true)
         .write(true)
-        .open(&path)
-        .map_err(io(format!("opening {}", path.display())))?;
-    // SAFETY: flock on a descriptor we own.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        .open(path)
+        .map_err(io(format!("opening {}", path.display())))
+}
+
+fn flock(f: &fs::File, op: libc::c_int) -> bool {
+    // SAFETY: flock on a descriptor the caller owns.
+    unsafe { libc::flock(f.as_raw_fd(), op) == 0 }
+}
+
+/// Can the lock file at `path` be taken exclusively right now (nobody holds it)? A missing
+/// file counts as free. The probe's own hold ends when this returns.
+pub fn is_free(path: &Path) -> bool {
+    match fs::OpenOptions::new().read(true).write(true).open(path) {
+        Ok(f) => flock(&f, libc::LOCK_EX | libc::LOCK_NB),
+        Err(_) => true,
+    }
+}
+
+pub fn lock(state: &Path, name: &str) -> Result<Lock, SessionError> {
+    fs::create_dir_all(state).map_err(io(format!("creating {}", state.display())))?;
+    let path = state.join("lock");
+    let mut f = open_lock_file(&path)?;
+    if !flock(&f, libc::LOCK_EX | libc::LOCK_NB) {
         let holder = fs::read_to_string(&path).unwrap_or_default();
         return Err(SessionError::Busy(
             name.to_string(),
@@ -159,15 +176,8 @@ pub fn lock(state: &Path, name: &str) -> Result<Lock, SessionError> {
 /// owner stops it when it can take the lock exclusively (no session left).
 pub fn join(state: &Path) -> Result<Lock, SessionError> {
     let path = state.join("sessions");
-    let f = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .open(&path)
-        .map_err(io(format!("opening {}", path.display())))?;
-    // SAFETY: flock on a descriptor we own.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH) } != 0 {
+    let f = open_lock_file(&path)?;
+    if !flock(&f, libc::LOCK_SH) {
         return Err(SessionError::Io {
             what: format!("locking {}", path.display()),
             source: std::io::Error::last_os_error(),
@@ -178,15 +188,7 @@ pub fn join(state: &Path) -> Result<Lock, SessionError> {
 
 /// True when no session holds the sandbox (the caller must not hold one itself).
 pub fn no_sessions(state: &Path) -> bool {
-    let Ok(f) = fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(state.join("sessions"))
-    else {
-        return true;
-    };
-    // SAFETY: flock on a descriptor we own; released when `f` closes.
-    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+    is_free(&state.join("sessions"))
 }
 
 pub struct Session {
