@@ -532,3 +532,59 @@ fn backend_from_config_and_flag() {
         "the flag wins"
     );
 }
+
+/// `aisb test` attacks the configured sandbox from inside: every protection holds on both
+/// backends, and a sandbox that leaks ~/.ssh is reported (exit 1).
+#[test]
+fn aisb_test_reports_expected_against_observed() {
+    if !privileged() {
+        return;
+    }
+    for backend in BACKENDS {
+        let s = Sandbox::new();
+        let out = Out::from(
+            s.aisb()
+                .args(["test", "--json", "--backend", backend])
+                .env("GITHUB_TOKEN", "ghp_leaked_value")
+                .output()
+                .unwrap(),
+        );
+        assert_eq!(out.code, 0, "[{backend}] {}\n{}", out.stdout, out.stderr);
+        let checks: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+        let names: Vec<&str> = checks
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["check"].as_str().unwrap())
+            .collect();
+        for want in [
+            ".env",
+            "ignored.txt",
+            "vault/prod.yml",
+            "$GITHUB_TOKEN",
+            "seccomp",
+            "/.ssh",
+        ] {
+            assert!(
+                names.iter().any(|n| n.contains(want)),
+                "[{backend}] no check for {want}: {names:?}"
+            );
+        }
+        let leaky = Out::from(
+            s.aisb()
+                .args(["test", "--backend", backend])
+                .env("AISB_TEST_BREAK_ISOLATION", "ssh")
+                .output()
+                .unwrap(),
+        );
+        assert_eq!(leaky.code, 1, "[{backend}] {}", leaky.stdout);
+        assert!(
+            leaky
+                .stdout
+                .lines()
+                .any(|l| l.starts_with("FAIL") && l.contains("/.ssh")),
+            "[{backend}] {}",
+            leaky.stdout
+        );
+    }
+}

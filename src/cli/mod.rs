@@ -12,6 +12,7 @@ mod presets;
 mod proxy;
 mod run;
 mod sandboxes;
+mod selftest;
 mod setup_user;
 mod spec;
 mod tasks;
@@ -40,7 +41,8 @@ Examples:
   aisb up fix-42                 a named sandbox: its own shared clone, synced both ways
   aisb ls                        this repository's named sandboxes
   aisb rm fix-42                 remove one (refused while it has unsynced commits)
-  aisb gc                        remove what old and orphaned sandboxes left";
+  aisb gc                        remove what old and orphaned sandboxes left
+  aisb test                      attack the sandbox from inside: expected vs observed";
 
 #[derive(Debug, Parser)]
 #[command(name = "aisb", version, about = "Run AI coding agents and any command in a sandbox described by sandbox.kdl",
@@ -77,6 +79,8 @@ pub enum Command {
     Rm(sandboxes::RmArgs),
     Gc(sandboxes::GcArgs),
     Exec(sandboxes::ExecArgs),
+    #[command(name = "test")]
+    Test(selftest::Args),
     Stop(sandboxes::StopArgs),
     SetupUser(setup_user::Args),
     Completions(completions::Args),
@@ -121,6 +125,7 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
         Command::Rm(a) => sandboxes::rm(&g, a),
         Command::Gc(a) => sandboxes::gc(a),
         Command::Exec(a) => sandboxes::exec(&g, a),
+        Command::Test(a) => selftest::run(&g, a),
         Command::Stop(a) => sandboxes::stop(&g, a),
         Command::SetupUser(a) => setup_user::run(a),
         Command::Completions(a) => completions::run(a),

@@ -1,0 +1,242 @@
+//! `aisb test` (seed 002's `sandbox test`): attack the configured sandbox from inside and
+//! report, check by check, what was expected and what was observed.
+
+use std::process::{Command, Stdio};
+
+use serde::Serialize;
+
+use super::Global;
+use crate::eval::plan::{NetMode, Plan};
+use crate::runtime::Backend;
+use crate::Error;
+
+/// Check the sandbox's protections from inside: masked paths, writes outside, secrets in the
+/// environment, the network, capabilities and seccomp
+#[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Examples:
+  aisb test                       the default profile, on the default backend
+  aisb test --profile investigate --backend bwrap
+  aisb test --json                one object per check, for CI
+
+Exits 1 when any protection does not hold.")]
+pub struct Args {
+    #[arg(short, long)]
+    pub profile: Option<String>,
+    #[arg(long, value_enum)]
+    pub backend: Option<Backend>,
+    #[arg(long)]
+    pub json: bool,
+    /// Check at most this many masked paths (all by default)
+    #[arg(long)]
+    pub max_masks: Option<usize>,
+}
+
+#[derive(Debug, Serialize)]
+struct Check {
+    check: String,
+    expected: &'static str,
+    observed: String,
+    ok: bool,
+}
+
+/// Single-quote for sh.
+fn q(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+/// One probe per line: `KEY=status`; 0 means the attempt succeeded.
+fn script(plan: &Plan, max_masks: usize) -> (String, Vec<(String, String, bool)>) {
+    // (key, description, the attempt must fail)
+    let mut checks: Vec<(String, String, bool)> = Vec::new();
+    let mut s =
+        String::from("t() { k=$1; shift; \"$@\" >/dev/null 2>&1 </dev/null; echo \"$k=$?\"; }\n");
+    for (i, m) in plan.masks.iter().take(max_masks).enumerate() {
+        let key = format!("mask{i}");
+        let p = q(&m.path.to_string_lossy());
+        if m.dir {
+            // Readable contents or a successful write would both be a leak.
+            // Visible contents or write access would both be a leak (checked, never tried).
+            s.push_str(&format!(
+                "t {key} sh -c {}\n",
+                q(&format!(
+                    "test -n \"$(ls -A {p} 2>/dev/null)\" || test -w {p}"
+                ))
+            ));
+        } else {
+            s.push_str(&format!("t {key} cat {p}\n"));
+        }
+        checks.push((key, format!("read {} ({})", m.path.display(), m.rule), true));
+    }
+    let home = plan.identity.home.to_string_lossy().into_owned();
+    for (key, what, cmd) in [
+        (
+            "write_usr",
+            "write to /usr".to_string(),
+            "echo x > /usr/.aisb-test".to_string(),
+        ),
+        (
+            "write_etc",
+            "write to /etc".to_string(),
+            "echo x > /etc/.aisb-test".to_string(),
+        ),
+        (
+            "read_shadow",
+            "read /etc/shadow".to_string(),
+            "cat /etc/shadow".to_string(),
+        ),
+        (
+            "proc1_root",
+            "read /etc/shadow through /proc/1/root".to_string(),
+            "cat /proc/1/root/etc/shadow".to_string(),
+        ),
+        (
+            "ssh_dir",
+            format!("list {home}/.ssh"),
+            format!("test -n \"$(ls -A {}/.ssh 2>/dev/null)\"", q(&home)),
+        ),
+    ] {
+        s.push_str(&format!("t {key} sh -c {}\n", q(&cmd)));
+        checks.push((key.to_string(), what, true));
+    }
+    if plan.read_only {
+        let p = q(&plan.project.to_string_lossy());
+        s.push_str(&format!(
+            "t write_project sh -c {}\n",
+            q(&format!("test -w {p}"))
+        ));
+        checks.push((
+            "write_project".into(),
+            "write to the read-only project".into(),
+            true,
+        ));
+    }
+    // Secrets and denied names (a shell sets PWD, SHLVL, `_` by itself: those prove nothing).
+    let secrets = plan
+        .env
+        .dropped
+        .iter()
+        .filter(|d| d.reason.contains("secret") || d.reason.contains("deny"));
+    for (i, d) in secrets.enumerate() {
+        let key = format!("env{i}");
+        s.push_str(&format!(
+            "t {key} sh -c {}\n",
+            q(&format!("test -n \"${{{}+x}}\"", d.name))
+        ));
+        checks.push((key, format!("see ${} ({})", d.name, d.reason), true));
+    }
+    match plan.network.mode {
+        NetMode::None => {
+            s.push_str("t net_tcp sh -c 'exec 3<>/dev/tcp/192.0.2.1/443' \n");
+            checks.push((
+                "net_tcp".into(),
+                "a TCP connection out (network none)".into(),
+                true,
+            ));
+        }
+        NetMode::Allow => {
+            s.push_str(
+                "t net_unlisted sh -c 'curl -sf -m 5 -o /dev/null https://aisb-test.invalid/'\n",
+            );
+            checks.push((
+                "net_unlisted".into(),
+                "a domain not in the allowlist, through the proxy".into(),
+                true,
+            ));
+        }
+        NetMode::Host => {}
+    }
+    s.push_str("t caps sh -c 'grep -q \"^CapEff:[[:space:]]*0*$\" /proc/self/status'\n");
+    checks.push(("caps".into(), "no effective capabilities".into(), false));
+    s.push_str("t seccomp sh -c 'grep -q \"^Seccomp:[[:space:]]*2\" /proc/self/status'\n");
+    checks.push(("seccomp".into(), "seccomp filter in force".into(), false));
+    s.push_str("t nnp sh -c 'grep -q \"^NoNewPrivs:[[:space:]]*1\" /proc/self/status'\n");
+    checks.push(("nnp".into(), "no_new_privs set".into(), false));
+    (s, checks)
+}
+
+pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
+    let host = super::host()?;
+    let plan = g.plan(&host, a.profile.clone(), vec![])?;
+    let (probe, checks) = script(&plan, a.max_masks.unwrap_or(usize::MAX));
+    let exe = super::current_exe()?;
+    let mut cmd = Command::new(exe);
+    if let Some(f) = &g.file {
+        cmd.arg("-f").arg(f);
+    }
+    cmd.arg("run");
+    if let Some(p) = &a.profile {
+        cmd.args(["--profile", p]);
+    }
+    if let Some(b) = a.backend {
+        cmd.arg("--backend").arg(
+            clap::ValueEnum::to_possible_value(&b)
+                .map_or_else(String::new, |v| v.get_name().to_string()),
+        );
+    }
+    let out = cmd
+        .args(["--", "/bin/bash", "-c", &probe])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|source| Error::Io {
+            path: "aisb run".into(),
+            source,
+        })?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let status = |key: &str| {
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+            .map(str::to_string)
+    };
+    let results: Vec<Check> = checks
+        .into_iter()
+        .map(|(key, what, must_fail)| {
+            let got = status(&key);
+            let (observed, ok) = match (got.as_deref(), must_fail) {
+                (None, _) => ("did not run".to_string(), false),
+                (Some("0"), true) => ("SUCCEEDED".to_string(), false),
+                (Some(c), true) => (format!("refused ({c})"), true),
+                (Some("0"), false) => ("yes".to_string(), true),
+                (Some(c), false) => (format!("no ({c})"), false),
+            };
+            Check {
+                check: what,
+                expected: if must_fail { "refused" } else { "yes" },
+                observed,
+                ok,
+            }
+        })
+        .collect();
+    let failed = results.iter().filter(|c| !c.ok).count();
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&results).unwrap_or_default()
+        );
+    } else {
+        println!("{:<6} {:<70} {:<9} OBSERVED", "", "CHECK", "EXPECTED");
+        for c in &results {
+            println!(
+                "{:<6} {:<70} {:<9} {}",
+                if c.ok { "ok" } else { "FAIL" },
+                c.check,
+                c.expected,
+                c.observed
+            );
+        }
+        println!(
+            "{} checks, {failed} failed (profile {}, {} masked paths)",
+            results.len(),
+            plan.profile,
+            plan.masks.len()
+        );
+        if results.iter().all(|c| c.observed == "did not run") {
+            eprintln!(
+                "the sandbox did not run: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+    }
+    Ok(if failed == 0 { 0 } else { 1 })
+}
