@@ -15,6 +15,7 @@ pub mod proxy;
 pub mod runtime;
 pub mod session;
 pub mod spec;
+pub mod trust;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -57,6 +58,9 @@ pub enum Error {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Session(#[from] session::SessionError),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Trust(#[from] trust::TrustError),
     #[error("unknown task `{name}`")]
     #[diagnostic(help("{}", hint.as_ref().map_or_else(|| "`aisb tasks` lists the tasks in sandbox.kdl".to_string(), |h| format!("did you mean `{h}`?"))))]
     UnknownTask { name: String, hint: Option<String> },

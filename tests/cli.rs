@@ -386,7 +386,13 @@ fn decoded_config_cache_changes_nothing_visible() {
     let uncached = t.with(&["--no-cache", "plan", "--json", "--profile", "p"]);
     let warm = t.with(&["plan", "--json", "--profile", "p"]);
     assert_eq!(uncached.code, 0, "{}", uncached.stderr);
-    assert_eq!(uncached.stdout, warm.stdout);
+    // The same plan, except whether the project scan came from its own cache.
+    let without_scan_cache = |json: &str| {
+        let mut v: serde_json::Value = serde_json::from_str(json).unwrap();
+        v["scan"]["cached"] = serde_json::Value::Null;
+        v
+    };
+    assert_eq!(without_scan_cache(&uncached.stdout), without_scan_cache(&warm.stdout));
     // An entry is named by the text: an edited file is decoded again.
     std::fs::write(t.proj().join("extra.kdl"), "block \"*.key\"\n").unwrap();
     std::fs::write(t.proj().join("a.key"), "k").unwrap();
@@ -404,4 +410,68 @@ fn decoded_config_cache_changes_nothing_visible() {
 #[test]
 fn command_line_definition_is_consistent() {
     <aisb::cli::Cli as clap::CommandFactory>::command().debug_assert();
+}
+
+/// A sandbox.kdl that loosens the defaults runs only once trusted: refused without a
+/// terminal (naming what it loosens), asked once on a terminal and pinned to the file's text,
+/// asked again when the file changes; `--trust` runs it (CI).
+#[test]
+fn a_loosening_config_must_be_trusted() {
+    let t = Test::new().file(
+        "sandbox.kdl",
+        "network {\n    allow \"api.example.com\"\n}\n",
+    );
+    let _ = std::process::Command::new("git")
+        .args(["init", "-q"])
+        .current_dir(t.proj())
+        .status();
+    let refused = t.with(&["run", "--backend", "bwrap", "--", "true"]);
+    assert_eq!(refused.code, 1);
+    assert!(
+        refused.stderr.contains("loosens the sandbox")
+            && refused.stderr.contains("api.example.com"),
+        "{}",
+        refused.stderr
+    );
+    if !nix::unistd::geteuid().is_root() {
+        return; // running a sandbox below needs root on this host
+    }
+    let trusted_once = t.with(&["--trust", "run", "--backend", "bwrap", "--", "true"]);
+    assert_eq!(trusted_once.code, 0, "{}", trusted_once.stderr);
+    // On a terminal (`script` gives one), aisb asks; "y" pins this text.
+    let cmd = format!(
+        "{} run --backend bwrap -- echo ran",
+        env!("CARGO_BIN_EXE_aisb")
+    );
+    let asked = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("echo y | script -qec '{cmd}' /dev/null"))
+        .current_dir(t.proj())
+        .env("HOME", t.dir.path().join("home"))
+        .env("XDG_CACHE_HOME", t.dir.path().join("cache"))
+        .output()
+        .unwrap();
+    let asked_out = String::from_utf8_lossy(&asked.stdout);
+    assert!(
+        asked_out.contains("Trust this configuration") && asked_out.contains("ran"),
+        "{asked_out}"
+    );
+    let pinned = t.with(&["run", "--backend", "bwrap", "--", "true"]);
+    assert_eq!(
+        pinned.code, 0,
+        "trusted text runs without asking: {}",
+        pinned.stderr
+    );
+    std::fs::write(
+        t.proj().join("sandbox.kdl"),
+        "network {\n    allow \"evil.example.com\"\n}\n",
+    )
+    .unwrap();
+    let changed = t.with(&["run", "--backend", "bwrap", "--", "true"]);
+    assert_eq!(changed.code, 1, "a changed file asks again");
+    assert!(
+        changed.stderr.contains("evil.example.com"),
+        "{}",
+        changed.stderr
+    );
 }

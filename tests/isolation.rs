@@ -347,7 +347,7 @@ fn copy_on_write_config_never_reaches_the_host() {
             chown_r(s.root(), uid, gid);
         }
         let script = "echo sandbox > ~/.claude/settings.json; echo new > ~/.claude/new.txt; cat ~/.claude/settings.json";
-        let o = s.run("libcontainer", &[], script);
+        let o = s.run("libcontainer", &["--trust"], script);
         assert_eq!(o.code, 0, "[{user:?}] {}\n{}", o.stdout, o.stderr);
         assert_eq!(o.stdout, "sandbox\n");
         assert_eq!(
@@ -356,14 +356,14 @@ fn copy_on_write_config_never_reaches_the_host() {
         );
         assert!(!s.root().join("home/.claude/new.txt").exists());
         // The next run sees its own earlier writes (the upper dir is kept in the sandbox's state).
-        let o = s.run("libcontainer", &[], "cat ~/.claude/new.txt");
+        let o = s.run("libcontainer", &["--trust"], "cat ~/.claude/new.txt");
         assert_eq!(o.stdout, "new\n", "[{user:?}] {}", o.stderr);
     }
     let s = Sandbox::new();
     std::fs::create_dir_all(s.root().join("home/.claude")).unwrap();
     s.write("sandbox.kdl", "import \"preset:claude\"\n");
     // bwrap cannot mount overlayfs: it refuses, naming the mount, instead of sharing the dir.
-    let o = s.run("bwrap", &[], "true");
+    let o = s.run("bwrap", &["--trust"], "true");
     assert_eq!(o.code, 1);
     assert!(
         o.stderr

@@ -158,7 +158,17 @@ fn run(dir: &Path, backend: &str, user: Option<(u32, u32)>, resolve: &str, scrip
         None => Command::new(env!("CARGO_BIN_EXE_aisb")),
     };
     let out = cmd
-        .args(["run", "--backend", backend, "--", "/bin/sh", "-c", script])
+        // As CI does: this test's sandbox.kdl loosens the defaults (see tests/cli.rs for trust).
+        .args([
+            "--trust",
+            "run",
+            "--backend",
+            backend,
+            "--",
+            "/bin/sh",
+            "-c",
+            script,
+        ])
         .current_dir(dir.join("proj"))
         .env_clear()
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")

@@ -58,6 +58,10 @@ pub struct Cli {
     /// Rescan the project even when the cached scan is still valid
     #[arg(long, global = true)]
     pub no_cache: bool,
+    /// Run even if sandbox.kdl loosens the defaults and has not been trusted yet (CI); on a
+    /// terminal aisb asks once per version of the file instead
+    #[arg(long, global = true)]
+    pub trust: bool,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -108,6 +112,7 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
     let g = Global {
         file: cli.file.clone(),
         no_cache: cli.no_cache,
+        trust: cli.trust,
     };
     match cli.command {
         Command::Init(a) => init::run(&g, a),
@@ -138,6 +143,8 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
 pub struct Global {
     pub file: Option<PathBuf>,
     pub no_cache: bool,
+    /// `--trust`: a loosening sandbox.kdl may run without asking.
+    pub trust: bool,
 }
 
 /// The caller, as the evaluator sees it.
@@ -264,12 +271,14 @@ fn running_init(plan: &eval::Plan) -> Option<i32> {
 /// included, joins it: the first `aisb` to start it owns it (its network proxy, the sync
 /// watcher) and stops it once no session is left; later ones just join.
 pub fn run_plan(
+    g: &Global,
     mut plan: eval::Plan,
     sandbox: Option<&str>,
     backend: Option<crate::runtime::Backend>,
     interactive: bool,
 ) -> Result<crate::runtime::Summary, Error> {
     use nix::sys::signal::{signal, SigHandler, Signal};
+    crate::trust::check(&plan, &host()?.config_home(), g.trust)?;
     let backend = crate::runtime::Backend::choose(backend, plan.backend.as_deref());
     let Some(name) = sandbox else {
         return Ok(crate::runtime::run(&plan, backend, interactive)?);

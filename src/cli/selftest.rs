@@ -159,11 +159,14 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     let host = super::host()?;
     let plan = g.plan(&host, a.profile.clone(), vec![])?;
     let (probe, checks) = script(&plan, a.max_masks.unwrap_or(usize::MAX));
+    // Asked here, on the terminal, if at all: the run below has none.
+    crate::trust::check(&plan, &host.config_home(), g.trust)?;
     let exe = super::current_exe()?;
     let mut cmd = Command::new(exe);
     if let Some(f) = &g.file {
         cmd.arg("-f").arg(f);
     }
+    cmd.arg("--trust");
     cmd.arg("run");
     if let Some(p) = &a.profile {
         cmd.args(["--profile", p]);

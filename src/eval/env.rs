@@ -155,6 +155,11 @@ pub struct EnvPolicy<'a> {
     pub forced: &'a [(&'static str, String)],
 }
 
+/// Does this variable name look like a secret (the built-in patterns)?
+pub fn looks_secret(name: &str) -> bool {
+    Names::new(SECRET_PATTERNS).is_match(name.to_ascii_uppercase())
+}
+
 pub fn filter(host_env: &BTreeMap<String, String>, p: &EnvPolicy<'_>) -> Env {
     let deny = Names::new(p.deny);
     let allow = Names::new(p.allow);

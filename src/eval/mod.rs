@@ -75,6 +75,9 @@ impl Host {
     pub fn cache_home(&self) -> PathBuf {
         PathBuf::from(self.xdg("XDG_CACHE_HOME", ".cache"))
     }
+    pub fn config_home(&self) -> PathBuf {
+        PathBuf::from(self.xdg("XDG_CONFIG_HOME", ".config"))
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -1011,11 +1014,27 @@ fn resolve(
     }
     let mut profile_list: Vec<String> = profiles.keys().map(|s| s.to_string()).collect();
     profile_list.sort();
+    let config_digest = cx
+        .loaded
+        .sources
+        .iter()
+        .any(|src| src.path.is_some())
+        .then(|| {
+            let mut h = Sha256::new();
+            for src in cx.loaded.sources.iter().filter(|src| src.path.is_some()) {
+                h.update(src.name.as_bytes());
+                h.update([0]);
+                h.update(src.text.as_bytes());
+                h.update([0]);
+            }
+            format!("{:x}", h.finalize())
+        });
     Ok(Plan {
         config_file: match &cx.loaded.root_kind {
             Root::File(p) | Root::Text { path: p, .. } => Some(p.clone()),
             Root::Default { .. } => None,
         },
+        config_digest,
         profile: profile_name,
         backend: s.backend.as_ref().map(|b| b.value.clone()),
         project,

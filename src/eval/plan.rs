@@ -11,6 +11,10 @@ pub use crate::config::model::{Access, NetMode};
 pub struct Plan {
     /// The config file used, `None` when the embedded default applied.
     pub config_file: Option<PathBuf>,
+    /// sha256 of every configuration file read from disk (the root and its imports), for
+    /// pinning trust in exactly that text. None with the embedded default.
+    #[serde(skip)]
+    pub config_digest: Option<String>,
     pub profile: String,
     /// The runtime the configuration prefers, if it names one.
     pub backend: Option<String>,

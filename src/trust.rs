@@ -1,0 +1,151 @@
+//! A checked-in `sandbox.kdl` is untrusted input: whoever wrote it may widen what the sandbox
+//! can reach. Before a sandbox runs under a configuration that loosens the defaults (a network
+//! allowlist or host network, host paths, a visible home, secret-looking variables passed
+//! in), aisb shows what it loosens and asks once. The answer is pinned to the exact text of
+//! the configuration (every file read from disk) in `$XDG_CONFIG_HOME/aisb/trust/`; a changed
+//! file asks again. Without a terminal it refuses, unless `--trust` says yes (CI).
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::PathBuf;
+
+use sha2::{Digest, Sha256};
+
+use crate::eval::plan::{MountKind, NetMode, Plan};
+
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum TrustError {
+    #[error("{file} loosens the sandbox and has not been trusted:\n{list}")]
+    #[diagnostic(help(
+        "run once on a terminal to review and trust it, or pass `--trust` (CI) if you trust this file"
+    ))]
+    Untrusted { file: String, list: String },
+    #[error("not trusted: nothing was run")]
+    #[diagnostic(help("review {file}; `aisb plan` shows everything it does"))]
+    Declined { file: String },
+    #[error("cannot record the trust decision in {path}: {source}")]
+    #[diagnostic(help("check that $XDG_CONFIG_HOME (default ~/.config) is writable"))]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// What `plan` allows beyond aisb's defaults, one line each.
+pub fn loosenings(plan: &Plan) -> Vec<String> {
+    let mut out = Vec::new();
+    match plan.network.mode {
+        NetMode::Host => out.push("network \"host\": no network isolation at all".to_string()),
+        NetMode::Allow if !plan.network.allow.is_empty() => out.push(format!(
+            "network reaches {} domain rule(s): {}",
+            plan.network.allow.len(),
+            plan.network.allow.join(", ")
+        )),
+        _ => {}
+    }
+    if !plan.network.localhost_ports.is_empty() {
+        let ports: Vec<String> = plan
+            .network
+            .localhost_ports
+            .iter()
+            .map(u16::to_string)
+            .collect();
+        out.push(format!(
+            "host loopback ports reachable: {}",
+            ports.join(", ")
+        ));
+    }
+    for m in &plan.mounts {
+        let configured = m.why.starts_with("mount at ");
+        let home = m.target == plan.identity.home && !matches!(m.kind, MountKind::Tmpfs { .. });
+        if !(configured || home) {
+            continue;
+        }
+        let access = match &m.kind {
+            MountKind::Bind { writable: true, .. } => "read-write",
+            MountKind::Bind { .. } => "read-only",
+            MountKind::Overlay { .. } | MountKind::Copy { .. } => "copy-on-write",
+            MountKind::Tmpfs { .. } => continue,
+        };
+        out.push(format!(
+            "{} visible {access} ({})",
+            m.target.display(),
+            m.why
+        ));
+    }
+    let secrets: Vec<&str> = plan
+        .env
+        .vars
+        .iter()
+        .map(|(k, _)| k.as_str())
+        .filter(|k| crate::eval::env::looks_secret(k))
+        .filter(|k| !crate::proxy::sandbox_env().iter().any(|(p, _)| p == k))
+        .collect();
+    if !secrets.is_empty() {
+        out.push(format!(
+            "secret-looking variables passed in: {}",
+            secrets.join(", ")
+        ));
+    }
+    out
+}
+
+fn trust_file(plan: &Plan, config_home: &std::path::Path) -> Option<PathBuf> {
+    let file = plan.config_file.as_ref()?;
+    let key: String = Sha256::digest(file.as_os_str().as_encoded_bytes())
+        .iter()
+        .take(16)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Some(config_home.join("aisb/trust").join(key))
+}
+
+/// Refuse (or ask) before running `plan` when its configuration loosens the defaults and this
+/// exact text has not been trusted. `assume_yes`: `--trust`.
+pub fn check(
+    plan: &Plan,
+    config_home: &std::path::Path,
+    assume_yes: bool,
+) -> Result<(), TrustError> {
+    let (Some(digest), Some(path)) = (&plan.config_digest, trust_file(plan, config_home)) else {
+        return Ok(()); // the embedded default: nothing to trust
+    };
+    let list = loosenings(plan);
+    if list.is_empty() || assume_yes {
+        return Ok(());
+    }
+    if std::fs::read_to_string(&path).is_ok_and(|t| t.lines().next() == Some(digest.as_str())) {
+        return Ok(());
+    }
+    let file = plan
+        .config_file
+        .as_ref()
+        .map_or_else(String::new, |f| f.display().to_string());
+    let listed: String = list.iter().map(|l| format!("  - {l}\n")).collect();
+    let stdin = std::io::stdin();
+    if !stdin.is_terminal() {
+        return Err(TrustError::Untrusted {
+            file,
+            list: listed.trim_end().to_string(),
+        });
+    }
+    let mut err = std::io::stderr();
+    let _ = write!(
+        err,
+        "{file} loosens the sandbox:\n{listed}Trust this configuration (until it changes)? [y/N] "
+    );
+    let _ = err.flush();
+    let mut answer = String::new();
+    let _ = stdin.lock().read_line(&mut answer);
+    if !matches!(answer.trim(), "y" | "Y" | "yes") {
+        return Err(TrustError::Declined { file });
+    }
+    let io = |source| TrustError::Io {
+        path: path.clone(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
+    std::fs::write(&path, format!("{digest}\n{file}\n")).map_err(io)?;
+    Ok(())
+}
