@@ -392,7 +392,10 @@ fn decoded_config_cache_changes_nothing_visible() {
         v["scan"]["cached"] = serde_json::Value::Null;
         v
     };
-    assert_eq!(without_scan_cache(&uncached.stdout), without_scan_cache(&warm.stdout));
+    assert_eq!(
+        without_scan_cache(&uncached.stdout),
+        without_scan_cache(&warm.stdout)
+    );
     // An entry is named by the text: an edited file is decoded again.
     std::fs::write(t.proj().join("extra.kdl"), "block \"*.key\"\n").unwrap();
     std::fs::write(t.proj().join("a.key"), "k").unwrap();

@@ -62,6 +62,24 @@ impl Repo {
     fn run(&self, args: &[&str]) -> Out {
         Out::from(self.aisb().args(args).output().unwrap())
     }
+    /// A session of sandbox `name` running `script` (sh, or bash for `exec -a`) in the
+    /// background: the sandbox's owner.
+    fn spawn(&self, backend: &str, name: &str, shell: &str, script: &str) -> std::process::Child {
+        self.aisb()
+            .args([
+                "run",
+                "--backend",
+                backend,
+                "--sandbox",
+                name,
+                "--",
+                shell,
+                "-c",
+                script,
+            ])
+            .spawn()
+            .unwrap()
+    }
 }
 
 const INSIDE: &str = r#"
@@ -181,21 +199,7 @@ fn commits_reach_the_host_while_the_session_runs_and_a_second_session_joins_it()
         return;
     }
     let r = Repo::new();
-    let mut session = r
-        .aisb()
-        .args([
-            "run",
-            "--backend",
-            "bwrap",
-            "--sandbox",
-            "live",
-            "--",
-            "/bin/sh",
-            "-c",
-        ])
-        .arg("echo first > /tmp/marker; echo x >> README; git -c user.name=a -c user.email=a@a commit -qam live; sleep 8")
-        .spawn()
-        .unwrap();
+    let mut session = r.spawn("bwrap", "live", "/bin/sh", "echo first > /tmp/marker; echo x >> README; git -c user.name=a -c user.email=a@a commit -qam live; sleep 8");
     let deadline = Instant::now() + Duration::from_secs(7);
     let mut seen = false;
     let mut second = None;
@@ -298,21 +302,12 @@ fn the_last_session_keeps_the_sandbox_up() {
     }
     for backend in ["bwrap", "libcontainer"] {
         let r = Repo::new();
-        let mut first = r
-            .aisb()
-            .args([
-                "run",
-                "--backend",
-                backend,
-                "--sandbox",
-                "pair",
-                "--",
-                "/bin/sh",
-                "-c",
-            ])
-            .arg("echo kept > /tmp/shared; sleep 1; exit 3")
-            .spawn()
-            .unwrap();
+        let mut first = r.spawn(
+            backend,
+            "pair",
+            "/bin/sh",
+            "echo kept > /tmp/shared; sleep 1; exit 3",
+        );
         // Wait until the first aisb owns the sandbox, then join as soon as it is up (until
         // then a session is refused as busy).
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -354,21 +349,7 @@ fn exec_and_stop() {
         return;
     }
     let r = Repo::new();
-    let mut owner = r
-        .aisb()
-        .args([
-            "run",
-            "--backend",
-            "bwrap",
-            "--sandbox",
-            "svc",
-            "--",
-            "/bin/sh",
-            "-c",
-            "echo up > /tmp/up; sleep 30",
-        ])
-        .spawn()
-        .unwrap();
+    let mut owner = r.spawn("bwrap", "svc", "/bin/sh", "echo up > /tmp/up; sleep 30");
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut out = None;
     while Instant::now() < deadline {
