@@ -478,3 +478,29 @@ fn a_loosening_config_must_be_trusted() {
         changed.stderr
     );
 }
+
+#[test]
+fn presets_list_and_show() {
+    let t = Test::new();
+    let list = t.with(&["presets"]);
+    for p in ["claude", "codex", "aider", "opencode", "gemini"] {
+        assert!(list.stdout.lines().any(|l| l == p), "{}", list.stdout);
+    }
+    let shown = t.with(&["presets", "show", "claude"]);
+    assert_eq!(shown.code, 0);
+    assert!(
+        shown
+            .stdout
+            .contains("mount \"~/.claude\" access=\"overlay\""),
+        "{}",
+        shown.stdout
+    );
+    assert_eq!(t.with(&["presets", "claude"]).stdout, shown.stdout);
+    let unknown = t.with(&["presets", "show", "claud"]);
+    assert_eq!(unknown.code, 1);
+    assert!(
+        unknown.stderr.contains("did you mean `claude`"),
+        "{}",
+        unknown.stderr
+    );
+}
