@@ -440,3 +440,41 @@ fn backend_preference() {
         "{e}"
     );
 }
+
+/// Seed 003's pass-list: only the named keys of a dotenv file the user names enter the
+/// sandbox, whatever else the file holds; a key the file lacks is an error at its span.
+#[test]
+fn env_from_file_passes_only_the_named_keys() {
+    let f = Fixture::new();
+    f.write(
+        ".env.agent",
+        "# for the agent\nOPENAI_API_KEY=\"sk-from-file\"\nDATABASE_URL=postgres://x\n",
+    );
+    let plan = f.plan(
+        "env {\n    from-file \".env.agent\" \"OPENAI_API_KEY\"\n}\n",
+        None,
+    );
+    let vars: std::collections::BTreeMap<_, _> = plan.env.vars.iter().cloned().collect();
+    assert_eq!(
+        vars.get("OPENAI_API_KEY").map(String::as_str),
+        Some("sk-from-file")
+    );
+    assert!(!vars.contains_key("DATABASE_URL"));
+    let e = f
+        .eval(
+            "env {\n    from-file \".env.agent\" \"STRIPE_KEY\"\n}\n",
+            None,
+        )
+        .unwrap_err();
+    assert!(
+        e.contains("`STRIPE_KEY` is not in") && e.contains("sandbox.kdl:2:"),
+        "{e}"
+    );
+    let e = f
+        .eval("env {\n    from-file \"missing.env\" \"A\"\n}\n", None)
+        .unwrap_err();
+    assert!(
+        e.contains("cannot read") && e.contains("missing.env"),
+        "{e}"
+    );
+}

@@ -411,7 +411,15 @@ impl Decoder<'_> {
         self.args(node, 0, 0, "");
         for child in self.children(
             node,
-            &["inherit", "filter-secrets", "allow", "deny", "pass", "set"],
+            &[
+                "inherit",
+                "filter-secrets",
+                "allow",
+                "deny",
+                "pass",
+                "set",
+                "from-file",
+            ],
         ) {
             self.only_props(child, &[]);
             self.no_children(child);
@@ -453,6 +461,35 @@ impl Decoder<'_> {
                             _ => env.pass.push(name),
                         }
                     }
+                }
+                "from-file" => {
+                    let a = self.args(
+                        child,
+                        2,
+                        usize::MAX,
+                        "a dotenv file, then the keys to take from it",
+                    );
+                    let Some(file) = a.first().and_then(|e| self.string(e)) else {
+                        continue;
+                    };
+                    let mut keys = Vec::new();
+                    for e in &a[1..] {
+                        let Some(k) = self.string(e) else { continue };
+                        if is_env_name(&k.value) {
+                            keys.push(k);
+                        } else {
+                            self.err(
+                                e.span(),
+                                format!("`{}` is not a valid variable name", k.value),
+                                "invalid name",
+                                Some(
+                                    "name each key to take from the file: letters, digits and `_`"
+                                        .into(),
+                                ),
+                            );
+                        }
+                    }
+                    env.from_file.push((file, keys));
                 }
                 "set" => {
                     let a = self.args(child, 2, 2, "a name and a value");

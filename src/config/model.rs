@@ -202,6 +202,8 @@ pub struct EnvCfg {
     pub deny: Vec<S<String>>,
     pub pass: Vec<S<String>>,
     pub set: Vec<(S<String>, S<String>)>,
+    /// `from-file ".env" "KEY" …`: only these keys' values, read from that dotenv file.
+    pub from_file: Vec<(S<String>, Vec<S<String>>)>,
 }
 
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]

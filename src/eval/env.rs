@@ -155,6 +155,27 @@ pub struct EnvPolicy<'a> {
     pub forced: &'a [(&'static str, String)],
 }
 
+/// `KEY=value` lines of a dotenv file: `export ` allowed, comments and blank lines skipped,
+/// values unquoted when wrapped in matching single or double quotes.
+pub fn parse_dotenv(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .filter_map(|line| {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                return None;
+            }
+            let line = line.strip_prefix("export ").unwrap_or(line);
+            let (k, v) = line.split_once('=')?;
+            let v = v.trim();
+            let v = ['"', '\'']
+                .iter()
+                .find_map(|q| v.strip_prefix(*q).and_then(|r| r.strip_suffix(*q)))
+                .unwrap_or(v);
+            Some((k.trim().to_string(), v.to_string()))
+        })
+        .collect()
+}
+
 /// Does this variable name look like a secret (the built-in patterns)?
 pub fn looks_secret(name: &str) -> bool {
     Names::new(SECRET_PATTERNS).is_match(name.to_ascii_uppercase())
@@ -208,6 +229,16 @@ pub fn filter(host_env: &BTreeMap<String, String>, p: &EnvPolicy<'_>) -> Env {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dotenv_lines() {
+        let v = parse_dotenv("# c\nA=1\nexport B = \"two words\"\n\nC='x'\nnot a line\nD=\n");
+        assert_eq!(
+            v,
+            [("A", "1"), ("B", "two words"), ("C", "x"), ("D", "")]
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+        );
+    }
 
     #[test]
     fn wildcards_agree_with_globset() {

@@ -75,6 +75,9 @@ pub fn merge(
     base.env.deny.extend(over.env.deny.iter().cloned());
     base.env.pass.extend(over.env.pass.iter().cloned());
     base.env.set.extend(over.env.set.iter().cloned());
+    base.env
+        .from_file
+        .extend(over.env.from_file.iter().cloned());
 
     scalar(&mut base.network.mode, &over.network.mode);
     base.network

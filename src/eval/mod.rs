@@ -709,12 +709,39 @@ fn resolve(
     mounts.sort_by_key(|m| m.target.components().count());
 
     // ---- env -------------------------------------------------------------------------------
-    let set: Vec<(String, String)> = s
-        .env
-        .set
-        .iter()
-        .filter_map(|(k, v)| Some((k.value.clone(), expand(cx, v)?)))
-        .collect();
+    let mut set: Vec<(String, String)> = Vec::new();
+    // Seed 003's pass-list: only the named keys of a dotenv file the user names enter.
+    for (file, keys) in &s.env.from_file {
+        let Some(p) = path(cx, file) else { continue };
+        match std::fs::read_to_string(&p) {
+            Ok(text) => {
+                let values = env::parse_dotenv(&text);
+                for k in keys {
+                    match values.iter().find(|(name, _)| *name == k.value) {
+                        Some((_, v)) => set.push((k.value.clone(), v.clone())),
+                        None => cx.err(
+                            k.loc,
+                            format!("`{}` is not in {}", k.value, p.display()),
+                            "no such key",
+                            Some("name keys the file defines (`KEY=value` lines)".into()),
+                        ),
+                    }
+                }
+            }
+            Err(e) => cx.err(
+                file.loc,
+                format!("cannot read {}: {e}", p.display()),
+                "this file",
+                Some("the path is relative to the project root".into()),
+            ),
+        }
+    }
+    set.extend(
+        s.env
+            .set
+            .iter()
+            .filter_map(|(k, v)| Some((k.value.clone(), expand(cx, v)?))),
+    );
     let forced = [
         ("HOME", home.to_string_lossy().into_owned()),
         ("USER", identity.name.clone()),
