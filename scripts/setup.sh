@@ -21,6 +21,8 @@ command -v depmod >/dev/null 2>&1 || [ -x /usr/sbin/depmod ] || [ -x /sbin/depmo
 command -v xz >/dev/null 2>&1 || need="$need xz-utils"
 # fish: named sandboxes give fish users fish (seed 004), tested for real.
 command -v fish >/dev/null 2>&1 || need="$need fish"
+# node + npm: the real agent clients (Claude Code, Codex) the agent tests run inside presets.
+command -v npm >/dev/null 2>&1 || need="$need nodejs npm"
 command -v cargo >/dev/null 2>&1 || { echo "setup: cargo not found; install Rust (rustup) first" >&2; exit 1; }
 if [ -n "$need" ]; then
     if [ "$(id -u)" -eq 0 ]; then sudo=""; elif command -v sudo >/dev/null 2>&1; then sudo="sudo"; else
@@ -29,4 +31,10 @@ if [ -n "$need" ]; then
     echo "setup: installing$need" >&2
     $sudo apt-get update -qq >/dev/null
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends $need >/dev/null
+fi
+if ! command -v claude >/dev/null 2>&1 || ! command -v codex >/dev/null 2>&1; then
+    if [ "$(id -u)" -eq 0 ]; then sudo=""; else sudo="sudo"; fi
+    echo "setup: installing the agent clients claude and codex (npm)" >&2
+    $sudo npm install -g --silent @anthropic-ai/claude-code @openai/codex >/dev/null 2>&1 ||
+        echo "setup: npm could not install claude/codex; tests/agents.rs will say it skipped" >&2
 fi
