@@ -34,6 +34,11 @@ fn claude_and_codex_run_in_their_presets_and_their_writes_stay_inside() {
         return;
     }
     if !installed("claude") || !installed("codex") {
+        // CI runs scripts/setup.sh, which installs them: there, missing is a failure.
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "claude or codex is not installed: scripts/setup.sh should have installed them"
+        );
         eprintln!(
             "skipped: claude or codex is not installed (scripts/setup.sh installs them from npm)"
         );
