@@ -362,6 +362,28 @@ fn exec_and_stop() {
     }
     let out = out.expect("aisb exec never reached the running sandbox");
     assert_eq!(out.stdout, "up\n");
+    // On a terminal, a session gets a pseudo-terminal of its own, in a session of its own
+    // (`script` gives this test a terminal).
+    let cmd = format!(
+        "{} exec svc -- sh -c 'test -t 0 && echo tty=yes; test \"$(ps -o sid= -p $$ | tr -d \" \")\" = $$ && echo own_session=yes'",
+        env!("CARGO_BIN_EXE_aisb")
+    );
+    let tty = Out::from(
+        Command::new("script")
+            .args(["-qec", &cmd, "/dev/null"])
+            .current_dir(r.repo())
+            .env("HOME", r.path().join("home"))
+            .env("XDG_CACHE_HOME", r.path().join("cache"))
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap(),
+    );
+    assert!(
+        tty.stdout.contains("tty=yes") && tty.stdout.contains("own_session=yes"),
+        "{}\n{}",
+        tty.stdout,
+        tty.stderr
+    );
     let stop = r.run(&["stop", "svc"]);
     assert_eq!(stop.code, 0, "{}", stop.stderr);
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -2,7 +2,7 @@
 //! Backends share one spec (see `spec`); each lives in its own crate under `runtimes/`.
 
 mod bwrap;
-mod console;
+pub(crate) mod console;
 mod libcontainer;
 pub mod net;
 pub mod rootless;

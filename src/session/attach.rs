@@ -3,7 +3,8 @@
 //! the same hardening as the init (no capabilities, no_new_privs, the seccomp filter) and run
 //! the command there. Works on both backends and rootless: the sandbox's user namespace is
 //! owned by the caller, so joining it gives the capabilities the other joins need, and they
-//! are all dropped before the command runs.
+//! are all dropped before the command runs. On a terminal the session gets a pseudo-terminal
+//! of its own (its controlling terminal, in a new session), never the caller's.
 
 use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
@@ -73,6 +74,14 @@ pub fn attach(pid: i32, command: &[String]) -> Result<i32, SessionError> {
         });
     }
     let cwd = CString::new(cwd.as_os_str().as_bytes()).unwrap_or_else(|_| c"/".into());
+    let pty = if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+        Some(nix::pty::openpty(None, None).map_err(|e| SessionError::Io {
+            what: "opening a pseudo-terminal for the session".into(),
+            source: e.into(),
+        })?)
+    } else {
+        None
+    };
     // SAFETY: this process is single-threaded here (see above); the child only makes system
     // calls and allocates before its own exec.
     match unsafe { fork() }.map_err(|e| SessionError::Io {
@@ -83,11 +92,41 @@ pub fn attach(pid: i32, command: &[String]) -> Result<i32, SessionError> {
             // If this aisb dies (even by SIGKILL), its session ends too: nothing stays behind
             // holding the sandbox up.
             let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
-            let code = join_and_run(&ns, &cwd, &argv, &env);
+            let slave = pty.map(|p| {
+                drop(p.master);
+                p.slave
+            });
+            let code = join_and_run(&ns, &cwd, &argv, &env, slave.as_ref());
             // SAFETY: leaving the forked child without running the parent's destructors.
             unsafe { libc::_exit(code) }
         }
-        ForkResult::Parent { child } => Ok(wait_code(child)),
+        ForkResult::Parent { child } => {
+            let Some(pty) = pty else {
+                return Ok(wait_code(child));
+            };
+            drop(pty.slave);
+            let master = pty.master;
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&master);
+            crate::runtime::console::sync_size(fd);
+            let raw = crate::runtime::console::RawMode::enter();
+            // Window size changes follow the caller's terminal.
+            let mut winch = nix::sys::signal::SigSet::empty();
+            winch.add(nix::sys::signal::Signal::SIGWINCH);
+            let _ = winch.thread_block();
+            std::thread::spawn(move || loop {
+                if winch.wait().is_ok() {
+                    crate::runtime::console::sync_size(fd);
+                }
+            });
+            let output = crate::runtime::console::proxy(master).map_err(|e| SessionError::Io {
+                what: "connecting the session's terminal".into(),
+                source: e,
+            })?;
+            let code = wait_code(child);
+            let _ = output.join();
+            drop(raw);
+            Ok(code)
+        }
     }
 }
 
@@ -108,6 +147,7 @@ fn join_and_run(
     cwd: &CString,
     argv: &[CString],
     env: &[CString],
+    tty: Option<&OwnedFd>,
 ) -> i32 {
     for (fd, flag) in ns {
         if let Err(e) = setns(fd.as_fd(), *flag) {
@@ -134,6 +174,21 @@ fn join_and_run(
                     unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigDfl) };
             }
             let _ = nix::sys::signal::SigSet::all().thread_unblock();
+            if let Some(tty) = tty {
+                // A session of its own, with the pseudo-terminal as its controlling terminal.
+                let _ = nix::unistd::setsid();
+                // SAFETY: TIOCSCTTY on a terminal descriptor we hold.
+                unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(tty), libc::TIOCSCTTY, 0) };
+                let fd = std::os::fd::AsRawFd::as_raw_fd(tty);
+                for target in 0..3 {
+                    let _ = nix::unistd::dup2(fd, target);
+                }
+                if fd > 2 {
+                    // SAFETY: the command gets the terminal as 0-2 only; this process execs
+                    // next, so the OwnedFd is never dropped (no double close).
+                    unsafe { libc::close(fd) };
+                }
+            }
             let _ = nix::unistd::chdir(cwd.as_c_str());
             if let Err(e) = crate::init::harden(&crate::init::Options::default()) {
                 eprintln!("aisb: cannot harden the session: {e}");
