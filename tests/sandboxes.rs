@@ -349,6 +349,10 @@ fn exec_and_stop() {
         return;
     }
     let r = Repo::new();
+    std::fs::create_dir_all(r.repo().join("sub")).unwrap();
+    std::fs::write(r.repo().join("sub/f"), "x").unwrap();
+    r.git(&["add", "sub/f"]);
+    r.git(&["commit", "-qm", "sub"]);
     let mut owner = r.spawn("bwrap", "svc", "/bin/sh", "echo up > /tmp/up; sleep 30");
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut out = None;
@@ -383,6 +387,20 @@ fn exec_and_stop() {
         "{}\n{}",
         tty.stdout,
         tty.stderr
+    );
+    // A session started from a subdirectory works there, as outside.
+    let here = Out::from(
+        r.aisb()
+            .current_dir(r.repo().join("sub"))
+            .args(["exec", "svc", "--", "pwd"])
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(
+        here.stdout.trim(),
+        r.repo().join("sub").display().to_string(),
+        "{}",
+        here.stderr
     );
     let stop = r.run(&["stop", "svc"]);
     assert_eq!(stop.code, 0, "{}", stop.stderr);

@@ -297,7 +297,7 @@ pub fn run_plan(
         Err(crate::session::SessionError::Busy(..)) if running_init(&plan).is_some() => {
             let pid = running_init(&plan).unwrap_or(0);
             let _hold = crate::session::join(&plan.state_dir)?;
-            let code = crate::session::attach::attach(pid, &plan.process.args)?;
+            let code = crate::session::attach::attach(pid, &plan.process.args, &plan.process.cwd)?;
             return Ok(summary(code, &plan));
         }
         Err(e) => return Err(e.into()),
@@ -346,7 +346,7 @@ pub fn run_plan(
     };
     let code = {
         let _hold = crate::session::join(&plan.state_dir)?;
-        crate::session::attach::attach(pid, &plan.process.args)?
+        crate::session::attach::attach(pid, &plan.process.args, &plan.process.cwd)?
     };
     // Other sessions may still be in it: it stops when the last one ends.
     while !sandbox.is_finished() && !crate::session::no_sessions(&plan.state_dir) {

@@ -289,8 +289,11 @@ fn running_pid(g: &Global, name: &str) -> Result<i32, Error> {
     if !session::valid_name(name) {
         return Err(SessionError::BadName(name.to_string()).into());
     }
-    let state = repo_dir(g)?.join(name);
-    if session::read_state(&state).is_none() {
+    running_pid_in(&repo_dir(g)?.join(name), name)
+}
+
+fn running_pid_in(state: &Path, name: &str) -> Result<i32, Error> {
+    if session::read_state(state).is_none() {
         return Err(SessionError::Missing(name.to_string()).into());
     }
     std::fs::read_to_string(state.join(crate::runtime::INIT_PID_FILE))
@@ -301,10 +304,20 @@ fn running_pid(g: &Global, name: &str) -> Result<i32, Error> {
 }
 
 pub fn exec(g: &Global, a: ExecArgs) -> Result<i32, Error> {
-    let pid = running_pid(g, &a.name)?;
-    let state = repo_dir(g)?.join(&a.name);
+    if !session::valid_name(&a.name) {
+        return Err(SessionError::BadName(a.name).into());
+    }
+    // The plan gives the sandbox's directory and this caller's working directory inside.
+    let host = super::host()?;
+    let plan = g.plan(&host, None, vec![])?;
+    let state = plan
+        .state_dir
+        .parent()
+        .map_or_else(|| plan.state_dir.clone(), Path::to_path_buf)
+        .join(&a.name);
+    let pid = running_pid_in(&state, &a.name)?;
     let _hold = session::join(&state)?;
-    Ok(session::attach::attach(pid, &a.command)?)
+    Ok(session::attach::attach(pid, &a.command, &plan.process.cwd)?)
 }
 
 pub fn stop(g: &Global, a: StopArgs) -> Result<i32, Error> {

@@ -31,10 +31,10 @@ pub fn ready(pid: i32) -> bool {
             .map_or(true, |c| !c.trim().is_empty())
 }
 
-/// Run `command` inside the sandbox whose init is `pid`; returns its exit code (128+N for a
-/// signal). Must be called before this process starts threads (joining a user namespace
-/// requires a single-threaded caller): the joining happens in a forked child anyway.
-pub fn attach(pid: i32, command: &[String]) -> Result<i32, SessionError> {
+/// Run `command` in `cwd` inside the sandbox whose init is `pid`; returns its exit code
+/// (128+N for a signal). The joining happens in a forked child (joining a user namespace
+/// requires a single-threaded caller).
+pub fn attach(pid: i32, command: &[String], cwd: &std::path::Path) -> Result<i32, SessionError> {
     let io = |what: &str| {
         let what = what.to_string();
         move |source: std::io::Error| SessionError::Io { what, source }
@@ -54,8 +54,6 @@ pub fn attach(pid: i32, command: &[String]) -> Result<i32, SessionError> {
             .map_err(io(&format!("opening the sandbox's {name} namespace")))?;
         ns.push((f.into(), flag));
     }
-    let cwd = std::fs::read_link(format!("{proc}/cwd"))
-        .map_err(io("reading the sandbox's working directory"))?;
     let environ = std::fs::read(format!("{proc}/environ"))
         .map_err(io("reading the sandbox's environment"))?;
     let env: Vec<CString> = environ
