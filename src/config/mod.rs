@@ -32,13 +32,7 @@ pub fn parse_cached(
     let decoded = parse(sources, file, errors);
     if errors.list.len() == before {
         if let Ok(json) = serde_json::to_vec(&decoded) {
-            let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-            let written = std::fs::create_dir_all(dir).is_ok()
-                && std::fs::write(&tmp, json).is_ok()
-                && std::fs::rename(&tmp, &path).is_ok();
-            if !written {
-                let _ = std::fs::remove_file(&tmp);
-            }
+            let _ = crate::atomic::write_atomic(&path, &json);
         }
     }
     decoded

@@ -153,7 +153,7 @@ pub fn scan(
             result: result.clone(),
         };
         // A cache we cannot write only costs time on the next run.
-        let _ = write_atomic(p, &serde_json::to_vec(&cache).unwrap_or_default());
+        let _ = crate::atomic::write_atomic(p, &serde_json::to_vec(&cache).unwrap_or_default());
     }
     Ok(result)
 }
@@ -178,16 +178,6 @@ fn load_cache(path: &Path, root: &Path, key: &str) -> Option<ScanResult> {
     let mut r = cache.result;
     r.from_cache = true;
     Some(r)
-}
-
-fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!(".tmp-{}-{}", std::process::id(), now_ns()));
-    let mut f = fs::File::create(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all().ok();
-    fs::rename(&tmp, path)
 }
 
 /// The git dir of `root` when `root` is the top of a work tree (or inside one).

@@ -182,13 +182,7 @@ fn remember(source: &Path, names: &[String], stamps: &[Entry], key: &str, path: 
     let Ok(bytes) = serde_json::to_vec(&index) else {
         return;
     };
-    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    let written = path.parent().is_some_and(|p| fs::create_dir_all(p).is_ok())
-        && fs::write(&tmp, bytes).is_ok()
-        && fs::rename(&tmp, path).is_ok();
-    if !written {
-        let _ = fs::remove_file(&tmp);
-    }
+    let _ = crate::atomic::write_atomic(path, &bytes);
 }
 
 /// Write the snapshot unless it exists (a temporary directory renamed into place).

@@ -1,0 +1,26 @@
+//! Writing a file so readers see the old content or the new, never a part: a temporary file
+//! in the same directory, synced, then renamed over the target.
+
+use std::io::Write;
+use std::path::Path;
+
+/// Write `bytes` to `path` atomically, creating the directory; the temporary file is
+/// removed when anything fails.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let tmp = dir.join(format!(".tmp-{}-{nanos}", std::process::id()));
+    let result = std::fs::File::create(&tmp)
+        .and_then(|mut f| {
+            f.write_all(bytes)?;
+            f.sync_all()
+        })
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
