@@ -72,13 +72,14 @@ pub fn loosenings(plan: &Plan) -> Vec<String> {
             m.why
         ));
     }
+    let proxy_vars = crate::proxy::sandbox_env();
     let secrets: Vec<&str> = plan
         .env
         .vars
         .iter()
         .map(|(k, _)| k.as_str())
         .filter(|k| crate::eval::env::looks_secret(k))
-        .filter(|k| !crate::proxy::sandbox_env().iter().any(|(p, _)| p == k))
+        .filter(|k| !proxy_vars.iter().any(|(p, _)| p == k))
         .collect();
     if !secrets.is_empty() {
         out.push(format!(

@@ -257,14 +257,6 @@ impl Global {
     }
 }
 
-/// The host pid of the named sandbox's init, once the sandbox is up.
-fn running_init(plan: &eval::Plan) -> Option<i32> {
-    std::fs::read_to_string(plan.state_dir.join(crate::runtime::INIT_PID_FILE))
-        .ok()
-        .and_then(|p| p.trim().parse::<i32>().ok())
-        .filter(|&p| crate::session::attach::ready(p))
-}
-
 /// Run `plan` on `backend`; in the named sandbox `sandbox` when given (see `session`).
 ///
 /// A named sandbox runs a placeholder as its workload, and every session, the first one
@@ -272,13 +264,14 @@ fn running_init(plan: &eval::Plan) -> Option<i32> {
 /// watcher) and stops it once no session is left; later ones just join.
 pub fn run_plan(
     g: &Global,
+    host: &Host,
     mut plan: eval::Plan,
     sandbox: Option<&str>,
     backend: Option<crate::runtime::Backend>,
     interactive: bool,
 ) -> Result<crate::runtime::Summary, Error> {
     use nix::sys::signal::{signal, SigHandler, Signal};
-    crate::trust::check(&plan, &host()?.config_home(), g.trust)?;
+    crate::trust::check(&plan, &host.config_home(), g.trust)?;
     let backend = crate::runtime::Backend::choose(backend, plan.backend.as_deref());
     let Some(name) = sandbox else {
         return Ok(crate::runtime::run(&plan, backend, interactive)?);
@@ -294,8 +287,10 @@ pub fn run_plan(
     }
     let s = match crate::session::prepare(&mut plan, name) {
         Ok(s) => s,
-        Err(crate::session::SessionError::Busy(..)) if running_init(&plan).is_some() => {
-            let pid = running_init(&plan).unwrap_or(0);
+        Err(e @ crate::session::SessionError::Busy(..)) => {
+            let Some(pid) = crate::session::running_init(&plan.state_dir) else {
+                return Err(e.into());
+            };
             let _hold = crate::session::join(&plan.state_dir)?;
             let code = crate::session::attach::attach(pid, &plan.process.args, &plan.process.cwd)?;
             return Ok(summary(code, &plan));
@@ -328,7 +323,7 @@ pub fn run_plan(
     let sandbox = std::thread::spawn(move || crate::runtime::run(&hold, backend, false));
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let pid = loop {
-        if let Some(pid) = running_init(&plan) {
+        if let Some(pid) = crate::session::running_init(&plan.state_dir) {
             break pid;
         }
         if sandbox.is_finished() || std::time::Instant::now() > deadline {

@@ -66,7 +66,7 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
         ));
     }
     let plan = eval::evaluate(&loaded, &host, &req)?;
-    let summary = super::run_plan(g, plan, a.sandbox.as_deref(), a.backend, false)?;
+    let summary = super::run_plan(g, &host, plan, a.sandbox.as_deref(), a.backend, false)?;
     if a.json {
         eprintln!("{}", serde_json::to_string(&summary).unwrap_or_default());
     }

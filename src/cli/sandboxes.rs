@@ -296,11 +296,7 @@ fn running_pid_in(state: &Path, name: &str) -> Result<i32, Error> {
     if session::read_state(state).is_none() {
         return Err(SessionError::Missing(name.to_string()).into());
     }
-    std::fs::read_to_string(state.join(crate::runtime::INIT_PID_FILE))
-        .ok()
-        .and_then(|p| p.trim().parse::<i32>().ok())
-        .filter(|&p| session::attach::ready(p))
-        .ok_or_else(|| SessionError::NotRunning(name.to_string()).into())
+    session::running_init(state).ok_or_else(|| SessionError::NotRunning(name.to_string()).into())
 }
 
 pub fn exec(g: &Global, a: ExecArgs) -> Result<i32, Error> {

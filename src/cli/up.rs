@@ -31,5 +31,5 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     let mut req = g.request(a.profile, a.command);
     req.sandbox = a.name.clone();
     let plan = crate::eval::evaluate(&loaded, &host, &req)?;
-    Ok(super::run_plan(g, plan, a.name.as_deref(), a.backend, true)?.exit_code)
+    Ok(super::run_plan(g, &host, plan, a.name.as_deref(), a.backend, true)?.exit_code)
 }

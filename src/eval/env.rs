@@ -178,7 +178,10 @@ pub fn parse_dotenv(text: &str) -> Vec<(String, String)> {
 
 /// Does this variable name look like a secret (the built-in patterns)?
 pub fn looks_secret(name: &str) -> bool {
-    Names::new(SECRET_PATTERNS).is_match(name.to_ascii_uppercase())
+    static SECRET: std::sync::OnceLock<Names> = std::sync::OnceLock::new();
+    SECRET
+        .get_or_init(|| Names::new(SECRET_PATTERNS))
+        .is_match(name.to_ascii_uppercase())
 }
 
 pub fn filter(host_env: &BTreeMap<String, String>, p: &EnvPolicy<'_>) -> Env {

@@ -118,14 +118,8 @@ pub fn git(dir: &Path, args: &[&str], state: &Path) -> Result<String, SessionErr
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-/// Write `bytes` to `path` by a temporary file and a rename.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), SessionError> {
-    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    let mut f = fs::File::create(&tmp).map_err(io(format!("writing {}", tmp.display())))?;
-    f.write_all(bytes)
-        .and_then(|()| f.sync_all())
-        .map_err(io(format!("writing {}", tmp.display())))?;
-    fs::rename(&tmp, path).map_err(io(format!("writing {}", path.display())))
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), SessionError> {
+    crate::atomic::write_atomic(path, bytes).map_err(io(format!("writing {}", path.display())))
 }
 
 /// An exclusive lock on a sandbox, held while the value lives (flock: released by the kernel
@@ -189,6 +183,15 @@ pub fn join(state: &Path) -> Result<Lock, SessionError> {
 /// True when no session holds the sandbox (the caller must not hold one itself).
 pub fn no_sessions(state: &Path) -> bool {
     is_free(&state.join("sessions"))
+}
+
+/// The host pid of the init of the sandbox whose state is `state`, once that sandbox is up
+/// (see [`attach::ready`]).
+pub fn running_init(state: &Path) -> Option<i32> {
+    fs::read_to_string(state.join(crate::runtime::INIT_PID_FILE))
+        .ok()
+        .and_then(|p| p.trim().parse::<i32>().ok())
+        .filter(|&p| attach::ready(p))
 }
 
 pub struct Session {
