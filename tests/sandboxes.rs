@@ -324,7 +324,7 @@ fn the_last_session_keeps_the_sandbox_up() {
                 "--",
                 "/bin/sh",
                 "-c",
-                "test -e /tmp/shared && sleep 3 && cat /tmp/shared",
+                "test -e /tmp/shared && sleep 3 && cat /tmp/shared && grep -c -e '^Seccomp:.2' -e '^CapEff:.0000000000000000' -e '^NoNewPrivs:.1' /proc/self/status",
             ]);
             if o.code == 0 {
                 second = Some(o);
@@ -333,7 +333,7 @@ fn the_last_session_keeps_the_sandbox_up() {
         }
         let second = second.unwrap_or_else(|| panic!("[{backend}] could not join the sandbox"));
         assert_eq!(
-            second.stdout, "kept\n",
+            second.stdout, "kept\n3\n",
             "[{backend}] the sandbox went down under the second session"
         );
         // The first aisb returns its own command's status once the second session is over.
