@@ -504,3 +504,38 @@ fn presets_list_and_show() {
         unknown.stderr
     );
 }
+
+/// With no sandbox.kdl, an agent's command brings its preset (`aisb up -- claude`): its
+/// config dir copy-on-write and its API through the proxy; any other command does not.
+#[test]
+fn no_config_agent_command_brings_its_preset() {
+    let t = Test::new();
+    std::fs::create_dir_all(t.dir.path().join("home/.claude")).unwrap();
+    let spec = |cmd: &[&str]| {
+        let mut args = vec!["spec", "--"];
+        args.extend_from_slice(cmd);
+        let o = t.with(&args);
+        assert_eq!(o.code, 0, "{}", o.stderr);
+        serde_json::from_str::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let has = |s: &serde_json::Value, dest: &str| {
+        s["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["destination"].as_str().unwrap().ends_with(dest))
+    };
+    let env = |s: &serde_json::Value, name: &str| {
+        s["process"]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e.as_str().unwrap().starts_with(&format!("{name}=")))
+    };
+    let claude = spec(&["/usr/bin/claude", "--version"]);
+    assert!(has(&claude, "/.claude"), "{claude}");
+    assert!(env(&claude, "HTTPS_PROXY"), "{claude}");
+    let other = spec(&["sh", "-c", "true"]);
+    assert!(!has(&other, "/.claude"));
+    assert!(!env(&other, "HTTPS_PROXY"));
+}

@@ -351,7 +351,23 @@ fn builtin_profiles_match_seed_001() {
     let f = Fixture::new();
     let inv = f.plan("", Some("investigate"));
     assert!(inv.read_only);
+    // No agent preset: nothing to allow, so no network at all.
     assert_eq!(inv.network.mode, NetMode::None);
+    // With one, only that agent's API: the project's own domains are ignored (strict).
+    let inv = f.plan(
+        "import \"preset:claude\"\nnetwork { allow \"example.com\"; group \"github\" }\n",
+        Some("investigate"),
+    );
+    assert!(inv.read_only);
+    assert_eq!(inv.network.mode, NetMode::Allow);
+    assert_eq!(
+        inv.network.allow,
+        [
+            "api.anthropic.com",
+            "console.anthropic.com",
+            "statsig.anthropic.com"
+        ]
+    );
     let fix = f.plan("", Some("fix"));
     assert_eq!(fix.project_access, Access::Rw);
     assert!(fix.network.allow.contains(&"github.com".to_string()));
@@ -476,5 +492,46 @@ fn env_from_file_passes_only_the_named_keys() {
     assert!(
         e.contains("cannot read") && e.contains("missing.env"),
         "{e}"
+    );
+}
+
+/// Seed 003's network modes: how the presets' domain lists combine with the project's own.
+#[test]
+fn domain_modes_strict_merge_replace() {
+    let f = Fixture::new();
+    let text = "import \"preset:codex\"\nnetwork { allow \"example.com\" }\n";
+    let with = |mode: &str| {
+        f.plan(&format!("{text}network domains=\"{mode}\"\n"), None)
+            .network
+            .allow
+    };
+    assert_eq!(
+        with("merge"),
+        [
+            "api.openai.com",
+            "auth.openai.com",
+            "chatgpt.com",
+            "example.com"
+        ]
+    );
+    assert_eq!(
+        with("strict"),
+        ["api.openai.com", "auth.openai.com", "chatgpt.com"]
+    );
+    assert_eq!(with("replace"), ["example.com"]);
+    // Under strict a project cannot widen a shipped group by redefining its name.
+    let plan = f.plan(
+        "import \"preset:codex\"\ndomains \"openai\" \"evil.example\"\nnetwork domains=\"strict\"\n",
+        None,
+    );
+    assert_eq!(
+        plan.network.allow,
+        ["api.openai.com", "auth.openai.com", "chatgpt.com"]
+    );
+    // A bad mode is an error at its span with the choices.
+    let err = err("network domains=\"strictt\"\n");
+    assert!(
+        err.contains("unknown value `strictt`") && err.contains("strict"),
+        "{err}"
     );
 }

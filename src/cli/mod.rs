@@ -62,6 +62,11 @@ pub struct Cli {
     /// terminal aisb asks once per version of the file instead
     #[arg(long, global = true)]
     pub trust: bool,
+    /// How the allowlist combines the presets' domain lists with sandbox.kdl's own: strict
+    /// (only the presets'), merge (both, the default), replace (only sandbox.kdl's);
+    /// overrides `network domains=…`
+    #[arg(long, global = true, value_name = "MODE")]
+    pub domains: Option<crate::config::model::DomainsMode>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -113,6 +118,7 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
         file: cli.file.clone(),
         no_cache: cli.no_cache,
         trust: cli.trust,
+        domains: cli.domains,
     };
     match cli.command {
         Command::Init(a) => init::run(&g, a),
@@ -145,6 +151,8 @@ pub struct Global {
     pub no_cache: bool,
     /// `--trust`: a loosening sandbox.kdl may run without asking.
     pub trust: bool,
+    /// `--domains`.
+    pub domains: Option<crate::config::model::DomainsMode>,
 }
 
 /// The caller, as the evaluator sees it.
@@ -192,7 +200,7 @@ pub fn find_config(start: &Path) -> Option<PathBuf> {
 }
 
 impl Global {
-    pub fn root(&self, host: &Host) -> Result<Root, Error> {
+    pub fn root(&self, host: &Host, command: &[String]) -> Result<Root, Error> {
         match &self.file {
             Some(f) => {
                 let f = if f.is_absolute() {
@@ -209,6 +217,7 @@ impl Global {
                 Some(f) => Root::File(f),
                 None => Root::Default {
                     dir: project_dir(&host.cwd),
+                    agent: crate::presets::agent_for(command),
                 },
             }),
         }
@@ -216,7 +225,13 @@ impl Global {
 
     /// Load the configuration; syntax and decoding errors are returned all together.
     pub fn load(&self, host: &Host) -> Result<Loaded, Error> {
-        let (loaded, errors) = self.load_with_errors(host)?;
+        self.load_for(host, &[])
+    }
+
+    /// [`Self::load`] for running `command`: with no sandbox.kdl, an agent's command brings
+    /// its preset (`aisb up -- claude`).
+    pub fn load_for(&self, host: &Host, command: &[String]) -> Result<Loaded, Error> {
+        let (loaded, errors) = self.load_with_errors_for(host, command)?;
         errors.into_result().map_err(Error::Config)?;
         Ok(loaded)
     }
@@ -224,11 +239,19 @@ impl Global {
     /// Load what can be loaded; configuration errors are returned beside it, not raised
     /// (`aisb check` reports them with the evaluation's own).
     pub fn load_with_errors(&self, host: &Host) -> Result<(Loaded, crate::config::Errors), Error> {
-        let root = self.root(host)?;
+        self.load_with_errors_for(host, &[])
+    }
+
+    fn load_with_errors_for(
+        &self,
+        host: &Host,
+        command: &[String],
+    ) -> Result<(Loaded, crate::config::Errors), Error> {
+        let root = self.root(host, command)?;
         let mut errors = crate::config::Errors::default();
         let path = match &root {
             Root::File(p) | Root::Text { path: p, .. } => p.clone(),
-            Root::Default { dir } => dir.clone(),
+            Root::Default { dir, .. } => dir.clone(),
         };
         let cache = (!self.no_cache).then(|| host.cache_home().join("aisb").join("kdl"));
         let loaded = eval::load_cached(root, &mut errors, cache)
@@ -241,6 +264,7 @@ impl Global {
         Request {
             profile,
             command,
+            domains: self.domains,
             use_cache: !self.no_cache,
             ..Request::default()
         }
@@ -252,7 +276,7 @@ impl Global {
         profile: Option<String>,
         command: Vec<String>,
     ) -> Result<eval::Plan, Error> {
-        let loaded = self.load(host)?;
+        let loaded = self.load_for(host, &command)?;
         eval::evaluate(&loaded, host, &self.request(profile, command)).map_err(Error::from)
     }
 }

@@ -169,6 +169,15 @@ pub fn render(plan: &Plan, _cwd: &Path) -> String {
                     n.allow.join(" ")
                 }
             );
+            if n.domains != crate::eval::plan::DomainsMode::Merge {
+                let why = match n.domains {
+                    crate::eval::plan::DomainsMode::Strict => {
+                        "only the presets' lists; sandbox.kdl's own ignored"
+                    }
+                    _ => "only sandbox.kdl's own lists; the presets' dropped",
+                };
+                let _ = writeln!(o, "  domains {}: {why}", n.domains.name());
+            }
             if !n.deny.is_empty() {
                 let _ = writeln!(o, "  deny: {}", n.deny.join(" "));
             }

@@ -36,7 +36,7 @@ pub struct Args {
 
 pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     let host = super::host()?;
-    let loaded = g.load(&host)?;
+    let loaded = g.load_for(&host, &a.command)?;
     let mut req = g.request(a.profile, a.command);
     req.sandbox = a.sandbox.clone();
     if let Some(task) = &a.task {

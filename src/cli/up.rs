@@ -27,7 +27,7 @@ pub struct Args {
 
 pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     let host = super::host()?;
-    let loaded = g.load(&host)?;
+    let loaded = g.load_for(&host, &a.command)?;
     let mut req = g.request(a.profile, a.command);
     req.sandbox = a.name.clone();
     let plan = crate::eval::evaluate(&loaded, &host, &req)?;

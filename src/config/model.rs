@@ -144,6 +144,36 @@ impl NetMode {
     }
 }
 
+/// How the allowlist combines the domain lists aisb ships (presets, built-in profiles) with
+/// the ones written in the project's own configuration files (seed 003's network modes).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum DomainsMode {
+    /// Only the built-in lists: what the project's files add is ignored.
+    Strict,
+    /// Built-in lists plus the project's own (the default).
+    Merge,
+    /// Only the project's own lists: the presets' domains are dropped.
+    Replace,
+}
+
+impl DomainsMode {
+    pub const NAMES: [&'static str; 3] = ["strict", "merge", "replace"];
+    pub fn parse(s: &str) -> Option<DomainsMode> {
+        match s {
+            "strict" => Some(DomainsMode::Strict),
+            "merge" => Some(DomainsMode::Merge),
+            "replace" => Some(DomainsMode::Replace),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
+}
+
 /// Everything a profile can say. `None` / empty means "not said here" (inherit).
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Settings {
@@ -209,6 +239,8 @@ pub struct EnvCfg {
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct NetworkCfg {
     pub mode: Option<S<NetMode>>,
+    /// `network domains="strict|merge|replace"`.
+    pub domains: Option<S<DomainsMode>>,
     pub allow: Vec<S<String>>,
     pub deny: Vec<S<String>>,
     pub groups: Vec<S<String>>,

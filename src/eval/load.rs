@@ -15,9 +15,11 @@ pub const BUILTIN_PROFILES: &str = "preset:profiles";
 #[derive(Debug, Clone)]
 pub enum Root {
     File(PathBuf),
-    /// No `sandbox.kdl`: the embedded default, evaluated in `dir`.
+    /// No `sandbox.kdl`: the embedded default, evaluated in `dir`; with the agent preset
+    /// `agent` too when the command is that agent (`aisb up -- claude`).
     Default {
         dir: PathBuf,
+        agent: Option<&'static str>,
     },
     /// A text not read from disk (tests, fuzzing); `path` names it and anchors relative paths.
     Text {
@@ -44,7 +46,7 @@ impl Loaded {
             Root::File(p) => p
                 .parent()
                 .map_or_else(|| PathBuf::from("."), Path::to_path_buf),
-            Root::Default { dir } => dir.clone(),
+            Root::Default { dir, .. } => dir.clone(),
             Root::Text { path, .. } => path
                 .parent()
                 .map_or_else(|| PathBuf::from("."), Path::to_path_buf),
@@ -102,13 +104,25 @@ pub fn load_cached(
             let key = Key::Path(path.canonicalize().unwrap_or_else(|_| path.clone()));
             l.add(key, name, Some(path.clone()), text)
         }
-        Root::Default { .. } => {
+        Root::Default { agent: None, .. } => {
             let text = presets::get("default")
                 .expect("embedded default")
                 .to_string();
             l.add(
                 Key::Preset("default".into()),
                 "<embedded default>".into(),
+                None,
+                text,
+            )
+        }
+        Root::Default {
+            agent: Some(agent), ..
+        } => {
+            // The agent's preset after the default: its network and mounts win.
+            let text = format!("import \"preset:default\"\nimport \"preset:{agent}\"\n");
+            l.add(
+                Key::Preset(format!("default+{agent}")),
+                format!("<embedded default + preset:{agent}>"),
                 None,
                 text,
             )

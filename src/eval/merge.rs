@@ -80,6 +80,7 @@ pub fn merge(
         .extend(over.env.from_file.iter().cloned());
 
     scalar(&mut base.network.mode, &over.network.mode);
+    scalar(&mut base.network.domains, &over.network.domains);
     base.network
         .allow
         .extend(over.network.allow.iter().cloned());

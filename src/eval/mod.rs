@@ -15,7 +15,9 @@ use std::path::{Component, Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use crate::config::model::{Access, HomeMode, Inherit, NetMode, ProfileDecl, Settings, RLIMITS};
+use crate::config::model::{
+    Access, DomainsMode, HomeMode, Inherit, NetMode, ProfileDecl, Settings, RLIMITS,
+};
 use crate::config::{ConfigErrors, Errors, Loc, Spanned};
 use crate::proxy::domain::DomainRule;
 pub use load::{load, load_cached, Loaded, Root};
@@ -83,6 +85,8 @@ impl Host {
 #[derive(Debug, Clone, Default)]
 pub struct Request {
     pub profile: Option<String>,
+    /// `--domains`: overrides the configuration's `network domains=…`.
+    pub domains: Option<DomainsMode>,
     /// A command given on the command line replaces the configured one.
     pub command: Vec<String>,
     /// Named sandbox (`aisb up NAME`); `default` otherwise.
@@ -776,14 +780,60 @@ fn resolve(
 
     // ---- network ---------------------------------------------------------------------------
     let mode = s.network.mode.as_ref().map_or(NetMode::None, |m| m.value);
+    let domains = req
+        .domains
+        .or(s.network.domains.as_ref().map(|d| d.value))
+        .unwrap_or(DomainsMode::Merge);
+    // A rule is built-in when an embedded preset or profile says it; the project's own files
+    // are everything read from disk. `strict` keeps only the former, `replace` the latter.
+    let loaded = cx.loaded;
+    let builtin = |loc: Loc| {
+        loaded
+            .sources
+            .get(loc.file)
+            .is_some_and(|f| f.path.is_none())
+    };
+    let mut builtin_groups: BTreeMap<String, Vec<String>> = BUILTIN_GROUPS
+        .iter()
+        .map(|(n, d)| (n.to_string(), d.iter().map(|s| s.to_string()).collect()))
+        .collect();
+    for &i in &loaded.order {
+        if loaded.sources[i].path.is_none() {
+            for g in &loaded.files[i].groups {
+                builtin_groups.insert(
+                    g.name.value.clone(),
+                    g.domains.iter().map(|d| d.value.clone()).collect(),
+                );
+            }
+        }
+    }
+    let keep = |loc: Loc| match domains {
+        DomainsMode::Merge => true,
+        DomainsMode::Strict => builtin(loc),
+        DomainsMode::Replace => !builtin(loc),
+    };
+    let allow_kept: Vec<&Spanned<String>> =
+        s.network.allow.iter().filter(|d| keep(d.loc)).collect();
+    let groups_kept: Vec<(&Spanned<String>, bool)> = s
+        .network
+        .groups
+        .iter()
+        .filter(|g| keep(g.loc))
+        .map(|g| (g, builtin(g.loc)))
+        .collect();
     let mut allow_rules: BTreeSet<String> = BTreeSet::new();
-    for d in &s.network.allow {
+    for d in allow_kept {
         if let Ok(r) = DomainRule::parse(&d.value) {
             allow_rules.insert(r.to_string());
         }
     }
-    for g in &s.network.groups {
-        match groups.get(&g.value) {
+    for (g, from_builtin) in groups_kept {
+        // Under `strict`, a built-in preset's group means aisb's own list even when the
+        // project redefines that name.
+        let shipped = (domains == DomainsMode::Strict && from_builtin)
+            .then(|| builtin_groups.get(&g.value))
+            .flatten();
+        match shipped.or_else(|| groups.get(&g.value)) {
             Some(list) => allow_rules.extend(
                 list.iter()
                     .filter_map(|d| DomainRule::parse(d).ok())
@@ -819,15 +869,28 @@ fn resolve(
     let mut ports: Vec<u16> = s.network.localhost_ports.iter().map(|p| p.value).collect();
     ports.sort_unstable();
     ports.dedup();
+    // `strict`/`replace` that leave nothing to allow mean no network at all (the
+    // `investigate` profile without an agent preset): no proxy to start.
+    let mode = if mode == NetMode::Allow
+        && domains != DomainsMode::Merge
+        && allow_rules.is_empty()
+        && ports.is_empty()
+    {
+        NetMode::None
+    } else {
+        mode
+    };
     let network = match mode {
         NetMode::Allow => Network {
             mode,
+            domains,
             allow: allow_rules.into_iter().collect(),
             deny: deny_rules.into_iter().collect(),
             localhost_ports: ports,
         },
         _ => Network {
             mode,
+            domains,
             allow: vec![],
             deny: vec![],
             localhost_ports: vec![],

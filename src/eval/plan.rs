@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-pub use crate::config::model::{Access, NetMode};
+pub use crate::config::model::{Access, DomainsMode, NetMode};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Plan {
@@ -142,6 +142,8 @@ pub struct Dropped {
 #[derive(Debug, Clone, Serialize)]
 pub struct Network {
     pub mode: NetMode,
+    /// How built-in and project domain lists were combined.
+    pub domains: DomainsMode,
     pub allow: Vec<String>,
     pub deny: Vec<String>,
     pub localhost_ports: Vec<u16>,

@@ -17,3 +17,14 @@ pub fn get(name: &str) -> Option<&'static str> {
 pub fn names() -> impl Iterator<Item = &'static str> {
     PRESETS.iter().map(|(n, _)| *n)
 }
+
+/// The presets that describe an agent, by the name of its program.
+pub const AGENTS: &[&str] = &["claude", "codex", "aider", "opencode", "gemini"];
+
+/// The agent preset for a command line (`claude -p …` -> `claude`), if its program is one.
+pub fn agent_for(command: &[String]) -> Option<&'static str> {
+    let program = std::path::Path::new(command.first()?)
+        .file_name()?
+        .to_str()?;
+    AGENTS.iter().copied().find(|a| *a == program)
+}
