@@ -117,6 +117,7 @@ fn sample_plan() -> Plan {
         },
         network: Network {
             mode: NetMode::None,
+            domains: DomainsMode::Merge,
             allow: vec![],
             deny: vec![],
             localhost_ports: vec![],
