@@ -64,7 +64,9 @@ pub fn loosenings(plan: &Plan) -> Vec<String> {
             MountKind::Bind { writable: true, .. } => "read-write",
             MountKind::Bind { .. } => "read-only",
             MountKind::Overlay { .. } | MountKind::Copy { .. } => "copy-on-write",
-            MountKind::Tmpfs { .. } => continue,
+            MountKind::Tmpfs { .. } | MountKind::State { .. } | MountKind::Generated { .. } => {
+                continue
+            }
         };
         out.push(format!(
             "{} visible {access} ({})",

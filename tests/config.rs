@@ -535,3 +535,33 @@ fn domain_modes_strict_merge_replace() {
         "{err}"
     );
 }
+
+#[test]
+fn xdg_sandbox_relocates_and_explains_what_it_cannot() {
+    let f = Fixture::new();
+    let plan = f.plan("xdg \"sandbox\"\n", None);
+    let var = |n: &str| {
+        plan.env
+            .vars
+            .iter()
+            .find(|(k, _)| k == n)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(
+        var("XDG_CONFIG_HOME").unwrap(),
+        f.home().join(".config").to_string_lossy()
+    );
+    assert!(plan
+        .mounts
+        .iter()
+        .any(|m| m.target == f.home().join(".local/state")
+            && matches!(&m.kind, MountKind::State { dir } if dir.starts_with(&plan.state_dir))));
+    // A read-only home cannot get a missing mount point.
+    let e = err("home \"ro\"\nxdg \"sandbox\"\n");
+    assert!(
+        e.contains("a read-only home cannot get it") && e.contains("mkdir -p"),
+        "{e}"
+    );
+    let e = err("xdg \"elsewhere\"\n");
+    assert!(e.contains("expected one of: home, sandbox"), "{e}");
+}

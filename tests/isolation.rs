@@ -588,3 +588,43 @@ fn aisb_test_reports_expected_against_observed() {
         );
     }
 }
+
+/// `xdg "sandbox"` (seed 003): the XDG variables point at the sandbox's own state dirs,
+/// mounted over their places in the home, so neither a tool honouring the variables nor one
+/// hard-coding `~/.config` sees or changes the host's; the next run sees the last one's writes.
+#[test]
+fn xdg_state_is_relocated_into_the_sandbox() {
+    if !privileged() {
+        return;
+    }
+    for (backend, user) in matrix() {
+        let s = Sandbox::as_user(user);
+        for d in [".config", ".local/share", ".cache", ".local/state"] {
+            std::fs::create_dir_all(s.root().join("home").join(d)).unwrap();
+        }
+        std::fs::write(s.root().join("home/.config/host-secret"), "host").unwrap();
+        s.write("sandbox.kdl", "home \"ro\"\nxdg \"sandbox\"\n");
+        if let Some((uid, gid)) = user {
+            chown_r(s.root(), uid, gid);
+        }
+        let home = s.root().join("home");
+        let script = "echo \"$XDG_CONFIG_HOME|$XDG_DATA_HOME|$XDG_CACHE_HOME|$XDG_STATE_HOME\"; \
+             ls -A ~/.config; mkdir -p \"$XDG_CONFIG_HOME/app\" && echo mine > \"$XDG_CONFIG_HOME/app/rc\" \
+             && echo cached > ~/.cache/c && echo written";
+        let o = s.run(backend, &["--trust"], script);
+        let tag = format!("[{backend} {user:?}]");
+        assert_eq!(o.code, 0, "{tag} {}\n{}", o.stdout, o.stderr);
+        let h = home.display();
+        assert_eq!(
+            o.stdout,
+            format!("{h}/.config|{h}/.local/share|{h}/.cache|{h}/.local/state\nwritten\n"),
+            "{tag} {}",
+            o.stderr
+        );
+        // Nothing reached the host's directories.
+        assert!(!home.join(".config/app").exists(), "{tag}");
+        assert!(!home.join(".cache/c").exists(), "{tag}");
+        let o = s.run(backend, &["--trust"], "cat ~/.config/app/rc ~/.cache/c");
+        assert_eq!(o.stdout, "mine\ncached\n", "{tag} {}", o.stderr);
+    }
+}

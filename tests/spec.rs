@@ -118,6 +118,7 @@ fn sample_plan() -> Plan {
         network: Network {
             mode: NetMode::None,
             domains: DomainsMode::Merge,
+            ignored: vec![],
             allow: vec![],
             deny: vec![],
             localhost_ports: vec![],

@@ -112,6 +112,19 @@ pub fn render(plan: &Plan, _cwd: &Path) -> String {
                 format!(" <- {} (private copy {})", source.display(), copy.display()),
             ),
             MountKind::Tmpfs { .. } => ("tmpfs", String::new()),
+            MountKind::State { dir } => ("state", format!(" <- {}", dir.display())),
+            MountKind::Generated { dir, files } => (
+                "written",
+                format!(
+                    " <- {} ({})",
+                    dir.display(),
+                    files
+                        .iter()
+                        .map(|f| f.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ),
         };
         let _ = writeln!(o, "  {kind:<8} {}{from}   [{}]", m.target.display(), m.why);
     }
@@ -177,6 +190,9 @@ pub fn render(plan: &Plan, _cwd: &Path) -> String {
                     _ => "only sandbox.kdl's own lists; the presets' dropped",
                 };
                 let _ = writeln!(o, "  domains {}: {why}", n.domains.name());
+                if !n.ignored.is_empty() {
+                    let _ = writeln!(o, "  ignored: {}", n.ignored.join(", "));
+                }
             }
             if !n.deny.is_empty() {
                 let _ = writeln!(o, "  deny: {}", n.deny.join(" "));

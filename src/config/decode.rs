@@ -22,6 +22,7 @@ const SETTINGS_NODES: &[&str] = &[
     "mount",
     "tmpfs",
     "home",
+    "xdg",
     "block",
     "allow",
     "secrets",
@@ -157,6 +158,13 @@ impl Decoder<'_> {
                 self.no_children(node);
                 if let Some(e) = self.args(node, 1, 1, "one of: empty, ro, overlay").first() {
                     s.home = self.enumerated(e, &HomeMode::NAMES, HomeMode::parse);
+                }
+            }
+            "xdg" => {
+                self.only_props(node, &[]);
+                self.no_children(node);
+                if let Some(e) = self.args(node, 1, 1, "one of: home, sandbox").first() {
+                    s.xdg = self.enumerated(e, &XdgMode::NAMES, XdgMode::parse);
                 }
             }
             "block" | "allow" => {

@@ -98,6 +98,28 @@ impl HomeMode {
     }
 }
 
+/// Where `XDG_CONFIG_HOME`, `XDG_DATA_HOME`, `XDG_CACHE_HOME` and `XDG_STATE_HOME` point
+/// inside (seed 003's state relocation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum XdgMode {
+    /// Their usual places under the home directory, as `home` shows it. The default.
+    Home,
+    /// Writable directories in the sandbox's state, kept between runs, never the host's.
+    Sandbox,
+}
+
+impl XdgMode {
+    pub const NAMES: [&'static str; 2] = ["home", "sandbox"];
+    pub fn parse(s: &str) -> Option<XdgMode> {
+        match s {
+            "home" => Some(XdgMode::Home),
+            "sandbox" => Some(XdgMode::Sandbox),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Inherit {
@@ -184,6 +206,7 @@ pub struct Settings {
     pub mounts: Vec<MountCfg>,
     pub tmpfs: Vec<TmpfsCfg>,
     pub home: Option<S<HomeMode>>,
+    pub xdg: Option<S<XdgMode>>,
     pub block: Vec<S<String>>,
     pub allow: Vec<S<String>>,
     pub secrets: SecretsCfg,

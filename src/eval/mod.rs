@@ -16,7 +16,7 @@ use std::path::{Component, Path, PathBuf};
 use sha2::{Digest, Sha256};
 
 use crate::config::model::{
-    Access, DomainsMode, HomeMode, Inherit, NetMode, ProfileDecl, Settings, RLIMITS,
+    Access, DomainsMode, HomeMode, Inherit, NetMode, ProfileDecl, Settings, XdgMode, RLIMITS,
 };
 use crate::config::{ConfigErrors, Errors, Loc, Spanned};
 use crate::proxy::domain::DomainRule;
@@ -169,6 +169,15 @@ pub const BUILTIN_GROUPS: &[(&str, &[&str])] = &[
             "cloudcode-pa.googleapis.com",
         ],
     ),
+];
+
+/// The XDG base directories `xdg "sandbox"` relocates: variable, place under the home,
+/// directory in the sandbox's state.
+pub const XDG_DIRS: [(&str, &str, &str); 4] = [
+    ("XDG_CONFIG_HOME", ".config", "config"),
+    ("XDG_DATA_HOME", ".local/share", "data"),
+    ("XDG_CACHE_HOME", ".cache", "cache"),
+    ("XDG_STATE_HOME", ".local/state", "state"),
 ];
 
 /// Host system paths shown read-only inside. `/etc` is not shared whole (seed 002: `/etc` is
@@ -603,6 +612,37 @@ fn resolve(
             ),
         });
     }
+    // Seed 003's state relocation: the XDG directories are the sandbox's own, kept in its
+    // state between runs; tools that ignore the variables land there too.
+    let mut xdg_env: Vec<(&str, String)> = Vec::new();
+    if let Some(x) = s.xdg.as_ref().filter(|x| x.value == XdgMode::Sandbox) {
+        for (var, rel, name) in XDG_DIRS {
+            let target = home.join(rel);
+            if home_mode == HomeMode::Ro && !target.is_dir() {
+                cx.err(
+                    x.loc,
+                    format!(
+                        "`{}` does not exist, and a read-only home cannot get it",
+                        target.display()
+                    ),
+                    "xdg \"sandbox\" mounts over it",
+                    Some(format!(
+                        "create it on the host (mkdir -p {}), or use home \"empty\" or home \"overlay\"",
+                        target.display()
+                    )),
+                );
+                continue;
+            }
+            mounts.push(Mount {
+                target: target.clone(),
+                kind: MountKind::State {
+                    dir: state_dir.join("xdg").join(name),
+                },
+                why: format!("{var} in the sandbox's state (xdg \"sandbox\")"),
+            });
+            xdg_env.push((var, target.to_string_lossy().into_owned()));
+        }
+    }
     mounts.push(Mount {
         target: PathBuf::from("/tmp"),
         kind: MountKind::Tmpfs {
@@ -746,12 +786,13 @@ fn resolve(
             .iter()
             .filter_map(|(k, v)| Some((k.value.clone(), expand(cx, v)?))),
     );
-    let forced = [
+    let mut forced = vec![
         ("HOME", home.to_string_lossy().into_owned()),
         ("USER", identity.name.clone()),
         ("LOGNAME", identity.name.clone()),
         ("SHELL", shell.to_string_lossy().into_owned()),
     ];
+    forced.extend(xdg_env);
     let strings = |v: &[Spanned<String>]| v.iter().map(|x| x.value.clone()).collect::<Vec<_>>();
     let (allow, deny, pass) = (
         strings(&s.env.allow),
@@ -812,6 +853,18 @@ fn resolve(
         DomainsMode::Strict => builtin(loc),
         DomainsMode::Replace => !builtin(loc),
     };
+    let ignored: Vec<String> = s
+        .network
+        .allow
+        .iter()
+        .map(|d| (d, ""))
+        .chain(s.network.groups.iter().map(|g| (g, "group ")))
+        .filter(|(d, _)| !keep(d.loc))
+        .map(|(d, what)| {
+            let (file, line) = loc_line(cx, d.loc);
+            format!("{what}{} ({file}:{line})", d.value)
+        })
+        .collect();
     let allow_kept: Vec<&Spanned<String>> =
         s.network.allow.iter().filter(|d| keep(d.loc)).collect();
     let groups_kept: Vec<(&Spanned<String>, bool)> = s
@@ -884,6 +937,7 @@ fn resolve(
         NetMode::Allow => Network {
             mode,
             domains,
+            ignored,
             allow: allow_rules.into_iter().collect(),
             deny: deny_rules.into_iter().collect(),
             localhost_ports: ports,
@@ -891,6 +945,7 @@ fn resolve(
         _ => Network {
             mode,
             domains,
+            ignored,
             allow: vec![],
             deny: vec![],
             localhost_ports: vec![],

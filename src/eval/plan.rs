@@ -104,6 +104,23 @@ pub enum MountKind {
         mode: u32,
         owner: Option<(u32, u32)>,
     },
+    /// A writable directory of the sandbox's own state (`xdg "sandbox"`), kept between runs and
+    /// created on first use; never a host path the configuration named.
+    State {
+        dir: PathBuf,
+    },
+    /// Files aisb writes for the sandbox (an agent's settings mirroring it), read-only, in the
+    /// store under a name from their content.
+    Generated {
+        dir: PathBuf,
+        files: Vec<GeneratedFile>,
+    },
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct GeneratedFile {
+    pub name: String,
+    pub content: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -144,6 +161,9 @@ pub struct Network {
     pub mode: NetMode,
     /// How built-in and project domain lists were combined.
     pub domains: DomainsMode,
+    /// Rules the domain mode left out, with where they were written.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ignored: Vec<String>,
     pub allow: Vec<String>,
     pub deny: Vec<String>,
     pub localhost_ports: Vec<u16>,

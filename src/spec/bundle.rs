@@ -135,6 +135,46 @@ pub fn mask_file(store: &Path) -> Result<PathBuf, BundleError> {
     Ok(path)
 }
 
+/// Write a generated directory unless it exists: its name comes from its content, so an
+/// existing one is complete (written to a temporary directory, renamed into place).
+fn write_generated(
+    dir: &Path,
+    files: &[crate::eval::plan::GeneratedFile],
+) -> Result<(), BundleError> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let parent = dir.parent().unwrap_or(Path::new("."));
+    io(parent, fs::create_dir_all(parent))?;
+    let tmp = parent.join(format!(
+        ".tmp-{}-{}",
+        dir.file_name()
+            .map_or("gen".into(), |n| n.to_string_lossy()),
+        std::process::id()
+    ));
+    let _ = fs::remove_dir_all(&tmp);
+    io(&tmp, fs::create_dir(&tmp))?;
+    let written = files.iter().try_for_each(|f| {
+        let p = tmp.join(&f.name);
+        fs::write(&p, &f.content)?;
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o644))
+    });
+    let result = written
+        .and_then(|()| fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755)))
+        .and_then(|()| fs::rename(&tmp, dir));
+    if let Err(e) = result {
+        let _ = fs::remove_dir_all(&tmp);
+        // Another aisb may have written the same directory first.
+        if !dir.is_dir() {
+            return Err(BundleError::Io {
+                path: dir.to_path_buf(),
+                source: e,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Create overlay dirs and take private copies that do not exist yet.
 pub fn realise_state(plan: &Plan) -> Result<(), BundleError> {
     for m in &plan.mounts {
@@ -151,6 +191,8 @@ pub fn realise_state(plan: &Plan) -> Result<(), BundleError> {
                 io(&tmp, fs::copy(source, &tmp))?;
                 io(copy, fs::rename(&tmp, copy))?;
             }
+            MountKind::State { dir } => io(dir, fs::create_dir_all(dir))?,
+            MountKind::Generated { dir, files } => write_generated(dir, files)?,
             _ => {}
         }
     }

@@ -205,6 +205,18 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
                 &s(copy),
                 &opts(&["bind", "rw", "nosuid", "nodev"]),
             ),
+            MountKind::State { dir } => mount(
+                &m.target,
+                "bind",
+                &s(dir),
+                &opts(&["rbind", "rw", "nosuid", "nodev"]),
+            ),
+            MountKind::Generated { dir, .. } => mount(
+                &m.target,
+                "bind",
+                &s(dir),
+                &opts(&["rbind", "ro", "nosuid", "nodev"]),
+            ),
             MountKind::Tmpfs { size, mode, owner } => {
                 let mut o = opts(&["nosuid", "nodev"]);
                 o.push(format!("mode={mode:o}"));
