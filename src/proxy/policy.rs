@@ -23,6 +23,11 @@ pub struct PolicyConfig {
     pub localhost_ports: Vec<u16>,
     /// Name -> addresses, used instead of DNS (tests, or pinning a name).
     pub resolve: Vec<(String, IpAddr)>,
+    /// Name -> the one address to connect to for it, internal or not: set on the host by the
+    /// caller (a local model gateway, a mock server), never by anything in the sandbox. The
+    /// allow/deny decision is still made on the name.
+    #[serde(default)]
+    pub pins: Vec<(String, SocketAddr)>,
 }
 
 #[derive(Debug, Clone)]
@@ -31,6 +36,7 @@ pub struct Policy {
     deny: Vec<DomainRule>,
     localhost_ports: Vec<u16>,
     resolve: HashMap<String, Vec<IpAddr>>,
+    pins: HashMap<String, SocketAddr>,
 }
 
 /// Where a request may go, and the rule that said so.
@@ -64,11 +70,17 @@ impl Policy {
                 resolve.entry(n).or_default().push(*ip);
             }
         }
+        let pins = cfg
+            .pins
+            .iter()
+            .filter_map(|(n, a)| Some((normalise_name(n).ok()?, *a)))
+            .collect();
         Policy {
             allow: rules(&cfg.allow),
             deny: rules(&cfg.deny),
             localhost_ports: cfg.localhost_ports.clone(),
             resolve,
+            pins,
         }
     }
 
@@ -123,6 +135,9 @@ impl Policy {
     /// The address to connect to: from the override map, the IP literal itself, or the host's
     /// resolver; the first one the rule permits.
     pub async fn resolve(&self, allowed: &Allowed, port: u16) -> Result<SocketAddr, Blocked> {
+        if let Some(addr) = self.pins.get(&allowed.host) {
+            return Ok(*addr);
+        }
         let bare = allowed.host.trim_start_matches('[').trim_end_matches(']');
         let candidates: Vec<IpAddr> = if let Ok(ip) = bare.parse::<IpAddr>() {
             vec![ip]
@@ -237,7 +252,22 @@ mod tests {
                 ("rebind.test".into(), "127.0.0.1".parse().unwrap()),
                 ("public.test".into(), "93.184.216.34".parse().unwrap()),
             ],
+            pins: vec![("gateway.test".into(), "127.0.0.1:9999".parse().unwrap())],
         })
+    }
+
+    /// A pin (set by the caller on the host) sends an allowed name to its address even when
+    /// internal, and changes nothing about whether the name is allowed.
+    #[tokio::test]
+    async fn pins_route_allowed_names_only() {
+        let p = policy(&["gateway.test"], &[]);
+        let a = p.check("GATEWAY.test", 80).unwrap();
+        assert_eq!(
+            p.resolve(&a, 80).await.unwrap(),
+            "127.0.0.1:9999".parse().unwrap()
+        );
+        let p = policy(&["other.test"], &[]);
+        assert!(p.check("gateway.test", 80).is_err());
     }
 
     #[test]

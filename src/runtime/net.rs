@@ -15,6 +15,9 @@ use crate::proxy::policy::PolicyConfig;
 
 /// Names the proxy resolves without DNS: `name=ip,name=ip` (tests, or pinning a host).
 pub const RESOLVE_ENV: &str = "AISB_PROXY_RESOLVE";
+/// Names the proxy sends to one fixed address, internal or not: `name=ip:port,…` (a local
+/// model gateway or mock server for an agent's API host). Only the caller's environment sets it.
+pub const PIN_ENV: &str = "AISB_PROXY_PIN";
 
 pub struct ProxyProcess {
     pub dir: PathBuf,
@@ -52,11 +55,29 @@ pub fn policy(plan: &Plan) -> Result<PolicyConfig, RuntimeError> {
             }
         }
     }
+    let mut pins = Vec::new();
+    if let Ok(spec) = std::env::var(PIN_ENV) {
+        for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let parsed = item
+                .split_once('=')
+                .and_then(|(n, a)| Some((n.to_string(), a.trim().parse().ok()?)));
+            match parsed {
+                Some(p) => pins.push(p),
+                None => {
+                    return Err(RuntimeError::Io {
+                        what: format!("{PIN_ENV}: `{item}` is not NAME=IP:PORT"),
+                        source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+                    })
+                }
+            }
+        }
+    }
     Ok(PolicyConfig {
         allow: plan.network.allow.clone(),
         deny: plan.network.deny.clone(),
         localhost_ports: plan.network.localhost_ports.clone(),
         resolve,
+        pins,
     })
 }
 
