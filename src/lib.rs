@@ -4,6 +4,7 @@
 //! project scan -> [`eval::Plan`]) -> `spec` (Plan -> OCI runtime spec). Nothing after `eval`
 //! sees KDL.
 
+pub mod agents;
 pub mod atomic;
 pub mod audit;
 pub mod cli;

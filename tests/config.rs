@@ -5,6 +5,8 @@ mod support;
 
 use aisb::config::model::{Access, NetMode};
 use aisb::eval::plan::MountKind;
+use std::path::Path;
+
 use support::Fixture;
 
 fn err(text: &str) -> String {
@@ -564,4 +566,71 @@ fn xdg_sandbox_relocates_and_explains_what_it_cannot() {
     );
     let e = err("xdg \"elsewhere\"\n");
     assert!(e.contains("expected one of: home, sandbox"), "{e}");
+}
+
+/// `preset:claude` gets Claude Code's managed settings written to mirror the sandbox (seed 001).
+#[test]
+fn claude_managed_settings_mirror_the_sandbox() {
+    let f = Fixture::new();
+    std::fs::write(f.project().join(".env"), "K=v").unwrap();
+    let settings = |text: &str, profile: Option<&str>| {
+        let plan = f.plan(text, profile);
+        let files = plan
+            .mounts
+            .iter()
+            .find_map(|m| match &m.kind {
+                MountKind::Generated { files, dir }
+                    if m.target == Path::new("/etc/claude-code") =>
+                {
+                    assert!(dir.starts_with(&plan.store));
+                    Some(files.clone())
+                }
+                _ => None,
+            })
+            .expect("a managed settings mount");
+        assert_eq!(files[0].name, "managed-settings.json");
+        serde_json::from_str::<serde_json::Value>(&files[0].content).unwrap()
+    };
+    let has = |v: &serde_json::Value, list: &str, rule: &str| {
+        v["permissions"][list]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r == rule)
+    };
+    let env = f.project().join(".env");
+    let rw = settings("import \"preset:claude\"\n", None);
+    assert!(
+        has(&rw, "deny", &format!("Read(/{})", env.display())),
+        "{rw}"
+    );
+    assert!(has(&rw, "deny", "Read(~/.ssh/**)"));
+    assert!(has(&rw, "allow", "Bash") && has(&rw, "allow", "Edit"));
+    assert!(has(&rw, "allow", "WebFetch(domain:api.anthropic.com)"));
+    assert_eq!(rw["sandbox"]["enabled"], false);
+    assert_eq!(
+        rw["hooks"]["PreToolUse"][0]["hooks"][0]["command"],
+        "/run/aisb/init agent-event claude"
+    );
+    let ro = settings("import \"preset:claude\"\n", Some("investigate"));
+    assert!(
+        has(&ro, "deny", "Edit(**)") && !has(&ro, "allow", "Edit"),
+        "{ro}"
+    );
+    assert_eq!(
+        ro["sandbox"]["network"]["allowedDomains"],
+        serde_json::json!([
+            "api.anthropic.com",
+            "console.anthropic.com",
+            "statsig.anthropic.com"
+        ])
+    );
+    let none = settings("import \"preset:claude\"\nnetwork \"none\"\n", None);
+    assert!(has(&none, "deny", "WebFetch") && has(&none, "deny", "WebSearch"));
+    // Without the preset nothing is written.
+    let plan = f.plan("", None);
+    assert!(!plan
+        .mounts
+        .iter()
+        .any(|m| m.target == Path::new("/etc/claude-code")));
 }

@@ -53,6 +53,15 @@ pub enum Kind {
         #[serde(default)]
         duration_ms: u64,
     },
+    /// A tool call an agent announced from inside (its pre-tool hook, see `agents`). Reported
+    /// by the sandboxed side, so a record of intent, not proof: what the sandbox allowed or
+    /// refused is in the other events.
+    Agent {
+        agent: String,
+        tool: String,
+        /// The command, path or (shortened) input of the call.
+        input: String,
+    },
 }
 
 impl Event {
@@ -112,6 +121,9 @@ impl Event {
                     format!("  ({bytes_up} B up, {bytes_down} B down)")
                 };
                 format!("{t}  {verb}  {proto} {host}:{port}  {rule}{bytes}")
+            }
+            Kind::Agent { agent, tool, input } => {
+                format!("{t}  AGENT  {agent} {tool}: {input}  (reported from inside)")
             }
         }
     }

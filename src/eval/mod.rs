@@ -224,6 +224,9 @@ pub const ETC_PATHS: &[&str] = &[
     "magic",
     "magic.mime",
     "manpath.config",
+    // Claude Code's managed settings (an enterprise policy): kept, and extended by
+    // `preset:claude` (see `agents`). The snapshot always has the directory.
+    "claude-code",
 ];
 
 struct Ctx<'a> {
@@ -368,7 +371,7 @@ pub fn evaluate(loaded: &Loaded, host: &Host, req: &Request) -> Result<Plan, Eva
     if !cx.errors.is_empty() {
         return Err(ConfigErrors::new(cx.errors.list).into());
     }
-    resolve(
+    let mut plan = resolve(
         &mut cx,
         host,
         req,
@@ -376,7 +379,20 @@ pub fn evaluate(loaded: &Loaded, host: &Host, req: &Request) -> Result<Plan, Eva
         &groups,
         profile_name,
         &profiles,
-    )
+    )?;
+    // The agents whose presets are imported get their own permission layers to mirror it.
+    let agents: Vec<&str> = crate::presets::AGENTS
+        .iter()
+        .copied()
+        .filter(|a| {
+            loaded
+                .sources
+                .iter()
+                .any(|f| f.path.is_none() && f.name == format!("preset:{a}"))
+        })
+        .collect();
+    crate::agents::mirror(&mut plan, &agents);
+    Ok(plan)
 }
 
 fn sha_hex(bytes: &[u8]) -> String {

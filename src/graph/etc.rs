@@ -11,6 +11,10 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+/// Directories every snapshot has (mount points for files aisb writes, see `agents`).
+/// Part of the snapshot's key: changing the list names new snapshots.
+pub const ALWAYS_DIRS: &[&str] = &["claude-code"];
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Kind {
     Dir,
@@ -146,7 +150,9 @@ pub fn plan(source: &Path, names: &[&str], store: &Path) -> Snapshot {
             let stamps = collect(source, &names, true);
             let key = format!(
                 "{:x}",
-                Sha256::digest(serde_json::to_vec(&(source, &stamps)).unwrap_or_default())
+                Sha256::digest(
+                    serde_json::to_vec(&(source, &stamps, ALWAYS_DIRS)).unwrap_or_default()
+                )
             );
             remember(source, &names, &stamps, &key, &index_path);
             key
@@ -219,6 +225,14 @@ fn copy_entries(s: &Snapshot, to: &Path) -> io::Result<()> {
                 fs::set_permissions(&dst, fs::Permissions::from_mode(e.mode & 0o755))?;
             }
             Kind::Symlink(target) => symlink(target, &dst)?,
+        }
+    }
+    // Mount points aisb may use inside /etc, present whether or not the host has them.
+    for dir in ALWAYS_DIRS {
+        let p = to.join(dir);
+        if !p.exists() {
+            fs::create_dir(&p)?;
+            fs::set_permissions(&p, fs::Permissions::from_mode(0o755))?;
         }
     }
     // Directory modes last: a read-only directory would have refused its own contents.

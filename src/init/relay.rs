@@ -161,3 +161,30 @@ pub fn report_direct(addr: std::net::SocketAddr) {
 
 /// The request method the init uses to report a direct connection attempt to the proxy.
 pub const DIRECT_METHOD: &str = "AISB-DIRECT-CONNECT";
+/// The request method an agent's tool hook uses to put a tool call into the audit log.
+pub const AGENT_METHOD: &str = "AISB-AGENT-EVENT";
+/// The most of a hook's input forwarded (a Write tool's input holds the whole file).
+pub const AGENT_EVENT_MAX: usize = 16 * 1024;
+
+/// `init agent-event AGENT`: an agent's pre-tool hook. Forwards the hook's JSON (stdin) to the
+/// proxy, which writes it to the audit log; always exits 0 and prints nothing, so it never
+/// changes what the agent does. Without a proxy (network "none") there is nowhere to log.
+pub fn agent_event_main(agent: &str) -> i32 {
+    let mut input = Vec::new();
+    let _ = std::io::stdin()
+        .take(AGENT_EVENT_MAX as u64)
+        .read_to_end(&mut input);
+    if let Ok(mut s) = UnixStream::connect(PROXY_SOCKET) {
+        let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(2)));
+        let _ = s.set_write_timeout(Some(std::time::Duration::from_secs(2)));
+        let head = format!(
+            "{AGENT_METHOD} {agent} HTTP/1.1\r\nContent-Length: {}\r\n\r\n",
+            input.len()
+        );
+        if s.write_all(head.as_bytes()).is_ok() && s.write_all(&input).is_ok() {
+            let mut answer = [0u8; 64];
+            let _ = s.read(&mut answer);
+        }
+    }
+    0
+}

@@ -216,6 +216,29 @@ impl Proxy {
                 start,
             }));
         }
+        if method == crate::init::relay::AGENT_METHOD {
+            let want = header("content-length")
+                .and_then(|v| v.parse::<usize>().ok())
+                .unwrap_or(0)
+                .min(crate::init::relay::AGENT_EVENT_MAX);
+            let mut body = buf[head_len..].to_vec();
+            while body.len() < want {
+                if read_more(client, &mut body).await? == 0 {
+                    break;
+                }
+            }
+            body.truncate(want);
+            client.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await?;
+            if let Some(log) = &self.audit {
+                let (tool, input) = crate::agents::summarise_tool_call(&body);
+                let _ = log.write(Kind::Agent {
+                    agent: crate::agents::clean_label(&target),
+                    tool,
+                    input,
+                });
+            }
+            return Ok(None);
+        }
         if method == "CONNECT" {
             let Some((host, port)) = split_authority(&target, None) else {
                 respond(client, 400, "Bad Request", "CONNECT needs host:port", None).await?;

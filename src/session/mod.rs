@@ -298,6 +298,7 @@ pub fn prepare(plan: &mut Plan, name: &str) -> Result<Session, SessionError> {
             git(&clone, &args, &state)?;
         }
     }
+    write_agent_settings(plan, &clone, &state)?;
     Ok(Session {
         name: name.to_string(),
         state,
@@ -305,6 +306,52 @@ pub fn prepare(plan: &mut Plan, name: &str) -> Result<Session, SessionError> {
         repo,
         _lock: lock,
     })
+}
+
+/// Seed 001's `.claude/settings.local.json`, in the clone (the agent's working tree, never the
+/// host repository): the managed settings aisb wrote for this sandbox, over whatever local
+/// settings the clone already had; git is told to ignore the file there. A tracked one is left
+/// alone (the managed settings apply regardless).
+fn write_agent_settings(plan: &Plan, clone: &Path, state: &Path) -> Result<(), SessionError> {
+    let Some(managed) = plan.mounts.iter().find_map(|m| match &m.kind {
+        MountKind::Generated { files, .. }
+            if m.target == Path::new(crate::agents::CLAUDE_MANAGED_DIR) =>
+        {
+            files.first()
+        }
+        _ => None,
+    }) else {
+        return Ok(());
+    };
+    const REL: &str = ".claude/settings.local.json";
+    if git(clone, &["ls-files", "--error-unmatch", "--", REL], state).is_ok() {
+        return Ok(());
+    }
+    let path = clone.join(REL);
+    let existing = fs::read(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+    let ours: serde_json::Value = serde_json::from_str(&managed.content).unwrap_or_default();
+    let merged = crate::agents::merge_settings(existing, &ours);
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+    }
+    write_atomic(
+        &path,
+        (serde_json::to_string_pretty(&merged).unwrap_or_default() + "\n").as_bytes(),
+    )?;
+    let exclude = clone.join(".git/info/exclude");
+    let current = fs::read_to_string(&exclude).unwrap_or_default();
+    if !current.lines().any(|l| l == REL) {
+        let mut text = current;
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text.push_str(REL);
+        text.push('\n');
+        write_atomic(&exclude, text.as_bytes())?;
+    }
+    Ok(())
 }
 
 pub fn read_state(state: &Path) -> Option<State> {

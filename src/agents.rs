@@ -1,0 +1,220 @@
+//! Agents' own permission layers, made to mirror the sandbox (seed 001), and the audit trail of
+//! their tool calls.
+//!
+//! Claude Code reads `/etc/claude-code/managed-settings.json` first: nothing in the project,
+//! the user's settings or the command line overrides it. For a sandbox that imports
+//! `preset:claude`, aisb writes that file (in the store, named by its content, mounted read-only
+//! over the sandbox's `/etc/claude-code`), saying what the sandbox enforces anyway:
+//!
+//! | sandbox                         | managed settings                                    |
+//! |---------------------------------|-----------------------------------------------------|
+//! | masked path `P` (file / dir)    | deny `Read(//P)`, `Edit(//P)` (dir: `//P/**`)       |
+//! | ~/.ssh, ~/.aws, ~/.gnupg hidden | deny `Read(~/.ssh/**)`, …                            |
+//! | read-only project               | deny `Edit(**)`, `Write(**)`, `NotebookEdit`        |
+//! | network "none"                  | deny `WebFetch`, `WebSearch`                        |
+//! | allowlist                       | allow `WebFetch(domain:D)`, `sandbox.network.allowedDomains` |
+//! | commands run sandboxed          | allow `Bash` (seed 001's `autoAllowBashIfSandboxed`) |
+//! | (always)                        | `sandbox.enabled: false`, a `PreToolUse` hook       |
+//!
+//! `sandbox.enabled` is false on purpose: aisb is the OS-level sandbox, and Claude Code's own
+//! (bubblewrap) cannot start inside it, since user namespaces are refused there; a project's
+//! `.claude/settings.json` turning it on would otherwise make every command fail. The hook runs
+//! `/run/aisb/init agent-event claude` before each tool call, which puts the call into the
+//! sandbox's audit log through the proxy socket (when the sandbox has a network proxy). An
+//! enterprise policy already in the host's `/etc/claude-code/managed-settings.json` is kept:
+//! its rules come first, aisb's are added.
+//!
+//! For a named sandbox the same settings are also written into the clone as
+//! `.claude/settings.local.json` (excluded from git there), never into the host repository.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
+
+use crate::eval::plan::{GeneratedFile, Mount, MountKind, NetMode, Plan};
+
+/// Where Claude Code reads its managed (highest-precedence) settings.
+pub const CLAUDE_MANAGED_DIR: &str = "/etc/claude-code";
+pub const CLAUDE_MANAGED_FILE: &str = "managed-settings.json";
+/// Deny rules written per masked path, at most (a project with more masked paths gets the
+/// first ones; the sandbox hides them all regardless).
+const MAX_PATH_RULES: usize = 2000;
+/// The most of a tool call's input kept in the audit log.
+const MAX_INPUT: usize = 500;
+
+/// Add what the agents in `agents` (preset names) need to mirror `plan`.
+pub fn mirror(plan: &mut Plan, agents: &[&str]) {
+    if agents.contains(&"claude") {
+        let host_policy = std::fs::read(Path::new(CLAUDE_MANAGED_DIR).join(CLAUDE_MANAGED_FILE))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
+        let settings = claude_settings(plan, host_policy);
+        let content = serde_json::to_string_pretty(&settings).unwrap_or_default() + "\n";
+        let hash = format!("{:x}", Sha256::digest(content.as_bytes()));
+        plan.mounts.push(Mount {
+            target: PathBuf::from(CLAUDE_MANAGED_DIR),
+            kind: MountKind::Generated {
+                dir: plan.store.join(format!("{}-claude-managed", &hash[..32])),
+                files: vec![GeneratedFile {
+                    name: CLAUDE_MANAGED_FILE.into(),
+                    content,
+                }],
+            },
+            why: "Claude Code's managed settings, mirroring this sandbox (preset:claude)".into(),
+        });
+    }
+}
+
+/// Claude Code settings that say what `plan` enforces, on top of `host_policy`.
+pub fn claude_settings(plan: &Plan, host_policy: Option<Value>) -> Value {
+    let mut deny: Vec<String> = Vec::new();
+    for m in plan.masks.iter().take(MAX_PATH_RULES) {
+        let p = m.path.to_string_lossy();
+        let pattern = if m.dir {
+            format!("/{p}/**")
+        } else {
+            format!("/{p}")
+        };
+        deny.push(format!("Read({pattern})"));
+        deny.push(format!("Edit({pattern})"));
+    }
+    for d in [".ssh", ".aws", ".gnupg"] {
+        deny.push(format!("Read(~/{d}/**)"));
+        deny.push(format!("Edit(~/{d}/**)"));
+    }
+    let writable = !plan.read_only && plan.project_access != crate::eval::plan::Access::Ro;
+    let mut allow = vec!["Bash".to_string()];
+    if writable {
+        allow.extend(["Edit".into(), "Write".into(), "NotebookEdit".into()]);
+    } else {
+        deny.extend(["Edit(**)".into(), "Write(**)".into(), "NotebookEdit".into()]);
+    }
+    let domains: Vec<String> = match plan.network.mode {
+        NetMode::Allow => plan
+            .network
+            .allow
+            .iter()
+            // Only names: an IP literal or a port-qualified rule is not a WebFetch domain.
+            .filter(|d| !d.contains(':') && d.parse::<std::net::IpAddr>().is_err())
+            .cloned()
+            .collect(),
+        NetMode::None => {
+            deny.extend(["WebFetch".into(), "WebSearch".into()]);
+            vec![]
+        }
+        NetMode::Host => vec![],
+    };
+    allow.extend(domains.iter().map(|d| format!("WebFetch(domain:{d})")));
+    let hook = json!({
+        "matcher": "*",
+        "hooks": [{
+            "type": "command",
+            "command": format!("{} agent-event claude", crate::init::INIT_PATH),
+            "timeout": 5
+        }]
+    });
+
+    let ours = json!({
+        "permissions": { "allow": allow, "deny": deny },
+        "sandbox": { "enabled": false, "network": { "allowedDomains": domains } },
+        "hooks": { "PreToolUse": [hook] },
+    });
+    merge_settings(host_policy, &ours)
+}
+
+/// `ours` over `base`: list entries appended (once), `sandbox.enabled` and
+/// `sandbox.network.allowedDomains` replaced, everything else of `base` kept.
+pub fn merge_settings(base: Option<Value>, ours: &Value) -> Value {
+    fn merge(base: &mut Map<String, Value>, ours: &Map<String, Value>) {
+        for (k, v) in ours {
+            match (base.get_mut(k), v) {
+                (Some(Value::Object(b)), Value::Object(o)) => merge(b, o),
+                (Some(Value::Array(b)), Value::Array(o)) if k != "allowedDomains" => {
+                    for item in o {
+                        if !b.contains(item) {
+                            b.push(item.clone());
+                        }
+                    }
+                }
+                _ => {
+                    base.insert(k.clone(), v.clone());
+                }
+            }
+        }
+    }
+    let mut root = match base {
+        Some(Value::Object(m)) => m,
+        _ => Map::new(),
+    };
+    if let Value::Object(o) = ours {
+        merge(&mut root, o);
+    }
+    Value::Object(root)
+}
+
+/// The tool and a one-line summary of its input, from a Claude Code hook's JSON input.
+pub fn summarise_tool_call(body: &[u8]) -> (String, String) {
+    let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let tool = v
+        .get("tool_name")
+        .and_then(Value::as_str)
+        .map_or_else(|| "unknown".to_string(), clean_label);
+    let input = v.get("tool_input").cloned().unwrap_or(Value::Null);
+    let field = |k: &str| input.get(k).and_then(Value::as_str).map(str::to_string);
+    let text = field("command")
+        .or_else(|| field("file_path"))
+        .or_else(|| field("notebook_path"))
+        .or_else(|| field("url"))
+        .or_else(|| field("pattern"))
+        .unwrap_or_else(|| input.to_string());
+    (tool, shorten(&text))
+}
+
+/// At most [`MAX_INPUT`] characters, control characters shown as spaces (one log line).
+fn shorten(s: &str) -> String {
+    let mut out: String = s
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(MAX_INPUT)
+        .collect();
+    if s.chars().count() > MAX_INPUT {
+        out.push('…');
+    }
+    out
+}
+
+/// A name from inside the sandbox, safe to log: letters, digits, `-`, `_`, at most 40.
+pub fn clean_label(s: &str) -> String {
+    s.chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+        .take(40)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_calls_are_summarised_on_one_bounded_line() {
+        let (tool, input) = summarise_tool_call(
+            br#"{"tool_name":"Bash","tool_input":{"command":"cat ~/.ssh/id\nrm -rf /"}}"#,
+        );
+        assert_eq!(
+            (tool.as_str(), input.as_str()),
+            ("Bash", "cat ~/.ssh/id rm -rf /")
+        );
+        let (tool, input) =
+            summarise_tool_call(br#"{"tool_name":"Read","tool_input":{"file_path":"/p/.env"}}"#);
+        assert_eq!((tool.as_str(), input.as_str()), ("Read", "/p/.env"));
+        let long = format!(
+            r#"{{"tool_name":"Wr\u001bite","tool_input":{{"content":"{}"}}}}"#,
+            "x".repeat(2000)
+        );
+        let (tool, input) = summarise_tool_call(long.as_bytes());
+        assert_eq!(tool, "Write");
+        assert_eq!(input.chars().count(), MAX_INPUT + 1);
+        assert_eq!(summarise_tool_call(b"not json").0, "unknown");
+    }
+}

@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""A scripted model server for the agent tests: speaks just enough of the Anthropic Messages,
+OpenAI Chat Completions / Responses and Gemini generateContent APIs for a real client to run.
+
+usage: mock_llm.py PORT_FILE LOG_FILE [SCRIPT_JSON]
+
+Binds 127.0.0.1 on a free port and writes it to PORT_FILE. Every request is appended to
+LOG_FILE as one JSON line (method, path, Host header, and for Anthropic the tool results the
+client sent back). SCRIPT_JSON is a list of shell commands: while an Anthropic request that
+offers tools has fewer tool results than the script has commands, the answer is a Bash
+tool_use running the next one; then a final text "MOCK-DONE". Exits after 300 s at most.
+"""
+import json
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+PORT_FILE, LOG_FILE = sys.argv[1], sys.argv[2]
+SCRIPT = json.loads(sys.argv[3]) if len(sys.argv) > 3 else []
+LOCK = threading.Lock()
+
+
+def log(entry):
+    with LOCK, open(LOG_FILE, "a") as f:
+        f.write(json.dumps(entry) + "\n")
+
+
+def tool_results(messages):
+    out = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list):
+            for block in content:
+                if isinstance(block, dict) and block.get("type") == "tool_result":
+                    c = block.get("content")
+                    if isinstance(c, list):
+                        c = "".join(x.get("text", "") for x in c if isinstance(x, dict))
+                    out.append({"is_error": bool(block.get("is_error")), "content": c})
+    return out
+
+
+def sse(events):
+    return "".join(
+        f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events
+    ).encode()
+
+
+def anthropic(body):
+    results = tool_results(body.get("messages", []))
+    tools = [t.get("name") for t in body.get("tools", []) if isinstance(t, dict)]
+    step = len(results)
+    if "Bash" in tools and step < len(SCRIPT):
+        block = {"type": "tool_use", "id": f"toolu_{step}", "name": "Bash", "input": {}}
+        delta = {
+            "type": "input_json_delta",
+            "partial_json": json.dumps(
+                {"command": SCRIPT[step], "description": "scripted step"}
+            ),
+        }
+        stop = "tool_use"
+        full = dict(block, input={"command": SCRIPT[step], "description": "scripted step"})
+    else:
+        block = {"type": "text", "text": ""}
+        delta = {"type": "text_delta", "text": "MOCK-DONE"}
+        stop = "end_turn"
+        full = {"type": "text", "text": "MOCK-DONE"}
+    usage = {"input_tokens": 1, "output_tokens": 1}
+    message = {
+        "id": f"msg_{step}",
+        "type": "message",
+        "role": "assistant",
+        "model": body.get("model", "mock"),
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": usage,
+    }
+    if not body.get("stream"):
+        return "application/json", json.dumps(
+            dict(message, content=[full], stop_reason=stop)
+        ).encode(), results
+    events = [
+        {"type": "message_start", "message": message},
+        {"type": "content_block_start", "index": 0, "content_block": block},
+        {"type": "content_block_delta", "index": 0, "delta": delta},
+        {"type": "content_block_stop", "index": 0},
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": stop, "stop_sequence": None},
+            "usage": {"output_tokens": 1},
+        },
+        {"type": "message_stop"},
+    ]
+    return "text/event-stream", sse(events), results
+
+
+def openai_chat(body):
+    msg = {"role": "assistant", "content": "MOCK-DONE"}
+    if body.get("stream"):
+        chunks = [
+            {"id": "c1", "object": "chat.completion.chunk", "model": "mock",
+             "choices": [{"index": 0, "delta": msg, "finish_reason": None}]},
+            {"id": "c1", "object": "chat.completion.chunk", "model": "mock",
+             "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        ]
+        data = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+        return "text/event-stream", data.encode()
+    return "application/json", json.dumps({
+        "id": "c1", "object": "chat.completion", "model": "mock",
+        "choices": [{"index": 0, "message": msg, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }).encode()
+
+
+def gemini():
+    return "application/json", json.dumps({
+        "candidates": [{"content": {"role": "model", "parts": [{"text": "MOCK-DONE"}]},
+                        "finishReason": "STOP", "index": 0}],
+        "usageMetadata": {"promptTokenCount": 1, "candidatesTokenCount": 1,
+                          "totalTokenCount": 2},
+    }).encode()
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def reply(self, ctype, data, code=200):
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        log({"method": "GET", "path": self.path, "host": self.headers.get("Host")})
+        if "/models" in self.path:
+            self.reply("application/json", json.dumps(
+                {"object": "list", "data": [{"id": "mock", "object": "model"}]}).encode())
+        else:
+            self.reply("application/json", b"{}")
+
+    def do_HEAD(self):
+        log({"method": "HEAD", "path": self.path, "host": self.headers.get("Host")})
+        self.reply("application/json", b"")
+
+    def do_POST(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(n) if n else b""
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:
+            body = {}
+        entry = {"method": "POST", "path": self.path, "host": self.headers.get("Host")}
+        path = self.path.split("?")[0]
+        if path.endswith("/messages"):
+            ctype, data, results = anthropic(body)
+            entry["tools"] = len(body.get("tools", []))
+            entry["tool_results"] = results
+        elif path.endswith("/chat/completions"):
+            ctype, data = openai_chat(body)
+        elif ":generateContent" in path or ":streamGenerateContent" in path:
+            ctype, data = gemini()
+            if ":streamGenerateContent" in path:
+                ctype, data = "text/event-stream", b"data: " + data + b"\r\n\r\n"
+        else:
+            ctype, data = "application/json", b"{}"
+        log(entry)
+        self.reply(ctype, data)
+
+
+server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+with open(PORT_FILE + ".tmp", "w") as f:
+    f.write(str(server.server_address[1]))
+import os  # noqa: E402
+
+os.rename(PORT_FILE + ".tmp", PORT_FILE)
+threading.Timer(300, server.shutdown).start()
+server.serve_forever()
