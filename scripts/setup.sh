@@ -32,9 +32,30 @@ if [ -n "$need" ]; then
     $sudo apt-get update -qq >/dev/null
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends $need >/dev/null
 fi
-if ! command -v claude >/dev/null 2>&1 || ! command -v codex >/dev/null 2>&1; then
-    if [ "$(id -u)" -eq 0 ]; then sudo=""; else sudo="sudo"; fi
-    echo "setup: installing the agent clients claude and codex (npm)" >&2
-    $sudo npm install -g --silent @anthropic-ai/claude-code @openai/codex >/dev/null 2>&1 ||
-        echo "setup: npm could not install claude/codex; tests/agents.rs will say it skipped" >&2
+if [ "$(id -u)" -eq 0 ]; then sudo=""; else sudo="sudo"; fi
+# The agent clients the agent tests run inside their presets (tests/agents.rs): four from npm,
+# aider from PyPI in its own venv on Debian's python3 (visible inside the sandbox, unlike a
+# python under a home directory), linked into /usr/local/bin.
+npm_missing=""
+for pair in claude:@anthropic-ai/claude-code codex:@openai/codex opencode:opencode-ai gemini:@google/gemini-cli; do
+    command -v "${pair%%:*}" >/dev/null 2>&1 || npm_missing="$npm_missing ${pair#*:}"
+done
+if [ -n "$npm_missing" ]; then
+    echo "setup: installing the agent clients$npm_missing (npm)" >&2
+    $sudo npm install -g --silent $npm_missing >/dev/null 2>&1 ||
+        echo "setup: npm could not install$npm_missing; tests/agents.rs will fail in CI" >&2
 fi
+if ! [ -x /opt/aider-venv/bin/aider ]; then
+    /usr/bin/python3 -c 'import ensurepip' 2>/dev/null || {
+        $sudo apt-get update -qq >/dev/null
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+    }
+    echo "setup: installing the agent client aider (PyPI aider-chat, /opt/aider-venv)" >&2
+    $sudo rm -rf /opt/aider-venv
+    { $sudo /usr/bin/python3 -m venv /opt/aider-venv &&
+        $sudo /opt/aider-venv/bin/pip install -q aider-chat >/dev/null 2>&1; } ||
+        echo "setup: pip could not install aider-chat; tests/agents.rs will fail in CI" >&2
+fi
+[ -x /opt/aider-venv/bin/aider ] && ! command -v aider >/dev/null 2>&1 &&
+    $sudo ln -sf /opt/aider-venv/bin/aider /usr/local/bin/aider
+exit 0

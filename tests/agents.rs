@@ -15,103 +15,22 @@ fn installed(tool: &str) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-fn entries(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
+/// Every path below `dir` with its content (files) or kind, for before/after comparisons.
+fn tree(dir: &Path) -> Vec<(String, String)> {
+    walkdir::WalkDir::new(dir)
+        .sort_by_file_name()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            let rel = e.path().strip_prefix(dir).unwrap().display().to_string();
+            let what = if e.file_type().is_file() {
+                std::fs::read_to_string(e.path()).unwrap_or_else(|_| "<binary>".into())
+            } else {
+                format!("{:?}", e.file_type())
+            };
+            (rel, what)
         })
-        .unwrap_or_default();
-    v.sort();
-    v
-}
-
-#[test]
-fn claude_and_codex_run_in_their_presets_and_their_writes_stay_inside() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: needs root on this host (CI runs as root)");
-        return;
-    }
-    if !installed("claude") || !installed("codex") {
-        // CI runs scripts/setup.sh, which installs them: there, missing is a failure.
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "claude or codex is not installed: scripts/setup.sh should have installed them"
-        );
-        eprintln!(
-            "skipped: claude or codex is not installed (scripts/setup.sh installs them from npm)"
-        );
-        return;
-    }
-    let t = tempfile::tempdir().unwrap();
-    let (home, proj) = (t.path().join("home"), t.path().join("proj"));
-    for d in [home.join(".claude"), home.join(".codex"), proj.clone()] {
-        std::fs::create_dir_all(d).unwrap();
-    }
-    std::fs::write(home.join(".claude.json"), "{}\n").unwrap();
-    std::fs::write(
-        home.join(".claude/settings.json"),
-        "{\"theme\": \"dark\"}\n",
-    )
-    .unwrap();
-    let _ = Command::new("git")
-        .args(["init", "-q"])
-        .current_dir(&proj)
-        .status();
-    std::fs::write(
-        proj.join("sandbox.kdl"),
-        "import \"preset:claude\"\nimport \"preset:codex\"\n",
-    )
-    .unwrap();
-    let before = (
-        entries(&home.join(".claude")),
-        entries(&home.join(".codex")),
-    );
-    let script = "claude --version && echo claude=ok; \
-                  codex --version && echo codex=ok; \
-                  claude config list >/dev/null 2>&1; codex login status >/dev/null 2>&1; \
-                  cat ~/.claude/settings.json | grep -q dark && echo reads_config=ok; \
-                  echo changed > ~/.claude/settings.json && echo writes_config=ok";
-    // The presets mount the agents' dirs copy-on-write: libcontainer (bwrap 0.8 cannot).
-    let out = Out::from(
-        Command::new(env!("CARGO_BIN_EXE_aisb"))
-            .args([
-                "--trust",
-                "run",
-                "--backend",
-                "libcontainer",
-                "--",
-                "/bin/sh",
-                "-c",
-                script,
-            ])
-            .current_dir(&proj)
-            .env_clear()
-            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-            .env("HOME", &home)
-            .env("XDG_CACHE_HOME", t.path().join("cache"))
-            .env("ANTHROPIC_API_KEY", "sk-ant-test")
-            .stdin(std::process::Stdio::null())
-            .output()
-            .unwrap(),
-    );
-    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
-    for key in ["claude", "codex", "reads_config", "writes_config"] {
-        out.expect(key, "ok");
-    }
-    assert_eq!(
-        (
-            entries(&home.join(".claude")),
-            entries(&home.join(".codex"))
-        ),
-        before
-    );
-    assert_eq!(
-        std::fs::read_to_string(home.join(".claude/settings.json")).unwrap(),
-        "{\"theme\": \"dark\"}\n",
-        "a write inside reached the host's config"
-    );
+        .collect()
 }
 
 /// The scripted model server (`tests/agents/mock_llm.py`) on a free loopback port, killed on
@@ -336,4 +255,170 @@ fn claude_investigate_cannot_read_the_ssh_key_or_reach_other_hosts() {
         && e["action"] == "allow"
         && e["host"] == "api.anthropic.com"
         && e["rule"] == "allow \"api.anthropic.com\""));
+}
+
+/// One real client in its preset: where its config lives, what it needs to find the mock.
+struct Client {
+    preset: &'static str,
+    /// Config files written in the home before the run (path, content).
+    home: &'static [(&'static str, &'static str)],
+    /// The config directories and files the preset mounts (compared before and after).
+    config: &'static [&'static str],
+    /// The API host, pinned to the mock server.
+    api: &'static str,
+    env: &'static [(&'static str, &'static str)],
+    /// One non-interactive request to the model; it finds the mock through its config.
+    ask: &'static str,
+}
+
+const CLIENTS: &[Client] = &[
+    Client {
+        preset: "claude",
+        home: &[
+            (".claude/settings.json", "{\"env\": {\"ANTHROPIC_BASE_URL\": \"http://api.anthropic.com\"}}\n"),
+            (".claude.json", "{}\n"),
+        ],
+        config: &[".claude", ".claude.json"],
+        api: "api.anthropic.com",
+        env: &[("ANTHROPIC_API_KEY", "sk-ant-test")],
+        ask: "claude -p 'say hi'",
+    },
+    Client {
+        preset: "codex",
+        home: &[(
+            ".codex/config.toml",
+            "model = \"mock\"\nmodel_provider = \"mock\"\n[model_providers.mock]\nname = \"mock\"\nbase_url = \"http://api.openai.com/v1\"\nenv_key = \"OPENAI_API_KEY\"\nwire_api = \"responses\"\n",
+        )],
+        config: &[".codex"],
+        api: "api.openai.com",
+        env: &[("OPENAI_API_KEY", "sk-test")],
+        ask: "codex exec --skip-git-repo-check 'say hi'",
+    },
+    Client {
+        preset: "aider",
+        home: &[
+            (
+                ".aider.conf.yml",
+                "model: openai/gpt-4o\nopenai-api-base: http://api.openai.com/v1\ncheck-update: false\nanalytics-disable: true\nshow-model-warnings: false\n",
+            ),
+            (".aider/keep", "host\n"),
+        ],
+        config: &[".aider", ".aider.conf.yml"],
+        api: "api.openai.com",
+        env: &[("OPENAI_API_KEY", "sk-test")],
+        ask: "aider --message 'say hi' --yes-always --no-git --no-pretty --no-stream",
+    },
+    Client {
+        preset: "opencode",
+        home: &[
+            (
+                ".config/opencode/opencode.json",
+                "{\"provider\": {\"openai\": {\"options\": {\"baseURL\": \"http://api.openai.com/v1\"}}}, \"model\": \"openai/gpt-4o\", \"autoupdate\": false}\n",
+            ),
+            (".local/share/opencode/keep", "host\n"),
+        ],
+        config: &[".config/opencode", ".local/share/opencode"],
+        api: "api.openai.com",
+        env: &[("OPENAI_API_KEY", "sk-test")],
+        ask: "opencode run 'say hi'",
+    },
+    Client {
+        preset: "gemini",
+        home: &[(
+            ".gemini/settings.json",
+            "{\"security\": {\"auth\": {\"selectedType\": \"gemini-api-key\"}}}\n",
+        )],
+        config: &[".gemini"],
+        api: "generativelanguage.googleapis.com",
+        env: &[
+            ("GEMINI_API_KEY", "test"),
+            ("GOOGLE_GEMINI_BASE_URL", "http://generativelanguage.googleapis.com"),
+        ],
+        ask: "gemini --skip-trust -m gemini-2.5-flash -p 'say hi'",
+    },
+];
+
+/// Issue 7's clients, each installed from its package (scripts/setup.sh): inside its preset it
+/// starts, reads its config dir (which points it at the mock model), gets an answer through the
+/// proxy by the preset's own rule, writes to its config dir without any of it reaching the
+/// host, and cannot reach a host its preset does not list; the audit log shows both decisions.
+#[test]
+fn every_agent_client_works_in_its_preset_and_nothing_leaks() {
+    if !CLIENTS.iter().all(|c| needs(c.preset)) {
+        return;
+    }
+    for c in CLIENTS {
+        let t = tempfile::tempdir().unwrap();
+        let (home, proj) = project(t.path(), &format!("import \"preset:{}\"\n", c.preset));
+        for (rel, content) in c.home {
+            let p = home.join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, content).unwrap();
+        }
+        let before: Vec<_> = c.config.iter().map(|d| tree(&home.join(d))).collect();
+        let mock = Mock::start(t.path(), &[]);
+        let first = c.config[0];
+        let script = format!(
+            "{tool} --version >/dev/null 2>&1 && echo version=ok; \
+             timeout 90 {ask} </dev/null > /tmp/answer 2>&1; \
+             grep -q MOCK-DONE /tmp/answer && echo answer=ok || cat /tmp/answer; \
+             echo inside > ~/{first}/written-inside 2>/dev/null || echo inside > ~/{first}; \
+             cat ~/{first}/written-inside 2>/dev/null || cat ~/{first}; \
+             curl -sS -o /dev/null https://blocked.test/ 2>/dev/null; echo blocked=$?",
+            tool = c.preset,
+            ask = c.ask,
+        );
+        let mut cmd = aisb(t.path(), &home, &proj);
+        cmd.args([
+            "--trust",
+            "run",
+            "--backend",
+            "libcontainer",
+            "--",
+            "/bin/sh",
+            "-c",
+            &script,
+        ])
+        .env(
+            "AISB_PROXY_PIN",
+            format!("{}={}", c.api, format_args!("127.0.0.1:{}", mock.port)),
+        );
+        for (k, v) in c.env {
+            cmd.env(k, v);
+        }
+        let out = Out::from(cmd.output().unwrap());
+        let tag = format!("[{}]", c.preset);
+        assert_eq!(out.code, 0, "{tag} {}\n{}", out.stdout, out.stderr);
+        out.expect("version", "ok");
+        out.expect("answer", "ok");
+        assert!(out.stdout.contains("inside\n"), "{tag} {}", out.stdout);
+        // curl's exit code 56: the CONNECT was refused (403) by the proxy.
+        out.expect("blocked", "56");
+        let after: Vec<_> = c.config.iter().map(|d| tree(&home.join(d))).collect();
+        assert_eq!(
+            after, before,
+            "{tag} a write inside reached the host's config"
+        );
+        assert!(
+            mock.requests()
+                .iter()
+                .any(|r| r["host"] == c.api && r["method"] == "POST"),
+            "{tag} {:?}",
+            mock.requests()
+        );
+        let events = audit(t.path(), &home, &proj);
+        assert!(
+            events.iter().any(|e| e["event"] == "net"
+                && e["action"] == "allow"
+                && e["host"] == c.api
+                && e["rule"] == format!("allow \"{}\"", c.api)),
+            "{tag} {events:#?}"
+        );
+        assert!(
+            events.iter().any(|e| e["event"] == "net"
+                && e["action"] == "block"
+                && e["host"] == "blocked.test"),
+            "{tag} {events:#?}"
+        );
+    }
 }

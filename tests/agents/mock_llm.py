@@ -112,6 +112,25 @@ def openai_chat(body):
     }).encode()
 
 
+def openai_responses():
+    item = {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+            "content": [{"type": "output_text", "text": "MOCK-DONE", "annotations": []}]}
+    usage = {"input_tokens": 1, "input_tokens_details": {"cached_tokens": 0},
+             "output_tokens": 1, "output_tokens_details": {"reasoning_tokens": 0},
+             "total_tokens": 2}
+    base = {"id": "resp_1", "object": "response", "model": "mock", "output": []}
+    events = [
+        {"type": "response.created", "response": dict(base, status="in_progress")},
+        {"type": "response.output_item.added", "output_index": 0, "item": dict(item, status="in_progress", content=[])},
+        {"type": "response.output_text.delta", "output_index": 0, "content_index": 0,
+         "item_id": "msg_1", "delta": "MOCK-DONE"},
+        {"type": "response.output_item.done", "output_index": 0, "item": item},
+        {"type": "response.completed",
+         "response": dict(base, status="completed", output=[item], usage=usage)},
+    ]
+    return "text/event-stream", sse(events)
+
+
 def gemini():
     return "application/json", json.dumps({
         "candidates": [{"content": {"role": "model", "parts": [{"text": "MOCK-DONE"}]},
@@ -161,6 +180,8 @@ class Handler(BaseHTTPRequestHandler):
             entry["tool_results"] = results
         elif path.endswith("/chat/completions"):
             ctype, data = openai_chat(body)
+        elif path.endswith("/responses"):
+            ctype, data = openai_responses()
         elif ":generateContent" in path or ":streamGenerateContent" in path:
             ctype, data = gemini()
             if ":streamGenerateContent" in path:
