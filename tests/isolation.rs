@@ -628,3 +628,62 @@ fn xdg_state_is_relocated_into_the_sandbox() {
         assert_eq!(o.stdout, "mine\ncached\n", "{tag} {}", o.stderr);
     }
 }
+
+/// `aisb test` holds for every built-in preset and per-task profile, and fails loudly for a
+/// configuration weakened on purpose (the SSH directory mounted in).
+#[test]
+fn aisb_test_passes_for_every_preset_and_fails_for_a_weakened_one() {
+    if !privileged() {
+        return;
+    }
+    let s = Sandbox::new();
+    std::fs::create_dir_all(s.root().join("home/.claude")).unwrap();
+    let run = |config: &str, args: &[&str]| {
+        s.write("sandbox.kdl", config);
+        Out::from(
+            s.aisb()
+                .args(["--trust", "test"])
+                .args(args)
+                .env("GITHUB_TOKEN", "ghp_leaked_value")
+                .output()
+                .unwrap(),
+        )
+    };
+    // The agents' presets mount their config copy-on-write: libcontainer.
+    for preset in ["claude", "codex", "aider", "opencode", "gemini"] {
+        let o = run(
+            &format!("import \"preset:{preset}\"\n"),
+            &["--backend", "libcontainer"],
+        );
+        assert_eq!(o.code, 0, "[{preset}] {}\n{}", o.stdout, o.stderr);
+        assert!(o.stdout.contains(" 0 failed"), "[{preset}] {}", o.stdout);
+        if preset == "claude" {
+            assert!(
+                o.stdout
+                    .lines()
+                    .any(|l| l.starts_with("ok") && l.contains("/etc/claude-code")),
+                "{}",
+                o.stdout
+            );
+        }
+    }
+    for backend in BACKENDS {
+        for profile in ["investigate", "fix", "implement"] {
+            let o = run("", &["--backend", backend, "--profile", profile]);
+            assert_eq!(
+                o.code, 0,
+                "[{backend} {profile}] {}\n{}",
+                o.stdout, o.stderr
+            );
+        }
+        let o = run("mount \"~/.ssh\"\n", &["--backend", backend]);
+        assert_eq!(o.code, 1, "[{backend}] {}\n{}", o.stdout, o.stderr);
+        assert!(
+            o.stdout
+                .lines()
+                .any(|l| l.starts_with("FAIL") && l.contains("/.ssh") && l.contains("SUCCEEDED")),
+            "{}",
+            o.stdout
+        );
+    }
+}

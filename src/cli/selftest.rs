@@ -99,6 +99,22 @@ fn script(plan: &Plan, max_masks: usize) -> (String, Vec<(String, String, bool)>
         s.push_str(&format!("t {key} sh -c {}\n", q(&cmd)));
         checks.push((key.to_string(), what, true));
     }
+    // Files aisb wrote for an agent (its permission layer mirroring the sandbox) must hold:
+    // neither they nor their directory writable from inside.
+    for (i, m) in plan.mounts.iter().enumerate() {
+        if let crate::eval::plan::MountKind::Generated { files, .. } = &m.kind {
+            let dir = m.target.to_string_lossy().into_owned();
+            let mut cmd = format!("test -w {}", q(&dir));
+            for f in files {
+                let path = format!("{dir}/{}", f.name);
+                // Missing counts as tampered with: the attempt "succeeds".
+                cmd.push_str(&format!(" || test -w {p} || ! test -r {p}", p = q(&path)));
+            }
+            let key = format!("generated{i}");
+            s.push_str(&format!("t {key} sh -c {}\n", q(&cmd)));
+            checks.push((key, format!("change or remove {dir} ({})", m.why), true));
+        }
+    }
     if plan.read_only {
         let p = q(&plan.project.to_string_lossy());
         s.push_str(&format!(
