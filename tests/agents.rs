@@ -347,7 +347,10 @@ fn every_agent_client_works_in_its_preset_and_nothing_leaks() {
     if !CLIENTS.iter().all(|c| needs(c.preset)) {
         return;
     }
-    for c in CLIENTS {
+    for (c, backend) in CLIENTS
+        .iter()
+        .flat_map(|c| ["libcontainer", "bwrap"].map(|b| (c, b)))
+    {
         let t = tempfile::tempdir().unwrap();
         let (home, proj) = project(t.path(), &format!("import \"preset:{}\"\n", c.preset));
         for (rel, content) in c.home {
@@ -387,7 +390,7 @@ fn every_agent_client_works_in_its_preset_and_nothing_leaks() {
             cmd.env(k, v);
         }
         let out = Out::from(cmd.output().unwrap());
-        let tag = format!("[{}]", c.preset);
+        let tag = format!("[{} {backend}]", c.preset);
         assert_eq!(out.code, 0, "{tag} {}\n{}", out.stdout, out.stderr);
         out.expect("version", "ok");
         out.expect("answer", "ok");

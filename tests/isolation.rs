@@ -338,7 +338,8 @@ fn copy_on_write_config_never_reaches_the_host() {
     if !privileged() {
         return;
     }
-    for user in [None, Some(test_user())] {
+    for (backend, user) in matrix() {
+        let tag = format!("[{backend} {user:?}]");
         let s = Sandbox::as_user(user);
         std::fs::create_dir_all(s.root().join("home/.claude")).unwrap();
         std::fs::write(s.root().join("home/.claude/settings.json"), "host").unwrap();
@@ -346,30 +347,57 @@ fn copy_on_write_config_never_reaches_the_host() {
         if let Some((uid, gid)) = user {
             chown_r(s.root(), uid, gid);
         }
-        let script = "echo sandbox > ~/.claude/settings.json; echo new > ~/.claude/new.txt; cat ~/.claude/settings.json";
-        let o = s.run("libcontainer", &["--trust"], script);
-        assert_eq!(o.code, 0, "[{user:?}] {}\n{}", o.stdout, o.stderr);
-        assert_eq!(o.stdout, "sandbox\n");
+        if backend == "bwrap" && user.is_some() {
+            // An unprivileged bwrap cannot mount it: refused with the way out, never shared.
+            let o = s.run(backend, &["--trust"], "true");
+            assert_eq!(o.code, 1, "{tag} {}", o.stderr);
+            assert!(o.stderr.contains("aisb setup-user"), "{tag} {}", o.stderr);
+            continue;
+        }
+        let script = "echo sandbox > ~/.claude/settings.json; echo new > ~/.claude/new.txt; \
+                      cat ~/.claude/settings.json; ls -A /run/aisb/overlay/0/rw 2>/dev/null; \
+                      grep -E '^Cap(Eff|Prm|Bnd)' /proc/self/status | tr -d '\\t'";
+        let o = s.run(backend, &["--trust"], script);
+        assert_eq!(o.code, 0, "{tag} {}\n{}", o.stdout, o.stderr);
+        // The layers are reachable only through the overlay; the init kept no capability.
+        assert_eq!(
+            o.stdout,
+            "sandbox\nCapPrm:0000000000000000\nCapEff:0000000000000000\nCapBnd:0000000000000000\n",
+            "{tag}"
+        );
         assert_eq!(
             std::fs::read_to_string(s.root().join("home/.claude/settings.json")).unwrap(),
-            "host"
+            "host",
+            "{tag}"
         );
-        assert!(!s.root().join("home/.claude/new.txt").exists());
+        assert!(!s.root().join("home/.claude/new.txt").exists(), "{tag}");
         // The next run sees its own earlier writes (the upper dir is kept in the sandbox's state).
-        let o = s.run("libcontainer", &["--trust"], "cat ~/.claude/new.txt");
-        assert_eq!(o.stdout, "new\n", "[{user:?}] {}", o.stderr);
+        let o = s.run(backend, &["--trust"], "cat ~/.claude/new.txt");
+        assert_eq!(o.stdout, "new\n", "{tag} {}", o.stderr);
     }
+    // With bwrap the init mounts copy-on-write dirs after everything else: a masked path inside
+    // one would be uncovered, so that is refused, naming the mount, instead of run.
     let s = Sandbox::new();
-    std::fs::create_dir_all(s.root().join("home/.claude")).unwrap();
-    s.write("sandbox.kdl", "import \"preset:claude\"\n");
-    // bwrap cannot mount overlayfs: it refuses, naming the mount, instead of sharing the dir.
+    s.write("sandbox.kdl", "project access=\"overlay\"\n");
     let o = s.run("bwrap", &["--trust"], "true");
     assert_eq!(o.code, 1);
     assert!(
         o.stderr
-            .contains("cannot express the copy-on-write (overlay) mount at"),
+            .contains("cannot express the copy-on-write (overlay) mount at")
+            && o.stderr
+                .contains("nothing may be mounted or masked inside one"),
         "{}",
         o.stderr
+    );
+    let o = s.run(
+        "libcontainer",
+        &["--trust"],
+        "cat .env; echo x > src/main.rs; echo done",
+    );
+    assert_eq!(o.stdout, "done\n", "{}", o.stderr);
+    assert_eq!(
+        std::fs::read_to_string(s.proj().join("src/main.rs")).unwrap(),
+        "fn main() {}"
     );
 }
 

@@ -359,13 +359,72 @@ fn bwrap_argv_exact() {
 
 #[test]
 fn bwrap_refuses_what_it_cannot_express() {
+    // As an ordinary user: bwrap's nested user namespace cannot mount.
     let spec = spec::build(&sample_plan(), &paths()).unwrap();
     let err = aisb_bwrap::argv(&spec, &bwrap_inputs()).unwrap_err();
-    assert_eq!(
-        err.to_string(),
-        "the bwrap backend cannot express the copy-on-write (overlay) mount at /home/dev/.claude: \
-        bubblewrap 0.8 cannot mount overlayfs; use the libcontainer backend"
+    assert!(
+        err.to_string().starts_with(
+            "the bwrap backend cannot express the copy-on-write (overlay) mount at \
+             /home/dev/.claude: an unprivileged bwrap runs the sandbox in a nested user namespace"
+        ),
+        "{err}"
     );
+    // As root, with a mask inside the overlay: the init's late mount would uncover it.
+    let mut plan = sample_plan();
+    plan.identity.uid = 0;
+    plan.masks.push(Mask {
+        path: "/home/dev/.claude/.credentials.json".into(),
+        dir: false,
+        rule: "test".into(),
+    });
+    let spec = spec::build(&plan, &paths()).unwrap();
+    let err = aisb_bwrap::argv(&spec, &bwrap_inputs()).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("nothing may be mounted or masked inside one"),
+        "{err}"
+    );
+    // Not aisb's init: nobody could mount it.
+    let mut plan = sample_plan();
+    plan.identity.uid = 0;
+    let mut spec = spec::build(&plan, &paths()).unwrap();
+    let mut process = spec.process().clone().unwrap();
+    process.set_args(Some(vec!["/bin/sh".into()]));
+    spec.set_process(Some(process));
+    assert!(aisb_bwrap::argv(&spec, &bwrap_inputs()).is_err());
+}
+
+/// As root, bwrap binds the layers under the staging dir and the init mounts the overlay
+/// (`--overlay=…` after `__init`), with the capabilities it needs for that and no others.
+#[test]
+fn bwrap_lets_the_init_mount_overlays_as_root() {
+    let mut plan = sample_plan();
+    plan.identity.uid = 0;
+    let spec = spec::build(&plan, &paths()).unwrap();
+    let argv = aisb_bwrap::argv(&spec, &bwrap_inputs()).unwrap();
+    let has = |seq: &[&str]| argv.windows(seq.len()).any(|w| w == seq);
+    assert!(
+        has(&[
+            "--ro-bind",
+            "/home/dev/.claude",
+            "/run/aisb/overlay/0/lower"
+        ]),
+        "{argv:?}"
+    );
+    assert!(has(&["--dir", "/home/dev/.claude"]), "{argv:?}");
+    let init = argv.iter().position(|a| a == "__init").unwrap();
+    let overlay = argv[init + 1].clone();
+    assert!(
+        overlay.starts_with("--overlay=/run/aisb/overlay/0/lower:/run/aisb/overlay/0/rw/")
+            && overlay.ends_with(":/home/dev/.claude"),
+        "{overlay}"
+    );
+    let caps: Vec<&str> = argv
+        .windows(2)
+        .filter(|w| w[0] == "--cap-add")
+        .map(|w| w[1].as_str())
+        .collect();
+    assert_eq!(caps, aisb_bwrap::OVERLAY_CAPS);
 }
 
 #[test]

@@ -80,6 +80,19 @@ pub fn main_from_args(args: impl IntoIterator<Item = OsString>) -> i32 {
             opts.loopback = true;
         } else if a == "--relay-proxy" {
             opts.relay_proxy = true;
+        } else if let Some(o) = a.strip_prefix("--overlay=") {
+            let parts: Vec<&str> = o.split(':').collect();
+            match parts.as_slice() {
+                [l, u, w, d] if [l, u, w, d].iter().all(|p| p.starts_with('/')) => {
+                    opts.overlays.push(Overlay {
+                        lower: l.to_string(),
+                        upper: u.to_string(),
+                        work: w.to_string(),
+                        target: d.to_string(),
+                    })
+                }
+                _ => ok = false,
+            }
         } else if let Some(p) = a.strip_prefix("--relay-port=") {
             match p.parse::<u16>() {
                 Ok(p) if p > 0 => opts.relay_ports.push(p),
@@ -137,6 +150,8 @@ pub enum InitError {
     Fork(nix::Error),
     #[error("no command to run")]
     NoCommand,
+    #[error("cannot mount the copy-on-write directory {target}: {source}")]
+    Overlay { target: String, source: nix::Error },
     #[error("cannot listen on 127.0.0.1:{port} for the network relay: {source}")]
     Relay { port: u16, source: std::io::Error },
 }
@@ -151,7 +166,48 @@ pub struct Options {
     pub relay_proxy: bool,
     /// Relay these loopback ports to the host's own 127.0.0.1:PORT, through the proxy.
     pub relay_ports: Vec<u16>,
+    /// Copy-on-write directories to mount (bwrap cannot): layers already bound in by bwrap.
+    pub overlays: Vec<Overlay>,
     pub command: Vec<OsString>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Overlay {
+    pub lower: String,
+    pub upper: String,
+    pub work: String,
+    pub target: String,
+}
+
+/// Mount an overlay from layers bound at staging paths (the lower dir, and the directory
+/// holding the upper and work dirs, which overlayfs wants on one mount), then unmount them
+/// (overlayfs keeps its own references to the layers), so the upper dir is only reachable
+/// through the overlay.
+fn mount_overlay(o: &Overlay) -> Result<(), InitError> {
+    use nix::mount::{mount, umount2, MntFlags, MsFlags};
+    let err = |source| InitError::Overlay {
+        target: o.target.clone(),
+        source,
+    };
+    let data = format!(
+        "lowerdir={},upperdir={},workdir={},userxattr",
+        o.lower, o.upper, o.work
+    );
+    mount(
+        Some("overlay"),
+        o.target.as_str(),
+        Some("overlay"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(data.as_str()),
+    )
+    .map_err(err)?;
+    let rw = std::path::Path::new(&o.upper)
+        .parent()
+        .map_or_else(|| o.upper.clone(), |p| p.to_string_lossy().into_owned());
+    for stage in [&o.lower, &rw] {
+        umount2(stage.as_str(), MntFlags::MNT_DETACH).map_err(err)?;
+    }
+    Ok(())
 }
 
 /// Everything up to the exec, in the order that keeps each step possible: the loopback needs
@@ -160,6 +216,9 @@ pub struct Options {
 /// Returns the relay listeners, bound; the caller serves them (threads started after this
 /// inherit the seccomp filter).
 pub fn harden(opts: &Options) -> Result<Vec<(std::net::TcpListener, relay::Target)>, InitError> {
+    for o in &opts.overlays {
+        mount_overlay(o)?;
+    }
     if opts.loopback {
         loopback_up().map_err(InitError::Loopback)?;
     }
@@ -313,6 +372,9 @@ fn drop_capabilities() -> Result<(), InitError> {
     let bounding = caps::read(None, CapSet::Bounding).map_err(err("bounding".into()))?;
     let can_drop = caps::has_cap(None, CapSet::Effective, Capability::CAP_SETPCAP).unwrap_or(false);
     if can_drop || nix::unistd::geteuid().is_root() {
+        // CAP_SETPCAP last: dropping a capability from the bounding set needs it.
+        let mut bounding: Vec<Capability> = bounding.into_iter().collect();
+        bounding.sort_by_key(|c| *c == Capability::CAP_SETPCAP);
         for cap in bounding {
             caps::drop(None, CapSet::Bounding, cap).map_err(err(cap.to_string()))?;
         }

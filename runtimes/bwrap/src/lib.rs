@@ -9,8 +9,14 @@
 //! - then `/proc` masks, `--remount-ro /` (the read-only root) and the process settings;
 //! - the command after `--`.
 //!
-//! What bwrap cannot express is refused, never dropped: overlay mounts (bubblewrap 0.8 has no
-//! overlayfs support) and unknown mount types. Two things are deliberately stricter than the
+//! Overlay mounts: bubblewrap 0.8 has no overlayfs support, so when the process is aisb's init
+//! (`ARGS[1] == "__init"`) running as uid 0 (aisb started by root; an unprivileged bwrap puts
+//! the process in a nested user namespace that cannot mount), its layers are bound under
+//! [`OVERLAY_STAGE`] and the init mounts the
+//! overlay itself (`--overlay=LOWER:UPPER:WORK:TARGET`, with CAP_SYS_ADMIN in the sandbox's user
+//! namespace, which it drops before the workload starts). The init mounts after bwrap has done
+//! everything else, so a mount or mask inside such a directory would be covered: that, an
+//! overlay for any other process, and unknown mount types are refused, never dropped. Two things are deliberately stricter than the
 //! spec: `/sys` is not mounted at all, and `/dev/pts` comes from `--dev`. `readonlyPaths` under
 //! `/proc` are left to the kernel, which refuses writes there from a user namespace.
 
@@ -26,6 +32,21 @@ pub enum BwrapError {
     #[error("the spec has no {0}")]
     Missing(&'static str),
 }
+
+/// Where the layers of an overlay the init mounts are bound (`N/lower`, `N/upper`, `N/work`).
+pub const OVERLAY_STAGE: &str = "/run/aisb/overlay";
+
+/// The capabilities the init gets to mount overlays (see [`OVERLAY_STAGE`]).
+/// CAP_SETPCAP lets the init empty the bounding set again afterwards.
+pub const OVERLAY_CAPS: [&str; 7] = [
+    "CAP_SYS_ADMIN",
+    "CAP_SETPCAP",
+    "CAP_DAC_OVERRIDE",
+    "CAP_DAC_READ_SEARCH",
+    "CAP_FOWNER",
+    "CAP_CHOWN",
+    "CAP_FSETID",
+];
 
 /// Facts the translation needs from outside the spec, gathered by the caller.
 #[derive(Debug, Clone, Default)]
@@ -113,7 +134,10 @@ pub fn argv(spec: &Spec, inputs: &Inputs) -> Result<Vec<String>, BwrapError> {
         ]);
     }
 
-    for m in spec.mounts().clone().unwrap_or_default() {
+    let mounts = spec.mounts().clone().unwrap_or_default();
+    let masked = linux.masked_paths().clone().unwrap_or_default();
+    let mut overlays: Vec<String> = Vec::new();
+    for (i, m) in mounts.iter().enumerate() {
         let dest = m.destination().to_string_lossy().into_owned();
         let options = m.options().clone().unwrap_or_default();
         let ro = options.iter().any(|o| o == "ro");
@@ -149,10 +173,84 @@ pub fn argv(spec: &Spec, inputs: &Inputs) -> Result<Vec<String>, BwrapError> {
                 }
             }
             "overlay" => {
-                return Err(BwrapError::Unsupported {
-                    what: format!("the copy-on-write (overlay) mount at {dest}"),
-                    why: "bubblewrap 0.8 cannot mount overlayfs; use the libcontainer backend",
-                })
+                let what = || format!("the copy-on-write (overlay) mount at {dest}");
+                let by_init = process
+                    .args()
+                    .as_ref()
+                    .is_some_and(|a| a.get(1).is_some_and(|x| x == "__init"));
+                if !by_init {
+                    return Err(BwrapError::Unsupported {
+                        what: what(),
+                        why: "bubblewrap 0.8 cannot mount overlayfs, and the process is not \
+                              aisb's init, which could; use the libcontainer backend",
+                    });
+                }
+                if process.user().uid() != 0 {
+                    // An unprivileged bwrap gives the process its uid in a nested user
+                    // namespace, which does not own the mount namespace: no mounting there.
+                    return Err(BwrapError::Unsupported {
+                        what: what(),
+                        why: "an unprivileged bwrap runs the sandbox in a nested user namespace \
+                              that cannot mount; let root run `aisb setup-user YOU` once, and \
+                              the libcontainer backend (then the default) mounts it",
+                    });
+                }
+                let inside = |p: &Path| p != Path::new(&dest) && p.starts_with(&dest);
+                if mounts[i + 1..].iter().any(|n| inside(n.destination()))
+                    || masked.iter().any(|p| inside(Path::new(p)))
+                {
+                    return Err(BwrapError::Unsupported {
+                        what: what(),
+                        why: "with bwrap the init mounts copy-on-write directories last, so \
+                              nothing may be mounted or masked inside one; use the \
+                              libcontainer backend",
+                    });
+                }
+                let layer = |k: &str| opt_value(&options, k).map(str::to_string);
+                let (Some(lower), Some(upper), Some(work)) =
+                    (layer("lowerdir"), layer("upperdir"), layer("workdir"))
+                else {
+                    return Err(BwrapError::Missing("overlay lowerdir, upperdir or workdir"));
+                };
+                if [&lower, &upper, &work, &dest]
+                    .iter()
+                    .any(|p| p.contains([':', ',']))
+                {
+                    return Err(BwrapError::Unsupported {
+                        what: what(),
+                        why: "a layer path holds `:` or `,`",
+                    });
+                }
+                // overlayfs wants the upper and work dirs on one mount: bind their common
+                // parent (aisb keeps them side by side, `…/upper` and `…/work`).
+                let (up, wp) = (Path::new(&upper), Path::new(&work));
+                let (Some(parent), Some(un), Some(wn)) =
+                    (up.parent(), up.file_name(), wp.file_name())
+                else {
+                    return Err(BwrapError::Missing("overlay upperdir"));
+                };
+                if wp.parent() != Some(parent) {
+                    return Err(BwrapError::Unsupported {
+                        what: what(),
+                        why: "the upper and work dirs are not in one directory",
+                    });
+                }
+                let stage = format!("{OVERLAY_STAGE}/{}", overlays.len());
+                let (l, rw) = (format!("{stage}/lower"), format!("{stage}/rw"));
+                let (u, w) = (
+                    format!("{rw}/{}", un.to_string_lossy()),
+                    format!("{rw}/{}", wn.to_string_lossy()),
+                );
+                push(&[
+                    "--ro-bind",
+                    &lower,
+                    &l,
+                    "--bind",
+                    &parent.to_string_lossy(),
+                    &rw,
+                ]);
+                push(&["--dir", &dest]);
+                overlays.push(format!("--overlay={l}:{u}:{w}:{dest}"));
             }
             other => {
                 return Err(BwrapError::Unsupported {
@@ -163,7 +261,7 @@ pub fn argv(spec: &Spec, inputs: &Inputs) -> Result<Vec<String>, BwrapError> {
         }
     }
 
-    for path in linux.masked_paths().clone().unwrap_or_default() {
+    for path in masked {
         let p = Path::new(&path);
         match inputs.masked_kinds.iter().find(|(k, _)| k == p) {
             Some((_, true)) => push(&["--perms", "0555", "--tmpfs", &path, "--remount-ro", &path]),
@@ -185,12 +283,26 @@ pub fn argv(spec: &Spec, inputs: &Inputs) -> Result<Vec<String>, BwrapError> {
         push(&["--setenv", k, v]);
     }
     push(&["--"]);
-    a.extend(
-        process
-            .args()
-            .clone()
-            .ok_or(BwrapError::Missing("process args"))?,
-    );
+    let mut args = process
+        .args()
+        .clone()
+        .ok_or(BwrapError::Missing("process args"))?;
+    if !overlays.is_empty() {
+        // The init mounts them with these capabilities (in the sandbox's user namespace) and
+        // drops them before the workload runs. overlayfs does its copy-ups with the mounter's
+        // credentials: it needs to pass permission checks and keep owners, as on libcontainer,
+        // where the init is root in its user namespace when it mounts.
+        let at = a
+            .iter()
+            .position(|x| x == "--cap-drop")
+            .map_or(0, |i| i + 2);
+        let caps = OVERLAY_CAPS
+            .iter()
+            .flat_map(|c| ["--cap-add".to_string(), c.to_string()]);
+        a.splice(at..at, caps);
+        args.splice(2..2, overlays);
+    }
+    a.extend(args);
     Ok(a)
 }
 
