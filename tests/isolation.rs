@@ -715,3 +715,55 @@ fn aisb_test_passes_for_every_preset_and_fails_for_a_weakened_one() {
         );
     }
 }
+
+/// The store keeps what a sandbox's run used and gc removes the rest; an entry left without
+/// its ready marker (a crash) is rebuilt, not used.
+#[test]
+fn store_entries_are_kept_while_used_and_rebuilt_when_incomplete() {
+    if !privileged() {
+        return;
+    }
+    let s = Sandbox::new();
+    s.write("sandbox.kdl", "import \"preset:claude\"\n");
+    std::fs::create_dir_all(s.root().join("home/.claude")).unwrap();
+    let o = s.run(
+        "bwrap",
+        &["--trust"],
+        "cat /etc/claude-code/managed-settings.json >/dev/null && echo ok",
+    );
+    assert_eq!(o.stdout, "ok\n", "{}", o.stderr);
+    let ls = || {
+        let o = Out::from(s.aisb().args(["store", "ls", "--json"]).output().unwrap());
+        serde_json::from_str::<Vec<serde_json::Value>>(&o.stdout).unwrap()
+    };
+    let entries = ls();
+    let names: Vec<&str> = entries
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert!(names.iter().any(|n| n.ends_with("-etc")), "{names:?}");
+    let claude = entries
+        .iter()
+        .find(|e| e["name"].as_str().unwrap().ends_with("-claude-managed"))
+        .unwrap();
+    assert_eq!(claude["ready"], true);
+    assert_eq!(claude["used_by"].as_array().unwrap().len(), 1);
+    // An unused entry goes; the used ones stay.
+    let store = s.root().join("cache/aisb/store");
+    std::fs::create_dir_all(store.join("0000-stale")).unwrap();
+    let o = Out::from(s.aisb().args(["store", "gc"]).output().unwrap());
+    assert!(o.stdout.contains("removed 0000-stale"), "{}", o.stdout);
+    assert_eq!(ls().len(), entries.len());
+    // Without its marker the managed settings entry is not trusted: the next run rebuilds it.
+    let dir = std::path::PathBuf::from(claude["path"].as_str().unwrap());
+    let mut marker = dir.clone().into_os_string();
+    marker.push(".ready");
+    std::fs::remove_file(&marker).ok();
+    std::fs::write(dir.join("managed-settings.json"), "tampered").unwrap();
+    let o = s.run(
+        "bwrap",
+        &["--trust"],
+        "head -c 1 /etc/claude-code/managed-settings.json",
+    );
+    assert_eq!(o.stdout, "{", "{}", o.stderr);
+}

@@ -15,6 +15,7 @@ mod sandboxes;
 mod selftest;
 mod setup_user;
 mod spec;
+mod store;
 mod tasks;
 mod up;
 
@@ -42,7 +43,8 @@ Examples:
   aisb ls                        this repository's named sandboxes
   aisb rm fix-42                 remove one (refused while it has unsynced commits)
   aisb gc                        remove what old and orphaned sandboxes left
-  aisb test                      attack the sandbox from inside: expected vs observed";
+  aisb test                      attack the sandbox from inside: expected vs observed
+  aisb store ls                  the content-addressed store: entries, sizes, users";
 
 #[derive(Debug, Parser)]
 #[command(name = "aisb", version, about = "Run AI coding agents and any command in a sandbox described by sandbox.kdl",
@@ -91,6 +93,7 @@ pub enum Command {
     #[command(name = "test")]
     Test(selftest::Args),
     Stop(sandboxes::StopArgs),
+    Store(store::Args),
     SetupUser(setup_user::Args),
     Completions(completions::Args),
     #[command(name = "__libcontainer", hide = true)]
@@ -130,6 +133,7 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
         Command::Export(a) => export::run(&g, a),
         Command::Tasks(a) => tasks::run(&g, a),
         Command::Presets(a) => presets::run(a),
+        Command::Store(a) => store::run(a),
         Command::Doctor(a) => doctor::run(a),
         Command::Audit(a) => audit::run(&g, a),
         Command::Ls(a) => sandboxes::ls(&g, a),

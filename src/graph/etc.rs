@@ -191,27 +191,9 @@ fn remember(source: &Path, names: &[String], stamps: &[Entry], key: &str, path: 
     let _ = crate::atomic::write_atomic(path, &bytes);
 }
 
-/// Write the snapshot unless it exists (a temporary directory renamed into place).
+/// Write the snapshot unless the store has it (see `store::realise`).
 pub fn realise(s: &Snapshot) -> io::Result<()> {
-    if s.dir.is_dir() {
-        return Ok(());
-    }
-    let parent = s.dir.parent().unwrap_or(Path::new("."));
-    fs::create_dir_all(parent)?;
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let tmp = parent.join(format!(".tmp-etc-{}-{nanos}", std::process::id()));
-    fs::create_dir(&tmp)?;
-    let result = copy_entries(s, &tmp).and_then(|()| fs::rename(&tmp, &s.dir));
-    if result.is_err() {
-        let _ = fs::remove_dir_all(&tmp);
-        // Another aisb may have written the same snapshot first.
-        if s.dir.is_dir() {
-            return Ok(());
-        }
-    }
-    result
+    super::store::realise(&s.dir, |tmp| copy_entries(s, tmp)).map(|_| ())
 }
 
 fn copy_entries(s: &Snapshot, to: &Path) -> io::Result<()> {

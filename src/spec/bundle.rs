@@ -107,11 +107,23 @@ pub fn write(
 /// copies, the /etc snapshot and the masking file. Returns the masking file.
 pub fn prepare(plan: &Plan) -> Result<PathBuf, BundleError> {
     realise_state(plan)?;
+    let mut used = std::collections::BTreeSet::new();
     for sys in &plan.system {
         if let SystemPath::Snapshot { snapshot, .. } = sys {
             io(&snapshot.dir, crate::graph::etc::realise(snapshot))?;
+            used.insert(snapshot.dir.clone());
         }
     }
+    for m in &plan.mounts {
+        if let MountKind::Generated { dir, .. } = &m.kind {
+            used.insert(dir.clone());
+        }
+    }
+    // What this sandbox uses stays in the store until its state is removed (`aisb store gc`).
+    io(
+        &plan.state_dir,
+        crate::graph::store::record_refs(&plan.state_dir, &used),
+    )?;
     mask_file(&plan.store)
 }
 
@@ -135,44 +147,20 @@ pub fn mask_file(store: &Path) -> Result<PathBuf, BundleError> {
     Ok(path)
 }
 
-/// Write a generated directory unless it exists: its name comes from its content, so an
-/// existing one is complete (written to a temporary directory, renamed into place).
+/// Write a generated directory unless the store has it (its name comes from its content).
 fn write_generated(
     dir: &Path,
     files: &[crate::eval::plan::GeneratedFile],
 ) -> Result<(), BundleError> {
-    if dir.is_dir() {
-        return Ok(());
-    }
-    let parent = dir.parent().unwrap_or(Path::new("."));
-    io(parent, fs::create_dir_all(parent))?;
-    let tmp = parent.join(format!(
-        ".tmp-{}-{}",
-        dir.file_name()
-            .map_or("gen".into(), |n| n.to_string_lossy()),
-        std::process::id()
-    ));
-    let _ = fs::remove_dir_all(&tmp);
-    io(&tmp, fs::create_dir(&tmp))?;
-    let written = files.iter().try_for_each(|f| {
-        let p = tmp.join(&f.name);
-        fs::write(&p, &f.content)?;
-        fs::set_permissions(&p, fs::Permissions::from_mode(0o644))
-    });
-    let result = written
-        .and_then(|()| fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755)))
-        .and_then(|()| fs::rename(&tmp, dir));
-    if let Err(e) = result {
-        let _ = fs::remove_dir_all(&tmp);
-        // Another aisb may have written the same directory first.
-        if !dir.is_dir() {
-            return Err(BundleError::Io {
-                path: dir.to_path_buf(),
-                source: e,
-            });
+    let fill = |tmp: &Path| {
+        for f in files {
+            let p = tmp.join(&f.name);
+            fs::write(&p, &f.content)?;
+            fs::set_permissions(&p, fs::Permissions::from_mode(0o644))?;
         }
-    }
-    Ok(())
+        fs::set_permissions(tmp, fs::Permissions::from_mode(0o755))
+    };
+    io(dir, crate::graph::store::realise(dir, fill).map(|_| ()))
 }
 
 /// Create overlay dirs and take private copies that do not exist yet.

@@ -1,0 +1,338 @@
+//! The content-addressed store (`$XDG_CACHE_HOME/aisb/store`): one directory per entry,
+//! `<first 32 hex digits of its hash>-<name>`, never changed once complete.
+//!
+//! An entry is written into a temporary directory and renamed into place; then its ready
+//! marker (`<entry>.ready`, beside it, so nothing extra appears inside) is written last. A
+//! directory without its marker is a crash's leftover: it is removed and built again. Builders
+//! of one entry serialise on a lock file per entry (`.locks/<entry>.lock`, flock), so two
+//! concurrent runs build it once.
+//!
+//! Every sandbox records the entries its last run used (`<state>/store-refs.json`); `aisb store
+//! gc` removes the entries no existing sandbox state refers to.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+/// The file, in a sandbox's state directory, naming the store entries its last run used.
+pub const REFS_FILE: &str = "store-refs.json";
+
+/// The ready marker of an entry.
+pub fn marker(entry: &Path) -> PathBuf {
+    let mut m = entry.as_os_str().to_owned();
+    m.push(".ready");
+    PathBuf::from(m)
+}
+
+/// Whether `entry` is complete.
+pub fn is_ready(entry: &Path) -> bool {
+    entry.is_dir() && marker(entry).is_file()
+}
+
+/// An exclusive flock, released when dropped (or when the process dies).
+struct EntryLock(fs::File);
+
+impl EntryLock {
+    fn take(entry: &Path) -> io::Result<EntryLock> {
+        let store = entry.parent().unwrap_or(Path::new("."));
+        let locks = store.join(".locks");
+        fs::create_dir_all(&locks)?;
+        let name = entry.file_name().unwrap_or_default();
+        let mut file = name.to_owned();
+        file.push(".lock");
+        let f = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(locks.join(file))?;
+        // SAFETY: flock on a descriptor we own; blocks until the other builder is done.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(EntryLock(f))
+    }
+}
+
+impl Drop for EntryLock {
+    fn drop(&mut self) {
+        // SAFETY: unlocking our own descriptor (closing it would too).
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
+/// Make `entry` exist and be complete: nothing to do when it is ready; otherwise, under its
+/// lock, `fill` writes it into a temporary directory that is then renamed into place and
+/// marked ready. Returns whether it was built (false: a cache hit).
+pub fn realise(entry: &Path, fill: impl FnOnce(&Path) -> io::Result<()>) -> io::Result<bool> {
+    if is_ready(entry) {
+        return Ok(false);
+    }
+    let store = entry.parent().unwrap_or(Path::new("."));
+    fs::create_dir_all(store)?;
+    let _lock = EntryLock::take(entry)?;
+    // Another builder may have finished while we waited.
+    if is_ready(entry) {
+        return Ok(false);
+    }
+    if entry.exists() {
+        // No marker: an interrupted build. Never trusted, rebuilt.
+        remove(entry)?;
+    }
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let tmp = store.join(format!(
+        ".tmp-{}-{}-{nanos}",
+        entry.file_name().unwrap_or_default().to_string_lossy(),
+        std::process::id()
+    ));
+    fs::create_dir(&tmp)?;
+    let built = fill(&tmp).and_then(|()| fs::rename(&tmp, entry));
+    if let Err(e) = built {
+        let _ = remove(&tmp);
+        return Err(e);
+    }
+    fs::write(marker(entry), b"")?;
+    Ok(true)
+}
+
+/// Remove an entry (or a temporary directory), making read-only directories writable first.
+fn remove(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    for e in walkdir::WalkDir::new(dir).into_iter().flatten() {
+        if e.file_type().is_dir() {
+            let _ = fs::set_permissions(e.path(), fs::Permissions::from_mode(0o700));
+        }
+    }
+    match fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct EntryInfo {
+    pub name: String,
+    pub path: PathBuf,
+    pub bytes: u64,
+    pub ready: bool,
+    /// Sandbox state directories whose last run used it.
+    pub used_by: Vec<PathBuf>,
+}
+
+/// Every entry of the store at `store`, with its size and the sandboxes that use it; `cache`
+/// is aisb's cache directory, where sandbox states live (`<cache>/<repo>-<hash>/<name>/`).
+pub fn list(store: &Path, cache: &Path) -> Vec<EntryInfo> {
+    let refs = references(cache);
+    let mut out: Vec<EntryInfo> = fs::read_dir(store)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+        .map(|e| {
+            let path = e.path();
+            EntryInfo {
+                name: e.file_name().to_string_lossy().into_owned(),
+                bytes: crate::session::disk_use(&path),
+                ready: is_ready(&path),
+                used_by: refs
+                    .iter()
+                    .filter(|(_, entries)| entries.contains(&path))
+                    .map(|(state, _)| state.clone())
+                    .collect(),
+                path,
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+/// (sandbox state dir, the store entries it refers to) for every state under `cache`.
+fn references(cache: &Path) -> Vec<(PathBuf, BTreeSet<PathBuf>)> {
+    let mut out = Vec::new();
+    for repo in fs::read_dir(cache).into_iter().flatten().flatten() {
+        for state in fs::read_dir(repo.path()).into_iter().flatten().flatten() {
+            let file = state.path().join(REFS_FILE);
+            if let Some(set) = fs::read(&file)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<BTreeSet<PathBuf>>(&b).ok())
+            {
+                out.push((state.path(), set));
+            }
+        }
+    }
+    out
+}
+
+/// Record which store entries a sandbox's run uses (kept by `gc` while the state exists).
+pub fn record_refs(state: &Path, entries: &BTreeSet<PathBuf>) -> io::Result<()> {
+    let path = state.join(REFS_FILE);
+    let bytes = serde_json::to_vec_pretty(entries).unwrap_or_default();
+    if fs::read(&path).is_ok_and(|b| b == bytes) {
+        return Ok(());
+    }
+    fs::create_dir_all(state)?;
+    crate::atomic::write_atomic(&path, &bytes)
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct GcReport {
+    pub removed: Vec<String>,
+    pub bytes: u64,
+    pub kept: usize,
+}
+
+/// Remove every entry no sandbox state refers to, incomplete entries, and temporary
+/// directories and locks of builds that are over (`dry_run`: only report). An entry being
+/// built is skipped (its lock is held).
+pub fn gc(store: &Path, cache: &Path, dry_run: bool) -> io::Result<GcReport> {
+    let mut report = GcReport::default();
+    for e in list(store, cache) {
+        if e.ready && !e.used_by.is_empty() {
+            report.kept += 1;
+            continue;
+        }
+        let Some(_lock) = try_lock(&e.path) else {
+            report.kept += 1;
+            continue;
+        };
+        if !dry_run {
+            // The marker first: a half-removed entry is then never taken for complete.
+            let _ = fs::remove_file(marker(&e.path));
+            remove(&e.path)?;
+        }
+        report.bytes += e.bytes;
+        report.removed.push(e.name);
+    }
+    // Leftovers of interrupted builds (their builder is gone: the temp name has its pid).
+    for e in fs::read_dir(store).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(".tmp-") else {
+            continue;
+        };
+        // `.tmp-NAME-PID-NANOS`
+        let pid = rest
+            .rsplit('-')
+            .nth(1)
+            .and_then(|p| p.parse::<i32>().ok());
+        let alive = pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists());
+        if !alive {
+            report.bytes += crate::session::disk_use(&e.path());
+            report.removed.push(name);
+            if !dry_run {
+                remove(&e.path())?;
+            }
+        }
+    }
+    // Markers whose entry is gone.
+    for e in fs::read_dir(store).into_iter().flatten().flatten() {
+        let p = e.path();
+        if let Some(entry) = p.to_str().and_then(|s| s.strip_suffix(".ready")) {
+            if !Path::new(entry).exists() && !dry_run {
+                let _ = fs::remove_file(&p);
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// The entry's lock if nobody holds it (a build in progress keeps its entry).
+fn try_lock(entry: &Path) -> Option<fs::File> {
+    let locks = entry.parent()?.join(".locks");
+    let mut name = entry.file_name()?.to_owned();
+    name.push(".lock");
+    let f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(locks.join(name))
+        .ok()?;
+    // SAFETY: flock on a descriptor we own.
+    (unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0).then_some(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_is_built_once_and_an_incomplete_one_again() {
+        let t = tempfile::tempdir().unwrap();
+        let entry = t.path().join("store/0123-thing");
+        let built = realise(&entry, |d| fs::write(d.join("f"), "1")).unwrap();
+        assert!(built && is_ready(&entry));
+        // A hit does not call fill.
+        assert!(!realise(&entry, |_| panic!("rebuilt a ready entry")).unwrap());
+        // Without its marker (a crash between rename and marker): rebuilt.
+        fs::remove_file(marker(&entry)).unwrap();
+        fs::write(entry.join("f"), "half").unwrap();
+        assert!(realise(&entry, |d| fs::write(d.join("f"), "2")).unwrap());
+        assert_eq!(fs::read_to_string(entry.join("f")).unwrap(), "2");
+        // A failing fill leaves nothing behind.
+        let other = t.path().join("store/4567-other");
+        assert!(realise(&other, |_| Err(io::Error::other("boom"))).is_err());
+        assert!(!other.exists());
+        let leftovers: Vec<_> = fs::read_dir(t.path().join("store"))
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(".tmp-"))
+            .collect();
+        assert!(leftovers.is_empty());
+    }
+
+    #[test]
+    fn concurrent_builders_build_an_entry_once() {
+        let t = tempfile::tempdir().unwrap();
+        let entry = t.path().join("store/89ab-shared");
+        let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let (entry, count) = (entry.clone(), count.clone());
+                std::thread::spawn(move || {
+                    realise(&entry, |d| {
+                        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                        fs::write(d.join("f"), "x")
+                    })
+                    .unwrap()
+                })
+            })
+            .collect();
+        for th in threads {
+            th.join().unwrap();
+        }
+        assert_eq!(count.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn gc_keeps_what_a_sandbox_uses() {
+        let t = tempfile::tempdir().unwrap();
+        let (cache, store) = (t.path().join("cache"), t.path().join("cache/store"));
+        let used = store.join("aaaa-used");
+        let unused = store.join("bbbb-unused");
+        realise(&used, |d| fs::write(d.join("f"), "12345")).unwrap();
+        realise(&unused, |d| fs::write(d.join("f"), "123")).unwrap();
+        fs::create_dir_all(store.join(".tmp-x-999999999-1")).unwrap();
+        let state = cache.join("repo-0000/default");
+        record_refs(&state, &BTreeSet::from([used.clone()])).unwrap();
+        let l = list(&store, &cache);
+        assert_eq!(l.len(), 2);
+        assert_eq!(l[0].used_by, vec![state.clone()]);
+        let dry = gc(&store, &cache, true).unwrap();
+        assert!(unused.exists() && dry.removed.contains(&"bbbb-unused".to_string()));
+        let r = gc(&store, &cache, false).unwrap();
+        assert_eq!(r.bytes, 3);
+        assert!(used.exists() && !unused.exists() && !marker(&unused).exists());
+        assert!(!store.join(".tmp-x-999999999-1").exists());
+        // Once the sandbox's state is gone, so is what only it used.
+        fs::remove_dir_all(&state).unwrap();
+        gc(&store, &cache, false).unwrap();
+        assert!(!used.exists());
+    }
+}
