@@ -31,7 +31,8 @@ pub struct RmArgs {
 }
 
 /// Remove what sandboxes left behind: state of deleted repositories, sandboxes unused for
-/// longer than the TTL, bundles and proxy directories of runs that are gone
+/// longer than the TTL, bundles and proxy directories of runs that are gone, and store entries
+/// no remaining sandbox uses
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Examples:\n  aisb gc\n  aisb gc --ttl 12 --dry-run")]
 pub struct GcArgs {
@@ -256,6 +257,21 @@ pub fn gc(a: GcArgs) -> Result<i32, Error> {
             }
         }
     }
+    // Store entries only removed sandboxes (or superseded /etc snapshots) used.
+    let store = root.join("store");
+    let r = crate::graph::store::gc(&store, &root, a.dry_run).map_err(|source| Error::Io {
+        path: store.clone(),
+        source,
+    })?;
+    if !r.removed.is_empty() {
+        println!(
+            "{} {} unused store entries ({})",
+            if a.dry_run { "would remove" } else { "removed" },
+            r.removed.len(),
+            session::human_bytes(r.bytes)
+        );
+    }
+    freed += r.bytes;
     println!(
         "{} {pruned} sandbox{}, {} in {:.1} s",
         if a.dry_run { "Would prune" } else { "Pruned" },

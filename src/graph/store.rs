@@ -217,10 +217,7 @@ pub fn gc(store: &Path, cache: &Path, dry_run: bool) -> io::Result<GcReport> {
             continue;
         };
         // `.tmp-NAME-PID-NANOS`
-        let pid = rest
-            .rsplit('-')
-            .nth(1)
-            .and_then(|p| p.parse::<i32>().ok());
+        let pid = rest.rsplit('-').nth(1).and_then(|p| p.parse::<i32>().ok());
         let alive = pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists());
         if !alive {
             report.bytes += crate::session::disk_use(&e.path());
