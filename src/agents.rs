@@ -26,6 +26,11 @@
 //!
 //! For a named sandbox the same settings are also written into the clone as
 //! `.claude/settings.local.json` (excluded from git there), never into the host repository.
+//!
+//! Gemini CLI reads `/etc/gemini-cli/settings.json` above the user's and the workspace's
+//! settings: for `preset:gemini` it lists in `tools.exclude` the tools the sandbox refuses
+//! anyway (`write_file` and `replace` in a read-only profile, `web_fetch` and
+//! `google_web_search` without network), so the model is never offered them.
 
 use std::path::{Path, PathBuf};
 
@@ -43,27 +48,72 @@ const MAX_PATH_RULES: usize = 2000;
 /// The most of a tool call's input kept in the audit log.
 const MAX_INPUT: usize = 500;
 
+/// Gemini CLI's system settings (they override the user's and the workspace's).
+pub const GEMINI_SYSTEM_DIR: &str = "/etc/gemini-cli";
+pub const GEMINI_SYSTEM_FILE: &str = "settings.json";
+
 /// Add what the agents in `agents` (preset names) need to mirror `plan`.
 pub fn mirror(plan: &mut Plan, agents: &[&str]) {
     if agents.contains(&"claude") {
-        let host_policy = std::fs::read(Path::new(CLAUDE_MANAGED_DIR).join(CLAUDE_MANAGED_FILE))
-            .ok()
-            .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
-        let settings = claude_settings(plan, host_policy);
-        let content = serde_json::to_string_pretty(&settings).unwrap_or_default() + "\n";
-        let hash = format!("{:x}", Sha256::digest(content.as_bytes()));
-        plan.mounts.push(Mount {
-            target: PathBuf::from(CLAUDE_MANAGED_DIR),
-            kind: MountKind::Generated {
-                dir: plan.store.join(format!("{}-claude-managed", &hash[..32])),
-                files: vec![GeneratedFile {
-                    name: CLAUDE_MANAGED_FILE.into(),
-                    content,
-                }],
-            },
-            why: "Claude Code's managed settings, mirroring this sandbox (preset:claude)".into(),
-        });
+        let host = read_json(&Path::new(CLAUDE_MANAGED_DIR).join(CLAUDE_MANAGED_FILE));
+        let settings = claude_settings(plan, host);
+        add(
+            plan,
+            CLAUDE_MANAGED_DIR,
+            CLAUDE_MANAGED_FILE,
+            "claude-managed",
+            &settings,
+            "Claude Code's managed settings, mirroring this sandbox (preset:claude)",
+        );
     }
+    if agents.contains(&"gemini") {
+        let host = read_json(&Path::new(GEMINI_SYSTEM_DIR).join(GEMINI_SYSTEM_FILE));
+        let settings = gemini_settings(plan, host);
+        add(
+            plan,
+            GEMINI_SYSTEM_DIR,
+            GEMINI_SYSTEM_FILE,
+            "gemini-system",
+            &settings,
+            "Gemini CLI's system settings, mirroring this sandbox (preset:gemini)",
+        );
+    }
+}
+
+fn read_json(path: &Path) -> Option<Value> {
+    serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+}
+
+/// Mount `settings` as `dir/file` inside, from a store entry named by its content.
+fn add(plan: &mut Plan, dir: &str, file: &str, name: &str, settings: &Value, why: &str) {
+    let content = serde_json::to_string_pretty(settings).unwrap_or_default() + "\n";
+    let hash = format!("{:x}", Sha256::digest(content.as_bytes()));
+    plan.mounts.push(Mount {
+        target: PathBuf::from(dir),
+        kind: MountKind::Generated {
+            dir: plan.store.join(format!("{}-{name}", &hash[..32])),
+            files: vec![GeneratedFile {
+                name: file.into(),
+                content,
+            }],
+        },
+        why: why.into(),
+    });
+}
+
+/// Gemini CLI settings that say what `plan` enforces, on top of `host_policy`: the tools the
+/// sandbox would refuse anyway are excluded (edits in a read-only profile, web tools without
+/// network), so the model is not offered them.
+pub fn gemini_settings(plan: &Plan, host_policy: Option<Value>) -> Value {
+    let mut exclude: Vec<&str> = Vec::new();
+    let writable = !plan.read_only && plan.project_access != crate::eval::plan::Access::Ro;
+    if !writable {
+        exclude.extend(["write_file", "replace"]);
+    }
+    if plan.network.mode == NetMode::None {
+        exclude.extend(["web_fetch", "google_web_search"]);
+    }
+    merge_settings(host_policy, &json!({ "tools": { "exclude": exclude } }))
 }
 
 /// Claude Code settings that say what `plan` enforces, on top of `host_policy`.

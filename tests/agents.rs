@@ -425,3 +425,54 @@ fn every_agent_client_works_in_its_preset_and_nothing_leaks() {
         );
     }
 }
+
+/// Gemini CLI's system settings mirror the sandbox: in `investigate` (read-only) the model is
+/// not offered the editing tools, even with `--yolo`; in the default profile it is.
+#[test]
+fn gemini_is_not_offered_tools_the_sandbox_refuses() {
+    if !needs("gemini") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let (home, proj) = project(t.path(), "import \"preset:gemini\"\n");
+    std::fs::create_dir_all(home.join(".gemini")).unwrap();
+    std::fs::write(
+        home.join(".gemini/settings.json"),
+        "{\"security\": {\"auth\": {\"selectedType\": \"gemini-api-key\"}}}\n",
+    )
+    .unwrap();
+    for (profile, editing) in [("investigate", false), ("default", true)] {
+        let mock = Mock::start(t.path(), &[]);
+        let out = Out::from(
+            aisb(t.path(), &home, &proj)
+                .args(["--trust", "run", "--profile", profile, "--", "gemini", "--skip-trust"])
+                // --yolo: headless Gemini otherwise withholds the editing tools itself.
+                .args(["--yolo", "-m", "gemini-2.5-flash", "-p", "say hi"])
+                .env("GEMINI_API_KEY", "test")
+                .env("GOOGLE_GEMINI_BASE_URL", "http://generativelanguage.googleapis.com")
+                .env(
+                    "AISB_PROXY_PIN",
+                    format!("generativelanguage.googleapis.com=127.0.0.1:{}", mock.port),
+                )
+                .output()
+                .unwrap(),
+        );
+        assert_eq!(out.code, 0, "[{profile}] {}\n{}", out.stdout, out.stderr);
+        assert!(out.stdout.contains("MOCK-DONE"), "[{profile}] {}", out.stdout);
+        let offered: Vec<String> = mock
+            .requests()
+            .iter()
+            .filter_map(|r| r["tools"].as_array().cloned())
+            .flatten()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect();
+        assert!(offered.iter().any(|t| t == "read_file"), "[{profile}] {offered:?}");
+        for tool in ["write_file", "replace"] {
+            assert_eq!(
+                offered.iter().any(|t| t == tool),
+                editing,
+                "[{profile}] {tool}: {offered:?}"
+            );
+        }
+    }
+}

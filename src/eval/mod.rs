@@ -225,8 +225,10 @@ pub const ETC_PATHS: &[&str] = &[
     "magic.mime",
     "manpath.config",
     // Claude Code's managed settings (an enterprise policy): kept, and extended by
-    // `preset:claude` (see `agents`). The snapshot always has the directory.
+    // `preset:claude` (see `agents`). The snapshot always has the directory. Gemini CLI's
+    // system settings likewise.
     "claude-code",
+    "gemini-cli",
 ];
 
 struct Ctx<'a> {

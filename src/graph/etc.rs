@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 
 /// Directories every snapshot has (mount points for files aisb writes, see `agents`).
 /// Part of the snapshot's key: changing the list names new snapshots.
-pub const ALWAYS_DIRS: &[&str] = &["claude-code"];
+pub const ALWAYS_DIRS: &[&str] = &["claude-code", "gemini-cli"];
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Kind {

@@ -184,6 +184,11 @@ class Handler(BaseHTTPRequestHandler):
             ctype, data = openai_responses()
         elif ":generateContent" in path or ":streamGenerateContent" in path:
             ctype, data = gemini()
+            entry["tools"] = [
+                f.get("name")
+                for t in body.get("tools", []) if isinstance(t, dict)
+                for f in t.get("functionDeclarations", []) if isinstance(f, dict)
+            ]
             if ":streamGenerateContent" in path:
                 ctype, data = "text/event-stream", b"data: " + data + b"\r\n\r\n"
         else:
