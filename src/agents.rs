@@ -52,31 +52,37 @@ const MAX_INPUT: usize = 500;
 pub const GEMINI_SYSTEM_DIR: &str = "/etc/gemini-cli";
 pub const GEMINI_SYSTEM_FILE: &str = "settings.json";
 
+/// Each agent whose permission layer aisb writes: preset, directory and file inside, store
+/// name, what builds the settings from the plan (and the host's own file), why.
+type Builder = fn(&Plan, Option<Value>) -> Value;
+const MIRRORS: [(&str, &str, &str, &str, Builder, &str); 2] = [
+    (
+        "claude",
+        CLAUDE_MANAGED_DIR,
+        CLAUDE_MANAGED_FILE,
+        "claude-managed",
+        claude_settings,
+        "Claude Code's managed settings, mirroring this sandbox (preset:claude)",
+    ),
+    (
+        "gemini",
+        GEMINI_SYSTEM_DIR,
+        GEMINI_SYSTEM_FILE,
+        "gemini-system",
+        gemini_settings,
+        "Gemini CLI's system settings, mirroring this sandbox (preset:gemini)",
+    ),
+];
+
 /// Add what the agents in `agents` (preset names) need to mirror `plan`.
 pub fn mirror(plan: &mut Plan, agents: &[&str]) {
-    if agents.contains(&"claude") {
-        let host = read_json(&Path::new(CLAUDE_MANAGED_DIR).join(CLAUDE_MANAGED_FILE));
-        let settings = claude_settings(plan, host);
-        add(
-            plan,
-            CLAUDE_MANAGED_DIR,
-            CLAUDE_MANAGED_FILE,
-            "claude-managed",
-            &settings,
-            "Claude Code's managed settings, mirroring this sandbox (preset:claude)",
-        );
-    }
-    if agents.contains(&"gemini") {
-        let host = read_json(&Path::new(GEMINI_SYSTEM_DIR).join(GEMINI_SYSTEM_FILE));
-        let settings = gemini_settings(plan, host);
-        add(
-            plan,
-            GEMINI_SYSTEM_DIR,
-            GEMINI_SYSTEM_FILE,
-            "gemini-system",
-            &settings,
-            "Gemini CLI's system settings, mirroring this sandbox (preset:gemini)",
-        );
+    for (agent, dir, file, name, build, why) in MIRRORS {
+        if agents.contains(&agent) {
+            // The host's own file (an enterprise policy) is kept under aisb's rules.
+            let host = read_json(&Path::new(dir).join(file));
+            let settings = build(plan, host);
+            add(plan, dir, file, name, &settings, why);
+        }
     }
 }
 

@@ -445,11 +445,22 @@ fn gemini_is_not_offered_tools_the_sandbox_refuses() {
         let mock = Mock::start(t.path(), &[]);
         let out = Out::from(
             aisb(t.path(), &home, &proj)
-                .args(["--trust", "run", "--profile", profile, "--", "gemini", "--skip-trust"])
+                .args([
+                    "--trust",
+                    "run",
+                    "--profile",
+                    profile,
+                    "--",
+                    "gemini",
+                    "--skip-trust",
+                ])
                 // --yolo: headless Gemini otherwise withholds the editing tools itself.
                 .args(["--yolo", "-m", "gemini-2.5-flash", "-p", "say hi"])
                 .env("GEMINI_API_KEY", "test")
-                .env("GOOGLE_GEMINI_BASE_URL", "http://generativelanguage.googleapis.com")
+                .env(
+                    "GOOGLE_GEMINI_BASE_URL",
+                    "http://generativelanguage.googleapis.com",
+                )
                 .env(
                     "AISB_PROXY_PIN",
                     format!("generativelanguage.googleapis.com=127.0.0.1:{}", mock.port),
@@ -458,7 +469,11 @@ fn gemini_is_not_offered_tools_the_sandbox_refuses() {
                 .unwrap(),
         );
         assert_eq!(out.code, 0, "[{profile}] {}\n{}", out.stdout, out.stderr);
-        assert!(out.stdout.contains("MOCK-DONE"), "[{profile}] {}", out.stdout);
+        assert!(
+            out.stdout.contains("MOCK-DONE"),
+            "[{profile}] {}",
+            out.stdout
+        );
         let offered: Vec<String> = mock
             .requests()
             .iter()
@@ -466,7 +481,10 @@ fn gemini_is_not_offered_tools_the_sandbox_refuses() {
             .flatten()
             .filter_map(|v| v.as_str().map(str::to_string))
             .collect();
-        assert!(offered.iter().any(|t| t == "read_file"), "[{profile}] {offered:?}");
+        assert!(
+            offered.iter().any(|t| t == "read_file"),
+            "[{profile}] {offered:?}"
+        );
         for tool in ["write_file", "replace"] {
             assert_eq!(
                 offered.iter().any(|t| t == tool),

@@ -36,42 +36,30 @@ fn io(what: String) -> impl FnOnce(std::io::Error) -> RuntimeError {
     move |source| RuntimeError::Io { what, source }
 }
 
+/// `NAME=VALUE,…` from the caller's environment variable `var` (empty when unset); a bad item
+/// is an error naming the variable and the form (`form`) it should have.
+fn name_map<T: std::str::FromStr>(var: &str, form: &str) -> Result<Vec<(String, T)>, RuntimeError> {
+    let Ok(spec) = std::env::var(var) else {
+        return Ok(Vec::new());
+    };
+    spec.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|item| {
+            item.split_once('=')
+                .and_then(|(n, v)| Some((n.to_string(), v.trim().parse().ok()?)))
+                .ok_or_else(|| RuntimeError::Io {
+                    what: format!("{var}: `{item}` is not {form}"),
+                    source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+                })
+        })
+        .collect()
+}
+
 /// The policy the proxy enforces for this plan.
 pub fn policy(plan: &Plan) -> Result<PolicyConfig, RuntimeError> {
-    let mut resolve = Vec::new();
-    if let Ok(spec) = std::env::var(RESOLVE_ENV) {
-        for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            let parsed = item
-                .split_once('=')
-                .and_then(|(n, ip)| Some((n.to_string(), ip.trim().parse().ok()?)));
-            match parsed {
-                Some(p) => resolve.push(p),
-                None => {
-                    return Err(RuntimeError::Io {
-                        what: format!("{RESOLVE_ENV}: `{item}` is not NAME=IP"),
-                        source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
-                    })
-                }
-            }
-        }
-    }
-    let mut pins = Vec::new();
-    if let Ok(spec) = std::env::var(PIN_ENV) {
-        for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            let parsed = item
-                .split_once('=')
-                .and_then(|(n, a)| Some((n.to_string(), a.trim().parse().ok()?)));
-            match parsed {
-                Some(p) => pins.push(p),
-                None => {
-                    return Err(RuntimeError::Io {
-                        what: format!("{PIN_ENV}: `{item}` is not NAME=IP:PORT"),
-                        source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
-                    })
-                }
-            }
-        }
-    }
+    let resolve = name_map(RESOLVE_ENV, "NAME=IP")?;
+    let pins = name_map(PIN_ENV, "NAME=IP:PORT")?;
     Ok(PolicyConfig {
         allow: plan.network.allow.clone(),
         deny: plan.network.deny.clone(),
