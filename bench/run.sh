@@ -18,9 +18,13 @@ cd "$WORK/proj"
 "$AISB" run -- true    # warm the scan cache, as every run after the first is
 sleep 0.2
 "$AISB" run -- true
+# An agent's preset: its config copy-on-write, the proxy for its API, its mirrored settings.
+mkdir -p "$WORK/agent" "$HOME/.claude"
+(cd "$WORK/agent" && git init -q && echo 'import "preset:claude"' > sandbox.kdl && git add sandbox.kdl)
+(cd "$WORK/agent" && "$AISB" --trust run -- true && "$AISB" --trust run -- true)
 
 python3 - "$RUNS" "$AISB" <<'PY'
-import shutil, subprocess, sys, time
+import os, shutil, subprocess, sys, time
 runs, aisb = int(sys.argv[1]), sys.argv[2]
 cases = [
     ("/bin/true", ["/bin/true"]),
@@ -28,6 +32,9 @@ cases = [
     ("aisb run --backend bwrap -- true", [aisb, "run", "--backend", "bwrap", "--", "true"]),
     ("aisb run --backend libcontainer -- true", [aisb, "run", "--backend", "libcontainer", "--", "true"]),
 ]
+if os.geteuid() == 0:  # copy-on-write with bwrap needs root (see README)
+    cases.append(("preset:claude, bwrap", [aisb, "-C", "../agent", "--trust", "run", "--backend", "bwrap", "--", "true"]))
+cases.append(("preset:claude, libcontainer", [aisb, "-C", "../agent", "--trust", "run", "--backend", "libcontainer", "--", "true"]))
 if shutil.which("srt"):
     cases.append(("srt -c true", ["srt", "-c", "true"]))
 # Round-robin: every round runs each case once, so a slow spell of this noisy machine hits
