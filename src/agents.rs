@@ -218,7 +218,8 @@ pub fn summarise_tool_call(body: &[u8]) -> (String, String) {
         .map_or_else(|| "unknown".to_string(), clean_label);
     let input = v.get("tool_input").cloned().unwrap_or(Value::Null);
     let field = |k: &str| input.get(k).and_then(Value::as_str).map(str::to_string);
-    let text = field("command")
+    let text = field("summary")
+        .or_else(|| field("command"))
         .or_else(|| field("file_path"))
         .or_else(|| field("notebook_path"))
         .or_else(|| field("url"))

@@ -7,8 +7,9 @@
 //! of one entry serialise on a lock file per entry (`.locks/<entry>.lock`, flock), so two
 //! concurrent runs build it once.
 //!
-//! Every sandbox records the entries its last run used (`<state>/store-refs.json`); `aisb store
-//! gc` removes the entries no existing sandbox state refers to.
+//! Every sandbox records the entries its runs use (`<state>/store-refs.json`, each with when it
+//! was last used; dropped a day after); `aisb store gc` removes the entries no existing sandbox
+//! state refers to.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -120,7 +121,7 @@ pub struct EntryInfo {
     pub path: PathBuf,
     pub bytes: u64,
     pub ready: bool,
-    /// Sandbox state directories whose last run used it.
+    /// Sandbox state directories whose runs used it (within [`REF_TTL_SECS`]).
     pub used_by: Vec<PathBuf>,
 }
 
@@ -153,32 +154,59 @@ pub fn list(store: &Path, cache: &Path) -> Vec<EntryInfo> {
     out
 }
 
+/// How long a state keeps referring to an entry its runs no longer use: a run still going
+/// (started before /etc changed, say) keeps its entries at least this long.
+pub const REF_TTL_SECS: u64 = 24 * 3600;
+
+type Refs = std::collections::BTreeMap<PathBuf, u64>;
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn read_refs(state: &Path) -> Refs {
+    fs::read(state.join(REFS_FILE))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
 /// (sandbox state dir, the store entries it refers to) for every state under `cache`.
 fn references(cache: &Path) -> Vec<(PathBuf, BTreeSet<PathBuf>)> {
     let mut out = Vec::new();
     for repo in fs::read_dir(cache).into_iter().flatten().flatten() {
         for state in fs::read_dir(repo.path()).into_iter().flatten().flatten() {
-            let file = state.path().join(REFS_FILE);
-            if let Some(set) = fs::read(&file)
-                .ok()
-                .and_then(|b| serde_json::from_slice::<BTreeSet<PathBuf>>(&b).ok())
-            {
-                out.push((state.path(), set));
+            if state.path().join(REFS_FILE).is_file() {
+                out.push((state.path(), read_refs(&state.path()).into_keys().collect()));
             }
         }
     }
     out
 }
 
-/// Record which store entries a sandbox's run uses (kept by `gc` while the state exists).
+/// Record that a sandbox's run uses `entries` (kept by `gc` while the state exists); entries
+/// of earlier runs are kept for [`REF_TTL_SECS`] after their last use.
 pub fn record_refs(state: &Path, entries: &BTreeSet<PathBuf>) -> io::Result<()> {
-    let path = state.join(REFS_FILE);
-    let bytes = serde_json::to_vec_pretty(entries).unwrap_or_default();
-    if fs::read(&path).is_ok_and(|b| b == bytes) {
+    let now = now_secs();
+    let mut refs = read_refs(state);
+    let before = refs.len();
+    refs.retain(|_, used| now.saturating_sub(*used) < REF_TTL_SECS);
+    // Written at most once a minute while nothing changes (most runs write nothing).
+    let unchanged = refs.len() == before
+        && entries
+            .iter()
+            .all(|e| refs.get(e).is_some_and(|t| now.saturating_sub(*t) < 60));
+    if unchanged && state.join(REFS_FILE).is_file() {
         return Ok(());
     }
+    for e in entries {
+        refs.insert(e.clone(), now);
+    }
     fs::create_dir_all(state)?;
-    crate::atomic::write_atomic(&path, &bytes)
+    let bytes = serde_json::to_vec_pretty(&refs).unwrap_or_default();
+    crate::atomic::write_atomic(&state.join(REFS_FILE), &bytes)
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -327,9 +355,22 @@ mod tests {
         assert_eq!(r.bytes, 3);
         assert!(used.exists() && !unused.exists() && !marker(&unused).exists());
         assert!(!store.join(".tmp-x-999999999-1").exists());
+        // A later run using something else keeps the earlier entry (a run may still use it)
+        // until it has not been used for a day.
+        let other = store.join("cccc-other");
+        realise(&other, |d| fs::write(d.join("f"), "1")).unwrap();
+        record_refs(&state, &BTreeSet::from([other.clone()])).unwrap();
+        gc(&store, &cache, false).unwrap();
+        assert!(used.exists() && other.exists());
+        let mut refs = read_refs(&state);
+        *refs.get_mut(&used).unwrap() -= REF_TTL_SECS + 1;
+        fs::write(state.join(REFS_FILE), serde_json::to_vec(&refs).unwrap()).unwrap();
+        record_refs(&state, &BTreeSet::from([other.clone()])).unwrap();
+        gc(&store, &cache, false).unwrap();
+        assert!(!used.exists() && other.exists());
         // Once the sandbox's state is gone, so is what only it used.
         fs::remove_dir_all(&state).unwrap();
         gc(&store, &cache, false).unwrap();
-        assert!(!used.exists());
+        assert!(!other.exists());
     }
 }

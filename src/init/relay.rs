@@ -170,10 +170,15 @@ pub const AGENT_EVENT_MAX: usize = 16 * 1024;
 /// proxy, which writes it to the audit log; always exits 0 and prints nothing, so it never
 /// changes what the agent does. Without a proxy (network "none") there is nowhere to log.
 pub fn agent_event_main(agent: &str) -> i32 {
-    let mut input = Vec::new();
-    let _ = std::io::stdin()
-        .take(AGENT_EVENT_MAX as u64)
-        .read_to_end(&mut input);
+    // Read it all (the agent must not see a broken pipe), at most 64 MiB; forward the tool and
+    // its one-line summary only, so a large Write keeps its name.
+    let mut raw = Vec::new();
+    let _ = std::io::stdin().take(64 << 20).read_to_end(&mut raw);
+    let (tool, summary) = crate::agents::summarise_tool_call(&raw);
+    let mut input = serde_json::json!({"tool_name": tool, "tool_input": {"summary": summary}})
+        .to_string()
+        .into_bytes();
+    input.truncate(AGENT_EVENT_MAX);
     if let Ok(mut s) = UnixStream::connect(PROXY_SOCKET) {
         let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(2)));
         let _ = s.set_write_timeout(Some(std::time::Duration::from_secs(2)));
