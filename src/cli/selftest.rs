@@ -182,6 +182,9 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     if let Some(f) = &g.file {
         cmd.arg("-f").arg(f);
     }
+    if let Some(d) = g.domains {
+        cmd.args(["--domains", d.name()]);
+    }
     cmd.arg("--trust");
     cmd.arg("run");
     if let Some(p) = &a.profile {
