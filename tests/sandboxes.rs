@@ -533,3 +533,42 @@ fn fish_users_get_fish() {
         );
     }
 }
+
+/// Seed 001's `.claude/settings.local.json`: in a named sandbox with `preset:claude` it is in
+/// the clone (what Claude Code reads as the project's local settings), mirroring the sandbox,
+/// ignored by git there; the host repository never gets it.
+#[test]
+fn claude_local_settings_are_written_into_the_clone_only() {
+    if !privileged() {
+        return;
+    }
+    let r = Repo::new();
+    std::fs::create_dir_all(r.path().join("home/.claude")).unwrap();
+    std::fs::write(r.repo().join("sandbox.kdl"), "import \"preset:claude\"\n").unwrap();
+    r.git(&["add", "sandbox.kdl"]);
+    r.git(&["commit", "-qm", "config"]);
+    let script = "python3 -c 'import json; s = json.load(open(\".claude/settings.local.json\")); \
+                  print(s[\"hooks\"][\"PreToolUse\"][0][\"hooks\"][0][\"command\"]); \
+                  print(any(d.endswith(\"/.env)\") for d in s[\"permissions\"][\"deny\"]))'; \
+                  git status --porcelain; echo status-done";
+    let o = r.run(&[
+        "--trust",
+        "run",
+        "--sandbox",
+        "s1",
+        "--backend",
+        "bwrap",
+        "--",
+        "/bin/sh",
+        "-c",
+        script,
+    ]);
+    assert_eq!(o.code, 0, "{}\n{}", o.stdout, o.stderr);
+    assert_eq!(
+        o.stdout, "/run/aisb/init agent-event claude\nTrue\nstatus-done\n",
+        "{}",
+        o.stderr
+    );
+    assert!(!r.repo().join(".claude/settings.local.json").exists());
+    assert!(!r.repo().join(".claude").exists());
+}
