@@ -125,6 +125,13 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
         // bwrap needs no bundle on disk: the spec goes straight into its arguments, and it
         // hands the sandbox our terminal as it is.
         Backend::Bwrap => {
+            let private;
+            let plan = if nix::unistd::geteuid().is_root() {
+                plan
+            } else {
+                private = bwrap::private_copies(plan)?;
+                &private
+            };
             let mask_file = bundle::prepare(plan)?;
             let paths = crate::spec::SpecPaths {
                 rootfs: PathBuf::from("rootfs"),
