@@ -278,7 +278,21 @@ fn gc_removes_stale_and_orphaned_state_and_keeps_unsynced_work() {
     }
     let orphan = dirs[0].join("run/4194303");
     std::fs::create_dir_all(&orphan).unwrap();
+    // A decoded-config cache file three days old goes; the fresh ones stay.
+    let kdl = r.path().join("cache/aisb/kdl");
+    let fresh = std::fs::read_dir(&kdl).unwrap().count();
+    assert!(fresh > 0);
+    let stale = kdl.join("0000.json");
+    std::fs::write(&stale, "{}").unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&stale)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(3 * 86400))
+        .unwrap();
     let gc = r.run(&["gc"]);
+    assert!(!stale.exists(), "{}", gc.stdout);
+    assert_eq!(std::fs::read_dir(&kdl).unwrap().count(), fresh);
     assert_eq!(gc.code, 0, "{}", gc.stderr);
     assert!(gc.stdout.contains("Pruned 1 sandbox,"), "{}", gc.stdout);
     assert!(

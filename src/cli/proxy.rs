@@ -44,6 +44,7 @@ pub fn run(a: Args) -> Result<i32, Error> {
     let proxy = Arc::new(Proxy {
         policy: Policy::new(&cfg),
         audit,
+        reported: Default::default(),
     });
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -257,6 +257,38 @@ pub fn gc(a: GcArgs) -> Result<i32, Error> {
             }
         }
     }
+    // Decoded-config and scan caches: entries older than the TTL (each is rebuilt on demand,
+    // in a millisecond or a scan).
+    let mut caches = 0usize;
+    for sub in ["kdl", "scan"] {
+        for e in std::fs::read_dir(root.join(sub))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let old = e
+                .metadata()
+                .ok()
+                .filter(|m| m.is_file())
+                .and_then(|m| m.modified().ok())
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age.as_secs() > a.ttl * 3600);
+            if old {
+                freed += e.metadata().map_or(0, |m| m.len());
+                caches += 1;
+                if !a.dry_run {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+    }
+    if caches > 0 {
+        println!(
+            "{} {caches} cached decoded configs and scans older than {} h",
+            if a.dry_run { "would remove" } else { "removed" },
+            a.ttl
+        );
+    }
     // Store entries only removed sandboxes (or superseded /etc snapshots) used.
     let store = root.join("store");
     let r = crate::graph::store::gc(&store, &root, a.dry_run).map_err(|source| Error::Io {

@@ -26,7 +26,13 @@ const BUF: usize = 256 * 1024;
 pub struct Proxy {
     pub policy: Policy,
     pub audit: Option<Log>,
+    /// Events the sandboxed side reported (agent tool calls, direct connection attempts).
+    pub reported: std::sync::atomic::AtomicU64,
 }
+
+/// The most events one sandbox run may report from inside; past it they are dropped, once
+/// noted, so a sandbox cannot fill the disk through its own audit log.
+pub const MAX_REPORTED: u64 = 10_000;
 
 /// Accept connections until the listener fails (the process is killed when the sandbox ends).
 pub async fn serve(listener: UnixListener, proxy: Arc<Proxy>) -> std::io::Result<()> {
@@ -67,8 +73,28 @@ impl Proxy {
         Ok(())
     }
 
+    /// Whether one more event reported from inside may be logged (see [`MAX_REPORTED`]).
+    fn may_report(&self, log: &Log) -> bool {
+        let n = self
+            .reported
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if n == MAX_REPORTED {
+            let _ = log.write(Kind::Agent {
+                agent: "aisb".into(),
+                tool: "audit-limit".into(),
+                input: format!(
+                    "{MAX_REPORTED} events reported from inside the sandbox: further ones are dropped"
+                ),
+            });
+        }
+        n < MAX_REPORTED
+    }
+
     fn record(&self, o: &Outcome) {
         let Some(log) = &self.audit else { return };
+        if o.proto == "direct" && !self.may_report(log) {
+            return;
+        }
         let (action, rule) = match &o.result {
             Ok(a) => ("allow", a.rule.clone()),
             Err(b) => ("block", b.rule.clone()),
@@ -229,7 +255,7 @@ impl Proxy {
             }
             body.truncate(want);
             client.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await?;
-            if let Some(log) = &self.audit {
+            if let Some(log) = self.audit.as_ref().filter(|l| self.may_report(l)) {
                 let (tool, input) = crate::agents::summarise_tool_call(&body);
                 let _ = log.write(Kind::Agent {
                     agent: crate::agents::clean_label(&target),
@@ -539,6 +565,25 @@ async fn blocked<W: AsyncWrite + Unpin>(
 
 #[cfg(test)]
 mod tests {
+
+    /// A sandbox cannot grow its audit log without bound through reported events.
+    #[test]
+    fn events_reported_from_inside_are_capped() {
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("audit.jsonl");
+        let log = Log::open(&path).unwrap();
+        let p = Proxy {
+            policy: Policy::new(&crate::proxy::policy::PolicyConfig::default()),
+            audit: None,
+            reported: Default::default(),
+        };
+        let allowed = (0..MAX_REPORTED + 5).filter(|_| p.may_report(&log)).count();
+        assert_eq!(allowed as u64, MAX_REPORTED);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 1);
+        assert!(text.contains("audit-limit"), "{text}");
+    }
+
     use super::*;
 
     #[test]
