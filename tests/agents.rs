@@ -72,6 +72,17 @@ impl Mock {
         };
         Mock { child, port, log }
     }
+    /// `AISB_PROXY_PIN` sending every domain the agent presets allow to this server: no
+    /// request of a test ever leaves the machine, whatever a client decides to call.
+    fn pins(&self) -> String {
+        aisb::eval::BUILTIN_GROUPS
+            .iter()
+            .filter(|(g, _)| ["anthropic", "openai", "google"].contains(g))
+            .flat_map(|(_, domains)| domains.iter())
+            .map(|d| format!("{d}=127.0.0.1:{}", self.port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
     fn requests(&self) -> Vec<serde_json::Value> {
         std::fs::read_to_string(&self.log)
             .unwrap_or_default()
@@ -190,10 +201,7 @@ fn claude_investigate_cannot_read_the_ssh_key_or_reach_other_hosts() {
                 .args(&args)
                 .env("ANTHROPIC_API_KEY", "sk-ant-test")
                 .env("ANTHROPIC_BASE_URL", "http://api.anthropic.com")
-                .env(
-                    "AISB_PROXY_PIN",
-                    format!("api.anthropic.com=127.0.0.1:{}", mock.port),
-                )
+                .env("AISB_PROXY_PIN", mock.pins())
                 .output()
                 .unwrap(),
         );
@@ -382,10 +390,7 @@ fn every_agent_client_works_in_its_preset_and_nothing_leaks() {
             "-c",
             &script,
         ])
-        .env(
-            "AISB_PROXY_PIN",
-            format!("{}={}", c.api, format_args!("127.0.0.1:{}", mock.port)),
-        );
+        .env("AISB_PROXY_PIN", mock.pins());
         for (k, v) in c.env {
             cmd.env(k, v);
         }
@@ -461,10 +466,7 @@ fn gemini_is_not_offered_tools_the_sandbox_refuses() {
                     "GOOGLE_GEMINI_BASE_URL",
                     "http://generativelanguage.googleapis.com",
                 )
-                .env(
-                    "AISB_PROXY_PIN",
-                    format!("generativelanguage.googleapis.com=127.0.0.1:{}", mock.port),
-                )
+                .env("AISB_PROXY_PIN", mock.pins())
                 .output()
                 .unwrap(),
         );
