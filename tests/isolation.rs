@@ -733,12 +733,26 @@ fn store_entries_are_kept_while_used_and_rebuilt_when_incomplete() {
     let s = Sandbox::new();
     s.write("sandbox.kdl", "import \"preset:claude\"\n");
     std::fs::create_dir_all(s.root().join("home/.claude")).unwrap();
+    // `aisb plan` says what the store lacks, then that it has it.
+    let store_lines = || {
+        let o = Out::from(s.aisb().arg("plan").output().unwrap());
+        o.stdout
+            .lines()
+            .filter(|l| {
+                let first = l.split_whitespace().next().unwrap_or("");
+                first.ends_with("-etc") || first.ends_with("-claude-managed")
+            })
+            .map(|l| l.split_whitespace().skip(1).collect::<Vec<_>>().join(" "))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(store_lines(), ["written at the next run"; 2]);
     let o = s.run(
         "bwrap",
         &["--trust"],
         "cat /etc/claude-code/managed-settings.json >/dev/null && echo ok",
     );
     assert_eq!(o.stdout, "ok\n", "{}", o.stderr);
+    assert_eq!(store_lines(), ["cached"; 2]);
     let ls = || {
         let o = Out::from(s.aisb().args(["store", "ls", "--json"]).output().unwrap());
         serde_json::from_str::<Vec<serde_json::Value>>(&o.stdout).unwrap()

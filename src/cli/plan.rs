@@ -88,6 +88,19 @@ pub fn render(plan: &Plan, _cwd: &Path) -> String {
         }
     }
 
+    let _ = writeln!(o, "\nstore (content-addressed, shared; `aisb store ls`)");
+    for e in crate::graph::store::entries_of(plan) {
+        let name = e
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let status = if crate::graph::store::is_ready(&e) {
+            "cached"
+        } else {
+            "written at the next run"
+        };
+        let _ = writeln!(o, "  {name:<48} {status}");
+    }
+
     let _ = writeln!(o, "\nmounts");
     for m in &plan.mounts {
         let (kind, from) = match &m.kind {

@@ -19,6 +19,21 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+/// The store entries a sandbox of `plan` needs: its /etc snapshot and the files aisb writes
+/// for it (an agent's settings).
+pub fn entries_of(plan: &crate::eval::Plan) -> BTreeSet<PathBuf> {
+    use crate::eval::plan::{MountKind, SystemPath};
+    let snapshots = plan.system.iter().filter_map(|s| match s {
+        SystemPath::Snapshot { snapshot, .. } => Some(snapshot.dir.clone()),
+        _ => None,
+    });
+    let generated = plan.mounts.iter().filter_map(|m| match &m.kind {
+        MountKind::Generated { dir, .. } => Some(dir.clone()),
+        _ => None,
+    });
+    snapshots.chain(generated).collect()
+}
+
 /// The file, in a sandbox's state directory, naming the store entries its last run used.
 pub const REFS_FILE: &str = "store-refs.json";
 

@@ -107,19 +107,13 @@ pub fn write(
 /// copies, the /etc snapshot and the masking file. Returns the masking file.
 pub fn prepare(plan: &Plan) -> Result<PathBuf, BundleError> {
     realise_state(plan)?;
-    let mut used = std::collections::BTreeSet::new();
     for sys in &plan.system {
         if let SystemPath::Snapshot { snapshot, .. } = sys {
             io(&snapshot.dir, crate::graph::etc::realise(snapshot))?;
-            used.insert(snapshot.dir.clone());
-        }
-    }
-    for m in &plan.mounts {
-        if let MountKind::Generated { dir, .. } = &m.kind {
-            used.insert(dir.clone());
         }
     }
     // What this sandbox uses stays in the store until its state is removed (`aisb store gc`).
+    let used = crate::graph::store::entries_of(plan);
     io(
         &plan.state_dir,
         crate::graph::store::record_refs(&plan.state_dir, &used),
