@@ -112,8 +112,7 @@ fn add(plan: &mut Plan, dir: &str, file: &str, name: &str, settings: &Value, why
 /// network), so the model is not offered them.
 pub fn gemini_settings(plan: &Plan, host_policy: Option<Value>) -> Value {
     let mut exclude: Vec<&str> = Vec::new();
-    let writable = !plan.read_only && plan.project_access != crate::eval::plan::Access::Ro;
-    if !writable {
+    if !plan.project_writable() {
         exclude.extend(["write_file", "replace"]);
     }
     if plan.network.mode == NetMode::None {
@@ -139,9 +138,8 @@ pub fn claude_settings(plan: &Plan, host_policy: Option<Value>) -> Value {
         deny.push(format!("Read(~/{d}/**)"));
         deny.push(format!("Edit(~/{d}/**)"));
     }
-    let writable = !plan.read_only && plan.project_access != crate::eval::plan::Access::Ro;
     let mut allow = vec!["Bash".to_string()];
-    if writable {
+    if plan.project_writable() {
         allow.extend(["Edit".into(), "Write".into(), "NotebookEdit".into()]);
     } else {
         deny.extend(["Edit(**)".into(), "Write(**)".into(), "NotebookEdit".into()]);
@@ -181,7 +179,7 @@ pub fn claude_settings(plan: &Plan, host_policy: Option<Value>) -> Value {
 
 /// `ours` over `base`: list entries appended (once), `sandbox.enabled` and
 /// `sandbox.network.allowedDomains` replaced, everything else of `base` kept.
-pub fn merge_settings(base: Option<Value>, ours: &Value) -> Value {
+fn merge_settings(base: Option<Value>, ours: &Value) -> Value {
     fn merge(base: &mut Map<String, Value>, ours: &Map<String, Value>) {
         for (k, v) in ours {
             match (base.get_mut(k), v) {

@@ -231,6 +231,13 @@ pub const ETC_PATHS: &[&str] = &[
     "gemini-cli",
 ];
 
+/// Domain groups by name: every definition (the importer's wins), and those aisb ships
+/// (built-in and from embedded presets), which `domains="strict"` holds presets to.
+struct Groups {
+    all: BTreeMap<String, Vec<String>>,
+    shipped: BTreeMap<String, Vec<String>>,
+}
+
 struct Ctx<'a> {
     loaded: &'a Loaded,
     errors: Errors,
@@ -263,10 +270,14 @@ pub fn evaluate(loaded: &Loaded, host: &Host, req: &Request) -> Result<Plan, Eva
     // Top levels, imports first; profiles and groups by name, the importer's definition wins.
     let mut settings = Settings::default();
     let mut profiles: HashMap<&str, &ProfileDecl> = HashMap::new();
-    let mut groups: BTreeMap<String, Vec<String>> = BUILTIN_GROUPS
+    let builtin: BTreeMap<String, Vec<String>> = BUILTIN_GROUPS
         .iter()
         .map(|(n, d)| (n.to_string(), d.iter().map(|s| s.to_string()).collect()))
         .collect();
+    let mut groups = Groups {
+        all: builtin.clone(),
+        shipped: builtin,
+    };
     for &i in &loaded.order {
         let f = &loaded.files[i];
         merge::merge(
@@ -279,11 +290,13 @@ pub fn evaluate(loaded: &Loaded, host: &Host, req: &Request) -> Result<Plan, Eva
         for p in &f.profiles {
             profiles.insert(&p.name.value, p);
         }
+        let embedded = loaded.sources[i].path.is_none();
         for g in &f.groups {
-            groups.insert(
-                g.name.value.clone(),
-                g.domains.iter().map(|d| d.value.clone()).collect(),
-            );
+            let domains: Vec<String> = g.domains.iter().map(|d| d.value.clone()).collect();
+            if embedded {
+                groups.shipped.insert(g.name.value.clone(), domains.clone());
+            }
+            groups.all.insert(g.name.value.clone(), domains);
         }
     }
 
@@ -421,7 +434,7 @@ fn resolve(
     host: &Host,
     req: &Request,
     s: &Settings,
-    groups: &BTreeMap<String, Vec<String>>,
+    groups: &Groups,
     profile_name: String,
     profiles: &HashMap<&str, &ProfileDecl>,
 ) -> Result<Plan, EvalError> {
@@ -852,20 +865,6 @@ fn resolve(
             .get(loc.file)
             .is_some_and(|f| f.path.is_none())
     };
-    let mut builtin_groups: BTreeMap<String, Vec<String>> = BUILTIN_GROUPS
-        .iter()
-        .map(|(n, d)| (n.to_string(), d.iter().map(|s| s.to_string()).collect()))
-        .collect();
-    for &i in &loaded.order {
-        if loaded.sources[i].path.is_none() {
-            for g in &loaded.files[i].groups {
-                builtin_groups.insert(
-                    g.name.value.clone(),
-                    g.domains.iter().map(|d| d.value.clone()).collect(),
-                );
-            }
-        }
-    }
     let keep = |loc: Loc| match domains {
         DomainsMode::Merge => true,
         DomainsMode::Strict => builtin(loc),
@@ -902,9 +901,9 @@ fn resolve(
         // Under `strict`, a built-in preset's group means aisb's own list even when the
         // project redefines that name.
         let shipped = (domains == DomainsMode::Strict && from_builtin)
-            .then(|| builtin_groups.get(&g.value))
+            .then(|| groups.shipped.get(&g.value))
             .flatten();
-        match shipped.or_else(|| groups.get(&g.value)) {
+        match shipped.or_else(|| groups.all.get(&g.value)) {
             Some(list) => allow_rules.extend(
                 list.iter()
                     .filter_map(|d| DomainRule::parse(d).ok())
@@ -912,7 +911,7 @@ fn resolve(
             ),
             None => {
                 let hint =
-                    crate::config::diag::suggest(&g.value, groups.keys().map(String::as_str));
+                    crate::config::diag::suggest(&g.value, groups.all.keys().map(String::as_str));
                 cx.err(
                     g.loc,
                     format!("unknown domain group `{}`", g.value),
@@ -921,7 +920,7 @@ fn resolve(
                         || {
                             format!(
                                 "known groups: {}; define one with `domains \"NAME\" \"a.com\" …`",
-                                groups.keys().cloned().collect::<Vec<_>>().join(", ")
+                                groups.all.keys().cloned().collect::<Vec<_>>().join(", ")
                             )
                         },
                         |h| format!("did you mean `{h}`?"),

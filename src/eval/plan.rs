@@ -40,6 +40,14 @@ pub struct Plan {
     pub profiles: Vec<String>,
 }
 
+impl Plan {
+    /// Whether the workload may change the project's files (in place or in a copy-on-write
+    /// layer): not under `read-only`, not with a read-only project.
+    pub fn project_writable(&self) -> bool {
+        !self.read_only && self.project_access != Access::Ro
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Identity {
     pub uid: u32,

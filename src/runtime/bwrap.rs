@@ -86,8 +86,18 @@ pub fn run(
 /// copy in the sandbox's state, taken on first use (`<state>/overlay/<dir>/copy`) and
 /// bind-mounted writable: writes still never reach the host, but later changes on the host are
 /// not seen until the copy is removed. Root's bwrap mounts real overlays (see `aisb_bwrap`).
-pub fn private_copies(plan: &crate::eval::Plan) -> Result<crate::eval::Plan, RuntimeError> {
+pub fn private_copies(
+    plan: &crate::eval::Plan,
+) -> Result<std::borrow::Cow<'_, crate::eval::Plan>, RuntimeError> {
     use crate::eval::plan::MountKind;
+    use std::borrow::Cow;
+    if !plan
+        .mounts
+        .iter()
+        .any(|m| matches!(m.kind, MountKind::Overlay { .. }))
+    {
+        return Ok(Cow::Borrowed(plan));
+    }
     let mut plan = plan.clone();
     for m in &mut plan.mounts {
         let MountKind::Overlay { lower, upper, .. } = &m.kind else {
@@ -112,7 +122,7 @@ pub fn private_copies(plan: &crate::eval::Plan) -> Result<crate::eval::Plan, Run
             writable: true,
         };
     }
-    Ok(plan)
+    Ok(Cow::Owned(plan))
 }
 
 /// Copy a directory tree (modes, symlinks as links; what the caller cannot read is left

@@ -130,7 +130,7 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
                 plan
             } else {
                 private = bwrap::private_copies(plan)?;
-                &private
+                &*private
             };
             let mask_file = bundle::prepare(plan)?;
             let paths = crate::spec::SpecPaths {

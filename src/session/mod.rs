@@ -309,20 +309,17 @@ pub fn prepare(plan: &mut Plan, name: &str) -> Result<Session, SessionError> {
 }
 
 /// Seed 001's `.claude/settings.local.json`, in the clone (the agent's working tree, never the
-/// host repository): the managed settings aisb wrote for this sandbox, over whatever local
-/// settings the clone already had; git is told to ignore the file there. A tracked one is left
+/// host repository): the settings mirroring this sandbox (as in its managed settings), over
+/// whatever local settings the clone already had; git is told to ignore the file there. A tracked one is left
 /// alone (the managed settings apply regardless).
 fn write_agent_settings(plan: &Plan, clone: &Path, state: &Path) -> Result<(), SessionError> {
-    let Some(managed) = plan.mounts.iter().find_map(|m| match &m.kind {
-        MountKind::Generated { files, .. }
-            if m.target == Path::new(crate::agents::CLAUDE_MANAGED_DIR) =>
-        {
-            files.first()
-        }
-        _ => None,
-    }) else {
+    let claude = plan
+        .mounts
+        .iter()
+        .any(|m| m.target == Path::new(crate::agents::CLAUDE_MANAGED_DIR));
+    if !claude {
         return Ok(());
-    };
+    }
     const REL: &str = ".claude/settings.local.json";
     if git(clone, &["ls-files", "--error-unmatch", "--", REL], state).is_ok() {
         return Ok(());
@@ -331,8 +328,7 @@ fn write_agent_settings(plan: &Plan, clone: &Path, state: &Path) -> Result<(), S
     let existing = fs::read(&path)
         .ok()
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
-    let ours: serde_json::Value = serde_json::from_str(&managed.content).unwrap_or_default();
-    let merged = crate::agents::merge_settings(existing, &ours);
+    let merged = crate::agents::claude_settings(plan, existing);
     if let Some(dir) = path.parent() {
         fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
     }
