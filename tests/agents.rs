@@ -100,8 +100,7 @@ impl Drop for Mock {
 }
 
 fn needs(tool: &str) -> bool {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: needs root on this host (CI runs as root)");
+    if !support::root_or_skip("the agent suite") {
         return false;
     }
     if !installed(tool) {

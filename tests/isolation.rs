@@ -131,11 +131,7 @@ impl Sandbox {
 }
 
 fn privileged() -> bool {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: the isolation suite needs root on this host (CI runs as root)");
-        return false;
-    }
-    true
+    support::root_or_skip("the isolation suite")
 }
 
 /// `name=$?` after a command, with its stderr kept for the message checks.

@@ -182,8 +182,7 @@ fn run(dir: &Path, backend: &str, user: Option<(u32, u32)>, resolve: &str, scrip
 }
 
 fn privileged() -> bool {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: the network suite needs root on this host (CI runs as root)");
+    if !support::root_or_skip("the network suite") {
         return false;
     }
     if Command::new("curl").arg("--version").output().is_err() {
@@ -191,18 +190,6 @@ fn privileged() -> bool {
         return false;
     }
     true
-}
-
-fn git(dir: &Path, args: &[&str]) {
-    let ok = Command::new("git")
-        .args(["-c", "user.name=t", "-c", "user.email=t@t"])
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap()
-        .status
-        .success();
-    assert!(ok, "git {args:?}");
 }
 
 #[test]
@@ -217,12 +204,12 @@ fn only_the_allowlist_goes_out_and_every_decision_is_logged() {
     // A repository served over plain ("dumb") HTTP, for `git clone` through the proxy.
     let src = t.path().join("src");
     std::fs::create_dir_all(&src).unwrap();
-    git(&src, &["init", "-q"]);
+    support::git_in(&src, &["init", "-q"]);
     std::fs::write(src.join("README"), "cloned through the proxy\n").unwrap();
-    git(&src, &["add", "-A"]);
-    git(&src, &["commit", "-qm", "one"]);
-    git(t.path(), &["clone", "-q", "--bare", "src", "www/repo.git"]);
-    git(&www.join("repo.git"), &["update-server-info"]);
+    support::git_in(&src, &["add", "-A"]);
+    support::git_in(&src, &["commit", "-qm", "one"]);
+    support::git_in(t.path(), &["clone", "-q", "--bare", "src", "www/repo.git"]);
+    support::git_in(&www.join("repo.git"), &["update-server-info"]);
 
     let port = serve(www.clone(), 400);
     let (tls, _tls_server) = serve_tls(&www, t.path());
@@ -230,7 +217,7 @@ fn only_the_allowlist_goes_out_and_every_decision_is_logged() {
     for d in ["home", "proj"] {
         std::fs::create_dir_all(t.path().join(d)).unwrap();
     }
-    git(&t.path().join("proj"), &["init", "-q"]);
+    support::git_in(&t.path().join("proj"), &["init", "-q"]);
     std::fs::write(
         t.path().join("proj/sandbox.kdl"),
         format!(

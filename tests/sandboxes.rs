@@ -95,11 +95,7 @@ git push -q origin HEAD:refs/heads/other 2>/dev/null; echo "push_new=$?"
 "#;
 
 fn privileged() -> bool {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: needs root on this host (CI runs as root)");
-        return false;
-    }
-    true
+    support::root_or_skip("the named-sandbox suite")
 }
 
 #[test]

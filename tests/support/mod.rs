@@ -130,6 +130,15 @@ pub fn render(d: &dyn miette::Diagnostic) -> String {
     out
 }
 
+/// Whether the root-only suites can run here; otherwise prints why `suite` is skipped.
+pub fn root_or_skip(suite: &str) -> bool {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: {suite} needs root on this host (CI runs as root)");
+        return false;
+    }
+    true
+}
+
 const TEST_USER: &str = "aisb-test";
 
 /// An unprivileged account to run the suite as (created once, as root), given what the
