@@ -680,22 +680,31 @@ fn aisb_test_passes_for_every_preset_and_fails_for_a_weakened_one() {
                 .unwrap(),
         )
     };
-    // The agents' presets mount their config copy-on-write: libcontainer.
-    for preset in ["claude", "codex", "aider", "opencode", "gemini"] {
-        let o = run(
-            &format!("import \"preset:{preset}\"\n"),
-            &["--backend", "libcontainer"],
-        );
-        assert_eq!(o.code, 0, "[{preset}] {}\n{}", o.stdout, o.stderr);
-        assert!(o.stdout.contains(" 0 failed"), "[{preset}] {}", o.stdout);
-        if preset == "claude" {
-            assert!(
-                o.stdout
-                    .lines()
-                    .any(|l| l.starts_with("ok") && l.contains("/etc/claude-code")),
-                "{}",
-                o.stdout
+    // Every preset on both backends (as root, bwrap's init mounts the copy-on-write dirs);
+    // the files aisb writes for claude and gemini must not be writable from inside.
+    for backend in BACKENDS {
+        for preset in ["claude", "codex", "aider", "opencode", "gemini"] {
+            let o = run(
+                &format!("import \"preset:{preset}\"\n"),
+                &["--backend", backend],
             );
+            let tag = format!("[{backend} {preset}]");
+            assert_eq!(o.code, 0, "{tag} {}\n{}", o.stdout, o.stderr);
+            assert!(o.stdout.contains(" 0 failed"), "{tag} {}", o.stdout);
+            let dir = match preset {
+                "claude" => Some("/etc/claude-code"),
+                "gemini" => Some("/etc/gemini-cli"),
+                _ => None,
+            };
+            if let Some(dir) = dir {
+                assert!(
+                    o.stdout
+                        .lines()
+                        .any(|l| l.starts_with("ok") && l.contains(dir)),
+                    "{tag} {}",
+                    o.stdout
+                );
+            }
         }
     }
     for backend in BACKENDS {
