@@ -11,6 +11,7 @@ pub mod cli;
 pub mod config;
 pub mod eval;
 pub mod graph;
+pub mod image;
 pub mod init;
 pub mod presets;
 pub mod proxy;

@@ -12,10 +12,22 @@ pub struct Args {
     pub console_socket: Option<PathBuf>,
     #[arg(long)]
     pub pid_file: Option<PathBuf>,
+    /// An image root to mount in a private mount namespace first (`image::rootmount`).
+    #[arg(long)]
+    pub root_mount: Option<String>,
 }
 
 pub fn run(a: Args) -> Result<i32, Error> {
     // 125: the sandbox could not start (distinct from any exit code of the workload's own).
+    if let Some(arg) = &a.root_mount {
+        let mounted = crate::image::rootmount::RootMount::parse(arg)
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::InvalidInput))
+            .and_then(|m| m.apply());
+        if let Err(e) = mounted {
+            eprintln!("aisb: cannot mount the image's root: {e}\n  help: images need overlayfs and root (`aisb doctor` checks the host)");
+            return Ok(125);
+        }
+    }
     match aisb_libcontainer::run(
         &a.bundle,
         &a.state_root,

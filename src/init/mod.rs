@@ -80,6 +80,8 @@ pub fn main_from_args(args: impl IntoIterator<Item = OsString>) -> i32 {
             opts.loopback = true;
         } else if a == "--relay-proxy" {
             opts.relay_proxy = true;
+        } else if a == "--keep-caps" {
+            opts.keep_caps = true;
         } else if let Some(o) = a.strip_prefix("--overlay=") {
             let parts: Vec<&str> = o.split(':').collect();
             match parts.as_slice() {
@@ -168,6 +170,9 @@ pub struct Options {
     pub relay_ports: Vec<u16>,
     /// Copy-on-write directories to mount (bwrap cannot): layers already bound in by bwrap.
     pub overlays: Vec<Overlay>,
+    /// An image build step (root in its user namespace, installing packages): keep the
+    /// capabilities the runtime gave, except CAP_NET_ADMIN (only the init needed it, for `lo`).
+    pub keep_caps: bool,
     pub command: Vec<OsString>,
 }
 
@@ -239,7 +244,17 @@ pub fn harden(opts: &Options) -> Result<Vec<(std::net::TcpListener, relay::Targe
     for (name, soft, hard) in &opts.rlimits {
         set_rlimit(name, *soft, *hard)?;
     }
-    drop_capabilities()?;
+    if opts.keep_caps {
+        use caps::{CapSet, Capability};
+        for set in [CapSet::Ambient, CapSet::Bounding, CapSet::Inheritable, CapSet::Effective, CapSet::Permitted] {
+            caps::drop(None, set, Capability::CAP_NET_ADMIN).map_err(|source| InitError::Caps {
+                cap: "CAP_NET_ADMIN".into(),
+                source,
+            })?;
+        }
+    } else {
+        drop_capabilities()?;
+    }
     nix::sys::prctl::set_no_new_privs().map_err(InitError::NoNewPrivs)?;
     seccomp::apply()?;
     Ok(listeners)

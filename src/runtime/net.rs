@@ -74,12 +74,29 @@ pub fn start(plan: &Plan, exe: &Path) -> Result<Option<ProxyProcess>, RuntimeErr
     if plan.network.mode != NetMode::Allow {
         return Ok(None);
     }
-    let policy = serde_json::to_vec(&policy(plan)?).map_err(|e| RuntimeError::Io {
+    let policy = policy(plan)?;
+    start_with(
+        &policy,
+        &plan.state_dir.join("net"),
+        &plan.state_dir.join("audit.jsonl"),
+        exe,
+    )
+    .map(Some)
+}
+
+/// Start a proxy enforcing `policy`, its socket in a fresh 0700 directory under `parent`, its
+/// decisions logged to `audit`; wait until it listens.
+pub fn start_with(
+    policy: &PolicyConfig,
+    parent: &Path,
+    audit: &Path,
+    exe: &Path,
+) -> Result<ProxyProcess, RuntimeError> {
+    let policy = serde_json::to_vec(policy).map_err(|e| RuntimeError::Io {
         what: "encoding the network policy".into(),
         source: e.into(),
     })?;
-    let parent = plan.state_dir.join("net");
-    std::fs::create_dir_all(&parent).map_err(io(format!("creating {}", parent.display())))?;
+    std::fs::create_dir_all(parent).map_err(io(format!("creating {}", parent.display())))?;
     let dir = parent.join(std::process::id().to_string());
     if dir.exists() {
         // Left by a crashed run with our pid: stale by construction.
@@ -99,7 +116,7 @@ pub fn start(plan: &Plan, exe: &Path) -> Result<Option<ProxyProcess>, RuntimeErr
         .arg("--policy")
         .arg("-")
         .arg("--audit")
-        .arg(plan.state_dir.join("audit.jsonl"))
+        .arg(audit)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         // Its own process group: the terminal's ^C is for the sandbox, not for its network.
@@ -132,5 +149,5 @@ pub fn start(plan: &Plan, exe: &Path) -> Result<Option<ProxyProcess>, RuntimeErr
             source: std::io::Error::from(std::io::ErrorKind::BrokenPipe),
         });
     }
-    Ok(Some(proc))
+    Ok(proc)
 }

@@ -358,3 +358,90 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
     });
     Ok(serde_json::from_value(v)?)
 }
+
+/// What an image build step's sandbox is (see `image::step`).
+pub struct StepSpec<'a> {
+    /// Where the helper mounts the step's root (an overlay whose upper dir is the new layer).
+    pub root: &'a Path,
+    pub init: &'a Path,
+    /// The proxy's socket directory, when the step has network.
+    pub proxy_dir: Option<&'a Path>,
+    pub args: &'a [String],
+    pub env: &'a [String],
+    pub cwd: &'a str,
+    pub user: (u32, u32),
+    pub cgroups_path: String,
+}
+
+/// The capabilities a build step keeps (Docker's default set: enough for package managers
+/// and `useradd`, nothing that reaches past the step's own namespaces).
+const STEP_CAPS: &[&str] = &[
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FSETID",
+    "CAP_FOWNER",
+    "CAP_MKNOD",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETFCAP",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_KILL",
+    "CAP_AUDIT_WRITE",
+];
+
+/// The OCI spec of an image build step: root inside a user namespace that maps ids 0–65535
+/// to themselves (files keep the owners the step gives them, so the image's users match the
+/// host's), every namespace private, no network but the proxy's relay, the image's own root
+/// writable (its changes land in the step's layer).
+pub fn build_step(step: &StepSpec) -> Result<Spec, SpecError> {
+    let mut mounts = vec![
+        mount(Path::new("/proc"), "proc", "proc", &opts(&["nosuid", "noexec", "nodev"])),
+        mount(Path::new("/dev"), "tmpfs", "tmpfs", &opts(&["nosuid", "strictatime", "mode=755", "size=65536k"])),
+        mount(Path::new("/dev/pts"), "devpts", "devpts", &opts(&["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"])),
+        mount(Path::new("/dev/shm"), "tmpfs", "shm", &opts(&["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"])),
+        mount(Path::new("/sys"), "sysfs", "sysfs", &opts(&["nosuid", "noexec", "nodev", "ro"])),
+        mount(Path::new(INIT_PATH), "bind", &s(step.init), &opts(&["bind", "ro", "nosuid", "nodev"])),
+    ];
+    // Root keeps Docker's default set; another USER gets none (the init drops them all).
+    let root = step.user.0 == 0;
+    let mut args = vec![INIT_PATH.to_string(), "__init".into(), "--loopback".into()];
+    if root {
+        args.push("--keep-caps".into());
+    }
+    if let Some(dir) = step.proxy_dir {
+        mounts.push(mount(Path::new(crate::init::relay::PROXY_DIR), "bind", &s(dir), &opts(&["bind", "ro", "nosuid", "nodev", "noexec"])));
+        args.push("--relay-proxy".into());
+    }
+    args.push("--".into());
+    args.extend(step.args.iter().cloned());
+    let mut caps = if root { opts(STEP_CAPS) } else { opts(&["CAP_SETPCAP"]) };
+    caps.push("CAP_NET_ADMIN".into());
+    let map = vec![json!({"containerID": 0, "hostID": 0, "size": 65536})];
+    let v = json!({
+        "ociVersion": "1.0.2",
+        "root": { "path": s(step.root), "readonly": false },
+        "hostname": "aisb-build",
+        "process": {
+            "terminal": false,
+            "user": { "uid": step.user.0, "gid": step.user.1 },
+            "args": args,
+            "env": step.env,
+            "cwd": step.cwd,
+            "noNewPrivileges": true,
+            "capabilities": { "bounding": caps, "effective": caps, "inheritable": caps, "permitted": caps, "ambient": caps },
+        },
+        "mounts": mounts,
+        "linux": {
+            "uidMappings": map,
+            "gidMappings": map,
+            "namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "user"}, {"type": "cgroup"}, {"type": "network"}],
+            "cgroupsPath": step.cgroups_path,
+            "maskedPaths": MASKED_PROC,
+            "readonlyPaths": READONLY_PROC,
+            "rootfsPropagation": "private",
+        },
+    });
+    Ok(serde_json::from_value(v)?)
+}

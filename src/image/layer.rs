@@ -1,0 +1,342 @@
+//! Layers on disk in overlayfs's own format, so that a list of them is a root filesystem with
+//! no copying: a deleted file is a whiteout (a 0/0 character device), a directory that hides
+//! everything below it carries `trusted.overlay.opaque=y`.
+
+use std::ffi::CString;
+use std::fs;
+use std::io::{self, Read};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+/// Unpack an OCI layer (tar, gzip-compressed or not: detected from its first bytes) into
+/// `dest`, turning OCI whiteouts into overlayfs ones. Paths leaving `dest` are refused.
+pub fn unpack(reader: impl Read, dest: &Path) -> io::Result<()> {
+    let mut buffered = io::BufReader::with_capacity(1 << 20, reader);
+    let head = io::BufRead::fill_buf(&mut buffered)?;
+    let gz = head.starts_with(&[0x1f, 0x8b]);
+    if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+        return Err(io::Error::new(io::ErrorKind::Unsupported, "zstd-compressed layers are not supported (gzip and plain tar are)"));
+    }
+    let inner: Box<dyn Read> = if gz { Box::new(flate2::read::GzDecoder::new(buffered)) } else { Box::new(buffered) };
+    let mut archive = tar::Archive::new(inner);
+    archive.set_preserve_permissions(true);
+    archive.set_preserve_ownerships(nix::unistd::geteuid().is_root());
+    archive.set_preserve_mtime(true);
+    archive.set_unpack_xattrs(true);
+    archive.set_overwrite(true);
+    for entry in archive.entries()? {
+        let mut entry = entry?;
+        let path = entry.path()?.into_owned();
+        let rel = clean(&path).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("layer entry {} leaves the layer", path.display())))?;
+        let name = rel.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if let Some(hidden) = name.strip_prefix(".wh.") {
+            let parent = dest.join(rel.parent().unwrap_or(Path::new("")));
+            fs::create_dir_all(&parent)?;
+            if hidden == ".wh..opq" {
+                set_xattr(&parent, "trusted.overlay.opaque", b"y")?;
+            } else {
+                whiteout(&parent.join(hidden))?;
+            }
+            continue;
+        }
+        if !entry.unpack_in(dest)? {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, format!("layer entry {} leaves the layer", path.display())));
+        }
+    }
+    // The rest of the stream (tar padding, gzip trailer) so the digest covers every byte.
+    let mut inner = archive.into_inner();
+    io::copy(&mut inner, &mut io::sink())?;
+    Ok(())
+}
+
+/// A path inside the image, relative, with `.` removed; None when it has `..`.
+fn clean(p: &Path) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::Normal(n) => out.push(n),
+            Component::CurDir | Component::RootDir => {}
+            Component::ParentDir | Component::Prefix(_) => return None,
+        }
+    }
+    Some(out)
+}
+
+pub fn whiteout(path: &Path) -> io::Result<()> {
+    let _ = fs::remove_file(path);
+    nix::sys::stat::mknod(path, nix::sys::stat::SFlag::S_IFCHR, nix::sys::stat::Mode::empty(), 0)
+        .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("creating the whiteout {}: {e} (layers with deletions need root)", path.display())))
+}
+
+fn set_xattr(path: &Path, name: &str, value: &[u8]) -> io::Result<()> {
+    let p = CString::new(path.as_os_str().as_bytes())?;
+    let n = CString::new(name)?;
+    // SAFETY: valid C strings and a buffer of the given length.
+    let r = unsafe { libc::lsetxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn is_whiteout(m: &fs::Metadata) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    m.file_type().is_char_device() && m.rdev() == 0
+}
+
+fn is_opaque(path: &Path) -> bool {
+    let (Ok(p), Ok(n)) = (CString::new(path.as_os_str().as_bytes()), CString::new("trusted.overlay.opaque")) else {
+        return false;
+    };
+    let mut buf = [0u8; 4];
+    // SAFETY: valid C strings and a buffer of the given length.
+    let r = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    r == 1 && buf[0] == b'y'
+}
+
+/// What `rel` (relative to the root) is in the merged view of `layers` (top first): the
+/// topmost layer's entry, unless a whiteout or an opaque directory above hides it.
+pub fn lookup(layers: &[PathBuf], rel: &Path) -> Option<(PathBuf, fs::Metadata)> {
+    'layers: for l in layers {
+        // An opaque directory on the way hides the same path in lower layers.
+        let mut at = l.clone();
+        let comps: Vec<_> = rel.components().collect();
+        for (i, c) in comps.iter().enumerate() {
+            at.push(c);
+            match fs::symlink_metadata(&at) {
+                Ok(m) if is_whiteout(&m) => return None,
+                Ok(m) if i + 1 == comps.len() => return Some((at, m)),
+                Ok(m) if m.is_dir() => {
+                    if is_opaque(&at) {
+                        // Below here only this layer counts.
+                        let full = l.join(rel);
+                        return fs::symlink_metadata(&full).ok().filter(|m| !is_whiteout(m)).map(|m| (full, m));
+                    }
+                }
+                Ok(_) => continue 'layers,
+                Err(_) => continue 'layers,
+            }
+        }
+        if comps.is_empty() {
+            return fs::symlink_metadata(l).ok().map(|m| (l.clone(), m));
+        }
+    }
+    None
+}
+
+/// `path` (absolute, inside the image) with every symlink resolved in the merged view of
+/// `layers`, the way a process inside would see it. Symlinks cannot point outside the root.
+pub fn resolve(layers: &[PathBuf], path: &Path) -> io::Result<PathBuf> {
+    let mut todo: Vec<PathBuf> = path
+        .components()
+        .rev()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(PathBuf::from(n)),
+            Component::ParentDir => Some(PathBuf::from("..")),
+            _ => None,
+        })
+        .collect();
+    let mut out = PathBuf::new();
+    let mut hops = 0;
+    while let Some(c) = todo.pop() {
+        if c == Path::new("..") {
+            out.pop();
+            continue;
+        }
+        let next = out.join(&c);
+        match lookup(layers, &next) {
+            Some((real, m)) if m.file_type().is_symlink() => {
+                hops += 1;
+                if hops > 40 {
+                    return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("too many symlinks resolving {}", path.display())));
+                }
+                let target = fs::read_link(&real)?;
+                if target.is_absolute() {
+                    out = PathBuf::new();
+                }
+                for t in target.components().rev() {
+                    match t {
+                        Component::Normal(n) => todo.push(PathBuf::from(n)),
+                        Component::ParentDir => todo.push(PathBuf::from("..")),
+                        _ => {}
+                    }
+                }
+            }
+            _ => out = next,
+        }
+    }
+    Ok(out)
+}
+
+/// The content hash of COPY sources (see the table in `graph`): for each file below each
+/// source, in sorted order, its path relative to the source, its kind, permission bits and
+/// content (sha256), or a symlink's target. Never mtimes, owners or inode numbers.
+pub fn hash_sources(srcs: &[PathBuf]) -> io::Result<String> {
+    let mut h = Sha256::new();
+    for src in srcs {
+        h.update(b"source\0");
+        for e in walkdir::WalkDir::new(src).follow_links(false).sort_by_file_name() {
+            let e = e.map_err(io::Error::from)?;
+            let rel = e.path().strip_prefix(src).unwrap_or(e.path());
+            let m = e.metadata().map_err(io::Error::from)?;
+            h.update(rel.as_os_str().as_bytes());
+            h.update(b"\0");
+            h.update(format!("{:o}\0", m.permissions().mode() & 0o7777).as_bytes());
+            let ft = e.file_type();
+            if ft.is_symlink() {
+                h.update(b"l\0");
+                h.update(fs::read_link(e.path())?.as_os_str().as_bytes());
+            } else if ft.is_dir() {
+                h.update(b"d");
+            } else if ft.is_file() {
+                h.update(b"f\0");
+                let mut f = fs::File::open(e.path())?;
+                let mut fh = Sha256::new();
+                io::copy(&mut f, &mut fh)?;
+                h.update(fh.finalize());
+            } else {
+                return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} is not a file, directory or symlink", e.path().display())));
+            }
+            h.update(b"\n");
+        }
+    }
+    Ok(hex::encode(h.finalize()))
+}
+
+/// Copy `src` (a file or a directory's contents, recursively) to `dest` inside a new layer,
+/// owned by `owner`, with `chmod` instead of the sources' permission bits when given.
+pub fn copy_into(src: &Path, dest: &Path, owner: (u32, u32), chmod: Option<u32>) -> io::Result<()> {
+    for e in walkdir::WalkDir::new(src).follow_links(false).sort_by_file_name() {
+        let e = e.map_err(io::Error::from)?;
+        let rel = e.path().strip_prefix(src).unwrap_or(Path::new(""));
+        let to = if rel.as_os_str().is_empty() { dest.to_path_buf() } else { dest.join(rel) };
+        let ft = e.file_type();
+        let mode = chmod.unwrap_or(e.metadata().map_err(io::Error::from)?.permissions().mode() & 0o7777);
+        if let Some(p) = to.parent() {
+            fs::create_dir_all(p)?;
+        }
+        if ft.is_dir() {
+            fs::create_dir_all(&to)?;
+        } else if ft.is_symlink() {
+            let _ = fs::remove_file(&to);
+            std::os::unix::fs::symlink(fs::read_link(e.path())?, &to)?;
+        } else {
+            let _ = fs::remove_file(&to);
+            fs::copy(e.path(), &to)?;
+        }
+        std::os::unix::fs::lchown(&to, Some(owner.0), Some(owner.1)).or_else(|e| {
+            // An ordinary user's build cannot give files away; they stay the caller's.
+            if e.kind() == io::ErrorKind::PermissionDenied { Ok(()) } else { Err(e) }
+        })?;
+        if !ft.is_symlink() {
+            fs::set_permissions(&to, fs::Permissions::from_mode(mode))?;
+        }
+    }
+    Ok(())
+}
+
+/// Look `user` (a name or number, `USER[:GROUP]`) up in the image's /etc/passwd and
+/// /etc/group (merged view of `layers`): (uid, gid).
+pub fn user_ids(layers: &[PathBuf], user: &str) -> Result<(u32, u32), String> {
+    let read = |file: &str| -> String {
+        lookup(layers, Path::new(file)).and_then(|(p, _)| fs::read_to_string(p).ok()).unwrap_or_default()
+    };
+    let (u, g) = user.split_once(':').map_or((user, None), |(u, g)| (u, Some(g)));
+    let passwd = read("etc/passwd");
+    let entry = passwd.lines().map(|l| l.split(':').collect::<Vec<_>>()).find(|f| f.len() > 3 && (f[0] == u || f[2] == u));
+    let uid = match (u.parse::<u32>(), &entry) {
+        (Ok(n), _) => n,
+        (Err(_), Some(f)) => f[2].parse().map_err(|_| format!("bad uid for {u} in /etc/passwd"))?,
+        (Err(_), None) => return Err(format!("user `{u}` is not in the image's /etc/passwd")),
+    };
+    let gid = match g {
+        None => entry.and_then(|f| f[3].parse().ok()).unwrap_or(if uid == 0 { 0 } else { uid }),
+        Some(g) => match g.parse::<u32>() {
+            Ok(n) => n,
+            Err(_) => read("etc/group")
+                .lines()
+                .map(|l| l.split(':').collect::<Vec<_>>())
+                .find(|f| f.len() > 2 && f[0] == g)
+                .and_then(|f| f[2].parse().ok())
+                .ok_or_else(|| format!("group `{g}` is not in the image's /etc/group"))?,
+        },
+    };
+    Ok((uid, gid))
+}
+
+/// Top-level entries of the merged view: (name, Some(symlink target) or None for anything
+/// else), sorted.
+pub fn top_level(layers: &[PathBuf]) -> Vec<(String, Option<PathBuf>)> {
+    let mut names = std::collections::BTreeSet::new();
+    for l in layers {
+        for e in fs::read_dir(l).into_iter().flatten().flatten() {
+            names.insert(e.file_name().to_string_lossy().into_owned());
+        }
+    }
+    names
+        .into_iter()
+        .filter_map(|n| {
+            let (p, m) = lookup(layers, Path::new(&n))?;
+            let link = m.file_type().is_symlink().then(|| fs::read_link(&p).ok()).flatten();
+            Some((n, link))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolve_follows_symlinks_in_the_merged_view() {
+        let t = tempfile::tempdir().unwrap();
+        let (lo, hi) = (t.path().join("lo"), t.path().join("hi"));
+        fs::create_dir_all(lo.join("usr/bin")).unwrap();
+        std::os::unix::fs::symlink("usr/bin", lo.join("bin")).unwrap();
+        fs::create_dir_all(hi.join("opt")).unwrap();
+        std::os::unix::fs::symlink("/etc/../../usr", hi.join("opt/u")).unwrap();
+        let layers = vec![hi.clone(), lo.clone()];
+        assert_eq!(resolve(&layers, Path::new("/bin/x")).unwrap(), PathBuf::from("usr/bin/x"));
+        assert_eq!(resolve(&layers, Path::new("/opt/u/bin")).unwrap(), PathBuf::from("usr/bin"));
+        assert_eq!(resolve(&layers, Path::new("/../../x")).unwrap(), PathBuf::from("x"));
+        assert_eq!(top_level(&layers).iter().map(|(n, l)| (n.as_str(), l.is_some())).collect::<Vec<_>>(), [("bin", true), ("opt", false), ("usr", false)]);
+    }
+
+    #[test]
+    fn the_source_hash_sees_content_and_mode_never_mtime() {
+        let t = tempfile::tempdir().unwrap();
+        let f = t.path().join("a");
+        fs::write(&f, "one").unwrap();
+        let h1 = hash_sources(&[f.clone()]).unwrap();
+        let old = fs::File::options().write(true).open(&f).unwrap();
+        old.set_modified(std::time::SystemTime::UNIX_EPOCH).unwrap();
+        assert_eq!(hash_sources(&[f.clone()]).unwrap(), h1, "mtime changed the hash");
+        fs::write(&f, "two").unwrap();
+        assert_ne!(hash_sources(&[f.clone()]).unwrap(), h1);
+        fs::write(&f, "one").unwrap();
+        fs::set_permissions(&f, fs::Permissions::from_mode(0o755)).unwrap();
+        assert_ne!(hash_sources(&[f.clone()]).unwrap(), h1);
+    }
+
+    #[test]
+    fn unpack_refuses_paths_leaving_the_layer() {
+        let t = tempfile::tempdir().unwrap();
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(1);
+        h.set_mode(0o644);
+        h.set_entry_type(tar::EntryType::Regular);
+        // Written raw: the builder itself refuses `..`.
+        h.as_gnu_mut().unwrap().name[..8].copy_from_slice(b"../evil\0");
+        h.set_cksum();
+        b.append(&h, &b"x"[..]).unwrap();
+        let bytes = b.into_inner().unwrap();
+        let dest = t.path().join("layer");
+        fs::create_dir(&dest).unwrap();
+        assert!(unpack(&bytes[..], &dest).is_err());
+        assert!(!t.path().join("evil").exists());
+    }
+}

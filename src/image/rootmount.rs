@@ -1,0 +1,97 @@
+//! An image's root filesystem, mounted for one runtime process only: the process (bwrap, or
+//! the libcontainer helper) first moves to a private mount namespace, then mounts the layers
+//! there, so the host never sees the mount and nothing is left when the process ends.
+//!
+//! Read-only (a sandbox): an overlay of the layers, or a bind of the only one. Writable (a
+//! build step): an overlay with the step's new layer as its upper directory.
+
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+/// A prepared mount: every string built before the fork, so [`RootMount::apply`] allocates
+/// nothing and is safe between fork and exec.
+#[derive(Debug, Clone)]
+pub struct RootMount {
+    target: CString,
+    source: CString,
+    data: Option<CString>,
+    /// The text form (`aisb __libcontainer --root-mount`).
+    pub arg: String,
+}
+
+/// The kernel takes mount options up to a page.
+const MAX_OPTIONS: usize = 4000;
+
+impl RootMount {
+    /// `layers` top first; `upper` and `work` for a writable root.
+    pub fn new(layers: &[PathBuf], rw: Option<(&Path, &Path)>, target: &Path) -> io::Result<RootMount> {
+        let bad = |p: &Path| {
+            let s = p.to_string_lossy();
+            s.contains([':', ',', '\n']) || !p.is_absolute()
+        };
+        if layers.iter().map(PathBuf::as_path).chain(rw.iter().flat_map(|(u, w)| [*u, *w])).any(bad) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "a layer path has `:` or `,` or is relative: overlayfs cannot take it (move XDG_CACHE_HOME)"));
+        }
+        let lower = layers.iter().map(|l| l.to_string_lossy()).collect::<Vec<_>>().join(":");
+        let (source, data) = match (layers.len(), rw) {
+            (0, None) => return Err(io::Error::new(io::ErrorKind::InvalidInput, "an image with no layers has no root to mount")),
+            (1, None) => (layers[0].clone(), None),
+            (_, None) => (PathBuf::from("overlay"), Some(format!("lowerdir={lower}"))),
+            (_, Some((u, w))) => (PathBuf::from("overlay"), Some(format!("lowerdir={lower},upperdir={},workdir={}", u.display(), w.display()))),
+        };
+        if data.as_ref().is_some_and(|d| d.len() > MAX_OPTIONS) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} layers are too many for one overlay mount (options over {MAX_OPTIONS} bytes)", layers.len())));
+        }
+        let cs = |b: &[u8]| CString::new(b).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput));
+        let arg = format!("{}\n{}\n{}", target.display(), source.display(), data.clone().unwrap_or_default());
+        Ok(RootMount {
+            target: cs(target.as_os_str().as_bytes())?,
+            source: cs(source.as_os_str().as_bytes())?,
+            data: data.map(|d| cs(d.as_bytes())).transpose()?,
+            arg,
+        })
+    }
+
+    /// The inverse of `arg`.
+    pub fn parse(arg: &str) -> Option<RootMount> {
+        let mut it = arg.splitn(3, '\n');
+        let (t, s, d) = (it.next()?, it.next()?, it.next()?);
+        Some(RootMount {
+            target: CString::new(t).ok()?,
+            source: CString::new(s).ok()?,
+            data: (!d.is_empty()).then(|| CString::new(d).ok()).flatten(),
+            arg: arg.to_string(),
+        })
+    }
+
+    /// Move this (single-threaded) process to a private mount namespace and mount the root
+    /// there. Async-signal-safe.
+    pub fn apply(&self) -> io::Result<()> {
+        // SAFETY: raw syscalls on prepared, NUL-terminated strings.
+        unsafe {
+            if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let root = c"/";
+            if libc::mount(std::ptr::null(), root.as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let r = match &self.data {
+                Some(d) => libc::mount(c"overlay".as_ptr(), self.target.as_ptr(), c"overlay".as_ptr(), 0, d.as_ptr().cast()),
+                None => libc::mount(self.source.as_ptr(), self.target.as_ptr(), std::ptr::null(), libc::MS_BIND | libc::MS_REC, std::ptr::null()),
+            };
+            if r != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if self.data.as_ref().is_some_and(|d| !d.to_bytes().windows(9).any(|w| w == b"upperdir=")) || self.data.is_none() {
+                // Read-only: a bind must be remounted so; an overlay without upper already is.
+                if self.data.is_none() && libc::mount(std::ptr::null(), self.target.as_ptr(), std::ptr::null(), libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_REC, std::ptr::null()) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+        }
+        Ok(())
+    }
+}
