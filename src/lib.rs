@@ -57,6 +57,12 @@ pub enum Error {
     Runtime(#[from] runtime::RuntimeError),
     #[error(transparent)]
     #[diagnostic(transparent)]
+    Build(#[from] image::graph::BuildError),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Lock(#[from] image::lock::LockError),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
     Setup(#[from] runtime::rootless::SetupError),
     #[error(transparent)]
     #[diagnostic(transparent)]

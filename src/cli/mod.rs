@@ -1,6 +1,7 @@
 //! Command line: clap structs, one file per subcommand.
 
 mod audit;
+mod build;
 mod check;
 mod completions;
 mod doctor;
@@ -80,6 +81,7 @@ pub enum Command {
     Up(up::Args),
     Check(check::Args),
     Plan(plan::Args),
+    Build(build::Args),
     Spec(spec::Args),
     Export(export::Args),
     Tasks(tasks::Args),
@@ -129,6 +131,7 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
         Command::Up(a) => up::run(&g, a),
         Command::Check(a) => check::run(&g, a),
         Command::Plan(a) => plan::run(&g, a),
+        Command::Build(a) => build::run(&g, a),
         Command::Spec(a) => spec::run(&g, a),
         Command::Export(a) => export::run(&g, a),
         Command::Tasks(a) => tasks::run(&g, a),

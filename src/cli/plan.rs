@@ -73,6 +73,7 @@ pub fn render(plan: &Plan, _cwd: &Path) -> String {
                 list.push(format!("{} -> {}", path.display(), target.display()))
             }
             SystemPath::Snapshot { .. } => {}
+            SystemPath::Image { path, .. } => list.push(format!("{} (image)", path.display())),
         }
     }
     let _ = writeln!(o, "  {}", list.join("  "));

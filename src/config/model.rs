@@ -15,6 +15,27 @@ pub struct ConfigFile {
     pub tasks: Vec<TaskDecl>,
     pub groups: Vec<GroupDecl>,
     pub default_profile: Option<S<String>>,
+    pub images: Vec<ImageDecl>,
+}
+
+/// `image "NAME" { from …; run …; copy …; env …; … }`: a Dockerfile's steps in KDL.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct ImageDecl {
+    pub name: S<String>,
+    pub steps: Vec<crate::image::Step>,
+}
+
+/// `rootfs`: what the sandbox's root filesystem is.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum RootfsCfg {
+    /// The host's own system directories, read-only (the default).
+    Host,
+    /// Built from a Dockerfile (path relative to the project).
+    Dockerfile(String),
+    /// An `image` declared in KDL, by name.
+    Image(String),
+    /// An image used as it is: `oci:DIR[:TAG]`, `oci-archive:FILE`, or a registry reference.
+    From(String),
 }
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -201,6 +222,7 @@ impl DomainsMode {
 pub struct Settings {
     /// Preferred runtime (`libcontainer` | `bwrap`); `--backend` overrides it.
     pub backend: Option<S<String>>,
+    pub rootfs: Option<S<RootfsCfg>>,
     pub project: ProjectCfg,
     pub read_only: Option<S<bool>>,
     pub mounts: Vec<MountCfg>,

@@ -16,7 +16,8 @@ use std::path::{Component, Path, PathBuf};
 use sha2::{Digest, Sha256};
 
 use crate::config::model::{
-    Access, DomainsMode, HomeMode, Inherit, NetMode, ProfileDecl, Settings, XdgMode, RLIMITS,
+    Access, DomainsMode, HomeMode, Inherit, NetMode, ProfileDecl, RootfsCfg, Settings, XdgMode,
+    RLIMITS,
 };
 use crate::config::{ConfigErrors, Errors, Loc, Spanned};
 use crate::proxy::domain::DomainRule;
@@ -1153,6 +1154,57 @@ fn resolve(
     mask_list.sort_by(|a, b| a.path.cmp(&b.path));
     mask_list.dedup_by(|a, b| a.path == b.path);
 
+    // ---- root filesystem -------------------------------------------------------------------
+    let rootfs = match s.rootfs.as_ref() {
+        None => Rootfs::Host,
+        Some(r) => {
+            match &r.value {
+                RootfsCfg::Host => Rootfs::Host,
+                RootfsCfg::Dockerfile(p) => Rootfs::Dockerfile {
+                    path: project.join(p),
+                },
+                RootfsCfg::From(source) => Rootfs::From {
+                    source: source.clone(),
+                },
+                RootfsCfg::Image(name) => {
+                    // The importer's definition wins (files are in import order).
+                    let found = cx
+                        .loaded
+                        .order
+                        .iter()
+                        .rev()
+                        .flat_map(|&i| cx.loaded.files[i].images.iter())
+                        .find(|d| &d.name.value == name);
+                    match found {
+                        Some(d) => Rootfs::Image {
+                            name: name.clone(),
+                            steps: d.steps.clone(),
+                        },
+                        None => {
+                            let names: Vec<String> = cx
+                                .loaded
+                                .order
+                                .iter()
+                                .flat_map(|&i| cx.loaded.files[i].images.iter())
+                                .map(|d| d.name.value.clone())
+                                .collect();
+                            cx.err(
+                            r.loc,
+                            format!("no image named `{name}`"),
+                            "unknown image",
+                            Some(if names.is_empty() {
+                                format!("declare it: `image \"{name}\" {{ from \"…\"; run \"…\" }}`")
+                            } else {
+                                format!("images declared: {}", names.join(", "))
+                            }),
+                        );
+                            Rootfs::Host
+                        }
+                    }
+                }
+            }
+        }
+    };
     if !cx.errors.is_empty() {
         return Err(ConfigErrors::new(std::mem::take(&mut cx.errors.list)).into());
     }
@@ -1199,6 +1251,7 @@ fn resolve(
         config_digest,
         profile: profile_name,
         backend: s.backend.as_ref().map(|b| b.value.clone()),
+        rootfs,
         project,
         project_access,
         read_only,

@@ -18,6 +18,8 @@ pub struct Plan {
     pub profile: String,
     /// The runtime the configuration prefers, if it names one.
     pub backend: Option<String>,
+    /// The root filesystem: the host's system directories, or an image (`image`).
+    pub rootfs: Rootfs,
     pub project: PathBuf,
     pub project_access: Access,
     pub read_only: bool,
@@ -48,6 +50,22 @@ impl Plan {
     }
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum Rootfs {
+    /// The host's system directories, read-only, and an allowlisted /etc snapshot.
+    Host,
+    /// Built from this Dockerfile (its directory is the build context).
+    Dockerfile { path: PathBuf },
+    /// An `image` declared in KDL (the project is the build context).
+    Image {
+        name: String,
+        steps: Vec<crate::image::Step>,
+    },
+    /// An image used as it is.
+    From { source: String },
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Identity {
     pub uid: u32,
@@ -68,13 +86,18 @@ pub enum SystemPath {
         path: PathBuf,
         snapshot: crate::graph::etc::Snapshot,
     },
+    /// A top-level directory of an image's root (mounted privately for the runtime), bound
+    /// read-only at the same place.
+    Image { path: PathBuf, source: PathBuf },
 }
 
 impl SystemPath {
     /// Where it appears inside the sandbox when it is mounted (symlinks are not).
     pub fn mounted_at(&self) -> Option<&std::path::Path> {
         match self {
-            SystemPath::Bind { path } | SystemPath::Snapshot { path, .. } => Some(path),
+            SystemPath::Bind { path }
+            | SystemPath::Snapshot { path, .. }
+            | SystemPath::Image { path, .. } => Some(path),
             SystemPath::Symlink { .. } => None,
         }
     }

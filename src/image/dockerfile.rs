@@ -56,8 +56,16 @@ pub fn parse(file: &str, text: &str) -> Result<Vec<Step>, DockerfileError> {
                 if let Some((k, v)) = trimmed[1..].split_once('=') {
                     let (k, v) = (k.trim().to_ascii_lowercase(), v.trim());
                     if k == "escape" && v != "\\" {
-                        return Err(err(i + 1, start, line.len(), format!("escape={v} is not supported"),
-                            Some("aisb reads Dockerfiles with the default escape character `\\`".into())));
+                        return Err(err(
+                            i + 1,
+                            start,
+                            line.len(),
+                            format!("escape={v} is not supported"),
+                            Some(
+                                "aisb reads Dockerfiles with the default escape character `\\`"
+                                    .into(),
+                            ),
+                        ));
                     }
                     continue;
                 }
@@ -87,14 +95,17 @@ pub fn parse(file: &str, text: &str) -> Result<Vec<Step>, DockerfileError> {
             .split_once(char::is_whitespace)
             .map_or((logical.as_str(), ""), |(w, r)| (w, r.trim()));
         let upper = word.to_ascii_uppercase();
-        let fail = |message: String, help: Option<String>| err(line_no, at, span_len, message, help);
+        let fail =
+            |message: String, help: Option<String>| err(line_no, at, span_len, message, help);
         if rest.is_empty() && upper != "RUN" {
             return Err(fail(format!("{upper} needs arguments"), None));
         }
         if rest.starts_with("<<") {
             return Err(fail(
                 format!("{upper} with a here-document is not supported"),
-                Some("write the commands on one line (joined with `&&`, continued with `\\`)".into()),
+                Some(
+                    "write the commands on one line (joined with `&&`, continued with `\\`)".into(),
+                ),
             ));
         }
         let instr = match upper.as_str() {
@@ -202,15 +213,33 @@ pub fn parse(file: &str, text: &str) -> Result<Vec<Step>, DockerfileError> {
             }
         };
         if froms == 0 && !matches!(instr, Instr::From(_) | Instr::Arg(..)) {
-            return Err(fail(format!("{upper} before FROM"), Some("only ARG may come before FROM".into())));
+            return Err(fail(
+                format!("{upper} before FROM"),
+                Some("only ARG may come before FROM".into()),
+            ));
         }
-        steps.push(Step { instr, at: format!("{file}:{line_no}") });
+        steps.push(Step {
+            instr,
+            at: format!("{file}:{line_no}"),
+        });
     }
     if let Some((line_no, at, _)) = pending {
-        return Err(err(line_no, at, text.len() - at, "the file ends inside a continued line".into(), Some("remove the trailing `\\`".into())));
+        return Err(err(
+            line_no,
+            at,
+            text.len() - at,
+            "the file ends inside a continued line".into(),
+            Some("remove the trailing `\\`".into()),
+        ));
     }
     if froms == 0 {
-        return Err(err(1, 0, 0, "no FROM line".into(), Some("start with `FROM IMAGE` (`FROM scratch` for an empty base)".into())));
+        return Err(err(
+            1,
+            0,
+            0,
+            "no FROM line".into(),
+            Some("start with `FROM IMAGE` (`FROM scratch` for an empty base)".into()),
+        ));
     }
     Ok(steps)
 }
@@ -284,7 +313,11 @@ mod tests {
     use super::*;
 
     fn ok(text: &str) -> Vec<Instr> {
-        parse("Dockerfile", text).unwrap().into_iter().map(|s| s.instr).collect()
+        parse("Dockerfile", text)
+            .unwrap()
+            .into_iter()
+            .map(|s| s.instr)
+            .collect()
     }
 
     fn bad(text: &str) -> DockerfileError {
@@ -296,13 +329,36 @@ mod tests {
         let steps = ok("# syntax=docker/dockerfile:1\nARG BASE=scratch\nFROM $BASE\nARG USER_NAME\nENV A=1 B=\"two words\"\nENV LEGACY some value\nRUN apt-get update && \\\n    # a comment inside\n    apt-get install -y fish\nRUN [\"/bin/echo\", \"hi\"]\nCOPY --chown=1000:1000 --chmod=0644 a b /dst/\nADD x.tar /opt/\nWORKDIR /work\nUSER ${USER_NAME}\nSHELL [\"/bin/bash\", \"-c\"]\n");
         assert_eq!(steps.len(), 12);
         assert_eq!(steps[1], Instr::From("$BASE".into()));
-        assert_eq!(steps[3], Instr::Env(vec![("A".into(), "1".into()), ("B".into(), "two words".into())]));
-        assert_eq!(steps[4], Instr::Env(vec![("LEGACY".into(), "some value".into())]));
-        assert_eq!(steps[5], Instr::Run(Cmd::Shell("apt-get update && apt-get install -y fish".into())));
-        assert_eq!(steps[6], Instr::Run(Cmd::Exec(vec!["/bin/echo".into(), "hi".into()])));
+        assert_eq!(
+            steps[3],
+            Instr::Env(vec![
+                ("A".into(), "1".into()),
+                ("B".into(), "two words".into())
+            ])
+        );
+        assert_eq!(
+            steps[4],
+            Instr::Env(vec![("LEGACY".into(), "some value".into())])
+        );
+        assert_eq!(
+            steps[5],
+            Instr::Run(Cmd::Shell(
+                "apt-get update && apt-get install -y fish".into()
+            ))
+        );
+        assert_eq!(
+            steps[6],
+            Instr::Run(Cmd::Exec(vec!["/bin/echo".into(), "hi".into()]))
+        );
         assert_eq!(
             steps[7],
-            Instr::Copy { srcs: vec!["a".into(), "b".into()], dest: "/dst/".into(), chown: Some("1000:1000".into()), chmod: Some(0o644), add: false }
+            Instr::Copy {
+                srcs: vec!["a".into(), "b".into()],
+                dest: "/dst/".into(),
+                chown: Some("1000:1000".into()),
+                chmod: Some(0o644),
+                add: false
+            }
         );
         assert_eq!(steps[10], Instr::User("${USER_NAME}".into()));
     }
@@ -317,7 +373,11 @@ mod tests {
     #[test]
     fn everything_else_is_an_error_naming_its_line() {
         for (text, line, what) in [
-            ("FROM scratch\nCMD [\"sh\"]\n", 2, "CMD is not in the subset"),
+            (
+                "FROM scratch\nCMD [\"sh\"]\n",
+                2,
+                "CMD is not in the subset",
+            ),
             ("FROM scratch\nEXPOSE 80\n", 2, "EXPOSE"),
             ("FROM a\nFROM b\n", 2, "multi-stage"),
             ("FROM a AS build\n", 1, "build stages"),
@@ -335,7 +395,10 @@ mod tests {
             let e = bad(text);
             assert_eq!(e.line, line, "{text}");
             assert!(e.to_string().contains(what), "{text}: {e}");
-            assert!(e.to_string().starts_with(&format!("Dockerfile:{line}:")), "{e}");
+            assert!(
+                e.to_string().starts_with(&format!("Dockerfile:{line}:")),
+                "{e}"
+            );
         }
     }
 }

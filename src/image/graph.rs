@@ -68,10 +68,25 @@ pub struct Node {
 #[derive(Debug, Clone)]
 enum Action {
     None,
-    Layer { digest: String },
-    Mkdir { dir: String },
-    Run { argv: Vec<String>, env: Vec<String>, cwd: String, user: String },
-    Copy { srcs: Vec<PathBuf>, dest: String, chown: Option<String>, chmod: Option<u32>, add: bool },
+    Layer {
+        digest: String,
+    },
+    Mkdir {
+        dir: String,
+    },
+    Run {
+        argv: Vec<String>,
+        env: Vec<String>,
+        cwd: String,
+        user: String,
+    },
+    Copy {
+        srcs: Vec<PathBuf>,
+        dest: String,
+        chown: Option<String>,
+        chmod: Option<u32>,
+        add: bool,
+    },
 }
 
 /// What a built image is, as the sandbox uses it (`image.json` in the image's entry).
@@ -115,17 +130,31 @@ pub enum BuildError {
     Fetch(#[from] oci::FetchError),
     #[error("{at}: {message}")]
     #[diagnostic(help("{help}"))]
-    Step { at: String, message: String, help: String },
+    Step {
+        at: String,
+        message: String,
+        help: String,
+    },
     #[error(transparent)]
     #[diagnostic(transparent)]
     Run(#[from] super::step::StepError),
     #[error("{what}: {source}")]
-    #[diagnostic(help("`aisb store gc` removes incomplete entries; `aisb doctor` checks the host"))]
-    Io { what: String, #[source] source: io::Error },
+    #[diagnostic(help(
+        "`aisb store gc` removes incomplete entries; `aisb doctor` checks the host"
+    ))]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
 }
 
 fn step_err(at: &str, message: impl Into<String>, help: impl Into<String>) -> BuildError {
-    BuildError::Step { at: at.to_string(), message: message.into(), help: help.into() }
+    BuildError::Step {
+        at: at.to_string(),
+        message: message.into(),
+        help: help.into(),
+    }
 }
 
 fn hash(parts: &[&str]) -> String {
@@ -149,7 +178,10 @@ fn tags_file(store: &Path) -> PathBuf {
 }
 
 fn read_tags(store: &Path) -> BTreeMap<String, String> {
-    fs::read(tags_file(store)).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
+    fs::read(tags_file(store))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
 }
 
 fn remember_tag(store: &Path, source: &str, digest: &str) {
@@ -189,12 +221,23 @@ pub fn plan(def: &Def, o: &Options) -> Result<Graph, BuildError> {
         let at = step.at.as_str();
         let meta = |nodes: &mut Vec<Node>, parent: &mut String, text: String| {
             let h = hash(&[parent, &text]);
-            nodes.push(Node { hash: h.clone(), what: text, at: at.to_string(), entry: None, cached: true, action: Action::None });
+            nodes.push(Node {
+                hash: h.clone(),
+                what: text,
+                at: at.to_string(),
+                entry: None,
+                cached: true,
+                action: Action::None,
+            });
             *parent = h;
         };
         match &step.instr {
             Instr::Arg(k, default) => {
-                let scope = if seen_from { vars(&args, &env) } else { pre_from.clone() };
+                let scope = if seen_from {
+                    vars(&args, &env)
+                } else {
+                    pre_from.clone()
+                };
                 let v = o
                     .build_args
                     .get(k)
@@ -212,21 +255,43 @@ pub fn plan(def: &Def, o: &Options) -> Result<Graph, BuildError> {
             Instr::From(r) => {
                 seen_from = true;
                 let text = expand(r, &pre_from);
-                let source = Source::parse(&text, &def.context).map_err(|m| step_err(at, m, "FROM IMAGE, oci:DIR[:TAG], oci-archive:FILE[:TAG] or scratch"))?;
+                let source = Source::parse(&text, &def.context).map_err(|m| {
+                    step_err(
+                        at,
+                        m,
+                        "FROM IMAGE, oci:DIR[:TAG], oci-archive:FILE[:TAG] or scratch",
+                    )
+                })?;
                 if source == Source::Scratch {
                     parent = hash(&["scratch"]);
-                    nodes.push(Node { hash: parent.clone(), what: "FROM scratch".into(), at: at.into(), entry: None, cached: true, action: Action::None });
+                    nodes.push(Node {
+                        hash: parent.clone(),
+                        what: "FROM scratch".into(),
+                        at: at.into(),
+                        entry: None,
+                        cached: true,
+                        action: Action::None,
+                    });
                     continue;
                 }
                 let pinned = o.pins.get(&text).cloned().or_else(|| {
-                    (matches!(source, Source::Registry(_)) && !o.pull).then(|| read_tags(o.store).get(&text).cloned()).flatten()
+                    (matches!(source, Source::Registry(_)) && !o.pull)
+                        .then(|| read_tags(o.store).get(&text).cloned())
+                        .flatten()
                 });
                 let (b, bl) = oci::resolve(&source, pinned.as_deref())?;
                 if matches!(source, Source::Registry(_)) {
                     remember_tag(o.store, &text, &b.digest);
                 }
                 parent = hash(&["base", &b.digest]);
-                nodes.push(Node { hash: parent.clone(), what: format!("FROM {text}"), at: at.into(), entry: None, cached: true, action: Action::None });
+                nodes.push(Node {
+                    hash: parent.clone(),
+                    what: format!("FROM {text}"),
+                    at: at.into(),
+                    entry: None,
+                    cached: true,
+                    action: Action::None,
+                });
                 for l in &b.layers {
                     let e = entry(o.store, &l.digest[7..], "layer");
                     nodes.push(Node {
@@ -235,7 +300,9 @@ pub fn plan(def: &Def, o: &Options) -> Result<Graph, BuildError> {
                         at: at.into(),
                         cached: store::is_ready(&e),
                         entry: Some(e),
-                        action: Action::Layer { digest: l.digest.clone() },
+                        action: Action::Layer {
+                            digest: l.digest.clone(),
+                        },
                     });
                 }
                 for kv in b.config.env.iter().flatten() {
@@ -274,7 +341,16 @@ pub fn plan(def: &Def, o: &Options) -> Result<Graph, BuildError> {
                 workdir = Path::new(&workdir).join(w).to_string_lossy().into_owned();
                 let h = hash(&[&parent, "WORKDIR", &workdir]);
                 let e = entry(o.store, &h, "layer");
-                nodes.push(Node { hash: h.clone(), what: format!("WORKDIR {workdir}"), at: at.into(), cached: store::is_ready(&e), entry: Some(e), action: Action::Mkdir { dir: workdir.clone() } });
+                nodes.push(Node {
+                    hash: h.clone(),
+                    what: format!("WORKDIR {workdir}"),
+                    at: at.into(),
+                    cached: store::is_ready(&e),
+                    entry: Some(e),
+                    action: Action::Mkdir {
+                        dir: workdir.clone(),
+                    },
+                });
                 parent = h;
             }
             Instr::Run(cmd) => {
@@ -285,9 +361,18 @@ pub fn plan(def: &Def, o: &Options) -> Result<Graph, BuildError> {
                 // ARGs reach RUN as environment variables; ENVs win over them.
                 let mut full: BTreeMap<String, String> = args.clone();
                 full.extend(env.iter().cloned());
-                full.entry("PATH".into()).or_insert_with(|| DEFAULT_PATH.into());
+                full.entry("PATH".into())
+                    .or_insert_with(|| DEFAULT_PATH.into());
                 let env_list: Vec<String> = full.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                let h = hash(&[&parent, "RUN", &serde_json::to_string(&argv).unwrap_or_default(), &env_list.join("\0"), &workdir, &user, &o.allow.join(",")]);
+                let h = hash(&[
+                    &parent,
+                    "RUN",
+                    &serde_json::to_string(&argv).unwrap_or_default(),
+                    &env_list.join("\0"),
+                    &workdir,
+                    &user,
+                    &o.allow.join(","),
+                ]);
                 let e = entry(o.store, &h, "layer");
                 nodes.push(Node {
                     hash: h.clone(),
@@ -295,22 +380,58 @@ pub fn plan(def: &Def, o: &Options) -> Result<Graph, BuildError> {
                     at: at.into(),
                     cached: store::is_ready(&e),
                     entry: Some(e),
-                    action: Action::Run { argv, env: env_list, cwd: workdir.clone(), user: user.clone() },
+                    action: Action::Run {
+                        argv,
+                        env: env_list,
+                        cwd: workdir.clone(),
+                        user: user.clone(),
+                    },
                 });
                 parent = h;
             }
-            Instr::Copy { srcs, dest, chown, chmod, add } => {
+            Instr::Copy {
+                srcs,
+                dest,
+                chown,
+                chmod,
+                add,
+            } => {
                 let v = vars(&args, &env);
                 let dest = expand(dest, &v);
-                let dest = if dest.starts_with('/') { dest } else { format!("{}/{dest}", workdir.trim_end_matches('/')) };
+                let dest = if dest.starts_with('/') {
+                    dest
+                } else {
+                    format!("{}/{dest}", workdir.trim_end_matches('/'))
+                };
                 let chown = chown.as_ref().map(|c| expand(c, &v));
                 let mut paths = Vec::new();
                 for s in srcs {
                     paths.extend(sources(&def.context, &expand(s, &v)).map_err(|m| step_err(at, m, "COPY sources are files or directories inside the build context (the project)"))?);
                 }
-                let content = layer::hash_sources(&paths).map_err(|e| step_err(at, format!("reading the sources: {e}"), "are they readable?"))?;
-                let names: Vec<String> = paths.iter().map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()).collect();
-                let h = hash(&[&parent, if *add { "ADD" } else { "COPY" }, &dest, chown.as_deref().unwrap_or(""), &format!("{chmod:?}"), &names.join("\0"), &content]);
+                let content = layer::hash_sources(&paths).map_err(|e| {
+                    step_err(
+                        at,
+                        format!("reading the sources: {e}"),
+                        "are they readable?",
+                    )
+                })?;
+                let names: Vec<String> = paths
+                    .iter()
+                    .map(|p| {
+                        p.file_name()
+                            .map(|n| n.to_string_lossy().into_owned())
+                            .unwrap_or_default()
+                    })
+                    .collect();
+                let h = hash(&[
+                    &parent,
+                    if *add { "ADD" } else { "COPY" },
+                    &dest,
+                    chown.as_deref().unwrap_or(""),
+                    &format!("{chmod:?}"),
+                    &names.join("\0"),
+                    &content,
+                ]);
                 let e = entry(o.store, &h, "layer");
                 nodes.push(Node {
                     hash: h.clone(),
@@ -318,7 +439,13 @@ pub fn plan(def: &Def, o: &Options) -> Result<Graph, BuildError> {
                     at: at.into(),
                     cached: store::is_ready(&e),
                     entry: Some(e),
-                    action: Action::Copy { srcs: paths, dest, chown, chmod: *chmod, add: *add },
+                    action: Action::Copy {
+                        srcs: paths,
+                        dest,
+                        chown,
+                        chmod: *chmod,
+                        add: *add,
+                    },
                 });
                 parent = h;
             }
@@ -328,8 +455,19 @@ pub fn plan(def: &Def, o: &Options) -> Result<Graph, BuildError> {
     if !env.iter().any(|(k, _)| k == "PATH") {
         env.insert(0, ("PATH".into(), DEFAULT_PATH.into()));
     }
-    let config = ImageConfig { layers: Vec::new(), env, workdir, user, shell };
-    let final_hash = hash(&[&parent, "image", &serde_json::to_string(&(&config.env, &config.workdir, &config.user, &config.shell)).unwrap_or_default()]);
+    let config = ImageConfig {
+        layers: Vec::new(),
+        env,
+        workdir,
+        user,
+        shell,
+    };
+    let final_hash = hash(&[
+        &parent,
+        "image",
+        &serde_json::to_string(&(&config.env, &config.workdir, &config.user, &config.shell))
+            .unwrap_or_default(),
+    ]);
     let image_entry = entry(o.store, &final_hash, "image");
     Ok(Graph {
         name: def.name.clone(),
@@ -356,19 +494,29 @@ fn set_env(env: &mut Vec<(String, String)>, k: &str, v: &str) {
 fn sources(context: &Path, src: &str) -> Result<Vec<PathBuf>, String> {
     let rel = src.trim_start_matches('/');
     let inside = |p: &Path| -> Result<PathBuf, String> {
-        let ctx = context.canonicalize().map_err(|e| format!("{}: {e}", context.display()))?;
+        let ctx = context
+            .canonicalize()
+            .map_err(|e| format!("{}: {e}", context.display()))?;
         let real = p.canonicalize().map_err(|e| format!("{src}: {e}"))?;
         if !real.starts_with(&ctx) {
-            return Err(format!("{src} is outside the build context {}", ctx.display()));
+            return Err(format!(
+                "{src} is outside the build context {}",
+                ctx.display()
+            ));
         }
         Ok(p.to_path_buf())
     };
     let path = context.join(rel);
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     if !name.contains(['*', '?', '[']) {
         return Ok(vec![inside(&path)?]);
     }
-    let glob = globset::Glob::new(&name).map_err(|e| format!("{src}: {e}"))?.compile_matcher();
+    let glob = globset::Glob::new(&name)
+        .map_err(|e| format!("{src}: {e}"))?
+        .compile_matcher();
     let dir = path.parent().unwrap_or(context);
     let mut out: Vec<PathBuf> = fs::read_dir(dir)
         .map_err(|e| format!("{}: {e}", dir.display()))?
@@ -428,7 +576,16 @@ pub fn build(g: &Graph, progress: &mut dyn Progress) -> Result<Built, BuildError
         let io_err = |what: String| move |source| BuildError::Io { what, source };
         let mut failure: Option<BuildError> = None;
         let built = store::realise(e, |tmp| {
-            let r = fill(g, node, tmp, &top_first, &store_dir, i, progress, &mut user_ids);
+            let r = fill(
+                g,
+                node,
+                tmp,
+                &top_first,
+                &store_dir,
+                i,
+                progress,
+                &mut user_ids,
+            );
             r.map_err(|err| {
                 let msg = err.to_string();
                 failure = Some(err);
@@ -437,21 +594,43 @@ pub fn build(g: &Graph, progress: &mut dyn Progress) -> Result<Built, BuildError
         });
         let built = match built {
             Ok(b) => b,
-            Err(e) => return Err(failure.unwrap_or_else(|| io_err(format!("{}: storing {}", node.at, node.what))(e))),
+            Err(e) => {
+                return Err(failure
+                    .unwrap_or_else(|| io_err(format!("{}: storing {}", node.at, node.what))(e)))
+            }
         };
-        let outcome = if built { Outcome::Built } else { Outcome::Cached };
+        let outcome = if built {
+            Outcome::Built
+        } else {
+            Outcome::Cached
+        };
         outcomes.push(outcome);
         progress.done(i, node, outcome, t0.elapsed().as_secs_f64());
-        if fs::read_dir(e).map(|mut d| d.next().is_some()).unwrap_or(true) {
+        if fs::read_dir(e)
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(true)
+        {
             below.push(e.clone());
         }
     }
     let mut config = g.config.clone();
     config.layers = below.iter().rev().cloned().collect();
-    let json = serde_json::to_vec_pretty(&config).map_err(|e| BuildError::Io { what: "encoding image.json".into(), source: e.into() })?;
-    store::realise(&g.entry, |tmp| fs::write(tmp.join("image.json"), &json))
-        .map_err(|source| BuildError::Io { what: format!("storing {}", g.entry.display()), source })?;
-    Ok(Built { hash: g.hash.clone(), entry: g.entry.clone(), config, outcomes })
+    let json = serde_json::to_vec_pretty(&config).map_err(|e| BuildError::Io {
+        what: "encoding image.json".into(),
+        source: e.into(),
+    })?;
+    store::realise(&g.entry, |tmp| fs::write(tmp.join("image.json"), &json)).map_err(|source| {
+        BuildError::Io {
+            what: format!("storing {}", g.entry.display()),
+            source,
+        }
+    })?;
+    Ok(Built {
+        hash: g.hash.clone(),
+        entry: g.entry.clone(),
+        config,
+        outcomes,
+    })
 }
 
 /// The image entry's config, when it was built before and every layer is still there.
@@ -478,17 +657,40 @@ fn fill(
     match &node.action {
         Action::None => Ok(()),
         Action::Layer { digest } => {
-            let blobs = g.blobs.as_ref().ok_or_else(|| step_err(at, "no base to read layers from", "internal"))?;
+            let blobs = g
+                .blobs
+                .as_ref()
+                .ok_or_else(|| step_err(at, "no base to read layers from", "internal"))?;
             let reader = blobs.open(digest, at)?;
             let mut v = oci::Verified::new(reader);
-            layer::unpack(&mut v, tmp).map_err(|e| step_err(at, format!("unpacking {digest}: {e}"), "is the image complete? (a corrupt layer is never used)"))?;
-            v.check(digest).map_err(|e| step_err(at, e.to_string(), "nothing of it was used; check the source"))
+            layer::unpack(&mut v, tmp).map_err(|e| {
+                step_err(
+                    at,
+                    format!("unpacking {digest}: {e}"),
+                    "is the image complete? (a corrupt layer is never used)",
+                )
+            })?;
+            v.check(digest).map_err(|e| {
+                step_err(
+                    at,
+                    e.to_string(),
+                    "nothing of it was used; check the source",
+                )
+            })
         }
         Action::Mkdir { dir } => {
-            let rel = layer::resolve(layers, Path::new(dir)).map_err(|e| step_err(at, e.to_string(), "fix the WORKDIR"))?;
-            fs::create_dir_all(tmp.join(rel)).map_err(|e| step_err(at, format!("creating {dir}: {e}"), "fix the WORKDIR"))
+            let rel = layer::resolve(layers, Path::new(dir))
+                .map_err(|e| step_err(at, e.to_string(), "fix the WORKDIR"))?;
+            fs::create_dir_all(tmp.join(rel))
+                .map_err(|e| step_err(at, format!("creating {dir}: {e}"), "fix the WORKDIR"))
         }
-        Action::Copy { srcs, dest, chown, chmod, add } => {
+        Action::Copy {
+            srcs,
+            dest,
+            chown,
+            chmod,
+            add,
+        } => {
             let owner = match chown {
                 Some(c) => layer::user_ids(layers, c).map_err(|m| step_err(at, m, "--chown takes USER[:GROUP] as the image's /etc/passwd knows them, or numbers"))?,
                 None => (0, 0),
@@ -497,8 +699,13 @@ fn fill(
             for src in srcs {
                 let name = src.file_name().map(PathBuf::from).unwrap_or_default();
                 let is_dir = src.is_dir();
-                let target = if into_dir && !is_dir { format!("{}/{}", dest.trim_end_matches('/'), name.display()) } else { dest.clone() };
-                let rel = layer::resolve(layers, Path::new(&target)).map_err(|e| step_err(at, e.to_string(), "fix the destination"))?;
+                let target = if into_dir && !is_dir {
+                    format!("{}/{}", dest.trim_end_matches('/'), name.display())
+                } else {
+                    dest.clone()
+                };
+                let rel = layer::resolve(layers, Path::new(&target))
+                    .map_err(|e| step_err(at, e.to_string(), "fix the destination"))?;
                 let to = tmp.join(rel);
                 let archive = *add && !is_dir && is_tar(src);
                 let r = if archive {
@@ -506,25 +713,47 @@ fn fill(
                 } else {
                     layer::copy_into(src, &to, owner, *chmod)
                 };
-                r.map_err(|e| step_err(at, format!("copying {}: {e}", src.display()), "check the source and destination"))?;
+                r.map_err(|e| {
+                    step_err(
+                        at,
+                        format!("copying {}: {e}", src.display()),
+                        "check the source and destination",
+                    )
+                })?;
             }
             Ok(())
         }
-        Action::Run { argv, env, cwd, user } => {
-            let ids = if user.is_empty() { (0, 0) } else {
+        Action::Run {
+            argv,
+            env,
+            cwd,
+            user,
+        } => {
+            let ids = if user.is_empty() {
+                (0, 0)
+            } else {
                 layer::user_ids(layers, user).map_err(|m| step_err(at, m, "USER names a user the image has (create it in an earlier RUN), or uid[:gid]"))?
             };
             let empty;
             let lowers: &[PathBuf] = if layers.is_empty() {
                 empty = [store_dir.join(".empty")];
-                fs::create_dir_all(&empty[0]).map_err(|e| step_err(at, e.to_string(), "check the store"))?;
+                fs::create_dir_all(&empty[0])
+                    .map_err(|e| step_err(at, e.to_string(), "check the store"))?;
                 &empty
             } else {
                 layers
             };
-            let scratch = store_dir.join(".work").join(format!("{}-{index}", std::process::id()));
+            let scratch = store_dir
+                .join(".work")
+                .join(format!("{}-{index}", std::process::id()));
             let _ = fs::remove_dir_all(&scratch);
-            fs::create_dir_all(&scratch).map_err(|e| step_err(at, format!("creating {}: {e}", scratch.display()), "check the store"))?;
+            fs::create_dir_all(&scratch).map_err(|e| {
+                step_err(
+                    at,
+                    format!("creating {}: {e}", scratch.display()),
+                    "check the store",
+                )
+            })?;
             let run = super::step::StepRun {
                 layers: lowers,
                 upper: tmp,
@@ -540,7 +769,11 @@ fn fill(
             let _ = fs::remove_dir_all(&scratch);
             match code? {
                 0 => Ok(()),
-                c => Err(step_err(at, format!("`{}` exited with {c}", node.what), "fix the step; the steps before it stay cached")),
+                c => Err(step_err(
+                    at,
+                    format!("`{}` exited with {c}", node.what),
+                    "fix the step; the steps before it stay cached",
+                )),
             }
         }
     }
@@ -548,6 +781,8 @@ fn fill(
 
 fn is_tar(p: &Path) -> bool {
     let mut head = [0u8; 512];
-    let n = fs::File::open(p).and_then(|mut f| io::Read::read(&mut f, &mut head)).unwrap_or(0);
+    let n = fs::File::open(p)
+        .and_then(|mut f| io::Read::read(&mut f, &mut head))
+        .unwrap_or(0);
     head.starts_with(&[0x1f, 0x8b]) || (n >= 262 && &head[257..262] == b"ustar")
 }

@@ -18,9 +18,16 @@ pub fn unpack(reader: impl Read, dest: &Path) -> io::Result<()> {
     let head = io::BufRead::fill_buf(&mut buffered)?;
     let gz = head.starts_with(&[0x1f, 0x8b]);
     if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
-        return Err(io::Error::new(io::ErrorKind::Unsupported, "zstd-compressed layers are not supported (gzip and plain tar are)"));
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "zstd-compressed layers are not supported (gzip and plain tar are)",
+        ));
     }
-    let inner: Box<dyn Read> = if gz { Box::new(flate2::read::GzDecoder::new(buffered)) } else { Box::new(buffered) };
+    let inner: Box<dyn Read> = if gz {
+        Box::new(flate2::read::GzDecoder::new(buffered))
+    } else {
+        Box::new(buffered)
+    };
     let mut archive = tar::Archive::new(inner);
     archive.set_preserve_permissions(true);
     archive.set_preserve_ownerships(nix::unistd::geteuid().is_root());
@@ -30,8 +37,16 @@ pub fn unpack(reader: impl Read, dest: &Path) -> io::Result<()> {
     for entry in archive.entries()? {
         let mut entry = entry?;
         let path = entry.path()?.into_owned();
-        let rel = clean(&path).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("layer entry {} leaves the layer", path.display())))?;
-        let name = rel.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let rel = clean(&path).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("layer entry {} leaves the layer", path.display()),
+            )
+        })?;
+        let name = rel
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         if let Some(hidden) = name.strip_prefix(".wh.") {
             let parent = dest.join(rel.parent().unwrap_or(Path::new("")));
             fs::create_dir_all(&parent)?;
@@ -43,7 +58,10 @@ pub fn unpack(reader: impl Read, dest: &Path) -> io::Result<()> {
             continue;
         }
         if !entry.unpack_in(dest)? {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, format!("layer entry {} leaves the layer", path.display())));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("layer entry {} leaves the layer", path.display()),
+            ));
         }
     }
     // The rest of the stream (tar padding, gzip trailer) so the digest covers every byte.
@@ -67,15 +85,36 @@ fn clean(p: &Path) -> Option<PathBuf> {
 
 pub fn whiteout(path: &Path) -> io::Result<()> {
     let _ = fs::remove_file(path);
-    nix::sys::stat::mknod(path, nix::sys::stat::SFlag::S_IFCHR, nix::sys::stat::Mode::empty(), 0)
-        .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("creating the whiteout {}: {e} (layers with deletions need root)", path.display())))
+    nix::sys::stat::mknod(
+        path,
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::empty(),
+        0,
+    )
+    .map_err(|e| {
+        io::Error::new(
+            io::Error::from(e).kind(),
+            format!(
+                "creating the whiteout {}: {e} (layers with deletions need root)",
+                path.display()
+            ),
+        )
+    })
 }
 
 fn set_xattr(path: &Path, name: &str, value: &[u8]) -> io::Result<()> {
     let p = CString::new(path.as_os_str().as_bytes())?;
     let n = CString::new(name)?;
     // SAFETY: valid C strings and a buffer of the given length.
-    let r = unsafe { libc::lsetxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    let r = unsafe {
+        libc::lsetxattr(
+            p.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
     if r != 0 {
         return Err(io::Error::last_os_error());
     }
@@ -88,7 +127,10 @@ fn is_whiteout(m: &fs::Metadata) -> bool {
 }
 
 fn is_opaque(path: &Path) -> bool {
-    let (Ok(p), Ok(n)) = (CString::new(path.as_os_str().as_bytes()), CString::new("trusted.overlay.opaque")) else {
+    let (Ok(p), Ok(n)) = (
+        CString::new(path.as_os_str().as_bytes()),
+        CString::new("trusted.overlay.opaque"),
+    ) else {
         return false;
     };
     let mut buf = [0u8; 4];
@@ -113,7 +155,10 @@ pub fn lookup(layers: &[PathBuf], rel: &Path) -> Option<(PathBuf, fs::Metadata)>
                     if is_opaque(&at) {
                         // Below here only this layer counts.
                         let full = l.join(rel);
-                        return fs::symlink_metadata(&full).ok().filter(|m| !is_whiteout(m)).map(|m| (full, m));
+                        return fs::symlink_metadata(&full)
+                            .ok()
+                            .filter(|m| !is_whiteout(m))
+                            .map(|m| (full, m));
                     }
                 }
                 Ok(_) => continue 'layers,
@@ -151,7 +196,10 @@ pub fn resolve(layers: &[PathBuf], path: &Path) -> io::Result<PathBuf> {
             Some((real, m)) if m.file_type().is_symlink() => {
                 hops += 1;
                 if hops > 40 {
-                    return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("too many symlinks resolving {}", path.display())));
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("too many symlinks resolving {}", path.display()),
+                    ));
                 }
                 let target = fs::read_link(&real)?;
                 if target.is_absolute() {
@@ -178,7 +226,10 @@ pub fn hash_sources(srcs: &[PathBuf]) -> io::Result<String> {
     let mut h = Sha256::new();
     for src in srcs {
         h.update(b"source\0");
-        for e in walkdir::WalkDir::new(src).follow_links(false).sort_by_file_name() {
+        for e in walkdir::WalkDir::new(src)
+            .follow_links(false)
+            .sort_by_file_name()
+        {
             let e = e.map_err(io::Error::from)?;
             let rel = e.path().strip_prefix(src).unwrap_or(e.path());
             let m = e.metadata().map_err(io::Error::from)?;
@@ -198,7 +249,10 @@ pub fn hash_sources(srcs: &[PathBuf]) -> io::Result<String> {
                 io::copy(&mut f, &mut fh)?;
                 h.update(fh.finalize());
             } else {
-                return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} is not a file, directory or symlink", e.path().display())));
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{} is not a file, directory or symlink", e.path().display()),
+                ));
             }
             h.update(b"\n");
         }
@@ -209,12 +263,20 @@ pub fn hash_sources(srcs: &[PathBuf]) -> io::Result<String> {
 /// Copy `src` (a file or a directory's contents, recursively) to `dest` inside a new layer,
 /// owned by `owner`, with `chmod` instead of the sources' permission bits when given.
 pub fn copy_into(src: &Path, dest: &Path, owner: (u32, u32), chmod: Option<u32>) -> io::Result<()> {
-    for e in walkdir::WalkDir::new(src).follow_links(false).sort_by_file_name() {
+    for e in walkdir::WalkDir::new(src)
+        .follow_links(false)
+        .sort_by_file_name()
+    {
         let e = e.map_err(io::Error::from)?;
         let rel = e.path().strip_prefix(src).unwrap_or(Path::new(""));
-        let to = if rel.as_os_str().is_empty() { dest.to_path_buf() } else { dest.join(rel) };
+        let to = if rel.as_os_str().is_empty() {
+            dest.to_path_buf()
+        } else {
+            dest.join(rel)
+        };
         let ft = e.file_type();
-        let mode = chmod.unwrap_or(e.metadata().map_err(io::Error::from)?.permissions().mode() & 0o7777);
+        let mode =
+            chmod.unwrap_or(e.metadata().map_err(io::Error::from)?.permissions().mode() & 0o7777);
         if let Some(p) = to.parent() {
             fs::create_dir_all(p)?;
         }
@@ -229,7 +291,11 @@ pub fn copy_into(src: &Path, dest: &Path, owner: (u32, u32), chmod: Option<u32>)
         }
         std::os::unix::fs::lchown(&to, Some(owner.0), Some(owner.1)).or_else(|e| {
             // An ordinary user's build cannot give files away; they stay the caller's.
-            if e.kind() == io::ErrorKind::PermissionDenied { Ok(()) } else { Err(e) }
+            if e.kind() == io::ErrorKind::PermissionDenied {
+                Ok(())
+            } else {
+                Err(e)
+            }
         })?;
         if !ft.is_symlink() {
             fs::set_permissions(&to, fs::Permissions::from_mode(mode))?;
@@ -242,18 +308,29 @@ pub fn copy_into(src: &Path, dest: &Path, owner: (u32, u32), chmod: Option<u32>)
 /// /etc/group (merged view of `layers`): (uid, gid).
 pub fn user_ids(layers: &[PathBuf], user: &str) -> Result<(u32, u32), String> {
     let read = |file: &str| -> String {
-        lookup(layers, Path::new(file)).and_then(|(p, _)| fs::read_to_string(p).ok()).unwrap_or_default()
+        lookup(layers, Path::new(file))
+            .and_then(|(p, _)| fs::read_to_string(p).ok())
+            .unwrap_or_default()
     };
-    let (u, g) = user.split_once(':').map_or((user, None), |(u, g)| (u, Some(g)));
+    let (u, g) = user
+        .split_once(':')
+        .map_or((user, None), |(u, g)| (u, Some(g)));
     let passwd = read("etc/passwd");
-    let entry = passwd.lines().map(|l| l.split(':').collect::<Vec<_>>()).find(|f| f.len() > 3 && (f[0] == u || f[2] == u));
+    let entry = passwd
+        .lines()
+        .map(|l| l.split(':').collect::<Vec<_>>())
+        .find(|f| f.len() > 3 && (f[0] == u || f[2] == u));
     let uid = match (u.parse::<u32>(), &entry) {
         (Ok(n), _) => n,
-        (Err(_), Some(f)) => f[2].parse().map_err(|_| format!("bad uid for {u} in /etc/passwd"))?,
+        (Err(_), Some(f)) => f[2]
+            .parse()
+            .map_err(|_| format!("bad uid for {u} in /etc/passwd"))?,
         (Err(_), None) => return Err(format!("user `{u}` is not in the image's /etc/passwd")),
     };
     let gid = match g {
-        None => entry.and_then(|f| f[3].parse().ok()).unwrap_or(if uid == 0 { 0 } else { uid }),
+        None => entry
+            .and_then(|f| f[3].parse().ok())
+            .unwrap_or(if uid == 0 { 0 } else { uid }),
         Some(g) => match g.parse::<u32>() {
             Ok(n) => n,
             Err(_) => read("etc/group")
@@ -280,7 +357,11 @@ pub fn top_level(layers: &[PathBuf]) -> Vec<(String, Option<PathBuf>)> {
         .into_iter()
         .filter_map(|n| {
             let (p, m) = lookup(layers, Path::new(&n))?;
-            let link = m.file_type().is_symlink().then(|| fs::read_link(&p).ok()).flatten();
+            let link = m
+                .file_type()
+                .is_symlink()
+                .then(|| fs::read_link(&p).ok())
+                .flatten();
             Some((n, link))
         })
         .collect()
@@ -299,10 +380,25 @@ mod tests {
         fs::create_dir_all(hi.join("opt")).unwrap();
         std::os::unix::fs::symlink("/etc/../../usr", hi.join("opt/u")).unwrap();
         let layers = vec![hi.clone(), lo.clone()];
-        assert_eq!(resolve(&layers, Path::new("/bin/x")).unwrap(), PathBuf::from("usr/bin/x"));
-        assert_eq!(resolve(&layers, Path::new("/opt/u/bin")).unwrap(), PathBuf::from("usr/bin"));
-        assert_eq!(resolve(&layers, Path::new("/../../x")).unwrap(), PathBuf::from("x"));
-        assert_eq!(top_level(&layers).iter().map(|(n, l)| (n.as_str(), l.is_some())).collect::<Vec<_>>(), [("bin", true), ("opt", false), ("usr", false)]);
+        assert_eq!(
+            resolve(&layers, Path::new("/bin/x")).unwrap(),
+            PathBuf::from("usr/bin/x")
+        );
+        assert_eq!(
+            resolve(&layers, Path::new("/opt/u/bin")).unwrap(),
+            PathBuf::from("usr/bin")
+        );
+        assert_eq!(
+            resolve(&layers, Path::new("/../../x")).unwrap(),
+            PathBuf::from("x")
+        );
+        assert_eq!(
+            top_level(&layers)
+                .iter()
+                .map(|(n, l)| (n.as_str(), l.is_some()))
+                .collect::<Vec<_>>(),
+            [("bin", true), ("opt", false), ("usr", false)]
+        );
     }
 
     #[test]
@@ -313,7 +409,11 @@ mod tests {
         let h1 = hash_sources(&[f.clone()]).unwrap();
         let old = fs::File::options().write(true).open(&f).unwrap();
         old.set_modified(std::time::SystemTime::UNIX_EPOCH).unwrap();
-        assert_eq!(hash_sources(&[f.clone()]).unwrap(), h1, "mtime changed the hash");
+        assert_eq!(
+            hash_sources(&[f.clone()]).unwrap(),
+            h1,
+            "mtime changed the hash"
+        );
         fs::write(&f, "two").unwrap();
         assert_ne!(hash_sources(&[f.clone()]).unwrap(), h1);
         fs::write(&f, "one").unwrap();

@@ -33,13 +33,27 @@ pub enum LockError {
     Missing { path: PathBuf, image: String },
     #[error("--locked: `{source_ref}` now points at {now}, {} pins {pinned}", path.display())]
     #[diagnostic(help("the tag moved. To take the new image: `aisb build --pull` and commit {}; to keep the old one, pin it by digest in FROM", path.display()))]
-    Moved { path: PathBuf, source_ref: String, pinned: String, now: String },
+    Moved {
+        path: PathBuf,
+        source_ref: String,
+        pinned: String,
+        now: String,
+    },
     #[error("--locked: image `{image}` would build as {now}, {} pins {pinned}", path.display())]
     #[diagnostic(help("its steps, build args or copied files changed since the lock was written; run `aisb build` and commit {}", path.display()))]
-    Graph { path: PathBuf, image: String, pinned: String, now: String },
+    Graph {
+        path: PathBuf,
+        image: String,
+        pinned: String,
+        now: String,
+    },
     #[error("cannot write {}: {source}", path.display())]
     #[diagnostic(help("is the project writable?"))]
-    Write { path: PathBuf, #[source] source: std::io::Error },
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl Lock {
@@ -47,9 +61,18 @@ impl Lock {
     pub fn read(dir: &Path) -> Result<Lock, LockError> {
         let path = dir.join(FILE);
         match std::fs::read(&path) {
-            Ok(b) => serde_json::from_slice(&b).map_err(|e| LockError::Bad { path, message: e.to_string() }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Lock { version: 1, images: BTreeMap::new() }),
-            Err(e) => Err(LockError::Bad { path, message: e.to_string() }),
+            Ok(b) => serde_json::from_slice(&b).map_err(|e| LockError::Bad {
+                path,
+                message: e.to_string(),
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Lock {
+                version: 1,
+                images: BTreeMap::new(),
+            }),
+            Err(e) => Err(LockError::Bad {
+                path,
+                message: e.to_string(),
+            }),
         }
     }
 
@@ -59,9 +82,13 @@ impl Lock {
         if Lock::read(dir).ok().as_ref() == Some(self) && path.exists() {
             return Ok(false);
         }
-        let mut text = serde_json::to_string_pretty(self).map_err(|e| LockError::Write { path: path.clone(), source: e.into() })?;
+        let mut text = serde_json::to_string_pretty(self).map_err(|e| LockError::Write {
+            path: path.clone(),
+            source: e.into(),
+        })?;
         text.push('\n');
-        crate::atomic::write_atomic(&path, text.as_bytes()).map_err(|source| LockError::Write { path, source })?;
+        crate::atomic::write_atomic(&path, text.as_bytes())
+            .map_err(|source| LockError::Write { path, source })?;
         Ok(true)
     }
 }

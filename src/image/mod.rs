@@ -9,7 +9,9 @@ pub mod graph;
 pub mod layer;
 pub mod lock;
 pub mod oci;
+pub mod progress;
 pub mod rootmount;
+pub mod sandbox;
 pub mod step;
 
 use std::collections::BTreeMap;
@@ -85,9 +87,15 @@ pub enum Source {
     /// `FROM scratch`: no layers.
     Scratch,
     /// `oci:DIR[:TAG]`: an OCI image layout directory.
-    Layout { dir: std::path::PathBuf, tag: Option<String> },
+    Layout {
+        dir: std::path::PathBuf,
+        tag: Option<String>,
+    },
     /// `oci-archive:FILE[:TAG]`: a tar of an OCI image layout.
-    Archive { file: std::path::PathBuf, tag: Option<String> },
+    Archive {
+        file: std::path::PathBuf,
+        tag: Option<String>,
+    },
     /// A registry reference: `[HOST[:PORT]/]REPO[:TAG][@DIGEST]` (`docker://` optional).
     Registry(oci::Reference),
 }
@@ -201,7 +209,10 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         assert_eq!(expand("$A-${A}-$B-\\$A", &vars), "1-1--$A");
-        assert_eq!(expand("${B:-x$A}|${E:-d}|${A:+y}|${B:+y}", &vars), "x1|d|y|");
+        assert_eq!(
+            expand("${B:-x$A}|${E:-d}|${A:+y}|${B:+y}", &vars),
+            "x1|d|y|"
+        );
         assert_eq!(expand("a$", &vars), "a$");
         assert_eq!(expand("ünï$A", &vars), "ünï1");
     }
@@ -212,12 +223,21 @@ mod tests {
         assert_eq!(Source::parse("scratch", base), Ok(Source::Scratch));
         assert_eq!(
             Source::parse("oci:img:v1", base),
-            Ok(Source::Layout { dir: "/p/img".into(), tag: Some("v1".into()) })
+            Ok(Source::Layout {
+                dir: "/p/img".into(),
+                tag: Some("v1".into())
+            })
         );
         assert_eq!(
             Source::parse("oci-archive:/a/b.tar", base),
-            Ok(Source::Archive { file: "/a/b.tar".into(), tag: None })
+            Ok(Source::Archive {
+                file: "/a/b.tar".into(),
+                tag: None
+            })
         );
-        assert!(matches!(Source::parse("127.0.0.1:5000/base:1", base), Ok(Source::Registry(_))));
+        assert!(matches!(
+            Source::parse("127.0.0.1:5000/base:1", base),
+            Ok(Source::Registry(_))
+        ));
     }
 }

@@ -27,7 +27,9 @@ impl Reference {
         let (rest, digest) = match s.split_once('@') {
             Some((r, d)) => {
                 if !is_digest(d) {
-                    return Err(format!("`{d}` is not a sha256 digest (sha256:<64 hex digits>)"));
+                    return Err(format!(
+                        "`{d}` is not a sha256 digest (sha256:<64 hex digits>)"
+                    ));
                 }
                 (r, Some(d.to_string()))
             }
@@ -48,20 +50,41 @@ impl Reference {
         if repo.is_empty() || !repo.chars().all(valid) {
             return Err(format!("`{s}` is not an image reference"));
         }
-        let tag = if digest.is_none() && tag.is_none() { Some("latest".into()) } else { tag };
-        Ok(Reference { registry, repo, tag, digest })
+        let tag = if digest.is_none() && tag.is_none() {
+            Some("latest".into())
+        } else {
+            tag
+        };
+        Ok(Reference {
+            registry,
+            repo,
+            tag,
+            digest,
+        })
     }
 
     /// The same image, pinned by digest.
     pub fn pinned(&self, digest: &str) -> Reference {
-        Reference { digest: Some(digest.to_string()), ..self.clone() }
+        Reference {
+            digest: Some(digest.to_string()),
+            ..self.clone()
+        }
     }
 
     fn base_url(&self) -> String {
-        let host = if self.registry == "docker.io" { "registry-1.docker.io" } else { &self.registry };
+        let host = if self.registry == "docker.io" {
+            "registry-1.docker.io"
+        } else {
+            &self.registry
+        };
         // Plain HTTP only for a registry on this machine (as Docker treats localhost).
-        let local = host.starts_with("localhost") || host.starts_with("127.") || host.starts_with("[::1]");
-        format!("{}://{host}/v2/{}", if local { "http" } else { "https" }, self.repo)
+        let local =
+            host.starts_with("localhost") || host.starts_with("127.") || host.starts_with("[::1]");
+        format!(
+            "{}://{host}/v2/{}",
+            if local { "http" } else { "https" },
+            self.repo
+        )
     }
 }
 
@@ -79,7 +102,11 @@ impl std::fmt::Display for Reference {
 }
 
 pub fn is_digest(d: &str) -> bool {
-    d.strip_prefix("sha256:").is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()))
+    d.strip_prefix("sha256:").is_some_and(|h| {
+        h.len() == 64
+            && h.bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+    })
 }
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
@@ -95,7 +122,10 @@ pub struct FetchError {
 }
 
 fn fail(what: impl Into<String>, help: impl Into<String>) -> FetchError {
-    FetchError { what: what.into(), help: help.into() }
+    FetchError {
+        what: what.into(),
+        help: help.into(),
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq, Eq)]
@@ -166,7 +196,10 @@ fn arch() -> &'static str {
 /// asking the registry what the tag points at).
 pub fn resolve(source: &Source, pinned: Option<&str>) -> Result<(Base, Blobs), FetchError> {
     match source {
-        Source::Scratch => Err(fail("scratch has no manifest", "internal: scratch is resolved by the graph")),
+        Source::Scratch => Err(fail(
+            "scratch has no manifest",
+            "internal: scratch is resolved by the graph",
+        )),
         Source::Layout { dir, tag } => {
             let blobs = Blobs::Layout(dir.clone());
             let base = from_index(&blobs, tag.as_deref(), pinned, &dir.display().to_string())?;
@@ -183,7 +216,11 @@ pub fn resolve(source: &Source, pinned: Option<&str>) -> Result<(Base, Blobs), F
                 _ => r.clone(),
             };
             let reg = Registry::new(&r);
-            let reference = r.digest.clone().or(r.tag.clone()).unwrap_or_else(|| "latest".into());
+            let reference = r
+                .digest
+                .clone()
+                .or(r.tag.clone())
+                .unwrap_or_else(|| "latest".into());
             let (bytes, digest) = reg.manifest(&reference)?;
             let blobs = Blobs::Registry(reg);
             let base = manifest(&blobs, &bytes, digest, &r.to_string())?;
@@ -195,35 +232,74 @@ pub fn resolve(source: &Source, pinned: Option<&str>) -> Result<(Base, Blobs), F
 /// Ask the registry (never a lock file or cache) which digest `r`'s tag points at now.
 pub fn current_digest(r: &Reference) -> Result<String, FetchError> {
     let reg = Registry::new(r);
-    let reference = r.digest.clone().or(r.tag.clone()).unwrap_or_else(|| "latest".into());
+    let reference = r
+        .digest
+        .clone()
+        .or(r.tag.clone())
+        .unwrap_or_else(|| "latest".into());
     Ok(reg.manifest(&reference)?.1)
 }
 
-fn from_index(blobs: &Blobs, tag: Option<&str>, pinned: Option<&str>, what: &str) -> Result<Base, FetchError> {
+fn from_index(
+    blobs: &Blobs,
+    tag: Option<&str>,
+    pinned: Option<&str>,
+    what: &str,
+) -> Result<Base, FetchError> {
     let index = blobs.read_file("index.json").map_err(|e| {
         fail(format!("{what}: cannot read index.json: {e}"), "an OCI image layout has oci-layout, index.json and blobs/ (`skopeo copy … oci:DIR:TAG` writes one)")
     })?;
-    let doc: ManifestDoc = serde_json::from_slice(&index)
-        .map_err(|e| fail(format!("{what}: index.json: {e}"), "is this an OCI image layout?"))?;
+    let doc: ManifestDoc = serde_json::from_slice(&index).map_err(|e| {
+        fail(
+            format!("{what}: index.json: {e}"),
+            "is this an OCI image layout?",
+        )
+    })?;
     let wanted: Vec<&Descriptor> = doc
         .manifests
         .iter()
         .filter(|d| match (pinned, tag) {
             (Some(p), _) => d.digest == p,
-            (None, Some(t)) => d.annotations.get("org.opencontainers.image.ref.name").is_some_and(|n| n == t),
+            (None, Some(t)) => d
+                .annotations
+                .get("org.opencontainers.image.ref.name")
+                .is_some_and(|n| n == t),
             (None, None) => true,
         })
         .collect();
     let desc = match wanted.as_slice() {
         [d] => *d,
         [] => {
-            let names: Vec<&str> = doc.manifests.iter().filter_map(|d| d.annotations.get("org.opencontainers.image.ref.name").map(String::as_str)).collect();
+            let names: Vec<&str> = doc
+                .manifests
+                .iter()
+                .filter_map(|d| {
+                    d.annotations
+                        .get("org.opencontainers.image.ref.name")
+                        .map(String::as_str)
+                })
+                .collect();
             return Err(fail(
-                format!("{what}: no image {} in its index", pinned.or(tag).unwrap_or("at all")),
-                format!("tags there: {}", if names.is_empty() { "none".into() } else { names.join(", ") }),
+                format!(
+                    "{what}: no image {} in its index",
+                    pinned.or(tag).unwrap_or("at all")
+                ),
+                format!(
+                    "tags there: {}",
+                    if names.is_empty() {
+                        "none".into()
+                    } else {
+                        names.join(", ")
+                    }
+                ),
             ));
         }
-        _ => return Err(fail(format!("{what}: its index holds several images"), "name one with a tag: oci:DIR:TAG")),
+        _ => {
+            return Err(fail(
+                format!("{what}: its index holds several images"),
+                "name one with a tag: oci:DIR:TAG",
+            ))
+        }
     };
     let bytes = blobs.blob_bytes(&desc.digest, what)?;
     manifest(blobs, &bytes, desc.digest.clone(), what)
@@ -231,28 +307,56 @@ fn from_index(blobs: &Blobs, tag: Option<&str>, pinned: Option<&str>, what: &str
 
 /// A manifest (or an index, followed to this machine's platform) to a [`Base`].
 fn manifest(blobs: &Blobs, bytes: &[u8], digest: String, what: &str) -> Result<Base, FetchError> {
-    let doc: ManifestDoc = serde_json::from_slice(bytes).map_err(|e| fail(format!("{what}: manifest: {e}"), "the registry or layout returned something that is not an image manifest"))?;
-    if !doc.manifests.is_empty() || doc.media_type.contains("index") || doc.media_type.contains("list") {
-        let Some(d) = doc.manifests.iter().find(|d| d.platform.as_ref().is_some_and(|p| p.os == "linux" && p.architecture == arch())) else {
-            return Err(fail(format!("{what}: no image for linux/{}", arch()), "build or pull one for this machine's platform"));
+    let doc: ManifestDoc = serde_json::from_slice(bytes).map_err(|e| {
+        fail(
+            format!("{what}: manifest: {e}"),
+            "the registry or layout returned something that is not an image manifest",
+        )
+    })?;
+    if !doc.manifests.is_empty()
+        || doc.media_type.contains("index")
+        || doc.media_type.contains("list")
+    {
+        let Some(d) = doc.manifests.iter().find(|d| {
+            d.platform
+                .as_ref()
+                .is_some_and(|p| p.os == "linux" && p.architecture == arch())
+        }) else {
+            return Err(fail(
+                format!("{what}: no image for linux/{}", arch()),
+                "build or pull one for this machine's platform",
+            ));
         };
         let inner = blobs.manifest_by_digest(&d.digest, what)?;
         return manifest(blobs, &inner, d.digest.clone(), what);
     }
-    let config = doc.config.ok_or_else(|| fail(format!("{what}: the manifest has no config"), "not an image manifest"))?;
+    let config = doc.config.ok_or_else(|| {
+        fail(
+            format!("{what}: the manifest has no config"),
+            "not an image manifest",
+        )
+    })?;
     let cfg_bytes = blobs.blob_bytes(&config.digest, what)?;
     #[derive(Deserialize)]
     struct ConfigDoc {
         #[serde(default)]
         config: Option<RunConfig>,
     }
-    let cfg: ConfigDoc = serde_json::from_slice(&cfg_bytes).map_err(|e| fail(format!("{what}: image config: {e}"), "not an image config"))?;
+    let cfg: ConfigDoc = serde_json::from_slice(&cfg_bytes)
+        .map_err(|e| fail(format!("{what}: image config: {e}"), "not an image config"))?;
     for l in &doc.layers {
         if !is_digest(&l.digest) {
-            return Err(fail(format!("{what}: layer digest `{}` is not sha256", l.digest), "aisb verifies layers by sha256"));
+            return Err(fail(
+                format!("{what}: layer digest `{}` is not sha256", l.digest),
+                "aisb verifies layers by sha256",
+            ));
         }
     }
-    Ok(Base { digest, config: cfg.config.unwrap_or_default(), layers: doc.layers })
+    Ok(Base {
+        digest,
+        config: cfg.config.unwrap_or_default(),
+        layers: doc.layers,
+    })
 }
 
 impl Blobs {
@@ -278,9 +382,19 @@ impl Blobs {
 
     fn blob_bytes(&self, digest: &str, what: &str) -> Result<Vec<u8>, FetchError> {
         let mut out = Vec::new();
-        self.open(digest, what)?.read_to_end(&mut out).map_err(|e| fail(format!("{what}: reading {digest}: {e}"), "is the source complete?"))?;
+        self.open(digest, what)?
+            .read_to_end(&mut out)
+            .map_err(|e| {
+                fail(
+                    format!("{what}: reading {digest}: {e}"),
+                    "is the source complete?",
+                )
+            })?;
         if sha256_hex(&out) != digest {
-            return Err(fail(format!("{what}: blob {digest} does not match its digest"), "the source is corrupt or was tampered with; nothing of it was used"));
+            return Err(fail(
+                format!("{what}: blob {digest} does not match its digest"),
+                "the source is corrupt or was tampered with; nothing of it was used",
+            ));
         }
         Ok(out)
     }
@@ -288,10 +402,18 @@ impl Blobs {
     /// A reader of the blob's bytes (not verified: see [`Verified`]).
     pub fn open(&self, digest: &str, what: &str) -> Result<Box<dyn Read + '_>, FetchError> {
         if !is_digest(digest) {
-            return Err(fail(format!("{what}: `{digest}` is not a sha256 digest"), "aisb verifies blobs by sha256"));
+            return Err(fail(
+                format!("{what}: `{digest}` is not a sha256 digest"),
+                "aisb verifies blobs by sha256",
+            ));
         }
         let rel = format!("blobs/sha256/{}", &digest[7..]);
-        let err = |e: io::Error| fail(format!("{what}: cannot read blob {digest}: {e}"), "is the image layout complete?");
+        let err = |e: io::Error| {
+            fail(
+                format!("{what}: cannot read blob {digest}: {e}"),
+                "is the image layout complete?",
+            )
+        };
         match self {
             Blobs::Layout(dir) => Ok(Box::new(fs::File::open(dir.join(rel)).map_err(err)?)),
             Blobs::Archive(file) => {
@@ -317,7 +439,10 @@ fn archive_span(f: &mut fs::File, name: &str) -> io::Result<(u64, u64)> {
             return Ok((e.raw_file_position(), e.size()));
         }
     }
-    Err(io::Error::new(io::ErrorKind::NotFound, format!("{name} is not in the archive")))
+    Err(io::Error::new(
+        io::ErrorKind::NotFound,
+        format!("{name} is not in the archive"),
+    ))
 }
 
 fn archive_entry<'f>(f: &'f mut fs::File, name: &str) -> io::Result<io::Take<&'f mut fs::File>> {
@@ -334,7 +459,10 @@ pub struct Verified<R> {
 
 impl<R: Read> Verified<R> {
     pub fn new(inner: R) -> Self {
-        Verified { inner, hasher: Sha256::new() }
+        Verified {
+            inner,
+            hasher: Sha256::new(),
+        }
     }
 
     /// Read to the end (a tar reader may stop before the padding), then compare.
@@ -342,7 +470,12 @@ impl<R: Read> Verified<R> {
         io::copy(&mut self, &mut io::sink())?;
         let got = format!("sha256:{}", hex::encode(self.hasher.finalize()));
         if got != digest {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, format!("blob {digest} does not match its digest (got {got}): corrupt or tampered with")));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "blob {digest} does not match its digest (got {got}): corrupt or tampered with"
+                ),
+            ));
         }
         Ok(())
     }
@@ -373,7 +506,12 @@ impl Registry {
             .timeout_read(std::time::Duration::from_secs(120))
             .redirects(5)
             .build();
-        Registry { agent, base: r.base_url(), what: r.to_string(), token: RefCell::new(None) }
+        Registry {
+            agent,
+            base: r.base_url(),
+            what: r.to_string(),
+            token: RefCell::new(None),
+        }
     }
 
     fn get(&self, path: &str, accept: &str) -> Result<ureq::Response, FetchError> {
@@ -386,24 +524,47 @@ impl Registry {
             match req.call() {
                 Ok(resp) => return Ok(resp),
                 Err(ureq::Error::Status(401, resp)) if attempt == 0 => {
-                    let challenge = resp.header("www-authenticate").unwrap_or_default().to_string();
+                    let challenge = resp
+                        .header("www-authenticate")
+                        .unwrap_or_default()
+                        .to_string();
                     *self.token.borrow_mut() = Some(self.token_for(&challenge)?);
                 }
                 Err(ureq::Error::Status(code, _)) => {
                     return Err(fail(
                         format!("{}: {url} answered {code}", self.what),
-                        if code == 404 { "check the name and tag (`skopeo list-tags docker://…` lists them)" } else { "is the registry reachable and the image public?" },
+                        if code == 404 {
+                            "check the name and tag (`skopeo list-tags docker://…` lists them)"
+                        } else {
+                            "is the registry reachable and the image public?"
+                        },
                     ))
                 }
-                Err(e) => return Err(fail(format!("{}: {e}", self.what), "is the registry reachable from this machine?")),
+                Err(e) => {
+                    return Err(fail(
+                        format!("{}: {e}", self.what),
+                        "is the registry reachable from this machine?",
+                    ))
+                }
             }
         }
-        Err(fail(format!("{}: unauthorized", self.what), "aisb pulls public images anonymously"))
+        Err(fail(
+            format!("{}: unauthorized", self.what),
+            "aisb pulls public images anonymously",
+        ))
     }
 
     /// An anonymous token for a `Bearer realm=…,service=…,scope=…` challenge.
     fn token_for(&self, challenge: &str) -> Result<String, FetchError> {
-        let params = challenge.strip_prefix("Bearer ").ok_or_else(|| fail(format!("{}: the registry asks for credentials ({challenge})", self.what), "aisb pulls public images anonymously"))?;
+        let params = challenge.strip_prefix("Bearer ").ok_or_else(|| {
+            fail(
+                format!(
+                    "{}: the registry asks for credentials ({challenge})",
+                    self.what
+                ),
+                "aisb pulls public images anonymously",
+            )
+        })?;
         let mut realm = String::new();
         let mut query = Vec::new();
         for part in params.split(',') {
@@ -420,11 +581,27 @@ impl Registry {
         for (k, v) in &query {
             req = req.query(k, v);
         }
-        let body = req.call().map_err(|e| fail(format!("{}: token from {realm}: {e}", self.what), "is the registry's auth service reachable?"))?
-            .into_string().unwrap_or_default();
+        let body = req
+            .call()
+            .map_err(|e| {
+                fail(
+                    format!("{}: token from {realm}: {e}", self.what),
+                    "is the registry's auth service reachable?",
+                )
+            })?
+            .into_string()
+            .unwrap_or_default();
         let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-        v["token"].as_str().or(v["access_token"].as_str()).map(str::to_string)
-            .ok_or_else(|| fail(format!("{}: no token from {realm}", self.what), "is the image public?"))
+        v["token"]
+            .as_str()
+            .or(v["access_token"].as_str())
+            .map(str::to_string)
+            .ok_or_else(|| {
+                fail(
+                    format!("{}: no token from {realm}", self.what),
+                    "is the image public?",
+                )
+            })
     }
 
     /// The manifest `reference` (tag or digest) names, and its digest (verified when asked by
@@ -433,12 +610,25 @@ impl Registry {
         let resp = self.get(&format!("manifests/{reference}"), MANIFEST_TYPES)?;
         let header = resp.header("docker-content-digest").map(str::to_string);
         let mut bytes = Vec::new();
-        resp.into_reader().take(4 << 20).read_to_end(&mut bytes).map_err(|e| fail(format!("{}: {e}", self.what), "retry"))?;
+        resp.into_reader()
+            .take(4 << 20)
+            .read_to_end(&mut bytes)
+            .map_err(|e| fail(format!("{}: {e}", self.what), "retry"))?;
         let digest = sha256_hex(&bytes);
-        let expected = if is_digest(reference) { Some(reference.to_string()) } else { header };
+        let expected = if is_digest(reference) {
+            Some(reference.to_string())
+        } else {
+            header
+        };
         if let Some(e) = expected.filter(|e| e.starts_with("sha256:")) {
             if e != digest {
-                return Err(fail(format!("{}: the manifest does not match its digest {e} (got {digest})", self.what), "the registry or something between is serving other content; nothing was used"));
+                return Err(fail(
+                    format!(
+                        "{}: the manifest does not match its digest {e} (got {digest})",
+                        self.what
+                    ),
+                    "the registry or something between is serving other content; nothing was used",
+                ));
             }
         }
         Ok((bytes, digest))
@@ -456,13 +646,22 @@ mod tests {
     #[test]
     fn references() {
         let r = Reference::parse("debian").unwrap();
-        assert_eq!((r.registry.as_str(), r.repo.as_str(), r.tag.as_deref()), ("docker.io", "library/debian", Some("latest")));
+        assert_eq!(
+            (r.registry.as_str(), r.repo.as_str(), r.tag.as_deref()),
+            ("docker.io", "library/debian", Some("latest"))
+        );
         let r = Reference::parse("127.0.0.1:5000/team/base:1").unwrap();
-        assert_eq!((r.registry.as_str(), r.repo.as_str(), r.tag.as_deref()), ("127.0.0.1:5000", "team/base", Some("1")));
+        assert_eq!(
+            (r.registry.as_str(), r.repo.as_str(), r.tag.as_deref()),
+            ("127.0.0.1:5000", "team/base", Some("1"))
+        );
         assert_eq!(r.base_url(), "http://127.0.0.1:5000/v2/team/base");
         let d = format!("sha256:{}", "a".repeat(64));
         let r = Reference::parse(&format!("ghcr.io/o/i@{d}")).unwrap();
-        assert_eq!((r.tag.clone(), r.digest.as_deref()), (None, Some(d.as_str())));
+        assert_eq!(
+            (r.tag.clone(), r.digest.as_deref()),
+            (None, Some(d.as_str()))
+        );
         assert!(r.base_url().starts_with("https://ghcr.io/"));
         assert!(Reference::parse("x@sha256:12").is_err());
         assert!(Reference::parse("UPPER/case").is_err());

@@ -26,26 +26,57 @@ const MAX_OPTIONS: usize = 4000;
 
 impl RootMount {
     /// `layers` top first; `upper` and `work` for a writable root.
-    pub fn new(layers: &[PathBuf], rw: Option<(&Path, &Path)>, target: &Path) -> io::Result<RootMount> {
+    pub fn new(
+        layers: &[PathBuf],
+        rw: Option<(&Path, &Path)>,
+        target: &Path,
+    ) -> io::Result<RootMount> {
         let bad = |p: &Path| {
             let s = p.to_string_lossy();
             s.contains([':', ',', '\n']) || !p.is_absolute()
         };
-        if layers.iter().map(PathBuf::as_path).chain(rw.iter().flat_map(|(u, w)| [*u, *w])).any(bad) {
+        if layers
+            .iter()
+            .map(PathBuf::as_path)
+            .chain(rw.iter().flat_map(|(u, w)| [*u, *w]))
+            .any(bad)
+        {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "a layer path has `:` or `,` or is relative: overlayfs cannot take it (move XDG_CACHE_HOME)"));
         }
-        let lower = layers.iter().map(|l| l.to_string_lossy()).collect::<Vec<_>>().join(":");
+        let lower = layers
+            .iter()
+            .map(|l| l.to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(":");
         let (source, data) = match (layers.len(), rw) {
-            (0, None) => return Err(io::Error::new(io::ErrorKind::InvalidInput, "an image with no layers has no root to mount")),
+            (0, None) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "an image with no layers has no root to mount",
+                ))
+            }
             (1, None) => (layers[0].clone(), None),
             (_, None) => (PathBuf::from("overlay"), Some(format!("lowerdir={lower}"))),
-            (_, Some((u, w))) => (PathBuf::from("overlay"), Some(format!("lowerdir={lower},upperdir={},workdir={}", u.display(), w.display()))),
+            (_, Some((u, w))) => (
+                PathBuf::from("overlay"),
+                Some(format!(
+                    "lowerdir={lower},upperdir={},workdir={}",
+                    u.display(),
+                    w.display()
+                )),
+            ),
         };
         if data.as_ref().is_some_and(|d| d.len() > MAX_OPTIONS) {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} layers are too many for one overlay mount (options over {MAX_OPTIONS} bytes)", layers.len())));
         }
-        let cs = |b: &[u8]| CString::new(b).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput));
-        let arg = format!("{}\n{}\n{}", target.display(), source.display(), data.clone().unwrap_or_default());
+        let cs =
+            |b: &[u8]| CString::new(b).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput));
+        let arg = format!(
+            "{}\n{}\n{}",
+            target.display(),
+            source.display(),
+            data.clone().unwrap_or_default()
+        );
         Ok(RootMount {
             target: cs(target.as_os_str().as_bytes())?,
             source: cs(source.as_os_str().as_bytes())?,
@@ -75,21 +106,46 @@ impl RootMount {
                 return Err(io::Error::last_os_error());
             }
             let root = c"/";
-            if libc::mount(std::ptr::null(), root.as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()) != 0 {
+            if libc::mount(
+                std::ptr::null(),
+                root.as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ) != 0
+            {
                 return Err(io::Error::last_os_error());
             }
             let r = match &self.data {
-                Some(d) => libc::mount(c"overlay".as_ptr(), self.target.as_ptr(), c"overlay".as_ptr(), 0, d.as_ptr().cast()),
-                None => libc::mount(self.source.as_ptr(), self.target.as_ptr(), std::ptr::null(), libc::MS_BIND | libc::MS_REC, std::ptr::null()),
+                Some(d) => libc::mount(
+                    c"overlay".as_ptr(),
+                    self.target.as_ptr(),
+                    c"overlay".as_ptr(),
+                    0,
+                    d.as_ptr().cast(),
+                ),
+                None => libc::mount(
+                    self.source.as_ptr(),
+                    self.target.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND | libc::MS_REC,
+                    std::ptr::null(),
+                ),
             };
             if r != 0 {
                 return Err(io::Error::last_os_error());
             }
-            if self.data.as_ref().is_some_and(|d| !d.to_bytes().windows(9).any(|w| w == b"upperdir=")) || self.data.is_none() {
-                // Read-only: a bind must be remounted so; an overlay without upper already is.
-                if self.data.is_none() && libc::mount(std::ptr::null(), self.target.as_ptr(), std::ptr::null(), libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_REC, std::ptr::null()) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
+            // A bind is remounted read-only; an overlay without an upper dir already is.
+            if self.data.is_none()
+                && libc::mount(
+                    std::ptr::null(),
+                    self.target.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_REC,
+                    std::ptr::null(),
+                ) != 0
+            {
+                return Err(io::Error::last_os_error());
             }
         }
         Ok(())

@@ -70,7 +70,12 @@ pub fn run(step: &StepRun, on_line: &mut dyn FnMut(&str)) -> Result<i32, StepErr
             resolve: Vec::new(),
             pins: Vec::new(),
         };
-        Some(crate::runtime::net::start_with(&policy, &step.scratch.join("net"), &step.audit, &exe)?)
+        Some(crate::runtime::net::start_with(
+            &policy,
+            &step.scratch.join("net"),
+            &step.audit,
+            &exe,
+        )?)
     };
     let mut env = step.env.clone();
     if proxy.is_some() {
@@ -79,7 +84,14 @@ pub fn run(step: &StepRun, on_line: &mut dyn FnMut(&str)) -> Result<i32, StepErr
             env.push(format!("{k}={url}"));
         }
     }
-    let id = format!("aisb-build-{}-{}", std::process::id(), step.scratch.file_name().unwrap_or_default().to_string_lossy());
+    let id = format!(
+        "aisb-build-{}-{}",
+        std::process::id(),
+        step.scratch
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+    );
     let spec = crate::spec::build_step(&crate::spec::StepSpec {
         root: &root,
         init: &crate::init::binary_beside(&exe),
@@ -90,12 +102,22 @@ pub fn run(step: &StepRun, on_line: &mut dyn FnMut(&str)) -> Result<i32, StepErr
         user: step.user,
         cgroups_path: format!("/aisb/{id}"),
     })
-    .map_err(|e| StepError::Io { what: "writing the step's spec".into(), source: std::io::Error::other(e.to_string()) })?;
-    let json = crate::spec::to_json(&spec).map_err(|e| StepError::Io { what: "writing the step's spec".into(), source: std::io::Error::other(e.to_string()) })?;
+    .map_err(|e| StepError::Io {
+        what: "writing the step's spec".into(),
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    let json = crate::spec::to_json(&spec).map_err(|e| StepError::Io {
+        what: "writing the step's spec".into(),
+        source: std::io::Error::other(e.to_string()),
+    })?;
     std::fs::write(bundle.join("config.json"), json).map_err(io("writing the step's spec"))?;
-    let mount = RootMount::new(step.layers, Some((step.upper, &work)), &root).map_err(io("preparing the step's root"))?;
+    let mount = RootMount::new(step.layers, Some((step.upper, &work)), &root)
+        .map_err(io("preparing the step's root"))?;
 
-    let (r, w): (OwnedFd, OwnedFd) = nix::unistd::pipe().map_err(|e| StepError::Io { what: "creating a pipe".into(), source: e.into() })?;
+    let (r, w): (OwnedFd, OwnedFd) = nix::unistd::pipe().map_err(|e| StepError::Io {
+        what: "creating a pipe".into(),
+        source: e.into(),
+    })?;
     let w2 = w.try_clone().map_err(io("creating a pipe"))?;
     let mut cmd = Command::new(&exe);
     cmd.arg("__libcontainer")

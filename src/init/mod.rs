@@ -246,7 +246,13 @@ pub fn harden(opts: &Options) -> Result<Vec<(std::net::TcpListener, relay::Targe
     }
     if opts.keep_caps {
         use caps::{CapSet, Capability};
-        for set in [CapSet::Ambient, CapSet::Bounding, CapSet::Inheritable, CapSet::Effective, CapSet::Permitted] {
+        for set in [
+            CapSet::Ambient,
+            CapSet::Bounding,
+            CapSet::Inheritable,
+            CapSet::Effective,
+            CapSet::Permitted,
+        ] {
             caps::drop(None, set, Capability::CAP_NET_ADMIN).map_err(|source| InitError::Caps {
                 cap: "CAP_NET_ADMIN".into(),
                 source,

@@ -17,7 +17,9 @@ pub fn run(
     rootfs_symlinks: Vec<(PathBuf, PathBuf)>,
     interactive: bool,
     pid_file: Option<&std::path::Path>,
+    root_mount: Option<&crate::image::rootmount::RootMount>,
 ) -> Result<i32, RuntimeError> {
+    let root_mount = root_mount.cloned();
     let io = |what: &str| {
         let what = what.to_string();
         move |source| RuntimeError::Io { what, source }
@@ -46,6 +48,9 @@ pub fn run(
             )?;
             for s in [Signal::SIGINT, Signal::SIGQUIT] {
                 nix::sys::signal::signal(s, nix::sys::signal::SigHandler::SigIgn)?;
+            }
+            if let Some(m) = &root_mount {
+                m.apply()?;
             }
             Ok(())
         });

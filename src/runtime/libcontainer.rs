@@ -20,6 +20,7 @@ pub fn run(
     interactive: bool,
     terminal: bool,
     pid_file: Option<&Path>,
+    root_mount: Option<&crate::image::rootmount::RootMount>,
 ) -> Result<i32, RuntimeError> {
     let console = if terminal {
         Some(
@@ -42,6 +43,9 @@ pub fn run(
     }
     if let Some(f) = pid_file {
         cmd.arg("--pid-file").arg(f);
+    }
+    if let Some(m) = root_mount {
+        cmd.arg("--root-mount").arg(&m.arg);
     }
     // If aisb dies (even by SIGKILL), the helper gets SIGTERM, forwards it to the sandbox,
     // waits for it and deletes the container: nothing is left running.

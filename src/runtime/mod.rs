@@ -30,6 +30,9 @@ pub enum RuntimeError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Bundle(#[from] BundleError),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Image(#[from] Box<crate::image::graph::BuildError>),
     #[error("the bwrap backend cannot run this sandbox: {0}")]
     #[diagnostic(help("remove what it names from sandbox.kdl, or use another backend"))]
     BwrapUnsupported(#[from] aisb_bwrap::BwrapError),
@@ -96,6 +99,13 @@ impl Drop for BundleGuard {
 
 pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, RuntimeError> {
     let start = Instant::now();
+    // On an image: build what is missing, and point the system paths at its root, which the
+    // runtime process mounts in a private mount namespace.
+    let imaged = crate::image::sandbox::prepare_run(plan).map_err(Box::new)?;
+    let (plan, root_mount) = match &imaged {
+        Some((p, m)) => (p, Some(m)),
+        None => (plan, None),
+    };
     let exe = std::env::current_exe().map_err(|source| RuntimeError::Io {
         what: "locating the aisb binary".into(),
         source,
@@ -153,7 +163,13 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
                     _ => None,
                 })
                 .collect();
-            bwrap::run(&spec, symlinks, interactive, pid_file.as_deref())?
+            bwrap::run(
+                &spec,
+                symlinks,
+                interactive,
+                pid_file.as_deref(),
+                root_mount,
+            )?
         }
         // libcontainer reads `config.json` from a bundle; it also needs a pseudo-terminal of
         // its own on a terminal, passed back through a console socket.
@@ -193,6 +209,7 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
                 interactive,
                 terminal,
                 pid_file.as_deref(),
+                root_mount,
             )?
         }
     };

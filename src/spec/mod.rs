@@ -172,6 +172,14 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
                 &opts(&["rbind", "ro", "nosuid", "nodev"]),
             ));
         }
+        if let SystemPath::Image { path, source } = sys {
+            mounts.push(mount(
+                path,
+                "bind",
+                &s(source),
+                &opts(&["rbind", "ro", "nosuid", "nodev"]),
+            ));
+        }
     }
     for m in &plan.mounts {
         let v = match &m.kind {
@@ -397,12 +405,48 @@ const STEP_CAPS: &[&str] = &[
 /// writable (its changes land in the step's layer).
 pub fn build_step(step: &StepSpec) -> Result<Spec, SpecError> {
     let mut mounts = vec![
-        mount(Path::new("/proc"), "proc", "proc", &opts(&["nosuid", "noexec", "nodev"])),
-        mount(Path::new("/dev"), "tmpfs", "tmpfs", &opts(&["nosuid", "strictatime", "mode=755", "size=65536k"])),
-        mount(Path::new("/dev/pts"), "devpts", "devpts", &opts(&["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"])),
-        mount(Path::new("/dev/shm"), "tmpfs", "shm", &opts(&["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"])),
-        mount(Path::new("/sys"), "sysfs", "sysfs", &opts(&["nosuid", "noexec", "nodev", "ro"])),
-        mount(Path::new(INIT_PATH), "bind", &s(step.init), &opts(&["bind", "ro", "nosuid", "nodev"])),
+        mount(
+            Path::new("/proc"),
+            "proc",
+            "proc",
+            &opts(&["nosuid", "noexec", "nodev"]),
+        ),
+        mount(
+            Path::new("/dev"),
+            "tmpfs",
+            "tmpfs",
+            &opts(&["nosuid", "strictatime", "mode=755", "size=65536k"]),
+        ),
+        mount(
+            Path::new("/dev/pts"),
+            "devpts",
+            "devpts",
+            &opts(&[
+                "nosuid",
+                "noexec",
+                "newinstance",
+                "ptmxmode=0666",
+                "mode=0620",
+            ]),
+        ),
+        mount(
+            Path::new("/dev/shm"),
+            "tmpfs",
+            "shm",
+            &opts(&["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]),
+        ),
+        mount(
+            Path::new("/sys"),
+            "sysfs",
+            "sysfs",
+            &opts(&["nosuid", "noexec", "nodev", "ro"]),
+        ),
+        mount(
+            Path::new(INIT_PATH),
+            "bind",
+            &s(step.init),
+            &opts(&["bind", "ro", "nosuid", "nodev"]),
+        ),
     ];
     // Root keeps Docker's default set; another USER gets none (the init drops them all).
     let root = step.user.0 == 0;
@@ -411,12 +455,21 @@ pub fn build_step(step: &StepSpec) -> Result<Spec, SpecError> {
         args.push("--keep-caps".into());
     }
     if let Some(dir) = step.proxy_dir {
-        mounts.push(mount(Path::new(crate::init::relay::PROXY_DIR), "bind", &s(dir), &opts(&["bind", "ro", "nosuid", "nodev", "noexec"])));
+        mounts.push(mount(
+            Path::new(crate::init::relay::PROXY_DIR),
+            "bind",
+            &s(dir),
+            &opts(&["bind", "ro", "nosuid", "nodev", "noexec"]),
+        ));
         args.push("--relay-proxy".into());
     }
     args.push("--".into());
     args.extend(step.args.iter().cloned());
-    let mut caps = if root { opts(STEP_CAPS) } else { opts(&["CAP_SETPCAP"]) };
+    let mut caps = if root {
+        opts(STEP_CAPS)
+    } else {
+        opts(&["CAP_SETPCAP"])
+    };
     caps.push("CAP_NET_ADMIN".into());
     let map = vec![json!({"containerID": 0, "hostID": 0, "size": 65536})];
     let v = json!({

@@ -1,0 +1,166 @@
+//! An image as a sandbox's root: the plan's definition, building what is missing before a run,
+//! and the plan's system paths pointed at the image's top-level directories.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use super::graph::{self, BuildError, Def, Graph, ImageConfig, Options};
+use super::{dockerfile, lock, rootmount::RootMount, Instr, Step};
+use crate::eval::plan::{Rootfs, SystemPath};
+use crate::eval::Plan;
+
+/// The image the plan's `rootfs` names, as a build definition; None for the host's root.
+pub fn def_of(plan: &Plan) -> Result<Option<Def>, BuildError> {
+    Ok(Some(match &plan.rootfs {
+        Rootfs::Host => return Ok(None),
+        Rootfs::Dockerfile { path } => {
+            let text = std::fs::read_to_string(path).map_err(|source| BuildError::Io {
+                what: format!("reading {} (named by `rootfs dockerfile=`)", path.display()),
+                source,
+            })?;
+            let name = path
+                .strip_prefix(&plan.project)
+                .unwrap_or(path)
+                .display()
+                .to_string();
+            Def {
+                steps: dockerfile::parse(&name, &text)?,
+                name,
+                context: path.parent().unwrap_or(&plan.project).to_path_buf(),
+            }
+        }
+        Rootfs::Image { name, steps } => Def {
+            name: name.clone(),
+            steps: steps.clone(),
+            context: plan.project.clone(),
+        },
+        Rootfs::From { source } => Def {
+            name: source.clone(),
+            steps: vec![Step {
+                instr: Instr::From(source.clone()),
+                at: "rootfs from=".into(),
+            }],
+            context: plan.project.clone(),
+        },
+    }))
+}
+
+/// The domain rules RUN steps may reach: the `registries` group.
+pub fn step_allow() -> Vec<String> {
+    crate::eval::BUILTIN_GROUPS
+        .iter()
+        .find(|(n, _)| *n == "registries")
+        .map(|(_, d)| d.iter().map(|s| s.to_string()).collect())
+        .unwrap_or_default()
+}
+
+/// Build options for `plan`'s image: the caller's identity as build args (then `extra`), the
+/// lock file's pins.
+pub fn options<'a>(
+    plan: &'a Plan,
+    def: &Def,
+    lock: &lock::Lock,
+    extra: &BTreeMap<String, String>,
+    pull: bool,
+) -> Options<'a> {
+    let mut build_args = super::identity_args(&plan.identity);
+    build_args.extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
+    Options {
+        store: &plan.store,
+        build_args,
+        pins: lock
+            .images
+            .get(&def.name)
+            .map(|l| l.bases.clone())
+            .unwrap_or_default(),
+        pull,
+        allow: step_allow(),
+        audit: plan.state_dir.join("audit.jsonl"),
+    }
+}
+
+/// The directory where a runtime process mounts the image's root privately.
+pub fn mountpoint(plan: &Plan) -> PathBuf {
+    plan.state_dir.join("rootfs")
+}
+
+/// Entries of `/` that the sandbox provides itself (or that an image has no business showing).
+const NOT_FROM_IMAGE: &[&str] = &[
+    "proc",
+    "sys",
+    "dev",
+    "tmp",
+    "run",
+    "home",
+    "mnt",
+    "media",
+    "lost+found",
+];
+
+/// Point the plan's system paths at the image: each top-level directory of its root bound
+/// read-only from `mountpoint`, its top-level symlinks recreated; the image's `ENV` added
+/// (its `PATH` replaces the host's).
+pub fn apply(plan: &mut Plan, config: &ImageConfig, mountpoint: &Path) {
+    plan.system = super::layer::top_level(&config.layers)
+        .into_iter()
+        .filter(|(n, _)| !NOT_FROM_IMAGE.contains(&n.as_str()))
+        .map(|(name, link)| {
+            let path = Path::new("/").join(&name);
+            match link {
+                Some(target) => SystemPath::Symlink { path, target },
+                None => SystemPath::Image {
+                    source: mountpoint.join(&name),
+                    path,
+                },
+            }
+        })
+        .collect();
+    for (k, v) in &config.env {
+        match plan.env.vars.iter_mut().find(|(k2, _)| k2 == k) {
+            Some(e) if k == "PATH" => e.1 = v.clone(),
+            Some(_) => {}
+            None => plan.env.vars.push((k.clone(), v.clone())),
+        }
+    }
+}
+
+/// Before a run: the image built (what is missing, with progress on stderr) and the plan
+/// pointed at it. Returns the plan to run and the mount the runtime process must make.
+pub fn prepare_run(plan: &Plan) -> Result<Option<(Plan, RootMount)>, BuildError> {
+    let Some(def) = def_of(plan)? else {
+        return Ok(None);
+    };
+    if !nix::unistd::geteuid().is_root() {
+        return Err(BuildError::Step {
+            at: "rootfs".into(),
+            message: "a sandbox on an image needs root for now (its root is an overlay mounted in a private mount namespace)".into(),
+            help: "run as root, or use `rootfs \"host\"` (the default)".into(),
+        });
+    }
+    let lock = lock::Lock::read(&plan.project).unwrap_or_default();
+    let o = options(plan, &def, &lock, &BTreeMap::new(), false);
+    let g: Graph = graph::plan(&def, &o)?;
+    let config = match graph::load(&g.entry) {
+        Some(c) if g.cached => c,
+        _ => {
+            let mut p = super::progress::Bar::new(g.nodes.len(), false);
+            eprintln!("aisb: building image {} ({} steps)", g.name, g.nodes.len());
+            graph::build(&g, &mut p)?.config
+        }
+    };
+    let mp = mountpoint(plan);
+    std::fs::create_dir_all(&mp).map_err(|source| BuildError::Io {
+        what: format!("creating {}", mp.display()),
+        source,
+    })?;
+    let mount = RootMount::new(&config.layers, None, &mp).map_err(|source| BuildError::Io {
+        what: "preparing the image's root".into(),
+        source,
+    })?;
+    let mut used: std::collections::BTreeSet<PathBuf> = config.layers.iter().cloned().collect();
+    used.insert(g.entry.clone());
+    let _ = crate::graph::store::record_refs(&plan.state_dir, &used);
+    let mut p = plan.clone();
+    apply(&mut p, &config, &mp);
+    Ok(Some((p, mount)))
+}
