@@ -57,10 +57,10 @@ pub enum Error {
     Runtime(#[from] runtime::RuntimeError),
     #[error(transparent)]
     #[diagnostic(transparent)]
-    Build(#[from] image::graph::BuildError),
+    Build(Box<image::graph::BuildError>),
     #[error(transparent)]
     #[diagnostic(transparent)]
-    Lock(#[from] image::lock::LockError),
+    Lock(Box<image::lock::LockError>),
     #[error(transparent)]
     #[diagnostic(transparent)]
     Setup(#[from] runtime::rootless::SetupError),
@@ -104,5 +104,17 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> i32 {
             eprintln!("{:?}", miette::Report::new(e));
             1
         }
+    }
+}
+
+impl From<image::graph::BuildError> for Error {
+    fn from(e: image::graph::BuildError) -> Error {
+        Error::Build(Box::new(e))
+    }
+}
+
+impl From<image::lock::LockError> for Error {
+    fn from(e: image::lock::LockError) -> Error {
+        Error::Lock(Box::new(e))
     }
 }

@@ -13,6 +13,7 @@ use support::Fixture;
 
 fn sample_plan() -> Plan {
     Plan {
+        rootfs: aisb::eval::plan::Rootfs::Host,
         config_digest: None,
         config_file: Some("/src/p/sandbox.kdl".into()),
         profile: "default".into(),

@@ -21,15 +21,83 @@ pub struct Args {
 pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     let host = super::host()?;
     let plan = g.plan(&host, a.profile, vec![])?;
+    let image = image_graph(&plan);
     if a.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&plan).unwrap_or_default()
-        );
+        let mut v = serde_json::to_value(&plan).unwrap_or_default();
+        if let Some(g) = &image {
+            v["image"] = match g {
+                Ok(g) => serde_json::to_value(g).unwrap_or_default(),
+                Err(e) => serde_json::json!({ "error": e.to_string() }),
+            };
+        }
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     } else {
         print!("{}", render(&plan, &host.cwd));
+        if let Some(g) = &image {
+            print!("{}", render_image(g));
+        }
     }
     Ok(0)
+}
+
+/// The image's build graph, when the sandbox's root is an image (resolving a base tag only
+/// when neither sandbox.lock nor this machine has an answer for it).
+fn image_graph(
+    plan: &Plan,
+) -> Option<Result<crate::image::graph::Graph, crate::image::graph::BuildError>> {
+    use crate::image::{graph, lock::Lock, sandbox};
+    let def = match sandbox::def_of(plan) {
+        Ok(Some(d)) => d,
+        Ok(None) => return None,
+        Err(e) => return Some(Err(e)),
+    };
+    let lock = Lock::read(&plan.project).unwrap_or_default();
+    let o = sandbox::options(plan, &def, &lock, &Default::default(), false);
+    Some(graph::plan(&def, &o))
+}
+
+pub fn render_image(
+    g: &Result<crate::image::graph::Graph, crate::image::graph::BuildError>,
+) -> String {
+    let mut o = String::new();
+    let g = match g {
+        Ok(g) => g,
+        Err(e) => {
+            let _ = writeln!(o, "\nimage: cannot plan it: {e}");
+            return o;
+        }
+    };
+    let todo = g.nodes.iter().filter(|n| !n.cached).count();
+    let _ = writeln!(
+        o,
+        "\nimage {} (hash {}, {}; `aisb build` builds it)",
+        g.name,
+        &g.hash[..16],
+        if g.cached {
+            "cached".to_string()
+        } else {
+            format!("{todo} of {} nodes to build", g.nodes.len())
+        }
+    );
+    if let Some((src, digest)) = &g.base {
+        let _ = writeln!(o, "  base {src} = {digest}");
+    }
+    for (i, n) in g.nodes.iter().enumerate() {
+        let status = match (&n.entry, n.cached) {
+            (None, _) => "",
+            (Some(_), true) => "cached",
+            (Some(_), false) => "to build",
+        };
+        let what: String = n.what.chars().take(60).collect();
+        let _ = writeln!(
+            o,
+            "  {:>2} {:<16} {what:<60} {:<18} {status}",
+            i + 1,
+            &n.hash[..16.min(n.hash.len())],
+            n.at
+        );
+    }
+    o
 }
 
 fn rel<'a>(p: &'a Path, base: &Path) -> std::borrow::Cow<'a, str> {

@@ -29,16 +29,16 @@ pub struct DockerfileError {
 pub const SUPPORTED: &str = "FROM, RUN, COPY, ADD (local files), ENV, ARG, WORKDIR, USER, SHELL";
 
 /// Parse a Dockerfile's text; `file` names it in messages.
-pub fn parse(file: &str, text: &str) -> Result<Vec<Step>, DockerfileError> {
+pub fn parse(file: &str, text: &str) -> Result<Vec<Step>, Box<DockerfileError>> {
     let err = |line: usize, start: usize, len: usize, message: String, help: Option<String>| {
-        DockerfileError {
+        Box::new(DockerfileError {
             file: file.to_string(),
             line,
             message,
             src: NamedSource::new(file, text.to_string()),
             span: (start, len.max(1)).into(),
             help,
-        }
+        })
     };
     let mut steps = Vec::new();
     let mut froms = 0;
@@ -53,7 +53,7 @@ pub fn parse(file: &str, text: &str) -> Result<Vec<Step>, DockerfileError> {
         let trimmed = line.trim_start();
         if trimmed.starts_with('#') {
             if directives && pending.is_none() {
-                if let Some((k, v)) = trimmed[1..].split_once('=') {
+                if let Some((k, v)) = trimmed.trim_start_matches('#').split_once('=') {
                     let (k, v) = (k.trim().to_ascii_lowercase(), v.trim());
                     if k == "escape" && v != "\\" {
                         return Err(err(
@@ -320,7 +320,7 @@ mod tests {
             .collect()
     }
 
-    fn bad(text: &str) -> DockerfileError {
+    fn bad(text: &str) -> Box<DockerfileError> {
         parse("Dockerfile", text).unwrap_err()
     }
 

@@ -124,7 +124,7 @@ pub struct Graph {
 pub enum BuildError {
     #[error(transparent)]
     #[diagnostic(transparent)]
-    Dockerfile(#[from] super::dockerfile::DockerfileError),
+    Dockerfile(#[from] Box<super::dockerfile::DockerfileError>),
     #[error(transparent)]
     #[diagnostic(transparent)]
     Fetch(#[from] oci::FetchError),

@@ -406,19 +406,19 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let f = t.path().join("a");
         fs::write(&f, "one").unwrap();
-        let h1 = hash_sources(&[f.clone()]).unwrap();
+        let h1 = hash_sources(std::slice::from_ref(&f)).unwrap();
         let old = fs::File::options().write(true).open(&f).unwrap();
         old.set_modified(std::time::SystemTime::UNIX_EPOCH).unwrap();
         assert_eq!(
-            hash_sources(&[f.clone()]).unwrap(),
+            hash_sources(std::slice::from_ref(&f)).unwrap(),
             h1,
             "mtime changed the hash"
         );
         fs::write(&f, "two").unwrap();
-        assert_ne!(hash_sources(&[f.clone()]).unwrap(), h1);
+        assert_ne!(hash_sources(std::slice::from_ref(&f)).unwrap(), h1);
         fs::write(&f, "one").unwrap();
         fs::set_permissions(&f, fs::Permissions::from_mode(0o755)).unwrap();
-        assert_ne!(hash_sources(&[f.clone()]).unwrap(), h1);
+        assert_ne!(hash_sources(std::slice::from_ref(&f)).unwrap(), h1);
     }
 
     #[test]

@@ -12,6 +12,7 @@ use nix::unistd::Pid;
 use super::{exit_code, RuntimeError};
 
 /// `exe`: the running aisb binary, re-executed as the helper.
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     exe: &Path,
     bundle: &Path,

@@ -1,0 +1,616 @@
+//! Images built without a daemon (issue 8), as root: a Dockerfile on a Debian base (made with
+//! debootstrap once and cached as an OCI layout) runs in a sandbox on both backends; the
+//! graph rebuilds exactly what changed; corrupted entries are rebuilt; concurrent builds build
+//! once; `--locked` catches a moved tag on a registry running on loopback; steps cannot reach
+//! the host's network or files.
+
+mod support;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use support::{git_in, root_or_skip, Out};
+
+const CACHE: &str = "/var/cache/aisb-test";
+
+/// A Debian bookworm root made by debootstrap, as an OCI layout (`oci:DIR:1`), made once per
+/// machine (locked against other test processes).
+fn debian_layout() -> PathBuf {
+    static DONE: OnceLock<PathBuf> = OnceLock::new();
+    DONE.get_or_init(|| {
+        let layout = Path::new(CACHE).join("debian-bookworm.oci");
+        std::fs::create_dir_all(CACHE).unwrap();
+        let lock = std::fs::File::create(Path::new(CACHE).join(".lock")).unwrap();
+        // SAFETY: flock on our own descriptor; released when it closes.
+        assert_eq!(
+            unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) },
+            0
+        );
+        if !layout.join("index.json").exists() {
+            let rootfs = Path::new(CACHE).join("debian-bookworm.rootfs");
+            let _ = std::fs::remove_dir_all(&rootfs);
+            eprintln!("making the Debian base image once (debootstrap, ~1 min)…");
+            let st = Command::new("debootstrap")
+                .args(["--variant=minbase", "bookworm"])
+                .arg(&rootfs)
+                .arg("http://deb.debian.org/debian")
+                .stdout(Stdio::null())
+                .status()
+                .expect("debootstrap (scripts/setup.sh installs it)");
+            assert!(st.success(), "debootstrap failed");
+            let _ = std::fs::remove_dir_all(&layout);
+            layout_of(&rootfs, &layout, "1");
+            let _ = std::fs::remove_dir_all(&rootfs);
+        }
+        layout
+    })
+    .clone()
+}
+
+/// `tests/images/oci-layout.sh`: an OCI layout of one layer from `rootfs`.
+fn layout_of(rootfs: &Path, out: &Path, tag: &str) -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/images/oci-layout.sh");
+    let o = Command::new(script)
+        .arg(rootfs)
+        .arg(out)
+        .arg(tag)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+/// One project with its own cache and store, so the nodes built are this test's alone (each
+/// test unpacks the base layer once, ~8 s).
+struct Proj {
+    dir: tempfile::TempDir,
+}
+
+impl Proj {
+    fn new() -> Proj {
+        let dir = tempfile::tempdir().unwrap();
+        let p = Proj { dir };
+        std::fs::create_dir_all(p.proj()).unwrap();
+        std::fs::create_dir_all(p.dir.path().join("home")).unwrap();
+        git_in(&p.proj(), &["init", "-q"]);
+        p
+    }
+    fn proj(&self) -> PathBuf {
+        self.dir.path().join("proj")
+    }
+    fn cache(&self) -> PathBuf {
+        self.dir.path().join("cache")
+    }
+    fn store(&self) -> PathBuf {
+        self.cache().join("aisb/store")
+    }
+    fn write(&self, rel: &str, text: &str) {
+        let p = self.proj().join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+    fn aisb(&self) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_aisb"));
+        cmd.current_dir(self.proj())
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
+            .env("HOME", self.dir.path().join("home"))
+            .env("XDG_CACHE_HOME", self.cache())
+            .env("CI", "true")
+            .stdin(Stdio::null());
+        cmd
+    }
+    /// `aisb build --json [extra]`: (exit ok, the outcome of each node by its text, stderr).
+    fn build(&self, extra: &[&str]) -> (bool, Vec<(String, String)>, String) {
+        let o = self
+            .aisb()
+            .arg("build")
+            .arg("--json")
+            .args(extra)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        let nodes = v["nodes"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|n| {
+                        (
+                            n["what"].as_str().unwrap_or("").to_string(),
+                            n["outcome"].as_str().unwrap_or("").to_string(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        (o.status.success(), nodes, err)
+    }
+    fn built(&self, extra: &[&str]) -> Vec<String> {
+        let (ok, nodes, err) = self.build(extra);
+        assert!(ok, "aisb build failed: {err}");
+        nodes
+            .into_iter()
+            .filter(|(_, o)| o == "built")
+            .map(|(w, _)| w)
+            .collect()
+    }
+    fn run(&self, backend: &str, script: &str) -> Out {
+        Out::from(
+            self.aisb()
+                .args(["run", "--backend", backend, "--", "/bin/sh", "-c", script])
+                .output()
+                .unwrap(),
+        )
+    }
+}
+
+/// A copy of the layout `base` whose image config has `env` added: another image over the
+/// same layers.
+fn with_env(base: &Path, out: &Path, env: &str) {
+    use sha2::Digest;
+    let blobs = out.join("blobs/sha256");
+    std::fs::create_dir_all(&blobs).unwrap();
+    for e in std::fs::read_dir(base.join("blobs/sha256"))
+        .unwrap()
+        .flatten()
+    {
+        std::fs::hard_link(e.path(), blobs.join(e.file_name())).unwrap();
+    }
+    let put = |v: &serde_json::Value| -> (String, usize) {
+        let b = serde_json::to_vec(v).unwrap();
+        let d = hex::encode(sha2::Sha256::digest(&b));
+        std::fs::write(blobs.join(&d), &b).unwrap();
+        (format!("sha256:{d}"), b.len())
+    };
+    let read = |d: &str| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(blobs.join(&d[7..])).unwrap()).unwrap()
+    };
+    let mut index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(base.join("index.json")).unwrap()).unwrap();
+    let mut manifest = read(index["manifests"][0]["digest"].as_str().unwrap());
+    let mut config = read(manifest["config"]["digest"].as_str().unwrap());
+    config["config"]["Env"]
+        .as_array_mut()
+        .unwrap()
+        .push(env.into());
+    let (d, n) = put(&config);
+    manifest["config"]["digest"] = d.into();
+    manifest["config"]["size"] = n.into();
+    let (d, n) = put(&manifest);
+    index["manifests"][0]["digest"] = d.into();
+    index["manifests"][0]["size"] = n.into();
+    std::fs::write(out.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
+    std::fs::copy(base.join("oci-layout"), out.join("oci-layout")).unwrap();
+}
+
+fn overlay_mounts() -> usize {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(" - overlay "))
+        .count()
+}
+
+fn dockerfile(base: &Path, nonce: &str, middle: &str) -> String {
+    format!(
+        "FROM oci:{}:1\nARG USER_NAME\nARG USER_ID\nARG GROUP_ID\nRUN echo \"$USER_NAME:$USER_ID:$GROUP_ID\" > /etc/built-for\nRUN echo {nonce} > /etc/nonce\n{middle}\nCOPY data/ /opt/data/\nRUN cat /opt/data/file > /etc/copied\n",
+        base.display()
+    )
+}
+
+#[test]
+fn a_dockerfile_image_runs_a_command_on_both_backends() {
+    if !root_or_skip("images") {
+        return;
+    }
+    let base = debian_layout();
+    let p = Proj::new();
+    let host_secret = p.dir.path().join("host-only-file");
+    std::fs::write(&host_secret, "secret").unwrap();
+    p.write("data/file", "payload\n");
+    // bwrap is on the host, not in a minimal Debian: the step sees the image, not the host.
+    let steps = format!(
+        "RUN test ! -e {} && test ! -e /usr/bin/bwrap",
+        host_secret.display()
+    );
+    p.write("Dockerfile", &dockerfile(&base, "n1", &steps));
+    p.write("sandbox.kdl", "rootfs dockerfile=\"Dockerfile\"\n");
+    let built = p.built(&[]);
+    assert_eq!(built.len(), 6, "base layer, 3 RUNs, COPY, RUN: {built:?}");
+    assert!(p.proj().join("sandbox.lock").is_file());
+    let before = overlay_mounts();
+    for backend in ["bwrap", "libcontainer"] {
+        let out = p.run(
+            backend,
+            "cat /etc/built-for /etc/nonce /etc/copied /etc/debian_version; test -e /usr/bin/bwrap && echo HOST-ROOT; touch /usr/x 2>/dev/null && echo WROTE-IMAGE; pwd",
+        );
+        assert_eq!(out.code, 0, "{backend}: {}", out.stderr);
+        assert!(
+            out.stdout.contains("root:0:0\nn1\npayload\n12."),
+            "{backend}: {}",
+            out.stdout
+        );
+        assert!(
+            !out.stdout.contains("HOST-ROOT"),
+            "{backend}: the host's root is visible"
+        );
+        assert!(
+            !out.stdout.contains("WROTE-IMAGE"),
+            "{backend}: the image is writable"
+        );
+        assert!(
+            out.stdout.contains(&p.proj().display().to_string()),
+            "{backend}: not in the project: {}",
+            out.stdout
+        );
+    }
+    assert_eq!(
+        overlay_mounts(),
+        before,
+        "a mount of the image was left on the host"
+    );
+}
+
+#[test]
+fn a_changed_run_rebuilds_that_step_and_later_only_and_an_unchanged_build_is_all_hits() {
+    if !root_or_skip("images") {
+        return;
+    }
+    let base = debian_layout();
+    let p = Proj::new();
+    p.write("data/file", "one\n");
+    p.write("sandbox.kdl", "rootfs dockerfile=\"Dockerfile\"\n");
+    p.write(
+        "Dockerfile",
+        &dockerfile(&base, "a", "RUN echo middle-1 > /etc/middle"),
+    );
+    assert_eq!(p.built(&[]).len(), 6);
+    assert_eq!(
+        p.built(&[]),
+        Vec::<String>::new(),
+        "an unchanged rebuild built something"
+    );
+    p.write(
+        "Dockerfile",
+        &dockerfile(&base, "a", "RUN echo middle-2 > /etc/middle"),
+    );
+    assert_eq!(
+        p.built(&[]),
+        [
+            "RUN echo middle-2 > /etc/middle",
+            "COPY data/ /opt/data/",
+            "RUN cat /opt/data/file > /etc/copied"
+        ]
+    );
+    let out = p.run("bwrap", "cat /etc/middle /etc/nonce");
+    assert_eq!(out.stdout, "middle-2\na\n");
+}
+
+#[test]
+fn a_copied_files_content_change_is_detected_and_its_mtime_change_is_not() {
+    if !root_or_skip("images") {
+        return;
+    }
+    let base = debian_layout();
+    let p = Proj::new();
+    p.write("data/file", "one\n");
+    p.write("sandbox.kdl", "rootfs dockerfile=\"Dockerfile\"\n");
+    p.write("Dockerfile", &dockerfile(&base, "b", ""));
+    p.built(&[]);
+    let f = std::fs::File::options()
+        .write(true)
+        .open(p.proj().join("data/file"))
+        .unwrap();
+    f.set_modified(std::time::SystemTime::now() + Duration::from_secs(3600))
+        .unwrap();
+    drop(f);
+    assert_eq!(
+        p.built(&[]),
+        Vec::<String>::new(),
+        "an mtime change rebuilt"
+    );
+    p.write("data/file", "two\n");
+    assert_eq!(
+        p.built(&[]),
+        [
+            "COPY data/ /opt/data/",
+            "RUN cat /opt/data/file > /etc/copied"
+        ]
+    );
+    assert_eq!(p.run("libcontainer", "cat /etc/copied").stdout, "two\n");
+    // A mode change is content too (it is what the image will have).
+    std::fs::set_permissions(
+        p.proj().join("data/file"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    assert_eq!(p.built(&[]).len(), 2);
+}
+
+#[test]
+fn a_corrupted_store_entry_is_rebuilt() {
+    if !root_or_skip("images") {
+        return;
+    }
+    let base = debian_layout();
+    let p = Proj::new();
+    p.write("data/file", "x\n");
+    p.write("sandbox.kdl", "rootfs dockerfile=\"Dockerfile\"\n");
+    p.write("Dockerfile", &dockerfile(&base, "c", ""));
+    p.built(&[]);
+    // The entry of `RUN echo c > /etc/nonce`: an interrupted build left it without its marker
+    // and with wrong content.
+    let out = p.aisb().args(["build", "--json"]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let node = v["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["what"] == "RUN echo c > /etc/nonce")
+        .unwrap();
+    let entry = PathBuf::from(node["entry"].as_str().unwrap());
+    let marker = PathBuf::from(format!("{}.ready", entry.display()));
+    std::fs::remove_file(&marker).unwrap();
+    std::fs::write(entry.join("etc/nonce"), "tampered\n").unwrap();
+    let built = p.built(&[]);
+    assert!(
+        built.contains(&"RUN echo c > /etc/nonce".to_string()),
+        "{built:?}"
+    );
+    assert!(marker.is_file());
+    assert_eq!(p.run("bwrap", "cat /etc/nonce").stdout, "c\n");
+}
+
+#[test]
+fn two_concurrent_builds_build_each_node_once() {
+    if !root_or_skip("images") {
+        return;
+    }
+    let base = debian_layout();
+    let p = Proj::new();
+    p.write("data/file", "x\n");
+    p.write("sandbox.kdl", "rootfs dockerfile=\"Dockerfile\"\n");
+    p.write("Dockerfile", &dockerfile(&base, "d", "RUN sleep 1"));
+    let spawn = || {
+        p.aisb()
+            .args(["build", "--json"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    let outcomes = |c: std::process::Child| -> Vec<(String, String)> {
+        let o = c.wait_with_output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| {
+                (
+                    n["what"].as_str().unwrap().to_string(),
+                    n["outcome"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    let (a, b) = (outcomes(a), outcomes(b));
+    for ((what, oa), (_, ob)) in a.iter().zip(&b) {
+        if oa == "config" {
+            continue;
+        }
+        let built = [oa, ob].iter().filter(|o| **o == "built").count();
+        assert_eq!(built, 1, "{what}: built {built} times ({oa}, {ob})");
+    }
+}
+
+/// A registry on a loopback port (Debian's `docker-registry`), stopped when dropped.
+struct Registry {
+    child: std::process::Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Registry {
+    fn start() -> Registry {
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let cfg = dir.path().join("config.yml");
+        std::fs::write(
+            &cfg,
+            format!("version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n", dir.path().join("data").display()),
+        )
+        .unwrap();
+        let child = Command::new("docker-registry")
+            .arg("serve")
+            .arg(&cfg)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("docker-registry (scripts/setup.sh installs it)");
+        let t0 = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "the registry did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Registry {
+            child,
+            port,
+            _dir: dir,
+        }
+    }
+    fn push(&self, layout: &Path, tag: &str) {
+        let st = Command::new("skopeo")
+            .args(["copy", "-q", "--dest-tls-verify=false"])
+            .arg(format!("oci:{}:1", layout.display()))
+            .arg(format!("docker://127.0.0.1:{}/base:{tag}", self.port))
+            .status()
+            .expect("skopeo (scripts/setup.sh installs it)");
+        assert!(st.success());
+    }
+}
+
+#[test]
+fn locked_builds_catch_a_moved_tag_on_a_loopback_registry() {
+    if !root_or_skip("images") {
+        return;
+    }
+    let base = debian_layout();
+    let reg = Registry::start();
+    reg.push(&base, "1");
+    let p = Proj::new();
+    p.write(
+        "sandbox.kdl",
+        &format!("image \"dev\" {{\n    from \"127.0.0.1:{}/base:1\"\n    env \"A\" \"from-kdl\"\n    run \"echo pulled > /etc/pulled\"\n    copy \"f\" \"/opt/f\" chmod=\"0600\"\n}}\nrootfs image=\"dev\"\n", reg.port),
+    );
+    p.write("f", "file\n");
+    assert_eq!(p.built(&[]).len(), 3, "layer, RUN, COPY");
+    let out = p.run("bwrap", "cat /etc/pulled; echo $A; stat -c %a /opt/f");
+    assert_eq!(out.stdout, "pulled\nfrom-kdl\n600\n", "{}", out.stderr);
+    let lock = std::fs::read_to_string(p.proj().join("sandbox.lock")).unwrap();
+    let (ok, _, err) = p.build(&["--locked"]);
+    assert!(ok, "--locked failed with nothing moved: {err}");
+
+    // Another image under the same tag (the same layer, another config).
+    let other = tempfile::tempdir().unwrap();
+    let moved = other.path().join("moved.oci");
+    with_env(&base, &moved, "MOVED=1");
+    reg.push(&moved, "1");
+    let (ok, _, err) = p.build(&["--locked"]);
+    assert!(!ok, "--locked passed although the tag moved");
+    assert!(
+        err.contains("now points at") && err.contains("sandbox.lock"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(p.proj().join("sandbox.lock")).unwrap(),
+        lock,
+        "--locked wrote the lock"
+    );
+    // Without --locked the pin holds: the same image, all cached.
+    assert_eq!(p.built(&[]), Vec::<String>::new());
+    // --pull takes the new image and pins it.
+    p.built(&["--pull"]);
+    assert_ne!(
+        std::fs::read_to_string(p.proj().join("sandbox.lock")).unwrap(),
+        lock
+    );
+    assert!(p.build(&["--locked"]).0);
+}
+
+#[test]
+fn a_layer_that_does_not_match_its_digest_is_never_used() {
+    if !root_or_skip("images") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(t.path().join("root/etc")).unwrap();
+    std::fs::write(t.path().join("root/etc/hello"), "hi\n").unwrap();
+    let layout = t.path().join("img.oci");
+    layout_of(&t.path().join("root"), &layout, "1");
+    // Flip one byte of the layer (the largest blob).
+    let blob = std::fs::read_dir(layout.join("blobs/sha256"))
+        .unwrap()
+        .flatten()
+        .max_by_key(|e| e.metadata().unwrap().len())
+        .unwrap()
+        .path();
+    let mut bytes = std::fs::read(&blob).unwrap();
+    let n = bytes.len() / 2;
+    bytes[n] ^= 0xff;
+    std::fs::write(&blob, bytes).unwrap();
+    let p = Proj::new();
+    p.write(
+        "sandbox.kdl",
+        &format!("rootfs from=\"oci:{}:1\"\n", layout.display()),
+    );
+    let (ok, _, err) = p.build(&[]);
+    assert!(!ok, "a corrupt layer was accepted");
+    assert!(err.contains("digest") || err.contains("corrupt"), "{err}");
+    let ready = std::fs::read_dir(p.store())
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".ready"))
+                .count()
+        })
+        .unwrap_or(0);
+    assert_eq!(
+        ready, 0,
+        "something of the corrupt image was stored as ready"
+    );
+}
+
+#[test]
+fn build_steps_cannot_reach_the_hosts_network_or_files() {
+    if !root_or_skip("images") {
+        return;
+    }
+    let base = debian_layout();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let p = Proj::new();
+    p.write("sandbox.kdl", "rootfs dockerfile=\"Dockerfile\"\n");
+    let secret = p.dir.path().join("host-secret");
+    std::fs::write(&secret, "s").unwrap();
+    for (attack, what) in [
+        (
+            format!("RUN bash -c 'echo x > /dev/tcp/127.0.0.1/{port}'"),
+            "a loopback port of the host",
+        ),
+        (format!("RUN cat {}", secret.display()), "a host file"),
+        ("RUN mount -t tmpfs none /mnt".to_string(), "mount"),
+    ] {
+        p.write(
+            "Dockerfile",
+            &format!("FROM oci:{}:1\n{attack}\n", base.display()),
+        );
+        let (ok, _, err) = p.build(&[]);
+        assert!(!ok, "a build step reached {what}: {err}");
+        assert!(err.contains("exited"), "{what}: {err}");
+    }
+    assert!(
+        listener.accept().is_err(),
+        "the host's listener got a connection"
+    );
+}
+
+#[test]
+fn a_dockerfile_outside_the_subset_is_an_error_naming_its_line() {
+    let p = Proj::new();
+    p.write("sandbox.kdl", "rootfs dockerfile=\"Dockerfile\"\n");
+    p.write("Dockerfile", "FROM scratch\nRUN true\nEXPOSE 80\n");
+    let (ok, _, err) = p.build(&[]);
+    assert!(!ok);
+    assert!(
+        err.contains("Dockerfile:3") && err.contains("EXPOSE"),
+        "{err}"
+    );
+    p.write("sandbox.kdl", "rootfs image=\"nope\"\n");
+    let (ok, _, err) = p.build(&[]);
+    assert!(!ok);
+    assert!(
+        err.contains("no image named `nope`") && err.contains("sandbox.kdl"),
+        "{err}"
+    );
+}
