@@ -19,6 +19,11 @@ command -v qemu-system-x86_64 >/dev/null 2>&1 || need="$need qemu-system-x86"
 [ -x /bin/busybox ] || need="$need busybox-static"
 command -v depmod >/dev/null 2>&1 || [ -x /usr/sbin/depmod ] || [ -x /sbin/depmod ] || need="$need kmod"
 command -v xz >/dev/null 2>&1 || need="$need xz-utils"
+# Images (tests/images.rs): debootstrap makes the Debian base once, docker-registry serves it
+# on a loopback port, skopeo pushes it there.
+command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || need="$need debootstrap"
+command -v docker-registry >/dev/null 2>&1 || need="$need docker-registry"
+command -v skopeo >/dev/null 2>&1 || need="$need skopeo"
 # fish: named sandboxes give fish users fish (seed 004), tested for real.
 command -v fish >/dev/null 2>&1 || need="$need fish"
 # node + npm: the real agent clients (Claude Code, Codex) the agent tests run inside presets.

@@ -33,13 +33,17 @@ fn debian_layout() -> PathBuf {
             let rootfs = Path::new(CACHE).join("debian-bookworm.rootfs");
             let _ = std::fs::remove_dir_all(&rootfs);
             eprintln!("making the Debian base image once (debootstrap, ~1 min)…");
-            let st = Command::new("debootstrap")
-                .args(["--variant=minbase", "bookworm"])
-                .arg(&rootfs)
-                .arg("http://deb.debian.org/debian")
-                .stdout(Stdio::null())
-                .status()
-                .expect("debootstrap (scripts/setup.sh installs it)");
+            let st = Command::new(if Path::new("/usr/sbin/debootstrap").exists() {
+                "/usr/sbin/debootstrap"
+            } else {
+                "debootstrap"
+            })
+            .args(["--variant=minbase", "bookworm"])
+            .arg(&rootfs)
+            .arg("http://deb.debian.org/debian")
+            .stdout(Stdio::null())
+            .status()
+            .expect("debootstrap (scripts/setup.sh installs it)");
             assert!(st.success(), "debootstrap failed");
             let _ = std::fs::remove_dir_all(&layout);
             layout_of(&rootfs, &layout, "1");
@@ -613,4 +617,71 @@ fn a_dockerfile_outside_the_subset_is_an_error_naming_its_line() {
         err.contains("no image named `nope`") && err.contains("sandbox.kdl"),
         "{err}"
     );
+}
+
+#[test]
+fn store_gc_keeps_what_the_lock_file_pins_and_sweeps_dead_step_scratch() {
+    if !root_or_skip("images") {
+        return;
+    }
+    let base = debian_layout();
+    let p = Proj::new();
+    p.write("data/file", "x\n");
+    p.write("sandbox.kdl", "rootfs dockerfile=\"Dockerfile\"\n");
+    p.write("Dockerfile", &dockerfile(&base, "gc", ""));
+    p.built(&[]);
+    let gc = |dry: bool| -> serde_json::Value {
+        let mut cmd = p.aisb();
+        cmd.args(["store", "gc", "--json"]);
+        if dry {
+            cmd.arg("--dry-run");
+        }
+        let o = cmd.output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    // A step's scratch directory left by a builder that died (pid 0 never runs a build).
+    let dead = p.store().join(".work/0-3");
+    std::fs::create_dir_all(dead.join("bundle")).unwrap();
+    let v = gc(false);
+    let removed: Vec<&str> = v["removed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r.as_str())
+        .collect();
+    assert_eq!(removed, [".work/0-3"], "{v}");
+    assert!(!dead.exists());
+    // Only the lock file still pins the image (the run's record aged out): still kept.
+    for state in walk_states(&p.cache()) {
+        let _ = std::fs::remove_file(state.join("store-refs.json"));
+    }
+    assert_eq!(
+        gc(true)["removed"].as_array().unwrap().len(),
+        0,
+        "gc would remove what sandbox.lock pins"
+    );
+    std::fs::remove_file(p.proj().join("sandbox.lock")).unwrap();
+    let removed = gc(false)["removed"].as_array().unwrap().len();
+    assert!(
+        removed >= 6,
+        "the unpinned image (5 layers, its entry) stayed ({removed} removed)"
+    );
+    // And a build after gc rebuilds it: the base layer and four steps.
+    assert_eq!(p.built(&[]).len(), 5);
+}
+
+fn walk_states(cache: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(cache.join("aisb"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name() != "store")
+        .flat_map(|repo| {
+            std::fs::read_dir(repo.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|s| s.path())
+        })
+        .collect()
 }

@@ -36,6 +36,9 @@ pub fn entries_of(plan: &crate::eval::Plan) -> BTreeSet<PathBuf> {
 
 /// The file, in a sandbox's state directory, naming the store entries its last run used.
 pub const REFS_FILE: &str = "store-refs.json";
+/// The file, in a sandbox's state directory, naming the project's `sandbox.lock`: what it pins
+/// is kept as long as the state exists.
+pub const LOCK_REF_FILE: &str = "lock-file";
 
 /// The ready marker of an entry.
 pub fn marker(entry: &Path) -> PathBuf {
@@ -193,8 +196,20 @@ fn references(cache: &Path) -> Vec<(PathBuf, BTreeSet<PathBuf>)> {
     let mut out = Vec::new();
     for repo in fs::read_dir(cache).into_iter().flatten().flatten() {
         for state in fs::read_dir(repo.path()).into_iter().flatten().flatten() {
+            let mut entries: BTreeSet<PathBuf> = BTreeSet::new();
             if state.path().join(REFS_FILE).is_file() {
-                out.push((state.path(), read_refs(&state.path()).into_keys().collect()));
+                entries.extend(read_refs(&state.path()).into_keys());
+            }
+            // The image the project's sandbox.lock pins, whenever it was last used.
+            if let Ok(lock) = fs::read_to_string(state.path().join(LOCK_REF_FILE)) {
+                let store = cache.join("store");
+                entries.extend(crate::image::lock::pinned_entries(
+                    Path::new(lock.trim()),
+                    &store,
+                ));
+            }
+            if !entries.is_empty() {
+                out.push((state.path(), entries));
             }
         }
     }
@@ -265,6 +280,22 @@ pub fn gc(store: &Path, cache: &Path, dry_run: bool) -> io::Result<GcReport> {
         if !alive {
             report.bytes += crate::session::disk_use(&e.path());
             report.removed.push(name);
+            if !dry_run {
+                remove(&e.path())?;
+            }
+        }
+    }
+    // Scratch directories of build steps whose builder is gone (`.work/PID-N`).
+    for e in fs::read_dir(store.join(".work"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid = name.split('-').next().and_then(|p| p.parse::<i32>().ok());
+        if !pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists()) {
+            report.bytes += crate::session::disk_use(&e.path());
+            report.removed.push(format!(".work/{name}"));
             if !dry_run {
                 remove(&e.path())?;
             }

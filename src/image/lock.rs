@@ -92,3 +92,25 @@ impl Lock {
         Ok(true)
     }
 }
+
+/// The store entries the lock file at `path` pins: each image's entry and its layers (for
+/// `aisb store gc`, which keeps them).
+pub fn pinned_entries(path: &Path, store: &Path) -> Vec<PathBuf> {
+    let Some(dir) = path.parent() else {
+        return Vec::new();
+    };
+    let Ok(lock) = Lock::read(dir) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for l in lock.images.values().filter(|l| l.graph.len() >= 32) {
+        let image = store.join(format!("{}-image", &l.graph[..32]));
+        if let Ok(b) = std::fs::read(image.join("image.json")) {
+            if let Ok(c) = serde_json::from_slice::<super::graph::ImageConfig>(&b) {
+                out.extend(c.layers);
+            }
+        }
+        out.push(image);
+    }
+    out
+}

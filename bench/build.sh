@@ -1,0 +1,100 @@
+#!/bin/sh
+# Benchmark: image builds and start-up on an image (issue 8), as root.
+#  - `aisb build` of a 5-step Dockerfile on the cached Debian base (the tests' layout, made with
+#    debootstrap once): cold (empty store: the base layer is unpacked, every step runs), cold
+#    steps only (base layer already in the store), and fully cached; each against the natural
+#    baseline of running the same five commands directly (`sh -c`).
+#  - `aisb run -- true` on the built image vs the host's root, both backends, round-robin.
+#
+#   sh bench/build.sh       # release build; RUNS (default 20) for the start-up table
+set -eu
+cd "$(dirname "$0")/.."
+RUNS="${RUNS:-20}"
+[ "$(id -u)" -eq 0 ] || { echo "bench/build.sh: builds need root" >&2; exit 1; }
+BASE=/var/cache/aisb-test/debian-bookworm.oci
+if ! [ -f "$BASE/index.json" ]; then
+    echo "making the Debian base (debootstrap, once)…" >&2
+    rm -rf /var/cache/aisb-test/bench.rootfs
+    mkdir -p /var/cache/aisb-test
+    /usr/sbin/debootstrap --variant=minbase bookworm /var/cache/aisb-test/bench.rootfs http://deb.debian.org/debian >/dev/null
+    sh tests/images/oci-layout.sh /var/cache/aisb-test/bench.rootfs "$BASE" 1 >/dev/null
+    rm -rf /var/cache/aisb-test/bench.rootfs
+fi
+cargo build --release -q
+AISB="$PWD/target/release/aisb"
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+mkdir -p "$WORK/proj/data" "$WORK/home"
+cd "$WORK/proj"
+git init -q
+echo payload > data/file
+cat > Dockerfile <<DF
+FROM oci:$BASE:1
+RUN echo one > /etc/one
+RUN mkdir -p /opt/app && echo two > /opt/app/two
+COPY data/ /opt/data/
+RUN cat /opt/data/file > /etc/copied
+WORKDIR /opt/app
+DF
+echo 'rootfs dockerfile="Dockerfile"' > sandbox.kdl
+mkdir -p "$WORK/host" && (cd "$WORK/host" && git init -q)
+export HOME="$WORK/home" CI=true
+
+python3 - "$RUNS" "$AISB" "$WORK" <<'PY'
+import json, os, shutil, subprocess, sys, time
+runs, aisb, work = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+proj = os.path.join(work, "proj")
+
+def timed(cmd, env_cache, cwd=proj):
+    env = dict(os.environ, XDG_CACHE_HOME=env_cache)
+    t = time.perf_counter()
+    subprocess.run(cmd, check=True, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return (time.perf_counter() - t) * 1000
+
+# The same work without a sandbox: the RUN commands into a scratch directory, the COPY a cp.
+t = os.path.join(work, "direct")
+direct_cmd = f"rm -rf {t}; mkdir -p {t} && echo one > {t}/one && mkdir -p {t}/app && echo two > {t}/app/two && cp -r data {t}/ && cat {t}/data/file > {t}/copied && mkdir -p {t}/opt/app"
+direct = sorted(timed(["sh", "-c", direct_cmd], work) for _ in range(5))[2]
+cold, steps, cached = [], [], []
+for i in range(3):
+    c = os.path.join(work, f"cache{i}")
+    cold.append(timed([aisb, "build"], c))
+    # Steps only: the same store minus everything but the base layer.
+    out = subprocess.run([aisb, "build", "--json"], cwd=proj, env=dict(os.environ, XDG_CACHE_HOME=c), capture_output=True, check=True).stdout
+    nodes = json.loads(out)["nodes"]
+    for n in nodes:
+        if n["entry"] and not n["what"].startswith("layer "):
+            shutil.rmtree(n["entry"])
+            os.remove(n["entry"] + ".ready")
+    img = json.loads(out)["entry"]
+    shutil.rmtree(img); os.remove(img + ".ready")
+    steps.append(timed([aisb, "build"], c))
+    cached.append(timed([aisb, "build"], c))
+cold.sort(); steps.sort(); cached.sort()
+print("aisb build of a 5-step image (RUN, RUN, COPY, RUN, WORKDIR), median of 3")
+print(f"{'case':<44}{'ms':>10}{'x direct':>10}")
+print(f"{'the same commands, no sandbox (sh -c)':<44}{direct:>10.1f}{1:>10.1f}")
+for name, ts in [("cold (empty store, base layer unpacked)", cold), ("cold steps (base layer in the store)", steps), ("fully cached", cached)]:
+    print(f"{name:<44}{ts[1]:>10.1f}{ts[1] / direct:>10.1f}")
+
+cache = os.path.join(work, "cache0")
+cases = [
+    ("bwrap --unshare-all (raw)", ["bwrap", "--unshare-all", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "true"], proj),
+    ("host root, bwrap", [aisb, "run", "--backend", "bwrap", "--", "true"], os.path.join(work, "host")),
+    ("image, bwrap", [aisb, "run", "--backend", "bwrap", "--", "true"], proj),
+    ("host root, libcontainer", [aisb, "run", "--backend", "libcontainer", "--", "true"], os.path.join(work, "host")),
+    ("image, libcontainer", [aisb, "run", "--backend", "libcontainer", "--", "true"], proj),
+]
+for _, cmd, cwd in cases:  # warm the scan caches
+    timed(cmd, cache, cwd)
+times = {name: [] for name, _, _ in cases}
+for _ in range(runs):
+    for name, cmd, cwd in cases:
+        times[name].append(timed(cmd, cache, cwd))
+print(f"\n`aisb run -- true` on the built image vs the host's root, median (p90) of {runs}")
+print(f"{'case':<28}{'median ms':>10}{'p90 ms':>9}{'x raw bwrap':>13}")
+raw = sorted(times["bwrap --unshare-all (raw)"])[runs // 2]
+for name, ts in times.items():
+    ts.sort()
+    print(f"{name:<28}{ts[runs // 2]:>10.1f}{ts[int(runs * 0.9)]:>9.1f}{ts[runs // 2] / raw:>13.2f}")
+PY
