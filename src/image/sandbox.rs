@@ -124,6 +124,63 @@ pub fn apply(plan: &mut Plan, config: &ImageConfig, mountpoint: &Path) {
     }
 }
 
+/// Mount points the image lacks for the sandbox's own mounts below its directories (an agent's
+/// managed settings in /etc, a `mount` into /opt): one more read-only layer on top, in the
+/// store under a name from the list, holding an empty directory (or file) at each.
+fn mount_points(plan: &Plan, layers: &[PathBuf]) -> Result<Option<PathBuf>, BuildError> {
+    use crate::eval::plan::MountKind;
+    use sha2::Digest;
+    let io = |what: String| move |source| BuildError::Io { what, source };
+    let mut need: Vec<(PathBuf, bool)> = Vec::new();
+    for m in &plan.mounts {
+        let Ok(rel) = m.target.strip_prefix("/") else {
+            continue;
+        };
+        let top = rel
+            .components()
+            .next()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned());
+        if top.is_none_or(|t| NOT_FROM_IMAGE.contains(&t.as_str())) {
+            continue;
+        }
+        let real = super::layer::resolve(layers, &m.target)
+            .map_err(io(format!("resolving {} in the image", m.target.display())))?;
+        if super::layer::lookup(layers, &real).is_some() {
+            continue;
+        }
+        let file = match &m.kind {
+            MountKind::Bind { source, .. } | MountKind::Copy { source, .. } => source.is_file(),
+            _ => false,
+        };
+        need.push((real, file));
+    }
+    if need.is_empty() {
+        return Ok(None);
+    }
+    let mut h = sha2::Sha256::new();
+    for (p, file) in &need {
+        h.update(p.as_os_str().as_encoded_bytes());
+        h.update(if *file { b"\0f\n" } else { b"\0d\n" });
+    }
+    let entry = plan
+        .store
+        .join(format!("{}-mountpoints", &hex::encode(h.finalize())[..32]));
+    crate::graph::store::realise(&entry, |tmp| {
+        for (p, file) in &need {
+            let at = tmp.join(p);
+            if *file {
+                std::fs::create_dir_all(at.parent().unwrap_or(tmp))?;
+                std::fs::write(&at, b"")?;
+            } else {
+                std::fs::create_dir_all(&at)?;
+            }
+        }
+        Ok(())
+    })
+    .map_err(io(format!("storing {}", entry.display())))?;
+    Ok(Some(entry))
+}
+
 /// Before a run: the image built (what is missing, with progress on stderr) and the plan
 /// pointed at it. Returns the plan to run and the mount the runtime process must make.
 pub fn prepare_run(plan: &Plan) -> Result<Option<(Plan, RootMount)>, BuildError> {
@@ -148,6 +205,11 @@ pub fn prepare_run(plan: &Plan) -> Result<Option<(Plan, RootMount)>, BuildError>
             graph::build(&g, &mut p)?.config
         }
     };
+    let mut layers = config.layers.clone();
+    if let Some(points) = mount_points(plan, &layers)? {
+        layers.insert(0, points);
+    }
+    let config = ImageConfig { layers, ..config };
     let mp = mountpoint(plan);
     std::fs::create_dir_all(&mp).map_err(|source| BuildError::Io {
         what: format!("creating {}", mp.display()),
