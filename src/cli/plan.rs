@@ -24,6 +24,7 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     let image = image_graph(&plan);
     if a.json {
         let mut v = serde_json::to_value(&plan).unwrap_or_default();
+        v["host_nodes"] = serde_json::to_value(crate::graph::host_nodes(&plan)).unwrap_or_default();
         if let Some(g) = &image {
             v["image"] = match g {
                 Ok(g) => serde_json::to_value(g).unwrap_or_default(),
@@ -157,17 +158,30 @@ pub fn render(plan: &Plan, _cwd: &Path) -> String {
         }
     }
 
-    let _ = writeln!(o, "\nstore (content-addressed, shared; `aisb store ls`)");
-    for e in crate::graph::store::entries_of(plan) {
-        let name = e
-            .file_name()
-            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-        let status = if crate::graph::store::is_ready(&e) {
-            "cached"
-        } else {
-            "written at the next run"
+    let _ = writeln!(
+        o,
+        "\nrealised on the host (store entries shared by content, `aisb store ls`; the rest this sandbox's)"
+    );
+    for n in crate::graph::host_nodes(plan) {
+        let name = match n.path.strip_prefix(&plan.state_dir) {
+            Ok(r) => r.display().to_string(),
+            Err(_) => n
+                .path
+                .file_name()
+                .map_or_else(String::new, |f| f.to_string_lossy().into_owned()),
         };
-        let _ = writeln!(o, "  {name:<48} {status}");
+        let status = if n.ready {
+            "ready"
+        } else {
+            "made at the next run"
+        };
+        let _ = writeln!(
+            o,
+            "  {:<20} {:<44} {:<28} {status}",
+            n.kind,
+            name,
+            n.target.display()
+        );
     }
 
     let _ = writeln!(o, "\nmounts");
