@@ -685,3 +685,53 @@ fn walk_states(cache: &Path) -> Vec<PathBuf> {
         })
         .collect()
 }
+
+#[test]
+fn an_oci_archive_is_a_base_too() {
+    if !root_or_skip("images") {
+        return;
+    }
+    let base = debian_layout();
+    let p = Proj::new();
+    let archive = p.dir.path().join("base.tar");
+    let st = Command::new("tar")
+        .arg("-C")
+        .arg(&base)
+        .arg("-cf")
+        .arg(&archive)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(st.success());
+    p.write(
+        "sandbox.kdl",
+        &format!("rootfs from=\"oci-archive:{}:1\"\n", archive.display()),
+    );
+    assert_eq!(p.built(&[]).len(), 1, "the base layer");
+    let out = p.run("libcontainer", "cat /etc/debian_version");
+    assert!(out.stdout.starts_with("12."), "{}", out.stderr);
+}
+
+#[test]
+fn an_ordinary_user_is_told_images_need_root() {
+    if !root_or_skip("images") {
+        return;
+    }
+    let (uid, gid) = support::test_user();
+    let p = Proj::new();
+    p.write(
+        "sandbox.kdl",
+        &format!("rootfs from=\"oci:{}:1\"\n", debian_layout().display()),
+    );
+    support::chown_r(p.dir.path(), uid, gid);
+    let mut cmd = p.aisb();
+    std::os::unix::process::CommandExt::uid(&mut cmd, uid);
+    std::os::unix::process::CommandExt::gid(&mut cmd, gid);
+    let out = Out::from(
+        cmd.args(["run", "--backend", "bwrap", "--", "true"])
+            .output()
+            .unwrap(),
+    );
+    assert_ne!(out.code, 0);
+    assert!(out.stderr.contains("needs root"), "{}", out.stderr);
+}
