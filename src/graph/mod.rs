@@ -5,7 +5,6 @@
 //! | entry | what goes into its hash | never |
 //! |-------|-------------------------|-------|
 //! | `etc` | each allowlisted /etc entry and every directory below it: relative path, kind, mode, size, mtime (ns), symlink target | file contents; files below the top level (their directory's mtime stands for them) |
-
 //! | `claude-managed` | the settings file's text (`agents`) | – |
 //! | `layer` | an image's node hash (`image::graph`: base layers by their digest, steps by their inputs) | – |
 //! | `image` | the image's hash (`image::graph`) | – |
