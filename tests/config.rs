@@ -4,7 +4,7 @@
 mod support;
 
 use aisb::config::model::{Access, NetMode};
-use aisb::eval::plan::MountKind;
+use aisb::eval::plan::{MountKind, Rootfs};
 use std::path::Path;
 
 use support::Fixture;
@@ -633,4 +633,66 @@ fn claude_managed_settings_mirror_the_sandbox() {
         .mounts
         .iter()
         .any(|m| m.target == Path::new("/etc/claude-code")));
+}
+
+#[test]
+fn images_in_kdl_decode_with_their_lines_and_errors_point_at_the_node() {
+    use aisb::image::{Cmd, Instr};
+    let f = Fixture::new();
+    let plan = f.plan(
+        "image \"dev\" {\n    from \"oci:base:1\"\n    arg \"USER_ID\" \"1000\"\n    run \"echo $USER_ID\"\n    run \"/bin/echo\" \"exec form\"\n    copy \"a\" \"b\" \"/dst/\" chown=\"1000:1000\" chmod=\"0640\"\n    env \"K\" \"V\"\n    workdir \"/w\"\n    user \"1000\"\n    shell \"/bin/bash\" \"-c\"\n}\nrootfs image=\"dev\"\n",
+        None,
+    );
+    let Rootfs::Image { name, steps } = &plan.rootfs else {
+        panic!("{:?}", plan.rootfs)
+    };
+    assert_eq!(name, "dev");
+    assert_eq!(steps.len(), 9);
+    assert_eq!(steps[0].instr, Instr::From("oci:base:1".into()));
+    assert_eq!(
+        steps[2].instr,
+        Instr::Run(Cmd::Shell("echo $USER_ID".into()))
+    );
+    assert_eq!(steps[2].at, "sandbox.kdl:4");
+    assert_eq!(
+        steps[3].instr,
+        Instr::Run(Cmd::Exec(vec!["/bin/echo".into(), "exec form".into()]))
+    );
+    assert_eq!(
+        steps[4].instr,
+        Instr::Copy {
+            srcs: vec!["a".into(), "b".into()],
+            dest: "/dst/".into(),
+            chown: Some("1000:1000".into()),
+            chmod: Some(0o640),
+            add: false
+        }
+    );
+    assert!(
+        matches!(f.plan("rootfs dockerfile=\"docker/Dockerfile\"\n", None).rootfs, Rootfs::Dockerfile { ref path } if path.ends_with("docker/Dockerfile"))
+    );
+    assert_eq!(f.plan("rootfs \"host\"\n", None).rootfs, Rootfs::Host);
+
+    for (text, want) in [
+        ("image \"x\" {\n    run \"true\"\n}\n", "has no `from`"),
+        (
+            "image \"x\" {\n    from \"a\"\n    from \"b\"\n}\n",
+            "one `from`",
+        ),
+        (
+            "image \"x\" {\n    from \"a\"\n    expose \"80\"\n}\n",
+            "expose",
+        ),
+        (
+            "image \"x\" {\n    from \"a\"\n    copy \"a\" \"b\" chmod=\"9\"\n}\n",
+            "not an octal mode",
+        ),
+        ("rootfs image=\"nope\"\n", "no image named `nope`"),
+        ("rootfs dockerfile=\"D\" image=\"x\"\n", "exactly one of"),
+        ("rootfs \"guest\"\n", "exactly one of"),
+    ] {
+        let e = err(text);
+        assert!(e.contains(want), "{text}: {e}");
+        assert!(e.contains("sandbox.kdl:"), "no location: {e}");
+    }
 }
