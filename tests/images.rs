@@ -520,6 +520,15 @@ fn locked_builds_catch_a_moved_tag_on_a_loopback_registry() {
         lock
     );
     assert!(p.build(&["--locked"]).0);
+    // Built once, the sandbox starts with the registry gone.
+    drop(reg);
+    let out = p.run("libcontainer", "cat /etc/pulled");
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (0, "pulled\n"),
+        "{}",
+        out.stderr
+    );
 }
 
 #[test]

@@ -145,10 +145,7 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     let built = graph::build(&graph, &mut rec)?;
     let secs = t0.elapsed().as_secs_f64();
     // Kept by `aisb store gc`: what this build made, and whatever the lock file pins.
-    let mut used: std::collections::BTreeSet<std::path::PathBuf> =
-        built.config.layers.iter().cloned().collect();
-    used.insert(built.entry.clone());
-    let _ = crate::graph::store::record_refs(&plan.state_dir, &used);
+    let _ = crate::graph::store::record_refs(&plan.state_dir, &graph.entries());
     let _ = std::fs::write(
         plan.state_dir.join(crate::graph::store::LOCK_REF_FILE),
         lock_path.as_os_str().as_encoded_bytes(),

@@ -195,6 +195,26 @@ fn remember_tag(store: &Path, source: &str, digest: &str) {
     }
 }
 
+/// A resolved base's manifest (digest, config, layer list) in the store (`<digest>-base`).
+pub fn base_entry(store: &Path, digest: &str) -> Option<PathBuf> {
+    oci::is_digest(digest).then(|| entry(store, &digest[7..], "base"))
+}
+
+fn load_base(store: &Path, digest: &str) -> Option<oci::Base> {
+    let e = base_entry(store, digest)?;
+    if !store::is_ready(&e) {
+        return None;
+    }
+    let b: oci::Base = serde_json::from_slice(&fs::read(e.join("base.json")).ok()?).ok()?;
+    (b.digest == digest).then_some(b)
+}
+
+fn save_base(store: &Path, b: &oci::Base) {
+    if let (Some(e), Ok(json)) = (base_entry(store, &b.digest), serde_json::to_vec_pretty(b)) {
+        let _ = store::realise(&e, |tmp| fs::write(tmp.join("base.json"), &json));
+    }
+}
+
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Work out every node's hash and whether it is cached. Reads the base's manifest (from the
@@ -279,7 +299,24 @@ pub fn plan(def: &Def, o: &Options) -> Result<Graph, BuildError> {
                         .then(|| read_tags(o.store).get(&text).cloned())
                         .flatten()
                 });
-                let (b, bl) = oci::resolve(&source, pinned.as_deref())?;
+                // A base resolved before, all its layers in the store: nothing to ask anyone
+                // (a sandbox on a registry image starts offline).
+                let known = pinned
+                    .as_deref()
+                    .and_then(|d| load_base(o.store, d))
+                    .filter(|b| {
+                        b.layers
+                            .iter()
+                            .all(|l| store::is_ready(&entry(o.store, &l.digest[7..], "layer")))
+                    });
+                let (b, bl) = match known {
+                    Some(b) => (b, None),
+                    None => {
+                        let (b, bl) = oci::resolve(&source, pinned.as_deref())?;
+                        save_base(o.store, &b);
+                        (b, Some(bl))
+                    }
+                };
                 if matches!(source, Source::Registry(_)) {
                     remember_tag(o.store, &text, &b.digest);
                 }
@@ -317,7 +354,7 @@ pub fn plan(def: &Def, o: &Options) -> Result<Graph, BuildError> {
                     user = u.clone();
                 }
                 base = Some((text, b.digest.clone()));
-                blobs = Some(bl);
+                blobs = bl;
             }
             Instr::Env(kv) => {
                 let mut text = String::from("ENV");
@@ -481,6 +518,18 @@ pub fn plan(def: &Def, o: &Options) -> Result<Graph, BuildError> {
         allow: o.allow.clone(),
         audit: o.audit.clone(),
     })
+}
+
+impl Graph {
+    /// Every store entry this image uses: its base's manifest record, its layers, its own.
+    pub fn entries(&self) -> std::collections::BTreeSet<PathBuf> {
+        let store = self.entry.parent().unwrap_or(Path::new("."));
+        let mut out: std::collections::BTreeSet<PathBuf> =
+            self.nodes.iter().filter_map(|n| n.entry.clone()).collect();
+        out.extend(self.base.as_ref().and_then(|(_, d)| base_entry(store, d)));
+        out.insert(self.entry.clone());
+        out
+    }
 }
 
 fn set_env(env: &mut Vec<(String, String)>, k: &str, v: &str) {

@@ -111,6 +111,11 @@ pub fn pinned_entries(path: &Path, store: &Path) -> Vec<PathBuf> {
             }
         }
         out.push(image);
+        out.extend(
+            l.bases
+                .values()
+                .filter_map(|d| super::graph::base_entry(store, d)),
+        );
     }
     out
 }

@@ -170,7 +170,7 @@ pub struct RunConfig {
 }
 
 /// A resolved base: its manifest's digest, config and layers.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, Deserialize)]
 pub struct Base {
     pub digest: String,
     pub config: RunConfig,

@@ -219,8 +219,8 @@ pub fn prepare_run(plan: &Plan) -> Result<Option<(Plan, RootMount)>, BuildError>
         what: "preparing the image's root".into(),
         source,
     })?;
-    let mut used: std::collections::BTreeSet<PathBuf> = config.layers.iter().cloned().collect();
-    used.insert(g.entry.clone());
+    let mut used = g.entries();
+    used.extend(config.layers.iter().cloned());
     let _ = crate::graph::store::record_refs(&plan.state_dir, &used);
     let mut p = plan.clone();
     apply(&mut p, &config, &mp);
