@@ -155,6 +155,12 @@ impl Proj {
 /// A copy of the layout `base` whose image config has `env` added: another image over the
 /// same layers.
 fn with_env(base: &Path, out: &Path, env: &str) {
+    derive(base, out, Some(env), &[]);
+}
+
+/// A copy of the layout `base`, with `env` added to its config and, when `files` is not empty,
+/// one more layer holding them (names with `.wh.` are OCI whiteouts, as written).
+fn derive(base: &Path, out: &Path, env: Option<&str>, files: &[(&str, &[u8])]) {
     use sha2::Digest;
     let blobs = out.join("blobs/sha256");
     std::fs::create_dir_all(&blobs).unwrap();
@@ -164,12 +170,12 @@ fn with_env(base: &Path, out: &Path, env: &str) {
     {
         std::fs::hard_link(e.path(), blobs.join(e.file_name())).unwrap();
     }
-    let put = |v: &serde_json::Value| -> (String, usize) {
-        let b = serde_json::to_vec(v).unwrap();
-        let d = hex::encode(sha2::Sha256::digest(&b));
-        std::fs::write(blobs.join(&d), &b).unwrap();
+    let put_bytes = |b: &[u8]| -> (String, usize) {
+        let d = hex::encode(sha2::Sha256::digest(b));
+        std::fs::write(blobs.join(&d), b).unwrap();
         (format!("sha256:{d}"), b.len())
     };
+    let put = |v: &serde_json::Value| put_bytes(&serde_json::to_vec(v).unwrap());
     let read = |d: &str| -> serde_json::Value {
         serde_json::from_slice(&std::fs::read(blobs.join(&d[7..])).unwrap()).unwrap()
     };
@@ -177,10 +183,39 @@ fn with_env(base: &Path, out: &Path, env: &str) {
         serde_json::from_slice(&std::fs::read(base.join("index.json")).unwrap()).unwrap();
     let mut manifest = read(index["manifests"][0]["digest"].as_str().unwrap());
     let mut config = read(manifest["config"]["digest"].as_str().unwrap());
-    config["config"]["Env"]
-        .as_array_mut()
-        .unwrap()
-        .push(env.into());
+    if let Some(env) = env {
+        config["config"]["Env"]
+            .as_array_mut()
+            .unwrap()
+            .push(env.into());
+    }
+    if !files.is_empty() {
+        let mut tar = tar::Builder::new(Vec::new());
+        for (path, content) in files {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(content.len() as u64);
+            h.set_mode(0o644);
+            h.set_uid(0);
+            h.set_gid(0);
+            h.set_mtime(0);
+            tar.append_data(&mut h, path, *content).unwrap();
+        }
+        let raw = tar.into_inner().unwrap();
+        let diff_id = format!("sha256:{}", hex::encode(sha2::Sha256::digest(&raw)));
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut gz, &raw).unwrap();
+        let (d, n) = put_bytes(&gz.finish().unwrap());
+        manifest["layers"]
+            .as_array_mut()
+            .unwrap()
+            .push(serde_json::json!({
+                "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": d, "size": n,
+            }));
+        config["rootfs"]["diff_ids"]
+            .as_array_mut()
+            .unwrap()
+            .push(diff_id.into());
+    }
     let (d, n) = put(&config);
     manifest["config"]["digest"] = d.into();
     manifest["config"]["size"] = n.into();
@@ -721,26 +756,94 @@ fn an_oci_archive_is_a_base_too() {
     assert!(out.stdout.starts_with("12."), "{}", out.stderr);
 }
 
+/// A layer that deletes a file of the base (whiteout) and hides a directory's contents
+/// (opaque): as root and as an ordinary user (whose layers carry `user.overlay.*` and whose
+/// overlay is mounted in a user namespace).
+fn whiteout_layout(dir: &Path) -> PathBuf {
+    let layout = dir.join("wh.oci");
+    derive(
+        &debian_layout(),
+        &layout,
+        None,
+        &[
+            ("etc/.wh.debian_version", b""),
+            ("usr/share/doc/.wh..wh..opq", b""),
+            ("usr/share/doc/only", b"only\n"),
+        ],
+    );
+    layout
+}
+
+const WHITEOUT_CHECK: &str = "test ! -e /etc/debian_version && echo deleted; ls /usr/share/doc; test -e /usr/bin/bash && echo base";
+
 #[test]
-fn an_ordinary_user_is_told_images_need_root() {
+fn whiteouts_and_opaque_directories_of_a_layer_hide_what_is_below() {
+    if !root_or_skip("images") {
+        return;
+    }
+    let p = Proj::new();
+    let layout = whiteout_layout(p.dir.path());
+    p.write(
+        "sandbox.kdl",
+        &format!("rootfs from=\"oci:{}:1\"\n", layout.display()),
+    );
+    assert_eq!(p.built(&[]).len(), 2, "two layers");
+    for backend in ["bwrap", "libcontainer"] {
+        let out = p.run(backend, WHITEOUT_CHECK);
+        assert_eq!(
+            out.stdout, "deleted\nonly\nbase\n",
+            "{backend}: {}",
+            out.stderr
+        );
+    }
+}
+
+#[test]
+fn an_ordinary_user_runs_an_image_with_bwrap_and_is_told_what_needs_root() {
     if !root_or_skip("images") {
         return;
     }
     let (uid, gid) = support::test_user();
     let p = Proj::new();
+    let layout = whiteout_layout(p.dir.path());
     p.write(
         "sandbox.kdl",
-        &format!("rootfs from=\"oci:{}:1\"\n", debian_layout().display()),
+        &format!("rootfs from=\"oci:{}:1\"\n", layout.display()),
     );
     support::chown_r(p.dir.path(), uid, gid);
-    let mut cmd = p.aisb();
-    std::os::unix::process::CommandExt::uid(&mut cmd, uid);
-    std::os::unix::process::CommandExt::gid(&mut cmd, gid);
-    let out = Out::from(
-        cmd.args(["run", "--backend", "bwrap", "--", "true"])
-            .output()
-            .unwrap(),
+    let as_user = |args: &[&str]| {
+        let mut cmd = p.aisb();
+        std::os::unix::process::CommandExt::uid(&mut cmd, uid);
+        std::os::unix::process::CommandExt::gid(&mut cmd, gid);
+        Out::from(cmd.args(args).output().unwrap())
+    };
+    let before = overlay_mounts();
+    // No backend named: bwrap, the one that mounts an image rootless.
+    let out = as_user(&[
+        "run",
+        "--",
+        "/bin/sh",
+        "-c",
+        &format!("{WHITEOUT_CHECK}; id -u; touch /usr/x 2>/dev/null || echo RO"),
+    ]);
+    assert_eq!(
+        out.stdout,
+        format!("deleted\nonly\nbase\n{uid}\nRO\n"),
+        "{}",
+        out.stderr
     );
+    assert_eq!(overlay_mounts(), before);
+    let out = as_user(&["run", "--backend", "libcontainer", "--", "true"]);
+    assert_ne!(out.code, 0);
+    assert!(out.stderr.contains("--backend bwrap"), "{}", out.stderr);
+    // RUN steps need root.
+    p.write(
+        "Dockerfile",
+        &format!("FROM oci:{}:1\nRUN true\n", layout.display()),
+    );
+    p.write("sandbox.kdl", "rootfs dockerfile=\"Dockerfile\"\n");
+    support::chown_r(p.dir.path(), uid, gid);
+    let out = as_user(&["build"]);
     assert_ne!(out.code, 0);
     assert!(out.stderr.contains("needs root"), "{}", out.stderr);
 }

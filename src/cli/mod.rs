@@ -303,7 +303,16 @@ pub fn run_plan(
 ) -> Result<crate::runtime::Summary, Error> {
     use nix::sys::signal::{signal, SigHandler, Signal};
     crate::trust::check(&plan, &host.config_home(), g.trust)?;
-    let backend = crate::runtime::Backend::choose(backend, plan.backend.as_deref());
+    let backend = match (backend, plan.backend.as_deref()) {
+        // An ordinary user's sandbox on an image: only bwrap mounts it rootless.
+        (None, None)
+            if plan.rootfs != crate::eval::plan::Rootfs::Host
+                && !nix::unistd::geteuid().is_root() =>
+        {
+            crate::runtime::Backend::Bwrap
+        }
+        (flag, configured) => crate::runtime::Backend::choose(flag, configured),
+    };
     let Some(name) = sandbox else {
         return Ok(crate::runtime::run(&plan, backend, interactive)?);
     };

@@ -51,7 +51,7 @@ pub fn unpack(reader: impl Read, dest: &Path) -> io::Result<()> {
             let parent = dest.join(rel.parent().unwrap_or(Path::new("")));
             fs::create_dir_all(&parent)?;
             if hidden == ".wh..opq" {
-                set_xattr(&parent, "trusted.overlay.opaque", b"y")?;
+                set_xattr(&parent, opaque_xattr(), b"y")?;
             } else {
                 whiteout(&parent.join(hidden))?;
             }
@@ -102,6 +102,17 @@ pub fn whiteout(path: &Path) -> io::Result<()> {
     })
 }
 
+/// The attribute marking an opaque directory: `trusted.overlay.opaque` in root's layers (a
+/// plain overlay mount reads it), `user.overlay.opaque` in an ordinary user's (their overlay,
+/// mounted in a user namespace with `userxattr`, reads that one).
+fn opaque_xattr() -> &'static str {
+    if nix::unistd::geteuid().is_root() {
+        "trusted.overlay.opaque"
+    } else {
+        "user.overlay.opaque"
+    }
+}
+
 fn set_xattr(path: &Path, name: &str, value: &[u8]) -> io::Result<()> {
     let p = CString::new(path.as_os_str().as_bytes())?;
     let n = CString::new(name)?;
@@ -129,7 +140,7 @@ fn is_whiteout(m: &fs::Metadata) -> bool {
 fn is_opaque(path: &Path) -> bool {
     let (Ok(p), Ok(n)) = (
         CString::new(path.as_os_str().as_bytes()),
-        CString::new("trusted.overlay.opaque"),
+        CString::new(opaque_xattr()),
     ) else {
         return false;
     };

@@ -4,6 +4,11 @@
 //!
 //! Read-only (a sandbox): an overlay of the layers, or a bind of the only one. Writable (a
 //! build step): an overlay with the step's new layer as its upper directory.
+//!
+//! An ordinary user's process first enters a user namespace of its own (its uid and gid mapped
+//! to themselves, nothing else), which owns the new mount namespace: overlayfs may be mounted
+//! there (Linux 5.11+), reading the `user.overlay.*` attributes (`userxattr`) that layers
+//! unpacked by an ordinary user carry. bwrap then starts from inside it as usual.
 
 use std::ffi::CString;
 use std::io;
@@ -17,6 +22,9 @@ pub struct RootMount {
     target: CString,
     source: CString,
     data: Option<CString>,
+    /// For an ordinary user: (`/proc/self/uid_map` text, `gid_map` text), written after
+    /// entering a user namespace of its own.
+    userns: Option<(CString, CString)>,
     /// The text form (`aisb __libcontainer --root-mount`).
     pub arg: String,
 }
@@ -48,6 +56,13 @@ impl RootMount {
             .map(|l| l.to_string_lossy())
             .collect::<Vec<_>>()
             .join(":");
+        let root = nix::unistd::geteuid().is_root();
+        // Layers an ordinary user unpacked mark opaque directories with user.overlay.opaque.
+        let lower = if root {
+            lower
+        } else {
+            format!("{lower},userxattr")
+        };
         let (source, data) = match (layers.len(), rw) {
             (0, None) => {
                 return Err(io::Error::new(
@@ -71,6 +86,15 @@ impl RootMount {
         }
         let cs =
             |b: &[u8]| CString::new(b).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput));
+        let userns = if root {
+            None
+        } else {
+            let (uid, gid) = (nix::unistd::geteuid(), nix::unistd::getegid());
+            Some((
+                cs(format!("{uid} {uid} 1\n").as_bytes())?,
+                cs(format!("{gid} {gid} 1\n").as_bytes())?,
+            ))
+        };
         let arg = format!(
             "{}\n{}\n{}",
             target.display(),
@@ -81,6 +105,7 @@ impl RootMount {
             target: cs(target.as_os_str().as_bytes())?,
             source: cs(source.as_os_str().as_bytes())?,
             data: data.map(|d| cs(d.as_bytes())).transpose()?,
+            userns,
             arg,
         })
     }
@@ -93,6 +118,8 @@ impl RootMount {
             target: CString::new(t).ok()?,
             source: CString::new(s).ok()?,
             data: (!d.is_empty()).then(|| CString::new(d).ok()).flatten(),
+            // The libcontainer helper, the one user of the text form, runs as root.
+            userns: None,
             arg: arg.to_string(),
         })
     }
@@ -102,7 +129,27 @@ impl RootMount {
     pub fn apply(&self) -> io::Result<()> {
         // SAFETY: raw syscalls on prepared, NUL-terminated strings.
         unsafe {
-            if libc::unshare(libc::CLONE_NEWNS) != 0 {
+            if let Some((uid_map, gid_map)) = &self.userns {
+                if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                for (file, text) in [
+                    (c"/proc/self/setgroups", c"deny"),
+                    (c"/proc/self/uid_map", uid_map.as_c_str()),
+                    (c"/proc/self/gid_map", gid_map.as_c_str()),
+                ] {
+                    let fd = libc::open(file.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                    if fd < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    let n = text.to_bytes().len();
+                    let w = libc::write(fd, text.as_ptr().cast(), n);
+                    libc::close(fd);
+                    if w != n as isize {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+            } else if libc::unshare(libc::CLONE_NEWNS) != 0 {
                 return Err(io::Error::last_os_error());
             }
             let root = c"/";

@@ -183,15 +183,18 @@ fn mount_points(plan: &Plan, layers: &[PathBuf]) -> Result<Option<PathBuf>, Buil
 
 /// Before a run: the image built (what is missing, with progress on stderr) and the plan
 /// pointed at it. Returns the plan to run and the mount the runtime process must make.
-pub fn prepare_run(plan: &Plan) -> Result<Option<(Plan, RootMount)>, BuildError> {
+pub fn prepare_run(
+    plan: &Plan,
+    backend: crate::runtime::Backend,
+) -> Result<Option<(Plan, RootMount)>, BuildError> {
     let Some(def) = def_of(plan)? else {
         return Ok(None);
     };
-    if !nix::unistd::geteuid().is_root() {
+    if backend == crate::runtime::Backend::Libcontainer && !nix::unistd::geteuid().is_root() {
         return Err(BuildError::Step {
             at: "rootfs".into(),
-            message: "a sandbox on an image needs root for now (its root is an overlay mounted in a private mount namespace)".into(),
-            help: "run as root, or use `rootfs \"host\"` (the default)".into(),
+            message: "an ordinary user's sandbox on an image runs with the bwrap backend (the libcontainer helper would have to mount it as root)".into(),
+            help: "add `--backend bwrap` (or `backend \"bwrap\"` in sandbox.kdl)".into(),
         });
     }
     let lock = lock::Lock::read(&plan.project).unwrap_or_default();

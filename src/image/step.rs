@@ -29,7 +29,7 @@ pub struct StepRun<'a> {
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
 pub enum StepError {
     #[error("building an image's RUN steps needs root for now (they run as root in a user namespace mapping 65,536 ids)")]
-    #[diagnostic(help("run `aisb build` as root once (the store is shared), or use a prebuilt image (`rootfs from=\"oci:DIR\"`)"))]
+    #[diagnostic(help("build it as root (in CI, say) and push it to a registry, then use it as it is: `rootfs from=\"REF\"` (an ordinary user can pull and run images)"))]
     NotRoot,
     #[error("{what}: {source}")]
     #[diagnostic(help("`aisb doctor` checks the host"))]

@@ -101,7 +101,7 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
     let start = Instant::now();
     // On an image: build what is missing, and point the system paths at its root, which the
     // runtime process mounts in a private mount namespace.
-    let imaged = crate::image::sandbox::prepare_run(plan).map_err(Box::new)?;
+    let imaged = crate::image::sandbox::prepare_run(plan, backend).map_err(Box::new)?;
     let (plan, root_mount) = match &imaged {
         Some((p, m)) => (p, Some(m)),
         None => (plan, None),
