@@ -82,6 +82,15 @@ impl Proj {
         git_in(&p.proj(), &["init", "-q"]);
         p
     }
+    /// A project whose sandbox is built from [`dockerfile`] on the Debian base, copying
+    /// `data/file` (`data`).
+    fn with_dockerfile(data: &str, nonce: &str, middle: &str) -> Proj {
+        let p = Proj::new();
+        p.write("data/file", data);
+        p.write("sandbox.kdl", "rootfs dockerfile=\"Dockerfile\"\n");
+        p.write("Dockerfile", &dockerfile(&debian_layout(), nonce, middle));
+        p
+    }
     fn proj(&self) -> PathBuf {
         self.dir.path().join("proj")
     }
@@ -299,14 +308,7 @@ fn a_changed_run_rebuilds_that_step_and_later_only_and_an_unchanged_build_is_all
     if !root_or_skip("images") {
         return;
     }
-    let base = debian_layout();
-    let p = Proj::new();
-    p.write("data/file", "one\n");
-    p.write("sandbox.kdl", "rootfs dockerfile=\"Dockerfile\"\n");
-    p.write(
-        "Dockerfile",
-        &dockerfile(&base, "a", "RUN echo middle-1 > /etc/middle"),
-    );
+    let p = Proj::with_dockerfile("one\n", "a", "RUN echo middle-1 > /etc/middle");
     assert_eq!(p.built(&[]).len(), 6);
     assert_eq!(
         p.built(&[]),
@@ -315,7 +317,7 @@ fn a_changed_run_rebuilds_that_step_and_later_only_and_an_unchanged_build_is_all
     );
     p.write(
         "Dockerfile",
-        &dockerfile(&base, "a", "RUN echo middle-2 > /etc/middle"),
+        &dockerfile(&debian_layout(), "a", "RUN echo middle-2 > /etc/middle"),
     );
     assert_eq!(
         p.built(&[]),
@@ -334,11 +336,7 @@ fn a_copied_files_content_change_is_detected_and_its_mtime_change_is_not() {
     if !root_or_skip("images") {
         return;
     }
-    let base = debian_layout();
-    let p = Proj::new();
-    p.write("data/file", "one\n");
-    p.write("sandbox.kdl", "rootfs dockerfile=\"Dockerfile\"\n");
-    p.write("Dockerfile", &dockerfile(&base, "b", ""));
+    let p = Proj::with_dockerfile("one\n", "b", "");
     p.built(&[]);
     let f = std::fs::File::options()
         .write(true)
@@ -375,11 +373,7 @@ fn a_corrupted_store_entry_is_rebuilt() {
     if !root_or_skip("images") {
         return;
     }
-    let base = debian_layout();
-    let p = Proj::new();
-    p.write("data/file", "x\n");
-    p.write("sandbox.kdl", "rootfs dockerfile=\"Dockerfile\"\n");
-    p.write("Dockerfile", &dockerfile(&base, "c", ""));
+    let p = Proj::with_dockerfile("x\n", "c", "");
     p.built(&[]);
     // The entry of `RUN echo c > /etc/nonce`: an interrupted build left it without its marker
     // and with wrong content.
@@ -409,11 +403,7 @@ fn two_concurrent_builds_build_each_node_once() {
     if !root_or_skip("images") {
         return;
     }
-    let base = debian_layout();
-    let p = Proj::new();
-    p.write("data/file", "x\n");
-    p.write("sandbox.kdl", "rootfs dockerfile=\"Dockerfile\"\n");
-    p.write("Dockerfile", &dockerfile(&base, "d", "RUN sleep 1"));
+    let p = Proj::with_dockerfile("x\n", "d", "RUN sleep 1");
     let spawn = || {
         p.aisb()
             .args(["build", "--json"])
@@ -668,11 +658,7 @@ fn store_gc_keeps_what_the_lock_file_pins_and_sweeps_dead_step_scratch() {
     if !root_or_skip("images") {
         return;
     }
-    let base = debian_layout();
-    let p = Proj::new();
-    p.write("data/file", "x\n");
-    p.write("sandbox.kdl", "rootfs dockerfile=\"Dockerfile\"\n");
-    p.write("Dockerfile", &dockerfile(&base, "gc", ""));
+    let p = Proj::with_dockerfile("x\n", "gc", "");
     p.built(&[]);
     let gc = |dry: bool| -> serde_json::Value {
         let mut cmd = p.aisb();

@@ -330,17 +330,15 @@ pub fn plan(def: &Def, o: &Options) -> Result<Graph, BuildError> {
                     action: Action::None,
                 });
                 for l in &b.layers {
-                    let e = entry(o.store, &l.digest[7..], "layer");
-                    nodes.push(Node {
-                        hash: l.digest[7..].to_string(),
-                        what: format!("layer {}", &l.digest[..19]),
-                        at: at.into(),
-                        cached: store::is_ready(&e),
-                        entry: Some(e),
-                        action: Action::Layer {
+                    nodes.push(layer_node(
+                        o.store,
+                        &l.digest[7..],
+                        format!("layer {}", &l.digest[..19]),
+                        at,
+                        Action::Layer {
                             digest: l.digest.clone(),
                         },
-                    });
+                    ));
                 }
                 for kv in b.config.env.iter().flatten() {
                     if let Some((k, v)) = kv.split_once('=') {
@@ -377,17 +375,15 @@ pub fn plan(def: &Def, o: &Options) -> Result<Graph, BuildError> {
                 let w = expand(w, &vars(&args, &env));
                 workdir = Path::new(&workdir).join(w).to_string_lossy().into_owned();
                 let h = hash(&[&parent, "WORKDIR", &workdir]);
-                let e = entry(o.store, &h, "layer");
-                nodes.push(Node {
-                    hash: h.clone(),
-                    what: format!("WORKDIR {workdir}"),
-                    at: at.into(),
-                    cached: store::is_ready(&e),
-                    entry: Some(e),
-                    action: Action::Mkdir {
+                nodes.push(layer_node(
+                    o.store,
+                    &h,
+                    format!("WORKDIR {workdir}"),
+                    at,
+                    Action::Mkdir {
                         dir: workdir.clone(),
                     },
-                });
+                ));
                 parent = h;
             }
             Instr::Run(cmd) => {
@@ -410,20 +406,18 @@ pub fn plan(def: &Def, o: &Options) -> Result<Graph, BuildError> {
                     &user,
                     &o.allow.join(","),
                 ]);
-                let e = entry(o.store, &h, "layer");
-                nodes.push(Node {
-                    hash: h.clone(),
-                    what: step.instr.display(),
-                    at: at.into(),
-                    cached: store::is_ready(&e),
-                    entry: Some(e),
-                    action: Action::Run {
+                nodes.push(layer_node(
+                    o.store,
+                    &h,
+                    step.instr.display(),
+                    at,
+                    Action::Run {
                         argv,
                         env: env_list,
                         cwd: workdir.clone(),
                         user: user.clone(),
                     },
-                });
+                ));
                 parent = h;
             }
             Instr::Copy {
@@ -469,21 +463,19 @@ pub fn plan(def: &Def, o: &Options) -> Result<Graph, BuildError> {
                     &names.join("\0"),
                     &content,
                 ]);
-                let e = entry(o.store, &h, "layer");
-                nodes.push(Node {
-                    hash: h.clone(),
-                    what: step.instr.display(),
-                    at: at.into(),
-                    cached: store::is_ready(&e),
-                    entry: Some(e),
-                    action: Action::Copy {
+                nodes.push(layer_node(
+                    o.store,
+                    &h,
+                    step.instr.display(),
+                    at,
+                    Action::Copy {
                         srcs: paths,
                         dest,
                         chown,
                         chmod: *chmod,
                         add: *add,
                     },
-                });
+                ));
                 parent = h;
             }
         }
@@ -529,6 +521,19 @@ impl Graph {
         out.extend(self.base.as_ref().and_then(|(_, d)| base_entry(store, d)));
         out.insert(self.entry.clone());
         out
+    }
+}
+
+/// A node that makes a layer: its entry is `<hash>-layer`, cached when that is ready.
+fn layer_node(store: &Path, hash: &str, what: String, at: &str, action: Action) -> Node {
+    let e = entry(store, hash, "layer");
+    Node {
+        hash: hash.to_string(),
+        what,
+        at: at.to_string(),
+        cached: store::is_ready(&e),
+        entry: Some(e),
+        action,
     }
 }
 

@@ -115,9 +115,10 @@ fn id_maps(own: u32, root: Option<u32>) -> Vec<Value> {
     maps
 }
 
-pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
-    let netns = plan.network.mode != NetMode::Host;
-    let mut mounts = vec![
+/// The kernel filesystems every sandbox (and build step) gets first: a fresh /proc, a
+/// private /dev with its own pts and shm, a read-only /sys.
+fn kernel_mounts() -> Vec<Value> {
+    vec![
         mount(
             Path::new("/proc"),
             "proc",
@@ -154,7 +155,12 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
             "sysfs",
             &opts(&["nosuid", "noexec", "nodev", "ro"]),
         ),
-    ];
+    ]
+}
+
+pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
+    let netns = plan.network.mode != NetMode::Host;
+    let mut mounts = kernel_mounts();
     for sys in &plan.system {
         if let SystemPath::Snapshot { path, snapshot, .. } = sys {
             mounts.push(mount(
@@ -404,50 +410,13 @@ const STEP_CAPS: &[&str] = &[
 /// host's), every namespace private, no network but the proxy's relay, the image's own root
 /// writable (its changes land in the step's layer).
 pub fn build_step(step: &StepSpec) -> Result<Spec, SpecError> {
-    let mut mounts = vec![
-        mount(
-            Path::new("/proc"),
-            "proc",
-            "proc",
-            &opts(&["nosuid", "noexec", "nodev"]),
-        ),
-        mount(
-            Path::new("/dev"),
-            "tmpfs",
-            "tmpfs",
-            &opts(&["nosuid", "strictatime", "mode=755", "size=65536k"]),
-        ),
-        mount(
-            Path::new("/dev/pts"),
-            "devpts",
-            "devpts",
-            &opts(&[
-                "nosuid",
-                "noexec",
-                "newinstance",
-                "ptmxmode=0666",
-                "mode=0620",
-            ]),
-        ),
-        mount(
-            Path::new("/dev/shm"),
-            "tmpfs",
-            "shm",
-            &opts(&["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]),
-        ),
-        mount(
-            Path::new("/sys"),
-            "sysfs",
-            "sysfs",
-            &opts(&["nosuid", "noexec", "nodev", "ro"]),
-        ),
-        mount(
-            Path::new(INIT_PATH),
-            "bind",
-            &s(step.init),
-            &opts(&["bind", "ro", "nosuid", "nodev"]),
-        ),
-    ];
+    let mut mounts = kernel_mounts();
+    mounts.push(mount(
+        Path::new(INIT_PATH),
+        "bind",
+        &s(step.init),
+        &opts(&["bind", "ro", "nosuid", "nodev"]),
+    ));
     // Root keeps Docker's default set; another USER gets none (the init drops them all).
     let root = step.user.0 == 0;
     let mut args = vec![INIT_PATH.to_string(), "__init".into(), "--loopback".into()];
