@@ -177,7 +177,8 @@ fn derive(base: &Path, out: &Path, env: Option<&str>, files: &[(&str, &[u8])]) {
         .unwrap()
         .flatten()
     {
-        std::fs::hard_link(e.path(), blobs.join(e.file_name())).unwrap();
+        // Copied, not linked: a link would change the shared base under a concurrent reader.
+        std::fs::copy(e.path(), blobs.join(e.file_name())).unwrap();
     }
     let put_bytes = |b: &[u8]| -> (String, usize) {
         let d = hex::encode(sha2::Sha256::digest(b));
