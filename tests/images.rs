@@ -834,3 +834,82 @@ fn an_ordinary_user_runs_an_image_with_bwrap_and_is_told_what_needs_root() {
     assert_ne!(out.code, 0);
     assert!(out.stderr.contains("needs root"), "{}", out.stderr);
 }
+
+#[test]
+fn build_steps_reach_the_registries_group_through_the_proxy_and_nothing_else() {
+    if !root_or_skip("images") {
+        return;
+    }
+    // A package registry stand-in on loopback; the step's proxy is pinned there by name.
+    let served = tempfile::tempdir().unwrap();
+    std::fs::write(served.path().join("pkg"), "package-bytes\n").unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut server = Command::new("/usr/bin/python3")
+        .args([
+            "-m",
+            "http.server",
+            "--bind",
+            "127.0.0.1",
+            &port.to_string(),
+        ])
+        .current_dir(served.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the server did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let p = Proj::new();
+    p.write("sandbox.kdl", "rootfs dockerfile=\"Dockerfile\"\n");
+    // Plain HTTP through the relay on 127.0.0.1:3128 with bash alone (a minimal Debian has no
+    // curl): an allowed registry, then a host outside the group.
+    let get = |host: &str| {
+        format!("exec 3<>/dev/tcp/127.0.0.1/3128; printf 'GET http://{host}/pkg HTTP/1.0\\r\\nHost: {host}\\r\\n\\r\\n' >&3; cat <&3; exec 3<&-")
+    };
+    p.write(
+        "Dockerfile",
+        &format!(
+            "FROM oci:{}:1\nRUN bash -c \"{}\" > /registry && bash -c \"{}\" > /other; cat /registry /other\n",
+            debian_layout().display(),
+            get("registry.npmjs.org"),
+            get("example.com")
+        ),
+    );
+    let out = p
+        .aisb()
+        .args(["build"])
+        .env(
+            "AISB_PROXY_PIN",
+            format!("registry.npmjs.org=127.0.0.1:{port}"),
+        )
+        .output()
+        .unwrap();
+    let _ = server.kill();
+    let _ = server.wait();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("package-bytes"),
+        "the allowed registry was not reached: {err}"
+    );
+    assert!(
+        err.contains(" 403 "),
+        "a host outside the group was not refused: {err}"
+    );
+    let audit = Out::from(p.aisb().args(["audit", "--json"]).output().unwrap());
+    assert!(
+        audit.stdout.contains("registry.npmjs.org") && audit.stdout.contains("example.com"),
+        "{}",
+        audit.stdout
+    );
+}

@@ -63,12 +63,14 @@ pub fn run(step: &StepRun, on_line: &mut dyn FnMut(&str)) -> Result<i32, StepErr
     let proxy = if step.allow.is_empty() {
         None
     } else {
+        // The caller's pins and resolutions apply as to a run (a local registry mirror, tests).
+        let (resolve, pins) = crate::runtime::net::caller_names()?;
         let policy = crate::proxy::policy::PolicyConfig {
             allow: step.allow.clone(),
             deny: Vec::new(),
             localhost_ports: Vec::new(),
-            resolve: Vec::new(),
-            pins: Vec::new(),
+            resolve,
+            pins,
         };
         Some(crate::runtime::net::start_with(
             &policy,

@@ -56,10 +56,23 @@ fn name_map<T: std::str::FromStr>(var: &str, form: &str) -> Result<Vec<(String, 
         .collect()
 }
 
+/// The caller's [`RESOLVE_ENV`] and [`PIN_ENV`].
+pub type CallerNames = (
+    Vec<(String, std::net::IpAddr)>,
+    Vec<(String, std::net::SocketAddr)>,
+);
+
+/// What the caller's environment says about names: [`RESOLVE_ENV`] and [`PIN_ENV`].
+pub fn caller_names() -> Result<CallerNames, RuntimeError> {
+    Ok((
+        name_map(RESOLVE_ENV, "NAME=IP")?,
+        name_map(PIN_ENV, "NAME=IP:PORT")?,
+    ))
+}
+
 /// The policy the proxy enforces for this plan.
 pub fn policy(plan: &Plan) -> Result<PolicyConfig, RuntimeError> {
-    let resolve = name_map(RESOLVE_ENV, "NAME=IP")?;
-    let pins = name_map(PIN_ENV, "NAME=IP:PORT")?;
+    let (resolve, pins) = caller_names()?;
     Ok(PolicyConfig {
         allow: plan.network.allow.clone(),
         deny: plan.network.deny.clone(),
