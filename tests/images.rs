@@ -913,3 +913,34 @@ fn build_steps_reach_the_registries_group_through_the_proxy_and_nothing_else() {
         audit.stdout
     );
 }
+
+#[test]
+fn an_image_without_glibc_is_refused_with_a_reason() {
+    // busybox alone (static): aisb's init could not start in it.
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("root");
+    std::fs::create_dir_all(root.join("bin")).unwrap();
+    std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
+    std::os::unix::fs::symlink("busybox", root.join("bin/sh")).unwrap();
+    let layout = t.path().join("tiny.oci");
+    layout_of(&root, &layout, "1");
+    let p = Proj::new();
+    p.write(
+        "Dockerfile",
+        &format!("FROM oci:{}:1\nRUN true\n", layout.display()),
+    );
+    p.write("sandbox.kdl", "rootfs dockerfile=\"Dockerfile\"\n");
+    let (ok, _, err) = p.build(&[]);
+    assert!(!ok);
+    assert!(
+        err.contains("Dockerfile:2") && err.contains("glibc"),
+        "{err}"
+    );
+    p.write(
+        "sandbox.kdl",
+        &format!("rootfs from=\"oci:{}:1\"\n", layout.display()),
+    );
+    let out = p.run("bwrap", "true");
+    assert_ne!(out.code, 0);
+    assert!(out.stderr.contains("glibc-based image"), "{}", out.stderr);
+}

@@ -788,6 +788,7 @@ fn fill(
             } else {
                 layer::user_ids(layers, user).map_err(|m| step_err(at, m, "USER names a user the image has (create it in an earlier RUN), or uid[:gid]"))?
             };
+            super::sandbox::check_init_runs(layers, at)?;
             let empty;
             let lowers: &[PathBuf] = if layers.is_empty() {
                 empty = [store_dir.join(".empty")];

@@ -124,6 +124,29 @@ pub fn apply(plan: &mut Plan, config: &ImageConfig, mountpoint: &Path) {
     }
 }
 
+/// The dynamic loader aisb's init (a glibc program) needs inside the image.
+const INIT_LOADER: &str = if cfg!(target_arch = "aarch64") {
+    "/lib/ld-linux-aarch64.so.1"
+} else {
+    "/lib64/ld-linux-x86-64.so.2"
+};
+
+/// Refuse, with a reason, an image aisb's init cannot run in (no glibc loader): otherwise the
+/// sandbox or step would die at its first exec with nothing but an exit code.
+pub fn check_init_runs(layers: &[PathBuf], at: &str) -> Result<(), BuildError> {
+    let found = super::layer::resolve(layers, Path::new(INIT_LOADER))
+        .ok()
+        .and_then(|real| super::layer::lookup(layers, &real));
+    match found {
+        Some((_, m)) if m.is_file() => Ok(()),
+        _ => Err(BuildError::Step {
+            at: at.into(),
+            message: format!("the image has no {INIT_LOADER}: aisb's init (a glibc program) cannot start in it"),
+            help: "use a glibc-based image (Debian, Ubuntu, Fedora, …); musl-only images such as Alpine or busybox are not supported yet".into(),
+        }),
+    }
+}
+
 /// Mount points the image lacks for the sandbox's own mounts below its directories (an agent's
 /// managed settings in /etc, a `mount` into /opt): one more read-only layer on top, in the
 /// store under a name from the list, holding an empty directory (or file) at each.
@@ -208,6 +231,7 @@ pub fn prepare_run(
             graph::build(&g, &mut p)?.config
         }
     };
+    check_init_runs(&config.layers, "rootfs")?;
     let mut layers = config.layers.clone();
     if let Some(points) = mount_points(plan, &layers)? {
         layers.insert(0, points);
