@@ -105,6 +105,20 @@ fn a_named_sandbox_works_in_its_own_clone_on_both_backends() {
     }
     for backend in ["bwrap", "libcontainer"] {
         let r = Repo::new();
+        // `aisb plan --sandbox` lists the shared clone among what the host must realise.
+        let clone_line = || {
+            let o = r.run(&["plan", "--sandbox", "fix"]);
+            o.stdout
+                .lines()
+                .find(|l| l.trim_start().starts_with("shared clone "))
+                .map(str::to_string)
+                .unwrap_or_default()
+        };
+        assert!(
+            clone_line().ends_with("made at the next run"),
+            "{}",
+            clone_line()
+        );
         let o = r.run(&[
             "run",
             "--backend",
@@ -118,6 +132,7 @@ fn a_named_sandbox_works_in_its_own_clone_on_both_backends() {
         ]);
         assert_eq!(o.code, 0, "[{backend}] {}\n{}", o.stdout, o.stderr);
         o.expect("pwd", &r.repo().display().to_string());
+        assert!(clone_line().ends_with("ready"), "{}", clone_line());
         o.expect("readme", "hello");
         o.expect("env", "1");
         o.expect("committed", "yes");

@@ -8,11 +8,14 @@ use crate::Error;
 /// Show what the sandbox will be: mounts, masked paths and why, env names, network
 #[derive(Debug, clap::Args)]
 #[command(
-    after_help = "Examples:\n  aisb plan\n  aisb plan --profile investigate\n  aisb plan --json | jq '.masks[].path'"
+    after_help = "Examples:\n  aisb plan\n  aisb plan --profile investigate\n  aisb plan --sandbox fix-42\n  aisb plan --json | jq '.masks[].path'"
 )]
 pub struct Args {
     #[arg(short, long)]
     pub profile: Option<String>,
+    /// The named sandbox's plan (its state, its shared clone)
+    #[arg(long, value_name = "NAME")]
+    pub sandbox: Option<String>,
     /// Machine-readable output (env values are never included)
     #[arg(long)]
     pub json: bool,
@@ -20,11 +23,24 @@ pub struct Args {
 
 pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     let host = super::host()?;
-    let plan = g.plan(&host, a.profile, vec![])?;
+    let plan = match &a.sandbox {
+        None => g.plan(&host, a.profile, vec![])?,
+        Some(name) => {
+            if !crate::session::valid_name(name) {
+                return Err(crate::session::SessionError::BadName(name.clone()).into());
+            }
+            let mut req = g.request(a.profile, vec![]);
+            req.sandbox = Some(name.clone());
+            let loaded = g.load_for(&host, &[])?;
+            crate::eval::evaluate(&loaded, &host, &req).map_err(Error::from)?
+        }
+    };
     let image = image_graph(&plan);
     if a.json {
         let mut v = serde_json::to_value(&plan).unwrap_or_default();
-        v["host_nodes"] = serde_json::to_value(crate::graph::host_nodes(&plan)).unwrap_or_default();
+        v["host_nodes"] =
+            serde_json::to_value(crate::graph::host_nodes(&plan, a.sandbox.is_some()))
+                .unwrap_or_default();
         if let Some(g) = &image {
             v["image"] = match g {
                 Ok(g) => serde_json::to_value(g).unwrap_or_default(),
@@ -33,7 +49,7 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
         }
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     } else {
-        print!("{}", render(&plan, &host.cwd));
+        print!("{}", render(&plan, &host.cwd, a.sandbox.is_some()));
         if let Some(g) = &image {
             print!("{}", render_image(g));
         }
@@ -108,7 +124,7 @@ fn rel<'a>(p: &'a Path, base: &Path) -> std::borrow::Cow<'a, str> {
     }
 }
 
-pub fn render(plan: &Plan, _cwd: &Path) -> String {
+pub fn render(plan: &Plan, _cwd: &Path, named: bool) -> String {
     let mut o = String::new();
     let source = match &plan.config_file {
         Some(f) => f.display().to_string(),
@@ -162,7 +178,7 @@ pub fn render(plan: &Plan, _cwd: &Path) -> String {
         o,
         "\nrealised on the host (store entries shared by content, `aisb store ls`; the rest this sandbox's)"
     );
-    for n in crate::graph::host_nodes(plan) {
+    for n in crate::graph::host_nodes(plan, named) {
         let name = match n.path.strip_prefix(&plan.state_dir) {
             Ok(r) => r.display().to_string(),
             Err(_) => n

@@ -29,10 +29,20 @@ pub struct HostNode {
 
 /// What a sandbox of `plan` needs realised on the host: store entries (shared, by content)
 /// and the sandbox's own state (copy-on-write layers, private copies, state directories).
-/// An image's nodes are `image::graph`'s.
-pub fn host_nodes(plan: &crate::eval::Plan) -> Vec<HostNode> {
+/// An image's nodes are `image::graph`'s. `named`: the plan is a named sandbox's, which works
+/// in its own shared clone of the repository.
+pub fn host_nodes(plan: &crate::eval::Plan, named: bool) -> Vec<HostNode> {
     use crate::eval::plan::{MountKind, SystemPath};
     let mut out = Vec::new();
+    if named {
+        let clone = plan.state_dir.join("clone");
+        out.push(HostNode {
+            kind: "shared clone",
+            ready: clone.join(".git").exists(),
+            path: clone,
+            target: plan.project.clone(),
+        });
+    }
     // On an image, its own /etc replaces the snapshot.
     let host_root = plan.rootfs == crate::eval::plan::Rootfs::Host;
     for s in plan.system.iter().filter(|_| host_root) {
