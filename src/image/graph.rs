@@ -617,7 +617,6 @@ pub fn build(g: &Graph, progress: &mut dyn Progress) -> Result<Built, BuildError
     let store_dir = g.entry.parent().unwrap_or(Path::new(".")).to_path_buf();
     let mut below: Vec<PathBuf> = Vec::new(); // bottom first
     let mut outcomes = Vec::new();
-    let mut user_ids: Option<(u32, u32)> = None;
     for (i, node) in g.nodes.iter().enumerate() {
         progress.start(i, node);
         let t0 = Instant::now();
@@ -630,16 +629,7 @@ pub fn build(g: &Graph, progress: &mut dyn Progress) -> Result<Built, BuildError
         let io_err = |what: String| move |source| BuildError::Io { what, source };
         let mut failure: Option<BuildError> = None;
         let built = store::realise(e, |tmp| {
-            let r = fill(
-                g,
-                node,
-                tmp,
-                &top_first,
-                &store_dir,
-                i,
-                progress,
-                &mut user_ids,
-            );
+            let r = fill(g, node, tmp, &top_first, &store_dir, i, progress);
             r.map_err(|err| {
                 let msg = err.to_string();
                 failure = Some(err);
@@ -696,7 +686,6 @@ pub fn load(entry: &Path) -> Option<ImageConfig> {
     c.layers.iter().all(|l| store::is_ready(l)).then_some(c)
 }
 
-#[allow(clippy::too_many_arguments)]
 fn fill(
     g: &Graph,
     node: &Node,
@@ -705,7 +694,6 @@ fn fill(
     store_dir: &Path,
     index: usize,
     progress: &mut dyn Progress,
-    _ids: &mut Option<(u32, u32)>,
 ) -> Result<(), BuildError> {
     let at = node.at.as_str();
     match &node.action {
