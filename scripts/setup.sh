@@ -36,6 +36,12 @@ if [ -n "$need" ]; then
     echo "setup: installing$need" >&2
     $sudo apt-get update -qq >/dev/null
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends $need >/dev/null
+    # docker-registry's package starts a registry on *:5000 where an init system runs it; the
+    # tests start their own on a loopback port, so that one is stopped and disabled.
+    case "$need" in *docker-registry*)
+        $sudo systemctl disable --now docker-registry >/dev/null 2>&1 ||
+            $sudo service docker-registry stop >/dev/null 2>&1 || true ;;
+    esac
 fi
 if [ "$(id -u)" -eq 0 ]; then sudo=""; else sudo="sudo"; fi
 # The agent clients the agent tests run inside their presets (tests/agents.rs): four from npm,
