@@ -4,7 +4,7 @@
 #    debootstrap once): cold (empty store: the base layer is unpacked, every step runs), cold
 #    steps only (base layer already in the store), and fully cached; each against the natural
 #    baseline of running the same five commands directly (`sh -c`).
-#  - `aisb run -- true` on the built image vs the host's root, both backends, round-robin.
+#  - `aisb up -- true` on the built image vs the host's root, both backends, round-robin.
 #
 #   sh bench/build.sh       # release build; RUNS (default 20) for the start-up table
 set -eu
@@ -80,10 +80,10 @@ for name, ts in [("cold (empty store, base layer unpacked)", cold), ("cold steps
 cache = os.path.join(work, "cache0")
 cases = [
     ("bwrap --unshare-all (raw)", ["bwrap", "--unshare-all", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "true"], proj),
-    ("host root, bwrap", [aisb, "run", "--backend", "bwrap", "--", "true"], os.path.join(work, "host")),
-    ("image, bwrap", [aisb, "run", "--backend", "bwrap", "--", "true"], proj),
-    ("host root, libcontainer", [aisb, "run", "--backend", "libcontainer", "--", "true"], os.path.join(work, "host")),
-    ("image, libcontainer", [aisb, "run", "--backend", "libcontainer", "--", "true"], proj),
+    ("host root, bwrap", [aisb, "up", "--backend", "bwrap", "--", "true"], os.path.join(work, "host")),
+    ("image, bwrap", [aisb, "up", "--backend", "bwrap", "--", "true"], proj),
+    ("host root, libcontainer", [aisb, "up", "--backend", "libcontainer", "--", "true"], os.path.join(work, "host")),
+    ("image, libcontainer", [aisb, "up", "--backend", "libcontainer", "--", "true"], proj),
 ]
 for _, cmd, cwd in cases:  # warm the scan caches
     timed(cmd, cache, cwd)
@@ -91,7 +91,7 @@ times = {name: [] for name, _, _ in cases}
 for _ in range(runs):
     for name, cmd, cwd in cases:
         times[name].append(timed(cmd, cache, cwd))
-print(f"\n`aisb run -- true` on the built image vs the host's root, median (p90) of {runs}")
+print(f"\n`aisb up -- true` on the built image vs the host's root, median (p90) of {runs}")
 print(f"{'case':<28}{'median ms':>10}{'p90 ms':>9}{'x raw bwrap':>13}")
 raw = sorted(times["bwrap --unshare-all (raw)"])[runs // 2]
 for name, ts in times.items():

@@ -304,6 +304,76 @@ fn a_dockerfile_image_runs_a_command_on_both_backends() {
     );
 }
 
+/// `aisb plan`, `aisb spec` and `aisb export` describe the sandbox on its image, never the
+/// host's root it does not get: before the build the image's directories are unknown (spec
+/// refuses), after it they are the image's; a bundle for another runtime is refused.
+#[test]
+fn plan_and_spec_show_the_images_root_and_export_refuses_it() {
+    if !root_or_skip("images") {
+        return;
+    }
+    let p = Proj::with_dockerfile("payload\n", "n-plan", "");
+    let out = |args: &[&str]| Out::from(p.aisb().args(args).output().unwrap());
+    let plan = out(&["plan"]);
+    assert_eq!(plan.code, 0, "{}", plan.stderr);
+    assert!(
+        plan.stdout
+            .contains("the image's top-level directories, once it is built"),
+        "{}",
+        plan.stdout
+    );
+    assert!(
+        !plan.stdout.contains("world-readable"),
+        "the host's /etc in an image's plan: {}",
+        plan.stdout
+    );
+    let spec = out(&["spec"]);
+    assert_ne!(spec.code, 0);
+    assert!(spec.stderr.contains("is not built yet"), "{}", spec.stderr);
+
+    p.built(&[]);
+    let plan = out(&["plan"]);
+    assert!(
+        plan.stdout.contains("/usr (image)") && plan.stdout.contains("/etc (image)"),
+        "{}",
+        plan.stdout
+    );
+    assert!(!plan.stdout.contains("world-readable"), "{}", plan.stdout);
+    let json: serde_json::Value = serde_json::from_str(&out(&["plan", "--json"]).stdout).unwrap();
+    let kinds: Vec<&str> = json["system"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["kind"].as_str().unwrap())
+        .collect();
+    assert!(
+        kinds.contains(&"image") && !kinds.contains(&"bind") && !kinds.contains(&"snapshot"),
+        "{kinds:?}"
+    );
+    let spec = out(&["spec"]);
+    assert_eq!(spec.code, 0, "{}", spec.stderr);
+    let spec: serde_json::Value = serde_json::from_str(&spec.stdout).unwrap();
+    let usr = spec["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["destination"] == "/usr")
+        .expect("a /usr mount");
+    assert!(
+        usr["source"].as_str().unwrap().ends_with("/rootfs/usr"),
+        "{usr}"
+    );
+    let bundle = p.dir.path().join("bundle");
+    let export = out(&["export", "bundle", bundle.to_str().unwrap()]);
+    assert_ne!(export.code, 0);
+    assert!(
+        export.stderr.contains("cannot be exported"),
+        "{}",
+        export.stderr
+    );
+    assert!(!bundle.join("config.json").exists());
+}
+
 #[test]
 fn a_changed_run_rebuilds_that_step_and_later_only_and_an_unchanged_build_is_all_hits() {
     if !root_or_skip("images") {

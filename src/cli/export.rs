@@ -36,6 +36,16 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     } = a.what;
     let host = super::host()?;
     let plan = g.plan(&host, profile, command)?;
+    if plan.rootfs != crate::eval::plan::Rootfs::Host {
+        // The image's root is an overlay that aisb's runtime process mounts privately; a bundle
+        // for another runtime would bind empty directories in its place.
+        return Err(crate::image::graph::BuildError::Step {
+            at: "rootfs".into(),
+            message: "a sandbox on an image cannot be exported as a bundle yet: its root is an overlay of the image's layers that only aisb's runtime mounts".into(),
+            help: "run it with `aisb run` / `aisb up`; `aisb spec` shows its spec; export a sandbox on the host's root (`rootfs \"host\"`) for other runtimes".into(),
+        }
+        .into());
+    }
     let exe = super::current_exe()?;
     crate::spec::bundle::write(
         &plan,

@@ -35,7 +35,19 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
             crate::eval::evaluate(&loaded, &host, &req).map_err(Error::from)?
         }
     };
-    let image = image_graph(&plan);
+    let image = crate::image::sandbox::graph_of(&plan);
+    // On an image, the system paths are the image's once it is built (unknown before).
+    let plan = match &image {
+        None => plan,
+        Some(g) => g
+            .as_ref()
+            .ok()
+            .and_then(|g| crate::image::sandbox::as_built(&plan, g))
+            .unwrap_or_else(|| Plan {
+                system: Vec::new(),
+                ..plan
+            }),
+    };
     if a.json {
         let mut v = serde_json::to_value(&plan).unwrap_or_default();
         v["host_nodes"] =
@@ -55,22 +67,6 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
         }
     }
     Ok(0)
-}
-
-/// The image's build graph, when the sandbox's root is an image (resolving a base tag only
-/// when neither sandbox.lock nor this machine has an answer for it).
-fn image_graph(
-    plan: &Plan,
-) -> Option<Result<crate::image::graph::Graph, crate::image::graph::BuildError>> {
-    use crate::image::{graph, lock::Lock, sandbox};
-    let def = match sandbox::def_of(plan) {
-        Ok(Some(d)) => d,
-        Ok(None) => return None,
-        Err(e) => return Some(Err(e)),
-    };
-    let lock = Lock::read(&plan.project).unwrap_or_default();
-    let o = sandbox::options(plan, &def, &lock, &Default::default(), false);
-    Some(graph::plan(&def, &o))
 }
 
 pub fn render_image(
@@ -160,6 +156,9 @@ pub fn render(plan: &Plan, _cwd: &Path, named: bool) -> String {
             SystemPath::Snapshot { .. } => {}
             SystemPath::Image { path, .. } => list.push(format!("{} (image)", path.display())),
         }
+    }
+    if list.is_empty() && plan.rootfs != crate::eval::plan::Rootfs::Host {
+        list.push("the image's top-level directories, once it is built (`aisb build`)".into());
     }
     let _ = writeln!(o, "  {}", list.join("  "));
     for sys in &plan.system {

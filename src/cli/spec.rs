@@ -19,6 +19,28 @@ pub struct Args {
 pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     let host = super::host()?;
     let plan = g.plan(&host, a.profile, a.command)?;
+    let plan = match crate::image::sandbox::graph_of(&plan) {
+        None => plan,
+        Some(graph) => {
+            let graph = graph?;
+            let Some(built) = crate::image::sandbox::as_built(&plan, &graph) else {
+                return Err(crate::image::graph::BuildError::Step {
+                    at: "rootfs".into(),
+                    message: format!(
+                        "the image {} is not built yet, so its directories are not known",
+                        graph.name
+                    ),
+                    help: "`aisb build` builds it".into(),
+                }
+                .into());
+            };
+            eprintln!(
+                "aisb: the image's directories are bound from {}, where aisb's runtime process mounts the image privately (an overlay of its layers) before it starts",
+                crate::image::sandbox::mountpoint(&plan).display()
+            );
+            built
+        }
+    };
     let bundle = plan.state_dir.join("bundle");
     let exe = super::current_exe()?;
     let paths = SpecPaths {

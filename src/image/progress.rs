@@ -14,6 +14,9 @@ pub struct Bar {
     tty: bool,
     /// Also show the nodes that make no layer (ARG, ENV, …).
     verbose: bool,
+    /// The node being built, said before its first line of output (so a log read without the
+    /// spinner shows which step printed it).
+    current: Option<String>,
 }
 
 impl Bar {
@@ -33,6 +36,7 @@ impl Bar {
             total,
             tty,
             verbose,
+            current: None,
         }
     }
 
@@ -60,15 +64,25 @@ impl Progress for Bar {
         self.pb.set_message(short(&node.what));
         if node.entry.is_some() && !node.cached {
             self.pb.enable_steady_tick(Duration::from_millis(120));
+            self.current = Some(format!(
+                "  [{}/{}] {}",
+                index + 1,
+                self.total,
+                short(&node.what)
+            ));
         }
     }
 
     fn line(&mut self, line: &str) {
+        if let Some(header) = self.current.take() {
+            self.say(header);
+        }
         self.say(format!("    │ {line}"));
     }
 
     fn done(&mut self, index: usize, node: &Node, outcome: Outcome, secs: f64) {
         self.pb.disable_steady_tick();
+        self.current = None;
         let what = short(&node.what);
         let n = format!("[{}/{}]", index + 1, self.total);
         match outcome {

@@ -45,6 +45,29 @@ pub fn def_of(plan: &Plan) -> Result<Option<Def>, BuildError> {
     }))
 }
 
+/// The image's build graph when the sandbox's root is an image, for the commands that show
+/// the sandbox without running it (`aisb plan`, `aisb spec`); a base tag is resolved only when
+/// neither sandbox.lock nor this machine has an answer for it.
+pub fn graph_of(plan: &Plan) -> Option<Result<Graph, BuildError>> {
+    let def = match def_of(plan) {
+        Ok(Some(d)) => d,
+        Ok(None) => return None,
+        Err(e) => return Some(Err(e)),
+    };
+    let lock = lock::Lock::read(&plan.project).unwrap_or_default();
+    let o = options(plan, &def, &lock, &BTreeMap::new(), false);
+    Some(graph::plan(&def, &o))
+}
+
+/// The plan as it runs on its image (system paths pointed at the image's directories, the
+/// image's `ENV`), when the image is built; None when it is not built yet.
+pub fn as_built(plan: &Plan, g: &Graph) -> Option<Plan> {
+    let config = graph::load(&g.entry).filter(|_| g.cached)?;
+    let mut p = plan.clone();
+    apply(&mut p, &config, &mountpoint(plan));
+    Some(p)
+}
+
 /// The domain rules RUN steps may reach: the `registries` group.
 pub fn step_allow() -> Vec<String> {
     crate::eval::BUILTIN_GROUPS
