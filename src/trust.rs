@@ -42,6 +42,22 @@ pub fn loosenings(plan: &Plan) -> Vec<String> {
         )),
         _ => {}
     }
+    if plan.rootfs != crate::eval::plan::Rootfs::Host {
+        let default = crate::eval::default_build_network();
+        let beyond: Vec<&str> = plan
+            .build_network
+            .iter()
+            .filter(|r| !default.contains(r))
+            .map(String::as_str)
+            .collect();
+        if !beyond.is_empty() {
+            out.push(format!(
+                "image build steps reach {} domain rule(s) beyond the package registries: {}",
+                beyond.len(),
+                beyond.join(", ")
+            ));
+        }
+    }
     if !plan.network.localhost_ports.is_empty() {
         let ports: Vec<String> = plan
             .network

@@ -690,9 +690,76 @@ fn images_in_kdl_decode_with_their_lines_and_errors_point_at_the_node() {
         ("rootfs image=\"nope\"\n", "no image named `nope`"),
         ("rootfs dockerfile=\"D\" image=\"x\"\n", "exactly one of"),
         ("rootfs \"guest\"\n", "exactly one of"),
+        (
+            "rootfs dockerfile=\"D\" {\n    network \"host\"\n}\n",
+            "cannot include the host's network",
+        ),
+        (
+            "rootfs dockerfile=\"D\" {\n    network { localhost-port 5432; }\n}\n",
+            "cannot include the host's loopback ports",
+        ),
+        (
+            "rootfs dockerfile=\"D\" {\n    network { deny \"a.com\"; }\n}\n",
+            "cannot include deny rules",
+        ),
+        (
+            "rootfs dockerfile=\"D\" {\n    network { group \"gihub\"; }\n}\n",
+            "did you mean `github`?",
+        ),
+        ("rootfs dockerfile=\"D\" {\n    mount \"/x\"\n}\n", "mount"),
     ] {
         let e = err(text);
         assert!(e.contains(want), "{text}: {e}");
         assert!(e.contains("sandbox.kdl:"), "no location: {e}");
     }
+}
+
+/// What an image's RUN steps may reach: the package registries and distributions' archives
+/// unless `rootfs … { network … }` says otherwise; only a widening is a loosening to trust.
+#[test]
+fn build_steps_network_defaults_to_the_registries_and_is_set_under_rootfs() {
+    let f = Fixture::new();
+    let default = f.plan("rootfs dockerfile=\"D\"\n", None);
+    for d in [
+        "registry.npmjs.org",
+        "pypi.org",
+        "deb.debian.org",
+        "security.debian.org",
+    ] {
+        assert!(
+            default.build_network.iter().any(|r| r == d),
+            "{d}: {:?}",
+            default.build_network
+        );
+    }
+    assert!(!default.build_network.iter().any(|r| r == "github.com"));
+    assert!(aisb::trust::loosenings(&default).is_empty());
+
+    let none = f.plan("rootfs dockerfile=\"D\" {\n    network \"none\"\n}\n", None);
+    assert!(none.build_network.is_empty());
+    assert!(aisb::trust::loosenings(&none).is_empty());
+
+    let wide = f.plan(
+        "domains \"mine\" \"git.example.org\"\nrootfs dockerfile=\"D\" {\n    network { group \"github\" \"mine\"; allow \"*.Example.COM\"; }\n}\n",
+        None,
+    );
+    for d in ["github.com", "git.example.org", "*.example.com"] {
+        assert!(
+            wide.build_network.iter().any(|r| r == d),
+            "{d}: {:?}",
+            wide.build_network
+        );
+    }
+    assert!(
+        !wide.build_network.iter().any(|r| r == "pypi.org"),
+        "a build network is exactly what it says"
+    );
+    let l = aisb::trust::loosenings(&wide);
+    assert!(
+        l.iter()
+            .any(|l| l.contains("image build steps reach") && l.contains("github.com")),
+        "{l:?}"
+    );
+    // The sandbox's own network is not the build's.
+    assert!(wide.network.allow.is_empty());
 }

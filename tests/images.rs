@@ -906,7 +906,7 @@ fn an_ordinary_user_runs_an_image_with_bwrap_and_is_told_what_needs_root() {
 }
 
 #[test]
-fn build_steps_reach_the_registries_group_through_the_proxy_and_nothing_else() {
+fn build_steps_reach_the_default_groups_or_their_own_network_through_the_proxy_and_nothing_else() {
     if !root_or_skip("images") {
         return;
     }
@@ -942,43 +942,90 @@ fn build_steps_reach_the_registries_group_through_the_proxy_and_nothing_else() {
     let p = Proj::new();
     p.write("sandbox.kdl", "rootfs dockerfile=\"Dockerfile\"\n");
     // Plain HTTP through the relay on 127.0.0.1:3128 with bash alone (a minimal Debian has no
-    // curl): an allowed registry, then a host outside the group.
+    // curl): a package registry and Debian's archive (the default groups), then a host
+    // outside them.
     let get = |host: &str| {
         format!("exec 3<>/dev/tcp/127.0.0.1/3128; printf 'GET http://{host}/pkg HTTP/1.0\\r\\nHost: {host}\\r\\n\\r\\n' >&3; cat <&3; exec 3<&-")
     };
+    let step = |hosts: &[&str], nonce: &str| {
+        let gets: Vec<String> = hosts
+            .iter()
+            .map(|h| format!("echo {h}: $(bash -c \"{}\" | tail -n 1)", get(h)))
+            .collect();
+        format!(
+            "FROM oci:{}:1\nRUN echo {nonce}; {}\n",
+            debian_layout().display(),
+            gets.join("; ")
+        )
+    };
+    let pins = ["registry.npmjs.org", "deb.debian.org", "example.com"]
+        .map(|h| format!("{h}=127.0.0.1:{port}"))
+        .join(",");
+    let build = |extra: &[&str]| {
+        let o = p
+            .aisb()
+            .arg("build")
+            .args(extra)
+            .env("AISB_PROXY_PIN", &pins)
+            .output()
+            .unwrap();
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
     p.write(
         "Dockerfile",
-        &format!(
-            "FROM oci:{}:1\nRUN bash -c \"{}\" > /registry && bash -c \"{}\" > /other; cat /registry /other\n",
-            debian_layout().display(),
-            get("registry.npmjs.org"),
-            get("example.com")
+        &step(
+            &["registry.npmjs.org", "deb.debian.org", "example.com"],
+            "default",
         ),
     );
-    let out = p
-        .aisb()
-        .args(["build"])
-        .env(
-            "AISB_PROXY_PIN",
-            format!("registry.npmjs.org=127.0.0.1:{port}"),
-        )
-        .output()
-        .unwrap();
+    let (ok, err) = build(&[]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("registry.npmjs.org: package-bytes")
+            && err.contains("deb.debian.org: package-bytes"),
+        "the default groups were not reached: {err}"
+    );
+    assert!(
+        !err.contains("example.com: package-bytes") && err.contains("example.com: "),
+        "a host outside the groups was reached: {err}"
+    );
+
+    // `rootfs … { network … }`: exactly what it says, and a widening is asked about first.
+    p.write(
+        "sandbox.kdl",
+        "rootfs dockerfile=\"Dockerfile\" {\n    network { allow \"example.com\"; }\n}\n",
+    );
+    p.write(
+        "Dockerfile",
+        &step(&["registry.npmjs.org", "example.com"], "custom"),
+    );
+    let (ok, err) = build(&[]);
+    assert!(!ok, "an untrusted widening was built: {err}");
+    assert!(
+        err.contains("image build steps reach 1 domain rule(s)") && err.contains("example.com"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("package-bytes"),
+        "a step ran before trust: {err}"
+    );
+    let (ok, err) = build(&["--trust"]);
+    assert!(ok, "{err}");
+    assert!(err.contains("example.com: package-bytes"), "{err}");
+    assert!(
+        !err.contains("registry.npmjs.org: package-bytes"),
+        "the default groups stayed allowed: {err}"
+    );
     let _ = server.kill();
     let _ = server.wait();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
-    assert!(
-        err.contains("package-bytes"),
-        "the allowed registry was not reached: {err}"
-    );
-    assert!(
-        err.contains(" 403 "),
-        "a host outside the group was not refused: {err}"
-    );
     let audit = Out::from(p.aisb().args(["audit", "--json"]).output().unwrap());
     assert!(
-        audit.stdout.contains("registry.npmjs.org") && audit.stdout.contains("example.com"),
+        audit.stdout.contains("registry.npmjs.org")
+            && audit.stdout.contains("deb.debian.org")
+            && audit.stdout.contains("example.com"),
         "{}",
         audit.stdout
     );

@@ -14,6 +14,7 @@ use support::Fixture;
 fn sample_plan() -> Plan {
     Plan {
         rootfs: aisb::eval::plan::Rootfs::Host,
+        build_network: Vec::new(),
         config_digest: None,
         config_file: Some("/src/p/sandbox.kdl".into()),
         profile: "default".into(),

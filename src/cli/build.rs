@@ -15,7 +15,8 @@ use crate::Error;
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
 Steps run in aisb's own sandbox (root in a user namespace, the network limited to the
-`registries` group); each is cached by the hash of its inputs (`aisb plan` shows them).
+`registries` and `os-packages` groups, or what `rootfs … { network … }` says); each is
+cached by the hash of its inputs (`aisb plan` shows them and what RUN steps reach).
 Build args USER_NAME, USER_ID, GROUP_ID (and USERNAME, UID, GID, USER_UID, USER_GID) are the
 caller's, for the image's ARG lines that declare them.
 
@@ -74,6 +75,8 @@ impl Progress for Recorder {
 pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     let host = super::host()?;
     let plan = g.plan(&host, a.profile, vec![])?;
+    // A checked-in file that widens what its build steps reach is asked about like a run.
+    crate::trust::check(&plan, &host.config_home(), g.trust)?;
     let Some(def) = sandbox::def_of(&plan)? else {
         eprintln!("aisb: nothing to build: this sandbox's root is the host's (`rootfs \"host\"`)\n  help: `rootfs dockerfile=\"Dockerfile\"` in sandbox.kdl builds one from the project's Dockerfile");
         return Ok(0);

@@ -63,7 +63,7 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     } else {
         print!("{}", render(&plan, &host.cwd, a.sandbox.is_some()));
         if let Some(g) = &image {
-            print!("{}", render_image(g));
+            print!("{}", render_image(g, &plan.build_network));
         }
     }
     Ok(0)
@@ -71,6 +71,7 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
 
 pub fn render_image(
     g: &Result<crate::image::graph::Graph, crate::image::graph::BuildError>,
+    build_network: &[String],
 ) -> String {
     let mut o = String::new();
     let g = match g {
@@ -95,6 +96,18 @@ pub fn render_image(
     if let Some((src, digest)) = &g.base {
         let _ = writeln!(o, "  base {src} = {digest}");
     }
+    let reach = if build_network.is_empty() {
+        "nothing (no network)".to_string()
+    } else if build_network == crate::eval::default_build_network() {
+        format!(
+            "the groups {} ({} rules; `rootfs … {{ network … }}` says otherwise)",
+            crate::eval::BUILD_GROUPS.join(", "),
+            build_network.len()
+        )
+    } else {
+        build_network.join(", ")
+    };
+    let _ = writeln!(o, "  RUN steps reach {reach}");
     for (i, n) in g.nodes.iter().enumerate() {
         let status = match (&n.entry, n.cached) {
             (None, _) => "",

@@ -214,7 +214,9 @@ impl Decoder<'_> {
             "process" => self.process(node, &mut s.process),
             "rootfs" => {
                 self.only_props(node, &["dockerfile", "image", "from"]);
-                self.no_children(node);
+                for child in self.children(node, &["network"]) {
+                    s.build_network = self.build_network(child);
+                }
                 let props: Vec<(&str, Spanned<String>)> = ["dockerfile", "image", "from"]
                     .into_iter()
                     .filter_map(|k| Some((k, self.prop_string(node, k)?)))
@@ -769,6 +771,33 @@ impl Decoder<'_> {
                 _ => {}
             }
         }
+    }
+
+    /// `rootfs … { network "none" }` or `{ network { group …; allow … } }`: what RUN steps may
+    /// reach. Only names to allow: steps never get the host's network, its loopback ports,
+    /// or a domain mode (there is no preset list to merge with).
+    fn build_network(&mut self, node: &KdlNode) -> Option<NetworkCfg> {
+        let mut net = NetworkCfg::default();
+        self.network(node, &mut net);
+        let host = net.mode.as_ref().filter(|m| m.value == NetMode::Host);
+        let (what, span) = if let Some(m) = host {
+            ("the host's network", m.loc.span)
+        } else if let Some(d) = &net.domains {
+            ("a domain mode", d.loc.span)
+        } else if let Some(d) = net.deny.first() {
+            ("deny rules", d.loc.span)
+        } else if let Some(p) = net.localhost_ports.first() {
+            ("the host's loopback ports", p.loc.span)
+        } else {
+            return Some(net);
+        };
+        self.err(
+            span,
+            format!("a build's network cannot include {what}"),
+            "not for build steps",
+            Some("RUN steps reach only what is allowed: `network \"none\"`, or `network { group \"registries\"; allow \"example.com\" }`".into()),
+        );
+        None
     }
 
     fn process(&mut self, node: &KdlNode, p: &mut ProcessCfg) {

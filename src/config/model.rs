@@ -223,6 +223,9 @@ pub struct Settings {
     /// Preferred runtime (`libcontainer` | `bwrap`); `--backend` overrides it.
     pub backend: Option<S<String>>,
     pub rootfs: Option<S<RootfsCfg>>,
+    /// `rootfs … { network … }`: what an image's RUN steps may reach (default: the
+    /// `registries` and `os-packages` groups).
+    pub build_network: Option<NetworkCfg>,
     pub project: ProjectCfg,
     pub read_only: Option<S<bool>>,
     pub mounts: Vec<MountCfg>,

@@ -28,6 +28,7 @@ pub fn merge(
     }
     scalar(&mut base.backend, &over.backend);
     scalar(&mut base.rootfs, &over.rootfs);
+    scalar(&mut base.build_network, &over.build_network);
     scalar(&mut base.project.root, &over.project.root);
     scalar(&mut base.project.access, &over.project.access);
     scalar(&mut base.read_only, &over.read_only);

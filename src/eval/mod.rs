@@ -140,6 +140,19 @@ pub const BUILTIN_GROUPS: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        // Distributions' package archives (apt, dnf): an image's `RUN apt-get install …`.
+        "os-packages",
+        &[
+            "deb.debian.org",
+            "security.debian.org",
+            "archive.ubuntu.com",
+            "security.ubuntu.com",
+            "ports.ubuntu.com",
+            "mirrors.fedoraproject.org",
+            "dl.fedoraproject.org",
+        ],
+    ),
+    (
         "github",
         &[
             "github.com",
@@ -171,6 +184,9 @@ pub const BUILTIN_GROUPS: &[(&str, &[&str])] = &[
         ],
     ),
 ];
+
+/// What an image's RUN steps may reach unless `rootfs … { network … }` says otherwise.
+pub const BUILD_GROUPS: &[&str] = &["registries", "os-packages"];
 
 /// The XDG base directories `xdg "sandbox"` relocates: variable, place under the home,
 /// directory in the sandbox's state.
@@ -237,6 +253,65 @@ pub const ETC_PATHS: &[&str] = &[
 struct Groups {
     all: BTreeMap<String, Vec<String>>,
     shipped: BTreeMap<String, Vec<String>>,
+}
+
+fn unknown_group(cx: &mut Ctx<'_>, groups: &Groups, g: &Spanned<String>) {
+    let hint = crate::config::diag::suggest(&g.value, groups.all.keys().map(String::as_str));
+    cx.err(
+        g.loc,
+        format!("unknown domain group `{}`", g.value),
+        "no such group",
+        Some(hint.map_or_else(
+            || {
+                format!(
+                    "known groups: {}; define one with `domains \"NAME\" \"a.com\" …`",
+                    groups.all.keys().cloned().collect::<Vec<_>>().join(", ")
+                )
+            },
+            |h| format!("did you mean `{h}`?"),
+        )),
+    );
+}
+
+/// The domain rules an image's RUN steps may reach: `rootfs … { network … }`, else aisb's
+/// [`BUILD_GROUPS`] (a project cannot widen those by redefining their names here: it says
+/// what it adds in its own `network` block, where `aisb plan` and the trust prompt show it).
+fn build_network(cx: &mut Ctx<'_>, s: &Settings, groups: &Groups) -> Vec<String> {
+    let mut rules: BTreeSet<String> = BTreeSet::new();
+    match &s.build_network {
+        None => return default_build_network(),
+        Some(n) if n.mode.as_ref().is_some_and(|m| m.value == NetMode::None) => {}
+        Some(n) => {
+            for d in &n.allow {
+                if let Ok(r) = DomainRule::parse(&d.value) {
+                    rules.insert(r.to_string());
+                }
+            }
+            for g in &n.groups {
+                match groups.all.get(&g.value) {
+                    Some(list) => rules.extend(
+                        list.iter()
+                            .filter_map(|d| DomainRule::parse(d).ok())
+                            .map(|r| r.to_string()),
+                    ),
+                    None => unknown_group(cx, groups, g),
+                }
+            }
+        }
+    }
+    rules.into_iter().collect()
+}
+
+/// The rules of [`BUILD_GROUPS`], as aisb ships them.
+pub fn default_build_network() -> Vec<String> {
+    let rules: BTreeSet<String> = BUILTIN_GROUPS
+        .iter()
+        .filter(|(n, _)| BUILD_GROUPS.contains(n))
+        .flat_map(|(_, d)| d.iter())
+        .filter_map(|d| DomainRule::parse(d).ok())
+        .map(|r| r.to_string())
+        .collect();
+    rules.into_iter().collect()
 }
 
 struct Ctx<'a> {
@@ -910,24 +985,7 @@ fn resolve(
                     .filter_map(|d| DomainRule::parse(d).ok())
                     .map(|r| r.to_string()),
             ),
-            None => {
-                let hint =
-                    crate::config::diag::suggest(&g.value, groups.all.keys().map(String::as_str));
-                cx.err(
-                    g.loc,
-                    format!("unknown domain group `{}`", g.value),
-                    "no such group",
-                    Some(hint.map_or_else(
-                        || {
-                            format!(
-                                "known groups: {}; define one with `domains \"NAME\" \"a.com\" …`",
-                                groups.all.keys().cloned().collect::<Vec<_>>().join(", ")
-                            )
-                        },
-                        |h| format!("did you mean `{h}`?"),
-                    )),
-                );
-            }
+            None => unknown_group(cx, groups, g),
         }
     }
     let deny_rules: BTreeSet<String> = s
@@ -1205,6 +1263,7 @@ fn resolve(
             }
         }
     };
+    let build_network = build_network(cx, s, groups);
     if !cx.errors.is_empty() {
         return Err(ConfigErrors::new(std::mem::take(&mut cx.errors.list)).into());
     }
@@ -1252,6 +1311,7 @@ fn resolve(
         profile: profile_name,
         backend: s.backend.as_ref().map(|b| b.value.clone()),
         rootfs,
+        build_network,
         project,
         project_access,
         read_only,

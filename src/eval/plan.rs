@@ -20,6 +20,8 @@ pub struct Plan {
     pub backend: Option<String>,
     /// The root filesystem: the host's system directories, or an image (`image`).
     pub rootfs: Rootfs,
+    /// Domain rules an image's RUN steps may reach through the proxy (empty: none).
+    pub build_network: Vec<String>,
     pub project: PathBuf,
     pub project_access: Access,
     pub read_only: bool,

@@ -134,7 +134,7 @@ pub fn parse(file: &str, text: &str) -> Result<Vec<Step>, Box<DockerfileError>> 
                 if rest.starts_with("--") {
                     return Err(fail(
                         format!("RUN flags (`{}`) are not supported", rest.split_whitespace().next().unwrap_or_default()),
-                        Some("steps run in aisb's sandbox with the image's network policy".into()),
+                        Some("steps run in aisb's sandbox; what they reach is set by `rootfs … { network … }` in sandbox.kdl".into()),
                     ));
                 }
                 if rest.is_empty() {

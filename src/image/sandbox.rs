@@ -68,15 +68,6 @@ pub fn as_built(plan: &Plan, g: &Graph) -> Option<Plan> {
     Some(p)
 }
 
-/// The domain rules RUN steps may reach: the `registries` group.
-pub fn step_allow() -> Vec<String> {
-    crate::eval::BUILTIN_GROUPS
-        .iter()
-        .find(|(n, _)| *n == "registries")
-        .map(|(_, d)| d.iter().map(|s| s.to_string()).collect())
-        .unwrap_or_default()
-}
-
 /// Build options for `plan`'s image: the caller's identity as build args (then `extra`), the
 /// lock file's pins.
 pub fn options<'a>(
@@ -97,7 +88,7 @@ pub fn options<'a>(
             .map(|l| l.bases.clone())
             .unwrap_or_default(),
         pull,
-        allow: step_allow(),
+        allow: plan.build_network.clone(),
         audit: plan.state_dir.join("audit.jsonl"),
     }
 }
