@@ -374,6 +374,64 @@ fn plan_and_spec_show_the_images_root_and_export_refuses_it() {
     assert!(!bundle.join("config.json").exists());
 }
 
+/// The sandbox masks the project's secrets; an image must not hand them back: COPY leaves
+/// masked files out of a copied directory (so neither a RUN step nor the sandbox sees them)
+/// and refuses to copy one by name.
+#[test]
+fn copy_never_puts_a_masked_secret_into_the_image() {
+    if !root_or_skip("images") {
+        return;
+    }
+    let p = Proj::new();
+    p.write(".env", "API_TOKEN=hunter2-top-level\n");
+    p.write("app/.env", "API_TOKEN=hunter2-nested\n");
+    p.write(
+        "app/id_ed25519",
+        "-----BEGIN OPENSSH PRIVATE KEY----- hunter2-key\n",
+    );
+    p.write("app/main.sh", "echo hello\n");
+    p.write("sandbox.kdl", "rootfs dockerfile=\"Dockerfile\"\n");
+    let from = format!("FROM oci:{}:1\n", debian_layout().display());
+    p.write(
+        "Dockerfile",
+        &format!("{from}COPY . /src/\nRUN echo step sees: $(cat /src/app/.env /src/app/id_ed25519 /src/.env 2>&1)\n"),
+    );
+    let (ok, _, err) = p.build(&[]);
+    assert!(ok, "{err}");
+    assert!(
+        !err.contains("hunter2"),
+        "a RUN step read a masked secret: {err}"
+    );
+    assert!(
+        err.contains("step sees: cat: /src/app/.env: No such file"),
+        "{err}"
+    );
+    for backend in ["bwrap", "libcontainer"] {
+        let out = p.run(
+            backend,
+            "cat /src/app/main.sh; grep -r hunter2 /src /etc /opt 2>/dev/null; true",
+        );
+        assert_eq!(out.code, 0, "{backend}: {}", out.stderr);
+        assert!(
+            out.stdout.contains("echo hello"),
+            "{backend}: {}",
+            out.stdout
+        );
+        assert!(
+            !out.stdout.contains("hunter2"),
+            "{backend}: a masked secret is in the image: {}",
+            out.stdout
+        );
+    }
+    p.write("Dockerfile", &format!("{from}COPY app/.env /etc/app.env\n"));
+    let (ok, _, err) = p.build(&[]);
+    assert!(!ok, "a masked file was copied by name");
+    assert!(
+        err.contains("is masked in this sandbox") && err.contains("Dockerfile:2"),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_changed_run_rebuilds_that_step_and_later_only_and_an_unchanged_build_is_all_hits() {
     if !root_or_skip("images") {

@@ -9,7 +9,7 @@
 //! | `ARG`, `ENV`, `USER`, `SHELL` | – | parent hash, the instruction with variables expanded | – |
 //! | `WORKDIR` | `<hash>-layer` (the directory) | parent hash, the absolute directory | – |
 //! | `RUN` | `<hash>-layer` (the overlay upper dir) | parent hash, argv (shell + command), the full environment (ENVs, ARGs in scope, sorted), working dir, user, the domains the step may reach | output, time |
-//! | `COPY`/`ADD` | `<hash>-layer` | parent hash, destination, `--chown`, `--chmod`, each source's name and, for every file below it in sorted order: relative path, kind, permission bits, content sha256 or symlink target (`layer::hash_sources`) | mtimes, owners, inode numbers |
+//! | `COPY`/`ADD` | `<hash>-layer` | parent hash, destination, `--chown`, `--chmod`, each source's name and, for every file below it that the sandbox does not mask (masked ones are never copied), in sorted order: relative path, kind, permission bits, content sha256 or symlink target (`layer::hash_sources`) | mtimes, owners, inode numbers |
 //! | image | `<hash>-image` (`image.json`: layers, env, workdir, user, shell) | last node's hash, that config | – |
 //!
 //! Hashes are sha256 over `aisb-image-v1` and the parts, NUL-separated. Entries are named by
@@ -47,6 +47,8 @@ pub struct Options<'a> {
     pub pull: bool,
     /// Domain rules RUN steps may reach (default: the `registries` group).
     pub allow: Vec<String>,
+    /// What the sandbox masks: never copied into the image.
+    pub masked: layer::Masked,
     /// Where RUN steps' proxy logs its decisions.
     pub audit: PathBuf,
 }
@@ -116,6 +118,8 @@ pub struct Graph {
     config: ImageConfig,
     #[serde(skip)]
     allow: Vec<String>,
+    #[serde(skip)]
+    masked: layer::Masked,
     #[serde(skip)]
     audit: PathBuf,
 }
@@ -439,7 +443,17 @@ pub fn plan(def: &Def, o: &Options) -> Result<Graph, BuildError> {
                 for s in srcs {
                     paths.extend(sources(&def.context, &expand(s, &v)).map_err(|m| step_err(at, m, "COPY sources are files or directories inside the build context (the project)"))?);
                 }
-                let content = layer::hash_sources(&paths).map_err(|e| {
+                for p in &paths {
+                    let real = p.canonicalize().unwrap_or_else(|_| p.clone());
+                    if let Some(rule) = layer::masked_by(&o.masked, &real) {
+                        return Err(step_err(
+                            at,
+                            format!("{} is masked in this sandbox ({rule}): copied into the image, the sandbox would see it", p.display()),
+                            "leave it out, or `allow` it in sandbox.kdl if the sandbox may see it (masked files below a copied directory are left out)",
+                        ));
+                    }
+                }
+                let content = layer::hash_sources(&paths, &o.masked).map_err(|e| {
                     step_err(
                         at,
                         format!("reading the sources: {e}"),
@@ -508,6 +522,7 @@ pub fn plan(def: &Def, o: &Options) -> Result<Graph, BuildError> {
         blobs,
         config,
         allow: o.allow.clone(),
+        masked: o.masked.clone(),
         audit: o.audit.clone(),
     })
 }
@@ -753,7 +768,7 @@ fn fill(
                 let r = if archive {
                     fs::create_dir_all(&to).and_then(|()| layer::unpack(fs::File::open(src)?, &to))
                 } else {
-                    layer::copy_into(src, &to, owner, *chmod)
+                    layer::copy_into(src, &to, owner, *chmod, &g.masked)
                 };
                 r.map_err(|e| {
                     step_err(

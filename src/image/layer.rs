@@ -47,9 +47,9 @@ pub fn unpack(reader: impl Read, dest: &Path) -> io::Result<()> {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
+        // Every entry's directory, checked (and made) before anything is written there.
+        let parent = dir_inside(dest, rel.parent().unwrap_or(Path::new("")))?;
         if let Some(hidden) = name.strip_prefix(".wh.") {
-            let parent = dest.join(rel.parent().unwrap_or(Path::new("")));
-            fs::create_dir_all(&parent)?;
             if hidden == ".wh..opq" {
                 set_xattr(&parent, opaque_xattr(), b"y")?;
             } else {
@@ -68,6 +68,31 @@ pub fn unpack(reader: impl Read, dest: &Path) -> io::Result<()> {
     let mut inner = archive.into_inner();
     io::copy(&mut inner, &mut io::sink())?;
     Ok(())
+}
+
+/// The directory `rel` below `dest`, made where missing. Refused when any part of it is not a
+/// real directory: a symlink the layer itself made could lead out of it (the tar crate checks
+/// this for the entries it unpacks; whiteouts and opaque markers are ours).
+fn dir_inside(dest: &Path, rel: &Path) -> io::Result<PathBuf> {
+    let mut at = dest.to_path_buf();
+    for c in rel.components() {
+        at.push(c);
+        match fs::symlink_metadata(&at) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "layer entry below {}, which is not a directory in the layer",
+                        rel.display()
+                    ),
+                ))
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => fs::create_dir(&at)?,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(at)
 }
 
 /// A path inside the image, relative, with `.` removed; None when it has `..`.
@@ -233,14 +258,11 @@ pub fn resolve(layers: &[PathBuf], path: &Path) -> io::Result<PathBuf> {
 /// The content hash of COPY sources (see the table in `graph`): for each file below each
 /// source, in sorted order, its path relative to the source, its kind, permission bits and
 /// content (sha256), or a symlink's target. Never mtimes, owners or inode numbers.
-pub fn hash_sources(srcs: &[PathBuf]) -> io::Result<String> {
+pub fn hash_sources(srcs: &[PathBuf], masked: &Masked) -> io::Result<String> {
     let mut h = Sha256::new();
     for src in srcs {
         h.update(b"source\0");
-        for e in walkdir::WalkDir::new(src)
-            .follow_links(false)
-            .sort_by_file_name()
-        {
+        for e in walk(src, masked)? {
             let e = e.map_err(io::Error::from)?;
             let rel = e.path().strip_prefix(src).unwrap_or(e.path());
             let m = e.metadata().map_err(io::Error::from)?;
@@ -271,13 +293,48 @@ pub fn hash_sources(srcs: &[PathBuf]) -> io::Result<String> {
     Ok(hex::encode(h.finalize()))
 }
 
-/// Copy `src` (a file or a directory's contents, recursively) to `dest` inside a new layer,
-/// owned by `owner`, with `chmod` instead of the sources' permission bits when given.
-pub fn copy_into(src: &Path, dest: &Path, owner: (u32, u32), chmod: Option<u32>) -> io::Result<()> {
-    for e in walkdir::WalkDir::new(src)
+/// Host paths the sandbox masks (a secret, a key, a gitignored file), each with the rule that
+/// masks it: COPY never puts them into an image, where the sandbox would see them after all.
+pub type Masked = std::collections::BTreeMap<PathBuf, String>;
+
+/// The rule masking `path` (or a directory above it), if any.
+pub fn masked_by<'a>(masked: &'a Masked, path: &Path) -> Option<&'a str> {
+    if masked.is_empty() {
+        return None;
+    }
+    path.ancestors()
+        .find_map(|a| masked.get(a))
+        .map(String::as_str)
+}
+
+/// Everything below `src` (itself first), in name order, symlinks not followed, masked paths
+/// and all below them left out. Masks are on real paths, so the walk's are matched as such.
+fn walk<'a>(
+    src: &Path,
+    masked: &'a Masked,
+) -> io::Result<impl Iterator<Item = walkdir::Result<walkdir::DirEntry>> + 'a> {
+    let real = src.canonicalize()?;
+    let root = src.to_path_buf();
+    Ok(walkdir::WalkDir::new(src)
         .follow_links(false)
         .sort_by_file_name()
-    {
+        .into_iter()
+        .filter_entry(move |e| {
+            let rel = e.path().strip_prefix(&root).unwrap_or(Path::new(""));
+            masked_by(masked, &real.join(rel)).is_none()
+        }))
+}
+
+/// Copy `src` (a file or a directory's contents, recursively) to `dest` inside a new layer,
+/// owned by `owner`, with `chmod` instead of the sources' permission bits when given.
+pub fn copy_into(
+    src: &Path,
+    dest: &Path,
+    owner: (u32, u32),
+    chmod: Option<u32>,
+    masked: &Masked,
+) -> io::Result<()> {
+    for e in walk(src, masked)? {
         let e = e.map_err(io::Error::from)?;
         let rel = e.path().strip_prefix(src).unwrap_or(Path::new(""));
         let to = if rel.as_os_str().is_empty() {
@@ -382,6 +439,78 @@ pub fn top_level(layers: &[PathBuf]) -> Vec<(String, Option<PathBuf>)> {
 mod tests {
     use super::*;
 
+    /// A layer is untrusted input (a registry's image): an entry that climbs out through a
+    /// symlink the layer itself made must not touch, create or link anything outside it (as
+    /// root, a whiteout there would have replaced a host file with a device node).
+    #[test]
+    fn a_layer_cannot_reach_outside_through_its_own_symlinks() {
+        let t = tempfile::tempdir().unwrap();
+        let outside = t.path().join("outside");
+        fs::create_dir_all(&outside).unwrap();
+        fs::write(outside.join("victim"), "host file").unwrap();
+        let attempts: [(&str, &dyn Fn(&mut tar::Builder<Vec<u8>>)); 5] = [
+            ("a whiteout", &|b| append(b, "esc/.wh.victim", b"")),
+            ("an opaque marker", &|b| append(b, "esc/.wh..wh..opq", b"")),
+            ("a file", &|b| append(b, "esc/planted", b"x")),
+            ("a directory through a dangling link", &|b| {
+                let mut h = header(tar::EntryType::Symlink);
+                b.append_link(&mut h, "dangling", "../outside/planted")
+                    .unwrap();
+                append(b, "dangling/sub/file", b"x");
+            }),
+            ("a hard link", &|b| {
+                let mut h = header(tar::EntryType::Link);
+                b.append_link(&mut h, "stolen", "esc/victim").unwrap();
+            }),
+        ];
+        for (what, attack) in attempts {
+            let mut b = tar::Builder::new(Vec::new());
+            let mut h = header(tar::EntryType::Symlink);
+            b.append_link(&mut h, "esc", &outside).unwrap();
+            attack(&mut b);
+            let dest = t.path().join(format!("layer-{}", what.replace(' ', "-")));
+            fs::create_dir_all(&dest).unwrap();
+            let r = unpack(&b.into_inner().unwrap()[..], &dest);
+            assert!(r.is_err(), "{what} through a symlink was unpacked");
+            // The layer's own symlink was fine: the refusal is the attack's.
+            assert!(
+                fs::symlink_metadata(dest.join("esc")).is_ok_and(|m| m.file_type().is_symlink()),
+                "{what}: {r:?}"
+            );
+            assert_eq!(
+                fs::read_to_string(outside.join("victim")).unwrap(),
+                "host file",
+                "{what}"
+            );
+            assert!(!outside.join("planted").exists(), "{what}");
+            assert!(
+                !dest.join("stolen").exists(),
+                "{what}: a link to a file outside"
+            );
+            assert!(
+                !is_opaque(&outside),
+                "{what}: the outside directory was marked opaque"
+            );
+        }
+    }
+
+    fn header(kind: tar::EntryType) -> tar::Header {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(kind);
+        h.set_size(0);
+        h.set_mode(0o755);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(0);
+        h
+    }
+
+    fn append(b: &mut tar::Builder<Vec<u8>>, path: &str, data: &[u8]) {
+        let mut h = header(tar::EntryType::Regular);
+        h.set_size(data.len() as u64);
+        b.append_data(&mut h, path, data).unwrap();
+    }
+
     #[test]
     fn resolve_follows_symlinks_in_the_merged_view() {
         let t = tempfile::tempdir().unwrap();
@@ -417,19 +546,25 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let f = t.path().join("a");
         fs::write(&f, "one").unwrap();
-        let h1 = hash_sources(std::slice::from_ref(&f)).unwrap();
+        let h1 = hash_sources(std::slice::from_ref(&f), &Masked::new()).unwrap();
         let old = fs::File::options().write(true).open(&f).unwrap();
         old.set_modified(std::time::SystemTime::UNIX_EPOCH).unwrap();
         assert_eq!(
-            hash_sources(std::slice::from_ref(&f)).unwrap(),
+            hash_sources(std::slice::from_ref(&f), &Masked::new()).unwrap(),
             h1,
             "mtime changed the hash"
         );
         fs::write(&f, "two").unwrap();
-        assert_ne!(hash_sources(std::slice::from_ref(&f)).unwrap(), h1);
+        assert_ne!(
+            hash_sources(std::slice::from_ref(&f), &Masked::new()).unwrap(),
+            h1
+        );
         fs::write(&f, "one").unwrap();
         fs::set_permissions(&f, fs::Permissions::from_mode(0o755)).unwrap();
-        assert_ne!(hash_sources(std::slice::from_ref(&f)).unwrap(), h1);
+        assert_ne!(
+            hash_sources(std::slice::from_ref(&f), &Masked::new()).unwrap(),
+            h1
+        );
     }
 
     #[test]

@@ -28,7 +28,7 @@ impl Bar {
             ProgressBar::hidden()
         };
         pb.set_style(
-            ProgressStyle::with_template("{spinner} [{pos}/{len}] {elapsed:>4} {wide_msg}")
+            ProgressStyle::with_template("{spinner} {elapsed:>4} {wide_msg}")
                 .unwrap_or_else(|_| ProgressStyle::default_spinner()),
         );
         Bar {
@@ -61,7 +61,14 @@ fn short(s: &str) -> String {
 impl Progress for Bar {
     fn start(&mut self, index: usize, node: &Node) {
         self.pb.set_position(index as u64);
-        self.pb.set_message(short(&node.what));
+        // The spinner's clock is the step's own.
+        self.pb.reset_elapsed();
+        self.pb.set_message(format!(
+            "[{}/{}] {}",
+            index + 1,
+            self.total,
+            short(&node.what)
+        ));
         if node.entry.is_some() && !node.cached {
             self.pb.enable_steady_tick(Duration::from_millis(120));
             self.current = Some(format!(

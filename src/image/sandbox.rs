@@ -89,6 +89,11 @@ pub fn options<'a>(
             .unwrap_or_default(),
         pull,
         allow: plan.build_network.clone(),
+        masked: plan
+            .masks
+            .iter()
+            .map(|m| (m.path.clone(), m.rule.clone()))
+            .collect(),
         audit: plan.state_dir.join("audit.jsonl"),
     }
 }
