@@ -448,7 +448,8 @@ mod tests {
         let outside = t.path().join("outside");
         fs::create_dir_all(&outside).unwrap();
         fs::write(outside.join("victim"), "host file").unwrap();
-        let attempts: [(&str, &dyn Fn(&mut tar::Builder<Vec<u8>>)); 5] = [
+        type Attack<'a> = (&'a str, &'a dyn Fn(&mut tar::Builder<Vec<u8>>));
+        let attempts: [Attack; 5] = [
             ("a whiteout", &|b| append(b, "esc/.wh.victim", b"")),
             ("an opaque marker", &|b| append(b, "esc/.wh..wh..opq", b"")),
             ("a file", &|b| append(b, "esc/planted", b"x")),
