@@ -432,6 +432,60 @@ fn copy_never_puts_a_masked_secret_into_the_image() {
     );
 }
 
+/// A source that sends a layer without end (here an OCI layout whose layer blob is
+/// /dev/zero) is cut at the size its manifest gives and refused, instead of filling the disk.
+#[test]
+fn a_layer_longer_than_its_manifest_says_is_cut_and_refused() {
+    if !root_or_skip("images") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(t.path().join("root/etc")).unwrap();
+    std::fs::write(t.path().join("root/etc/hello"), "hi\n").unwrap();
+    let layout = t.path().join("img.oci");
+    layout_of(&t.path().join("root"), &layout, "1");
+    let json = |digest: &str| -> serde_json::Value {
+        let path = layout.join("blobs/sha256").join(&digest[7..]);
+        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+    };
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(layout.join("index.json")).unwrap()).unwrap();
+    let manifest = json(index["manifests"][0]["digest"].as_str().unwrap());
+    let layer = manifest["layers"][0]["digest"].as_str().unwrap();
+    let blob = layout.join("blobs/sha256").join(&layer[7..]);
+    std::fs::remove_file(&blob).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &blob).unwrap();
+    let p = Proj::new();
+    p.write(
+        "sandbox.kdl",
+        &format!("rootfs from=\"oci:{}:1\"\n", layout.display()),
+    );
+    let mut child = p
+        .aisb()
+        .args(["build"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t0.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("aisb build kept reading an endless layer");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(!status.success(), "an endless layer was accepted");
+    // Cut where the manifest says the layer ends: the unpacker or the size check refuses it.
+    assert!(err.contains(&layer[..20]), "{err}");
+}
+
 #[test]
 fn a_changed_run_rebuilds_that_step_and_later_only_and_an_unchanged_build_is_all_hits() {
     if !root_or_skip("images") {

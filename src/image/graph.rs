@@ -72,6 +72,7 @@ enum Action {
     None,
     Layer {
         digest: String,
+        size: u64,
     },
     Mkdir {
         dir: String,
@@ -341,6 +342,7 @@ pub fn plan(def: &Def, o: &Options) -> Result<Graph, BuildError> {
                         at,
                         Action::Layer {
                             digest: l.digest.clone(),
+                            size: l.size,
                         },
                     ));
                 }
@@ -713,12 +715,12 @@ fn fill(
     let at = node.at.as_str();
     match &node.action {
         Action::None => Ok(()),
-        Action::Layer { digest } => {
+        Action::Layer { digest, size } => {
             let blobs = g
                 .blobs
                 .as_ref()
                 .ok_or_else(|| step_err(at, "no base to read layers from", "internal"))?;
-            let reader = blobs.open(digest, at)?;
+            let reader = blobs.open(digest, *size, at)?;
             let mut v = oci::Verified::new(reader);
             layer::unpack(&mut v, tmp).map_err(|e| {
                 step_err(
@@ -727,7 +729,7 @@ fn fill(
                     "is the image complete? (a corrupt layer is never used)",
                 )
             })?;
-            v.check(digest).map_err(|e| {
+            v.check(digest, *size).map_err(|e| {
                 step_err(
                     at,
                     e.to_string(),

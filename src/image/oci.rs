@@ -301,7 +301,7 @@ fn from_index(
             ))
         }
     };
-    let bytes = blobs.blob_bytes(&desc.digest, what)?;
+    let bytes = blobs.blob_bytes(desc, what)?;
     manifest(blobs, &bytes, desc.digest.clone(), what)
 }
 
@@ -327,7 +327,7 @@ fn manifest(blobs: &Blobs, bytes: &[u8], digest: String, what: &str) -> Result<B
                 "build or pull one for this machine's platform",
             ));
         };
-        let inner = blobs.manifest_by_digest(&d.digest, what)?;
+        let inner = blobs.manifest_by_digest(d, what)?;
         return manifest(blobs, &inner, d.digest.clone(), what);
     }
     let config = doc.config.ok_or_else(|| {
@@ -336,7 +336,7 @@ fn manifest(blobs: &Blobs, bytes: &[u8], digest: String, what: &str) -> Result<B
             "not an image manifest",
         )
     })?;
-    let cfg_bytes = blobs.blob_bytes(&config.digest, what)?;
+    let cfg_bytes = blobs.blob_bytes(&config, what)?;
     #[derive(Deserialize)]
     struct ConfigDoc {
         #[serde(default)]
@@ -373,16 +373,24 @@ impl Blobs {
         }
     }
 
-    fn manifest_by_digest(&self, digest: &str, what: &str) -> Result<Vec<u8>, FetchError> {
+    fn manifest_by_digest(&self, d: &Descriptor, what: &str) -> Result<Vec<u8>, FetchError> {
         match self {
-            Blobs::Registry(r) => Ok(r.manifest(digest)?.0),
-            _ => self.blob_bytes(digest, what),
+            Blobs::Registry(r) => Ok(r.manifest(&d.digest)?.0),
+            _ => self.blob_bytes(d, what),
         }
     }
 
-    fn blob_bytes(&self, digest: &str, what: &str) -> Result<Vec<u8>, FetchError> {
+    /// A manifest or config, read whole: never more than its descriptor's size, itself bounded.
+    fn blob_bytes(&self, d: &Descriptor, what: &str) -> Result<Vec<u8>, FetchError> {
+        let digest = d.digest.as_str();
+        if d.size > MAX_JSON_BLOB {
+            return Err(fail(
+                format!("{what}: {digest} claims {} bytes, more than a manifest or config may have ({MAX_JSON_BLOB})", d.size),
+                "the source is corrupt or hostile; nothing of it was used",
+            ));
+        }
         let mut out = Vec::new();
-        self.open(digest, what)?
+        self.open(digest, d.size, what)?
             .read_to_end(&mut out)
             .map_err(|e| {
                 fail(
@@ -399,8 +407,20 @@ impl Blobs {
         Ok(out)
     }
 
-    /// A reader of the blob's bytes (not verified: see [`Verified`]).
-    pub fn open(&self, digest: &str, what: &str) -> Result<Box<dyn Read + '_>, FetchError> {
+    /// A reader of the blob's bytes (not verified: see [`Verified`]), cut one byte past the
+    /// size its descriptor gives, so a source that sends more (forever) is stopped and caught.
+    pub fn open(
+        &self,
+        digest: &str,
+        size: u64,
+        what: &str,
+    ) -> Result<Box<dyn Read + '_>, FetchError> {
+        Ok(Box::new(
+            self.open_whole(digest, what)?.take(size.saturating_add(1)),
+        ))
+    }
+
+    fn open_whole(&self, digest: &str, what: &str) -> Result<Box<dyn Read + '_>, FetchError> {
         if !is_digest(digest) {
             return Err(fail(
                 format!("{what}: `{digest}` is not a sha256 digest"),
@@ -451,10 +471,12 @@ fn archive_entry<'f>(f: &'f mut fs::File, name: &str) -> io::Result<io::Take<&'f
     Ok(f.take(len))
 }
 
-/// A reader that hashes what passes through; [`Verified::check`] compares at the end.
+/// A reader that hashes and counts what passes through; [`Verified::check`] compares at the
+/// end.
 pub struct Verified<R> {
     inner: R,
     hasher: Sha256,
+    read: u64,
 }
 
 impl<R: Read> Verified<R> {
@@ -462,12 +484,24 @@ impl<R: Read> Verified<R> {
         Verified {
             inner,
             hasher: Sha256::new(),
+            read: 0,
         }
     }
 
-    /// Read to the end (a tar reader may stop before the padding), then compare.
-    pub fn check(mut self, digest: &str) -> io::Result<()> {
+    /// Read to the end (a tar reader may stop before the padding), then compare the size and
+    /// the digest.
+    pub fn check(mut self, digest: &str, size: u64) -> io::Result<()> {
         io::copy(&mut self, &mut io::sink())?;
+        if self.read != size {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "blob {digest} is not the {size} bytes its manifest says (read {}{}): corrupt or tampered with",
+                    self.read,
+                    if self.read > size { " or more" } else { "" }
+                ),
+            ));
+        }
         let got = format!("sha256:{}", hex::encode(self.hasher.finalize()));
         if got != digest {
             return Err(io::Error::new(
@@ -485,9 +519,13 @@ impl<R: Read> Read for Verified<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
         self.hasher.update(&buf[..n]);
+        self.read += n as u64;
         Ok(n)
     }
 }
+
+/// The most a manifest, index or image config may weigh (real ones are a few KiB).
+const MAX_JSON_BLOB: u64 = 16 << 20;
 
 const MANIFEST_TYPES: &str = "application/vnd.oci.image.index.v1+json, application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.list.v2+json, application/vnd.docker.distribution.manifest.v2+json";
 
