@@ -707,6 +707,14 @@ fn images_in_kdl_decode_with_their_lines_and_errors_point_at_the_node() {
             "did you mean `github`?",
         ),
         ("rootfs dockerfile=\"D\" {\n    mount \"/x\"\n}\n", "mount"),
+        (
+            "rootfs from=\"oci:base:1\" {\n    network \"none\"\n}\n",
+            "nothing is built here",
+        ),
+        (
+            "rootfs \"host\" {\n    network \"none\"\n}\n",
+            "nothing is built here",
+        ),
     ] {
         let e = err(text);
         assert!(e.contains(want), "{text}: {e}");

@@ -214,8 +214,10 @@ impl Decoder<'_> {
             "process" => self.process(node, &mut s.process),
             "rootfs" => {
                 self.only_props(node, &["dockerfile", "image", "from"]);
+                let mut network_at = None;
                 for child in self.children(node, &["network"]) {
                     s.build_network = self.build_network(child);
+                    network_at = Some(child.span());
                 }
                 let props: Vec<(&str, Spanned<String>)> = ["dockerfile", "image", "from"]
                     .into_iter()
@@ -246,6 +248,16 @@ impl Decoder<'_> {
                         None
                     }
                 };
+                if let (Some(span), Some(RootfsCfg::Host | RootfsCfg::From(_))) =
+                    (network_at, value.as_ref().map(|v| &v.value))
+                {
+                    self.err(
+                        span,
+                        "nothing is built here: a build's network is for RUN steps",
+                        "no RUN steps",
+                        Some("the network inside the sandbox is the top-level `network` node; this one goes with `rootfs dockerfile=…` or `rootfs image=…`".into()),
+                    );
+                }
                 s.rootfs = value;
             }
             "backend" => {
