@@ -427,7 +427,9 @@ fn copy_never_puts_a_masked_secret_into_the_image() {
     let (ok, _, err) = p.build(&[]);
     assert!(!ok, "a masked file was copied by name");
     assert!(
-        err.contains("is masked in this sandbox") && err.contains("Dockerfile:2"),
+        err.contains("is never copied into an image")
+            && err.contains("masks it")
+            && err.contains("Dockerfile:2"),
         "{err}"
     );
 }
@@ -680,6 +682,48 @@ impl Registry {
             .expect("skopeo (scripts/setup.sh installs it)");
         assert!(st.success());
     }
+}
+
+/// `COPY . …` (the whole project) and the lock file the build writes into that project: the
+/// lock is never an input, so the build after it is all cache hits and `--locked` passes.
+#[test]
+fn copying_the_whole_project_leaves_the_lock_file_out() {
+    if !root_or_skip("images") {
+        return;
+    }
+    let p = Proj::new();
+    p.write("app.sh", "echo app\n");
+    p.write("sandbox.kdl", "rootfs dockerfile=\"Dockerfile\"\n");
+    p.write(
+        "Dockerfile",
+        &format!("FROM oci:{}:1\nCOPY . /src/\n", debian_layout().display()),
+    );
+    assert_eq!(p.built(&[]).len(), 2, "layer, COPY");
+    assert!(p.proj().join("sandbox.lock").is_file());
+    assert_eq!(
+        p.built(&[]),
+        Vec::<String>::new(),
+        "the written lock file changed the COPY"
+    );
+    let (ok, _, err) = p.build(&["--locked"]);
+    assert!(ok, "--locked failed right after a build: {err}");
+    let out = p.run(
+        "bwrap",
+        "cat /src/app.sh; test -e /src/sandbox.lock && echo LOCK-COPIED; true",
+    );
+    assert_eq!(out.stdout, "echo app\n", "{}", out.stderr);
+    p.write(
+        "Dockerfile",
+        &format!(
+            "FROM oci:{}:1\nCOPY sandbox.lock /x\n",
+            debian_layout().display()
+        ),
+    );
+    let (ok, _, err) = p.build(&[]);
+    assert!(
+        !ok && err.contains("sandbox.lock is the build's output"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -450,8 +450,8 @@ pub fn plan(def: &Def, o: &Options) -> Result<Graph, BuildError> {
                     if let Some(rule) = layer::masked_by(&o.masked, &real) {
                         return Err(step_err(
                             at,
-                            format!("{} is masked in this sandbox ({rule}): copied into the image, the sandbox would see it", p.display()),
-                            "leave it out, or `allow` it in sandbox.kdl if the sandbox may see it (masked files below a copied directory are left out)",
+                            format!("{} is never copied into an image: {rule}", p.display()),
+                            "leave it out of the COPY; a file the sandbox masks may be `allow`ed in sandbox.kdl if the sandbox may see it (such files below a copied directory are left out)",
                         ));
                     }
                 }

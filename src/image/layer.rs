@@ -293,8 +293,8 @@ pub fn hash_sources(srcs: &[PathBuf], masked: &Masked) -> io::Result<String> {
     Ok(hex::encode(h.finalize()))
 }
 
-/// Host paths the sandbox masks (a secret, a key, a gitignored file), each with the rule that
-/// masks it: COPY never puts them into an image, where the sandbox would see them after all.
+/// Host paths COPY never puts into an image, each with the reason: what the sandbox masks (a
+/// secret, a key, a gitignored file: the sandbox would see it after all) and the lock file.
 pub type Masked = std::collections::BTreeMap<PathBuf, String>;
 
 /// The rule masking `path` (or a directory above it), if any.

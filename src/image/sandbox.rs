@@ -92,7 +92,19 @@ pub fn options<'a>(
         masked: plan
             .masks
             .iter()
-            .map(|m| (m.path.clone(), m.rule.clone()))
+            .map(|m| {
+                let why = format!(
+                    "the sandbox masks it ({}), so an image may not hold it",
+                    m.rule
+                );
+                (m.path.clone(), why)
+            })
+            // The lock file is the build's output: as an input of `COPY .` it would change the
+            // graph's hash at every build, and `--locked` would never pass.
+            .chain([(
+                plan.project.join(lock::FILE),
+                format!("{} is the build's output, never its input", lock::FILE),
+            )])
             .collect(),
         audit: plan.state_dir.join("audit.jsonl"),
     }
