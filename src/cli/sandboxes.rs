@@ -204,7 +204,9 @@ pub fn gc(a: GcArgs) -> Result<i32, Error> {
     };
     for repo_dir in std::fs::read_dir(&root).into_iter().flatten().flatten() {
         let name = repo_dir.file_name().to_string_lossy().into_owned();
-        if matches!(name.as_str(), "store" | "scan" | "kdl") || !repo_dir.path().is_dir() {
+        if matches!(name.as_str(), "store" | "scan" | "kdl" | "copy-hashes")
+            || !repo_dir.path().is_dir()
+        {
             continue;
         }
         for sandbox in std::fs::read_dir(repo_dir.path())
@@ -257,10 +259,10 @@ pub fn gc(a: GcArgs) -> Result<i32, Error> {
             }
         }
     }
-    // Decoded-config and scan caches: entries older than the TTL (each is rebuilt on demand,
-    // in a millisecond or a scan).
+    // Decoded-config, scan and COPY-hash caches: entries older than the TTL (each is rebuilt
+    // on demand, in a millisecond, a scan or a hash of the build context).
     let mut caches = 0usize;
-    for sub in ["kdl", "scan"] {
+    for sub in ["kdl", "scan", "copy-hashes"] {
         for e in std::fs::read_dir(root.join(sub))
             .into_iter()
             .flatten()
@@ -284,7 +286,7 @@ pub fn gc(a: GcArgs) -> Result<i32, Error> {
     }
     if caches > 0 {
         println!(
-            "{} {caches} cached decoded configs and scans older than {} h",
+            "{} {caches} cached decoded configs, scans and COPY hashes older than {} h",
             if a.dry_run { "would remove" } else { "removed" },
             a.ttl
         );

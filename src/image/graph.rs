@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::oci::{self, Blobs};
+use super::statcache::StatCache;
 use super::{expand, layer, Cmd, Instr, Source, Step};
 use crate::graph::store;
 
@@ -242,6 +243,7 @@ pub fn plan(def: &Def, o: &Options) -> Result<Graph, BuildError> {
         v.extend(env.iter().cloned());
         v
     };
+    let mut stat_cache = StatCache::load(stat_cache_file(o.store, &def.context));
     for step in &def.steps {
         let at = step.at.as_str();
         let meta = |nodes: &mut Vec<Node>, parent: &mut String, text: String| {
@@ -455,13 +457,14 @@ pub fn plan(def: &Def, o: &Options) -> Result<Graph, BuildError> {
                         ));
                     }
                 }
-                let content = layer::hash_sources(&paths, &o.masked).map_err(|e| {
-                    step_err(
-                        at,
-                        format!("reading the sources: {e}"),
-                        "are they readable?",
-                    )
-                })?;
+                let content =
+                    layer::hash_sources(&paths, &o.masked, &mut stat_cache).map_err(|e| {
+                        step_err(
+                            at,
+                            format!("reading the sources: {e}"),
+                            "are they readable?",
+                        )
+                    })?;
                 let names: Vec<String> = paths
                     .iter()
                     .map(|p| {
@@ -514,6 +517,7 @@ pub fn plan(def: &Def, o: &Options) -> Result<Graph, BuildError> {
             .unwrap_or_default(),
     ]);
     let image_entry = entry(o.store, &final_hash, "image");
+    stat_cache.save();
     Ok(Graph {
         name: def.name.clone(),
         cached: store::is_ready(&image_entry) && nodes.iter().all(|n| n.cached),
@@ -559,6 +563,20 @@ fn set_env(env: &mut Vec<(String, String)>, k: &str, v: &str) {
         Some(e) => e.1 = v.to_string(),
         None => env.push((k.to_string(), v.to_string())),
     }
+}
+
+/// Where the content hashes of a build context's files are remembered: beside the store, by
+/// the context's real path.
+fn stat_cache_file(store: &Path, context: &Path) -> PathBuf {
+    let real = context
+        .canonicalize()
+        .unwrap_or_else(|_| context.to_path_buf());
+    let key = hash(&[&real.to_string_lossy()]);
+    store
+        .parent()
+        .unwrap_or(store)
+        .join("copy-hashes")
+        .join(format!("{}.json", &key[..32]))
 }
 
 /// COPY sources: a path inside the context, or a `*`/`?` pattern in its last component.

@@ -258,7 +258,11 @@ pub fn resolve(layers: &[PathBuf], path: &Path) -> io::Result<PathBuf> {
 /// The content hash of COPY sources (see the table in `graph`): for each file below each
 /// source, in sorted order, its path relative to the source, its kind, permission bits and
 /// content (sha256), or a symlink's target. Never mtimes, owners or inode numbers.
-pub fn hash_sources(srcs: &[PathBuf], masked: &Masked) -> io::Result<String> {
+pub fn hash_sources(
+    srcs: &[PathBuf],
+    masked: &Masked,
+    cache: &mut super::statcache::StatCache,
+) -> io::Result<String> {
     let mut h = Sha256::new();
     for src in srcs {
         h.update(b"source\0");
@@ -277,10 +281,7 @@ pub fn hash_sources(srcs: &[PathBuf], masked: &Masked) -> io::Result<String> {
                 h.update(b"d");
             } else if ft.is_file() {
                 h.update(b"f\0");
-                let mut f = fs::File::open(e.path())?;
-                let mut fh = Sha256::new();
-                io::copy(&mut f, &mut fh)?;
-                h.update(fh.finalize());
+                h.update(cache.sha256(e.path(), &m)?.as_bytes());
             } else {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidInput,
@@ -290,6 +291,14 @@ pub fn hash_sources(srcs: &[PathBuf], masked: &Masked) -> io::Result<String> {
             h.update(b"\n");
         }
     }
+    Ok(hex::encode(h.finalize()))
+}
+
+/// The sha256 (hex) of a file's content.
+pub fn file_sha256(path: &Path) -> io::Result<String> {
+    let mut f = fs::File::open(path)?;
+    let mut h = Sha256::new();
+    io::copy(&mut f, &mut h)?;
     Ok(hex::encode(h.finalize()))
 }
 
@@ -547,23 +556,43 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let f = t.path().join("a");
         fs::write(&f, "one").unwrap();
-        let h1 = hash_sources(std::slice::from_ref(&f), &Masked::new()).unwrap();
+        let h1 = hash_sources(
+            std::slice::from_ref(&f),
+            &Masked::new(),
+            &mut super::super::statcache::StatCache::none(),
+        )
+        .unwrap();
         let old = fs::File::options().write(true).open(&f).unwrap();
         old.set_modified(std::time::SystemTime::UNIX_EPOCH).unwrap();
         assert_eq!(
-            hash_sources(std::slice::from_ref(&f), &Masked::new()).unwrap(),
+            hash_sources(
+                std::slice::from_ref(&f),
+                &Masked::new(),
+                &mut super::super::statcache::StatCache::none()
+            )
+            .unwrap(),
             h1,
             "mtime changed the hash"
         );
         fs::write(&f, "two").unwrap();
         assert_ne!(
-            hash_sources(std::slice::from_ref(&f), &Masked::new()).unwrap(),
+            hash_sources(
+                std::slice::from_ref(&f),
+                &Masked::new(),
+                &mut super::super::statcache::StatCache::none()
+            )
+            .unwrap(),
             h1
         );
         fs::write(&f, "one").unwrap();
         fs::set_permissions(&f, fs::Permissions::from_mode(0o755)).unwrap();
         assert_ne!(
-            hash_sources(std::slice::from_ref(&f), &Masked::new()).unwrap(),
+            hash_sources(
+                std::slice::from_ref(&f),
+                &Masked::new(),
+                &mut super::super::statcache::StatCache::none()
+            )
+            .unwrap(),
             h1
         );
     }

@@ -12,6 +12,7 @@ pub mod oci;
 pub mod progress;
 pub mod rootmount;
 pub mod sandbox;
+pub mod statcache;
 pub mod step;
 
 use std::collections::BTreeMap;
