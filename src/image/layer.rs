@@ -29,6 +29,7 @@ pub fn unpack(reader: impl Read, dest: &Path) -> io::Result<()> {
         Box::new(buffered)
     };
     let mut archive = tar::Archive::new(inner);
+    let mut checked = std::collections::HashSet::new();
     archive.set_preserve_permissions(true);
     archive.set_preserve_ownerships(nix::unistd::geteuid().is_root());
     archive.set_preserve_mtime(true);
@@ -47,8 +48,15 @@ pub fn unpack(reader: impl Read, dest: &Path) -> io::Result<()> {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        // Every entry's directory, checked (and made) before anything is written there.
-        let parent = dir_inside(dest, rel.parent().unwrap_or(Path::new("")))?;
+        // Every entry's directory, checked (and made) before anything is written there. Only a
+        // symlink or link entry can turn a checked directory into something else.
+        if !matches!(
+            entry.header().entry_type(),
+            tar::EntryType::Regular | tar::EntryType::Directory
+        ) {
+            checked.clear();
+        }
+        let parent = dir_inside(dest, rel.parent().unwrap_or(Path::new("")), &mut checked)?;
         if let Some(hidden) = name.strip_prefix(".wh.") {
             if hidden == ".wh..opq" {
                 set_xattr(&parent, opaque_xattr(), b"y")?;
@@ -72,11 +80,23 @@ pub fn unpack(reader: impl Read, dest: &Path) -> io::Result<()> {
 
 /// The directory `rel` below `dest`, made where missing. Refused when any part of it is not a
 /// real directory: a symlink the layer itself made could lead out of it (the tar crate checks
-/// this for the entries it unpacks; whiteouts and opaque markers are ours).
-fn dir_inside(dest: &Path, rel: &Path) -> io::Result<PathBuf> {
+/// this for the entries it unpacks; whiteouts and opaque markers are ours). `checked`: the
+/// directories found real so far (a layer's entries mostly share their directories).
+fn dir_inside(
+    dest: &Path,
+    rel: &Path,
+    checked: &mut std::collections::HashSet<PathBuf>,
+) -> io::Result<PathBuf> {
+    if checked.contains(rel) {
+        return Ok(dest.join(rel));
+    }
     let mut at = dest.to_path_buf();
     for c in rel.components() {
         at.push(c);
+        let sub = at.strip_prefix(dest).unwrap_or(&at).to_path_buf();
+        if checked.contains(&sub) {
+            continue;
+        }
         match fs::symlink_metadata(&at) {
             Ok(m) if m.is_dir() => {}
             Ok(_) => {
@@ -91,6 +111,7 @@ fn dir_inside(dest: &Path, rel: &Path) -> io::Result<PathBuf> {
             Err(e) if e.kind() == io::ErrorKind::NotFound => fs::create_dir(&at)?,
             Err(e) => return Err(e),
         }
+        checked.insert(sub);
     }
     Ok(at)
 }
@@ -306,7 +327,7 @@ pub fn file_sha256(path: &Path) -> io::Result<String> {
 /// secret, a key, a gitignored file: the sandbox would see it after all) and the lock file.
 pub type Masked = std::collections::BTreeMap<PathBuf, String>;
 
-/// The rule masking `path` (or a directory above it), if any.
+/// Why `path` (or a directory above it) is never copied, if it is not.
 pub fn masked_by<'a>(masked: &'a Masked, path: &Path) -> Option<&'a str> {
     if masked.is_empty() {
         return None;
@@ -556,45 +577,23 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let f = t.path().join("a");
         fs::write(&f, "one").unwrap();
-        let h1 = hash_sources(
-            std::slice::from_ref(&f),
-            &Masked::new(),
-            &mut super::super::statcache::StatCache::none(),
-        )
-        .unwrap();
+        let hash = || {
+            hash_sources(
+                std::slice::from_ref(&f),
+                &Masked::new(),
+                &mut super::super::statcache::StatCache::none(),
+            )
+            .unwrap()
+        };
+        let h1 = hash();
         let old = fs::File::options().write(true).open(&f).unwrap();
         old.set_modified(std::time::SystemTime::UNIX_EPOCH).unwrap();
-        assert_eq!(
-            hash_sources(
-                std::slice::from_ref(&f),
-                &Masked::new(),
-                &mut super::super::statcache::StatCache::none()
-            )
-            .unwrap(),
-            h1,
-            "mtime changed the hash"
-        );
+        assert_eq!(hash(), h1, "mtime changed the hash");
         fs::write(&f, "two").unwrap();
-        assert_ne!(
-            hash_sources(
-                std::slice::from_ref(&f),
-                &Masked::new(),
-                &mut super::super::statcache::StatCache::none()
-            )
-            .unwrap(),
-            h1
-        );
+        assert_ne!(hash(), h1);
         fs::write(&f, "one").unwrap();
         fs::set_permissions(&f, fs::Permissions::from_mode(0o755)).unwrap();
-        assert_ne!(
-            hash_sources(
-                std::slice::from_ref(&f),
-                &Masked::new(),
-                &mut super::super::statcache::StatCache::none()
-            )
-            .unwrap(),
-            h1
-        );
+        assert_ne!(hash(), h1);
     }
 
     #[test]
