@@ -96,13 +96,15 @@ impl StatCache {
         let stat = Stat::of(m);
         if let Some(e) = self.old.get(path).filter(|e| e.stat == stat) {
             self.hits += 1;
-            let e = e.clone();
+            let sha256 = e.sha256.clone();
             self.seen.insert(path.to_path_buf(), e.clone());
-            return Ok(e.sha256);
+            return Ok(sha256);
         }
         self.misses += 1;
         let sha256 = super::layer::file_sha256(path)?;
-        let changed = UNIX_EPOCH + Duration::from_nanos(stat.ctime_ns.max(stat.mtime_ns) as u64);
+        // A time before 1970 counts as far in the future: never settled, never remembered.
+        let latest = u64::try_from(stat.ctime_ns.max(stat.mtime_ns)).unwrap_or(u64::MAX);
+        let changed = UNIX_EPOCH + Duration::from_nanos(latest);
         let settled = SystemTime::now()
             .duration_since(changed)
             .is_ok_and(|age| age >= self.racy);
