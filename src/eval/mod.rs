@@ -282,18 +282,10 @@ fn build_network(cx: &mut Ctx<'_>, s: &Settings, groups: &Groups) -> Vec<String>
         None => return default_build_network(),
         Some(n) if n.mode.as_ref().is_some_and(|m| m.value == NetMode::None) => {}
         Some(n) => {
-            for d in &n.allow {
-                if let Ok(r) = DomainRule::parse(&d.value) {
-                    rules.insert(r.to_string());
-                }
-            }
+            rules.extend(rules_of(n.allow.iter().map(|d| d.value.as_str())));
             for g in &n.groups {
                 match groups.all.get(&g.value) {
-                    Some(list) => rules.extend(
-                        list.iter()
-                            .filter_map(|d| DomainRule::parse(d).ok())
-                            .map(|r| r.to_string()),
-                    ),
+                    Some(list) => rules.extend(rules_of(list.iter().map(String::as_str))),
                     None => unknown_group(cx, groups, g),
                 }
             }
@@ -304,14 +296,25 @@ fn build_network(cx: &mut Ctx<'_>, s: &Settings, groups: &Groups) -> Vec<String>
 
 /// The rules of [`BUILD_GROUPS`], as aisb ships them.
 pub fn default_build_network() -> Vec<String> {
-    let rules: BTreeSet<String> = BUILTIN_GROUPS
-        .iter()
-        .filter(|(n, _)| BUILD_GROUPS.contains(n))
-        .flat_map(|(_, d)| d.iter())
+    let rules: BTreeSet<String> = rules_of(
+        BUILTIN_GROUPS
+            .iter()
+            .filter(|(n, _)| BUILD_GROUPS.contains(n))
+            .flat_map(|(_, d)| d.iter().copied()),
+    )
+    .collect();
+    rules.into_iter().collect()
+}
+
+/// Domains as the proxy's rules (lowercased, IDNA, trailing dot dropped); ones that are not
+/// valid rules were reported when their file was decoded.
+fn rules_of<'a>(
+    domains: impl IntoIterator<Item = &'a str> + 'a,
+) -> impl Iterator<Item = String> + 'a {
+    domains
+        .into_iter()
         .filter_map(|d| DomainRule::parse(d).ok())
         .map(|r| r.to_string())
-        .collect();
-    rules.into_iter().collect()
 }
 
 struct Ctx<'a> {
@@ -967,12 +970,8 @@ fn resolve(
         .filter(|g| keep(g.loc))
         .map(|g| (g, builtin(g.loc)))
         .collect();
-    let mut allow_rules: BTreeSet<String> = BTreeSet::new();
-    for d in allow_kept {
-        if let Ok(r) = DomainRule::parse(&d.value) {
-            allow_rules.insert(r.to_string());
-        }
-    }
+    let mut allow_rules: BTreeSet<String> =
+        rules_of(allow_kept.iter().map(|d| d.value.as_str())).collect();
     for (g, from_builtin) in groups_kept {
         // Under `strict`, a built-in preset's group means aisb's own list even when the
         // project redefines that name.
@@ -980,21 +979,12 @@ fn resolve(
             .then(|| groups.shipped.get(&g.value))
             .flatten();
         match shipped.or_else(|| groups.all.get(&g.value)) {
-            Some(list) => allow_rules.extend(
-                list.iter()
-                    .filter_map(|d| DomainRule::parse(d).ok())
-                    .map(|r| r.to_string()),
-            ),
+            Some(list) => allow_rules.extend(rules_of(list.iter().map(String::as_str))),
             None => unknown_group(cx, groups, g),
         }
     }
-    let deny_rules: BTreeSet<String> = s
-        .network
-        .deny
-        .iter()
-        .filter_map(|d| DomainRule::parse(&d.value).ok())
-        .map(|r| r.to_string())
-        .collect();
+    let deny_rules: BTreeSet<String> =
+        rules_of(s.network.deny.iter().map(|d| d.value.as_str())).collect();
     let mut ports: Vec<u16> = s.network.localhost_ports.iter().map(|p| p.value).collect();
     ports.sort_unstable();
     ports.dedup();

@@ -46,7 +46,7 @@ pub struct Options<'a> {
     pub pins: BTreeMap<String, String>,
     /// Ask the registry what a tag points at even when this machine has seen it.
     pub pull: bool,
-    /// Domain rules RUN steps may reach (default: the `registries` group).
+    /// Domain rules RUN steps may reach (the plan's `build_network`).
     pub allow: Vec<String>,
     /// What the sandbox masks: never copied into the image.
     pub masked: layer::Masked,

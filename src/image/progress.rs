@@ -63,21 +63,12 @@ impl Progress for Bar {
         self.pb.set_position(index as u64);
         // The spinner's clock is the step's own.
         self.pb.reset_elapsed();
-        self.pb.set_message(format!(
-            "[{}/{}] {}",
-            index + 1,
-            self.total,
-            short(&node.what)
-        ));
+        let label = format!("[{}/{}] {}", index + 1, self.total, short(&node.what));
         if node.entry.is_some() && !node.cached {
             self.pb.enable_steady_tick(Duration::from_millis(120));
-            self.current = Some(format!(
-                "  [{}/{}] {}",
-                index + 1,
-                self.total,
-                short(&node.what)
-            ));
+            self.current = Some(format!("  {label}"));
         }
+        self.pb.set_message(label);
     }
 
     fn line(&mut self, line: &str) {
