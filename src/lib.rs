@@ -10,6 +10,7 @@ pub mod audit;
 pub mod cli;
 pub mod config;
 pub mod eval;
+pub mod git;
 pub mod graph;
 pub mod image;
 pub mod init;

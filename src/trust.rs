@@ -80,7 +80,10 @@ pub fn loosenings(plan: &Plan) -> Vec<String> {
             MountKind::Bind { writable: true, .. } => "read-write",
             MountKind::Bind { .. } => "read-only",
             MountKind::Overlay { .. } | MountKind::Copy { .. } => "copy-on-write",
-            MountKind::Tmpfs { .. } | MountKind::State { .. } | MountKind::Generated { .. } => {
+            MountKind::Tmpfs { .. }
+            | MountKind::State { .. }
+            | MountKind::Generated { .. }
+            | MountKind::Git { .. } => {
                 continue
             }
         };

@@ -53,6 +53,12 @@ pub enum Kind {
         #[serde(default)]
         duration_ms: u64,
     },
+    /// Something the sandbox wrote that the host would have acted on, moved out of the way.
+    Quarantine {
+        path: String,
+        moved_to: String,
+        why: String,
+    },
     /// A tool call an agent announced from inside (its pre-tool hook, see `agents`). Reported
     /// by the sandboxed side, so a record of intent, not proof: what the sandbox allowed or
     /// refused is in the other events.
@@ -125,6 +131,11 @@ impl Event {
             Kind::Agent { agent, tool, input } => {
                 format!("{t}  AGENT  {agent} {tool}: {input}  (reported from inside)")
             }
+            Kind::Quarantine {
+                path,
+                moved_to,
+                why,
+            } => format!("{t}  QUARANTINE  {path}: {why}; moved to {moved_to}"),
         }
     }
 }

@@ -109,6 +109,9 @@ pub enum EvalError {
         "aisb needs `git` on PATH for git projects; check that the project is readable"
     ))]
     Scan(#[from] scan::ScanError),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Git(#[from] crate::git::GuardError),
     #[error("refusing to use {path} as the project root: {why}")]
     #[diagnostic(help(
         "run aisb inside a project directory, or name one with `project \"…\"` in sandbox.kdl"
@@ -489,6 +492,27 @@ pub fn evaluate(loaded: &Loaded, host: &Host, req: &Request) -> Result<Plan, Eva
     Ok(plan)
 }
 
+/// The mounts that keep a writable work tree's git directory from naming programs the host
+/// would run (see [`crate::git`]): `source` is the work tree on the host, `target` inside.
+pub fn git_guard_mounts(target: &Path, source: &Path) -> Result<Vec<Mount>, crate::git::GuardError> {
+    Ok(crate::git::guards(target, source)?
+        .into_iter()
+        .map(|g| Mount {
+            target: g.target,
+            kind: MountKind::Git {
+                source: g.source,
+                writable: g.writable,
+                create_dir: g.create_dir,
+            },
+            why: if g.writable {
+                "git directory, pinned in place".into()
+            } else {
+                "git: what the host would run, read-only".into()
+            },
+        })
+        .collect())
+}
+
 fn sha_hex(bytes: &[u8]) -> String {
     format!("{:x}", Sha256::digest(bytes))
 }
@@ -762,11 +786,22 @@ fn resolve(
         },
         why: "private /tmp".into(),
     });
+    let project_mount = bind(&project, project_access, &project);
+    let project_writable = matches!(project_mount, MountKind::Bind { writable: true, .. });
     mounts.push(Mount {
         target: project.clone(),
-        kind: bind(&project, project_access, &project),
+        kind: project_mount,
         why: "project".into(),
     });
+    // A writable project's git directory: nothing in it that git would run on the host may
+    // change from inside (a test of the tests can leave it writable, to prove they notice).
+    if project_writable && std::env::var(BREAK_ISOLATION_ENV).as_deref() != Ok("git") {
+        mounts.extend(git_guard_mounts(&project, &project)?);
+    } else if project_writable {
+        eprintln!(
+            "aisb: WARNING: {BREAK_ISOLATION_ENV}=git: the project's .git is writable in this sandbox (a test of the tests)"
+        );
+    }
 
     let shell = match &s.process.shell {
         Some(sh) => expand(cx, sh).map(PathBuf::from),

@@ -148,6 +148,14 @@ pub enum MountKind {
         dir: PathBuf,
         files: Vec<GeneratedFile>,
     },
+    /// Part of a git directory the sandbox can otherwise write, bound over itself so git on
+    /// the host never runs what the sandbox wrote (see [`crate::git`]): the directory pinned
+    /// (`writable`), its config, hooks and info read-only.
+    Git {
+        source: PathBuf,
+        writable: bool,
+        create_dir: bool,
+    },
 }
 
 #[derive(Debug, Clone, Serialize)]

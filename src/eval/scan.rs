@@ -13,7 +13,7 @@ use std::fs;
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -182,9 +182,9 @@ fn load_cache(path: &Path, root: &Path, key: &str) -> Option<ScanResult> {
 
 /// The git dir of `root` when `root` is the top of a work tree (or inside one).
 fn git_dir(root: &Path) -> Option<PathBuf> {
-    let out = Command::new("git")
+    let out = crate::git::discover(root)
         .args(["rev-parse", "--absolute-git-dir"])
-        .current_dir(root)
+        .stdin(Stdio::null())
         .stderr(Stdio::null())
         .output()
         .ok()?;
@@ -197,10 +197,9 @@ fn git_dir(root: &Path) -> Option<PathBuf> {
 }
 
 fn git(root: &Path, args: &[&str], stdin: Option<&[u8]>) -> Result<Vec<u8>, ScanError> {
-    let mut cmd = Command::new("git");
-    cmd.args(["-c", "core.quotepath=off"])
-        .args(args)
-        .current_dir(root);
+    // The project is the sandbox's to write: nothing its git configuration names may run here.
+    let mut cmd = crate::git::for_work_tree(root);
+    cmd.args(args);
     cmd.stdin(if stdin.is_some() {
         Stdio::piped()
     } else {
@@ -445,8 +444,9 @@ fn scan_git(
 }
 
 fn global_excludes() -> Option<PathBuf> {
-    let out = Command::new("git")
-        .args(["config", "--path", "core.excludesFile"])
+    let out = crate::git::discover(Path::new("/"))
+        .args(["config", "--global", "--path", "core.excludesFile"])
+        .stdin(Stdio::null())
         .stderr(Stdio::null())
         .output()
         .ok()?;

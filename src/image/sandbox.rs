@@ -203,7 +203,9 @@ fn mount_points(plan: &Plan, layers: &[PathBuf]) -> Result<Option<PathBuf>, Buil
             continue;
         }
         let file = match &m.kind {
-            MountKind::Bind { source, .. } | MountKind::Copy { source, .. } => source.is_file(),
+            MountKind::Bind { source, .. }
+            | MountKind::Copy { source, .. }
+            | MountKind::Git { source, .. } => source.is_file(),
             _ => false,
         };
         need.push((real, file));

@@ -217,6 +217,7 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
         let _ = std::fs::remove_file(f);
     }
     drop(proxy);
+    disarm_git(plan, audit.as_ref());
     if let Some(log) = &audit {
         let _ = log.write(crate::audit::Kind::Exit {
             exit_code,
@@ -224,6 +225,43 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
         });
     }
     Ok(Summary::new(plan, backend, exit_code, start))
+}
+
+/// After the workload: move a `commondir` the sandbox planted in a git directory it could
+/// write (the one file there that guards cannot keep it from creating) out of the way, so
+/// the user's next git on the host does not take its configuration from where it points.
+fn disarm_git(plan: &Plan, audit: Option<&crate::audit::Log>) {
+    let guards: Vec<crate::git::Guard> = plan
+        .mounts
+        .iter()
+        .filter_map(|m| match &m.kind {
+            crate::eval::plan::MountKind::Git {
+                source,
+                writable,
+                create_dir,
+            } => Some(crate::git::Guard {
+                target: m.target.clone(),
+                source: source.clone(),
+                writable: *writable,
+                create_dir: *create_dir,
+            }),
+            _ => None,
+        })
+        .collect();
+    for (from, to) in crate::git::disarm(&guards, &plan.state_dir.join("quarantine")) {
+        eprintln!(
+            "aisb: the sandbox wrote {} (git would have taken its configuration, and the programs it names, from where it points); moved to {}",
+            from.display(),
+            to.display()
+        );
+        if let Some(log) = audit {
+            let _ = log.write(crate::audit::Kind::Quarantine {
+                path: from.to_string_lossy().into_owned(),
+                moved_to: to.to_string_lossy().into_owned(),
+                why: "a git commondir written from inside".into(),
+            });
+        }
+    }
 }
 
 impl Summary {

@@ -21,7 +21,6 @@ use std::fs;
 use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde::{Deserialize, Serialize};
 
@@ -98,14 +97,22 @@ pub fn valid_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
+/// Run git in `dir`: the repository, the state directory, or the sandbox's clone
+/// (`<state>/clone`), which the sandbox writes: there git is told its git directory outright,
+/// after a planted `commondir` is moved aside (see [`crate::git`]). Either way, nothing the
+/// repository's configuration names is run.
 pub fn git(dir: &Path, args: &[&str], state: &Path) -> Result<String, SessionError> {
-    let out = Command::new("git")
-        .arg("-C")
-        .arg(dir)
+    let mut cmd = if dir == state.join("clone") {
+        disarm_clone(dir, state);
+        crate::git::command(&dir.join(".git"), Some(dir))
+    } else {
+        crate::git::discover(dir)
+    };
+    // Paths we pass are paths, never pathspec patterns.
+    let out = cmd
         .args(args)
-        .env("GIT_TERMINAL_PROMPT", "0")
-        // Paths we pass are paths, never pathspec patterns.
         .env("GIT_LITERAL_PATHSPECS", "1")
+        .stdin(std::process::Stdio::null())
         .output()
         .map_err(io("running git"))?;
     if !out.status.success() {
@@ -116,6 +123,20 @@ pub fn git(dir: &Path, args: &[&str], state: &Path) -> Result<String, SessionErr
         });
     }
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Move a `commondir` the sandbox planted in its clone's git directory into
+/// `<state>/quarantine`, telling the user once.
+pub fn disarm_clone(clone: &Path, state: &Path) {
+    if let Some((from, to)) =
+        crate::git::disarm_git_dir(&clone.join(".git"), &state.join("quarantine"))
+    {
+        eprintln!(
+            "aisb: the sandbox wrote {} (git would have taken its configuration from where it points); moved to {}",
+            from.display(),
+            to.display()
+        );
+    }
 }
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), SessionError> {
@@ -264,6 +285,20 @@ pub fn prepare(plan: &mut Plan, name: &str) -> Result<Session, SessionError> {
             _ => {}
         }
         m.why = format!("sandbox `{name}`: shared clone {}", clone.display());
+    }
+    // The guards evaluation made are for the repository's own .git, which the sandbox does
+    // not see: the clone's git directory is the one it writes.
+    let writable_clone = plan.mounts.iter().any(|m| {
+        m.target == repo && matches!(m.kind, MountKind::Bind { writable: true, .. })
+    });
+    plan.mounts.retain(|m| !matches!(m.kind, MountKind::Git { .. }));
+    if writable_clone {
+        disarm_clone(&clone, &state);
+        let guards = crate::eval::git_guard_mounts(&repo, &clone).map_err(|e| SessionError::Io {
+            what: "protecting the clone's git directory".into(),
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        plan.mounts.extend(guards);
     }
     plan.mounts.push(Mount {
         target: origin.join(".git"),

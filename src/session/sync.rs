@@ -14,8 +14,17 @@ use std::time::{Duration, SystemTime};
 use super::{git, SessionError};
 
 /// `git fetch sandbox-NAME` into `refs/remotes/sandbox-NAME/*` of the repository.
+/// The upload-pack on the clone's side is told the clone's git directory is its own common
+/// directory (git clears the caller's GIT_* variables for it), and a `commondir` the sandbox
+/// planted is moved aside first.
 pub fn fetch_into_repo(repo: &Path, name: &str, state: &Path) -> Result<(), SessionError> {
+    let clone = state.join("clone");
+    super::disarm_clone(&clone, state);
     let refspec = format!("+refs/heads/*:refs/remotes/sandbox-{name}/*");
+    let upload_pack = format!(
+        "GIT_COMMON_DIR={} git-upload-pack",
+        shell_quote(&clone.join(".git").to_string_lossy())
+    );
     git(
         repo,
         &[
@@ -23,12 +32,18 @@ pub fn fetch_into_repo(repo: &Path, name: &str, state: &Path) -> Result<(), Sess
             "--quiet",
             "--no-write-fetch-head",
             "--prune",
+            "--upload-pack",
+            &upload_pack,
             &format!("sandbox-{name}"),
             &refspec,
         ],
         state,
     )
     .map(|_| ())
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
 }
 
 /// `git fetch origin` in the clone: the host's branches as `refs/remotes/origin/*`.
@@ -47,17 +62,24 @@ pub fn fetch_into_clone(clone: &Path, state: &Path) -> Result<(), SessionError> 
     .map(|_| ())
 }
 
-/// Stamps of a repository's refs: loose refs under refs/heads, packed-refs, HEAD.
+/// At most this many ref files are stamped per side: a sandbox can make any number.
+const MAX_REF_FILES: usize = 10_000;
+
+/// Stamps of a repository's refs: loose refs under refs/heads, packed-refs, HEAD. No link is
+/// followed, not even `refs/heads` itself (the clone's is the sandbox's to replace).
 fn stamp(git_dir: &Path) -> Vec<(PathBuf, SystemTime, u64)> {
-    let mut out: Vec<(PathBuf, SystemTime, u64)> =
-        walkdir::WalkDir::new(git_dir.join("refs/heads"))
+    let walk = |p: PathBuf| {
+        walkdir::WalkDir::new(p)
+            .follow_links(false)
+            .follow_root_links(false)
+            .max_depth(64)
+    };
+    let mut out: Vec<(PathBuf, SystemTime, u64)> = walk(git_dir.join("refs/heads"))
             .into_iter()
             .flatten()
+            .take(MAX_REF_FILES)
             .chain(["packed-refs", "HEAD"].iter().filter_map(|f| {
-                walkdir::WalkDir::new(git_dir.join(f))
-                    .into_iter()
-                    .flatten()
-                    .next()
+                walk(git_dir.join(f)).into_iter().flatten().next()
             }))
             .filter_map(|e| {
                 let m = e.metadata().ok()?;

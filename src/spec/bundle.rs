@@ -175,6 +175,20 @@ pub fn realise_state(plan: &Plan) -> Result<(), BundleError> {
             }
             MountKind::State { dir } => io(dir, fs::create_dir_all(dir))?,
             MountKind::Generated { dir, files } => write_generated(dir, files)?,
+            MountKind::Git {
+                source,
+                writable,
+                create_dir,
+            } => crate::git::realise(&crate::git::Guard {
+                target: m.target.clone(),
+                source: source.clone(),
+                writable: *writable,
+                create_dir: *create_dir,
+            })
+            .map_err(|e| BundleError::Io {
+                path: source.clone(),
+                source: std::io::Error::other(e.to_string()),
+            })?,
             _ => {}
         }
     }

@@ -189,7 +189,10 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
     }
     for m in &plan.mounts {
         let v = match &m.kind {
-            MountKind::Bind { source, writable } => mount(
+            MountKind::Bind { source, writable }
+            | MountKind::Git {
+                source, writable, ..
+            } => mount(
                 &m.target,
                 "bind",
                 &s(source),

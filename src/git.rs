@@ -1,0 +1,552 @@
+//! Git on the host, in repositories a sandbox can write (the project of an ephemeral run, a
+//! named sandbox's clone), without ever running what the sandbox wrote.
+//!
+//! Git runs programs that its configuration names (`core.fsmonitor` on every index read,
+//! hooks, `core.sshCommand`, pagers, editors, credential helpers, filters, …), and it finds
+//! that configuration through files in the git directory (`config`, `commondir`, `hooks/`,
+//! `info/`). Two halves keep it out of the sandbox's reach:
+//!
+//! - [`guards`]: inside the sandbox, those files are bound read-only over themselves, and the
+//!   git directory itself is bound over itself (a mount point cannot be renamed away and
+//!   replaced by one the sandbox made). Objects, refs, the index and logs stay writable, so
+//!   `git add`/`commit`/`branch`/`stash` work inside. The same for each submodule's git
+//!   directory (`.git/modules/…`) and the `.git` files pointing at them; `.git/worktrees` is
+//!   read-only as a whole (it belongs to work trees elsewhere on the host).
+//! - [`command`]: every git aisb itself runs in such a repository names its git directory
+//!   explicitly (a planted `commondir` cannot redirect it), reads no system configuration,
+//!   and overrides every setting that names a program with one that runs nothing.
+//!
+//! What guards cannot stop, because the git directory must stay writable for commits: a new
+//! `commondir` file (git would take its configuration from wherever it points). [`disarm`]
+//! moves one aside after a run and before aisb's own git touches the repository.
+
+use std::path::{Component, Path, PathBuf};
+use std::process::Command;
+
+/// At most this many guarded paths, and submodules nested this deep: a repository shaped by
+/// a sandbox must not make aisb walk or mount without bound.
+const MAX_GUARDS: usize = 1024;
+const MAX_MODULE_DEPTH: usize = 8;
+
+/// Settings that name programs git would run, each overridden (`-c` has the highest
+/// precedence) with one that runs nothing; plus no automatic gc or maintenance (they start
+/// further commands) and no transport but local paths.
+const OVERRIDES: &[&str] = &[
+    "core.fsmonitor=false",
+    "core.hooksPath=/dev/null",
+    "core.sshCommand=false",
+    "core.pager=cat",
+    "core.editor=false",
+    "sequence.editor=false",
+    "core.askPass=",
+    "credential.helper=",
+    "diff.external=",
+    "gpg.program=false",
+    "gpg.ssh.program=false",
+    "gpg.x509.program=false",
+    "core.alternateRefsCommand=",
+    "uploadpack.packObjectsHook=",
+    "protocol.allow=never",
+    "protocol.file.allow=always",
+    "gc.auto=0",
+    "maintenance.auto=false",
+    "submodule.recurse=false",
+    "fetch.recurseSubmodules=false",
+    "diff.ignoreSubmodules=all",
+    "status.submoduleSummary=false",
+    "core.quotepath=off",
+];
+
+/// Environment variables that name programs or redirect git, removed from every git aisb runs.
+const UNSET: &[&str] = &[
+    "GIT_ASKPASS",
+    "SSH_ASKPASS",
+    "GIT_SSH",
+    "GIT_SSH_COMMAND",
+    "GIT_PROXY_COMMAND",
+    "GIT_EXTERNAL_DIFF",
+    "GIT_EDITOR",
+    "GIT_SEQUENCE_EDITOR",
+    "GIT_PAGER",
+    "GIT_EXEC_PATH",
+    "GIT_TEMPLATE_DIR",
+    "GIT_CONFIG",
+    "GIT_CONFIG_COUNT",
+    "GIT_CONFIG_PARAMETERS",
+    "GIT_NAMESPACE",
+    "GIT_INDEX_FILE",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+    "GIT_CEILING_DIRECTORIES",
+    "GIT_DISCOVERY_ACROSS_FILESYSTEM",
+];
+
+/// `git` for the repository whose git directory is `git_dir` and work tree `work_tree`
+/// (`None` for commands that need none, such as fetch). `git_dir` is its own common directory:
+/// a `commondir` file in it is never followed.
+pub fn command(git_dir: &Path, work_tree: Option<&Path>) -> Command {
+    let mut cmd = Command::new("git");
+    for o in OVERRIDES {
+        cmd.arg("-c").arg(o);
+    }
+    for v in UNSET {
+        cmd.env_remove(v);
+    }
+    cmd.env("GIT_DIR", git_dir)
+        .env("GIT_COMMON_DIR", git_dir)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .env("GIT_NO_REPLACE_OBJECTS", "1")
+        .env("GIT_OPTIONAL_LOCKS", "0")
+        .env("GIT_PROTOCOL_FROM_USER", "0");
+    match work_tree {
+        Some(w) => {
+            cmd.env("GIT_WORK_TREE", w).current_dir(w);
+        }
+        None => {
+            cmd.env_remove("GIT_WORK_TREE").current_dir(git_dir);
+        }
+    }
+    cmd
+}
+
+/// `git` in the work tree `root` (a project): its git directory named outright when `root` has
+/// one. A git directory inside `root` is the sandbox's to write, so it is its own common
+/// directory; one outside (a linked work tree's) is not, and its `commondir` is followed.
+pub fn for_work_tree(root: &Path) -> Command {
+    let Some(git_dir) = git_dir_of(root) else {
+        return discover(root);
+    };
+    let mut cmd = command(&git_dir, Some(root));
+    if !git_dir.starts_with(root) {
+        if let Some(common) = gitfile_like(&git_dir.join("commondir"), &git_dir) {
+            cmd.env("GIT_COMMON_DIR", common);
+        }
+    }
+    cmd
+}
+
+/// The path in a one-line file (`commondir`), relative ones taken from `base`.
+fn gitfile_like(file: &Path, base: &Path) -> Option<PathBuf> {
+    let text = std::fs::read_to_string(file).ok()?;
+    let line = text.lines().next()?.trim();
+    (!line.is_empty()).then(|| lexical_join(base, Path::new(line)))
+}
+
+/// `git` with [`command`]'s overrides for a directory whose repository is not known yet (the
+/// discovery of the git directory itself, `git config --global`): no repository's own
+/// configuration is trusted more than the user's here either.
+pub fn discover(dir: &Path) -> Command {
+    let mut cmd = Command::new("git");
+    for o in OVERRIDES {
+        cmd.arg("-c").arg(o);
+    }
+    for v in UNSET.iter().chain(&["GIT_DIR", "GIT_COMMON_DIR", "GIT_WORK_TREE"]) {
+        cmd.env_remove(v);
+    }
+    cmd.env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .env("GIT_OPTIONAL_LOCKS", "0")
+        .current_dir(dir);
+    cmd
+}
+
+/// The git directory of the work tree `root` (its `.git` directory, or where its `.git` file
+/// points), when it has one, found without running git. `None`: not the top of a work tree.
+pub fn git_dir_of(root: &Path) -> Option<PathBuf> {
+    let dot = root.join(".git");
+    let md = std::fs::symlink_metadata(&dot).ok()?;
+    if md.is_dir() {
+        return Some(dot);
+    }
+    if md.is_file() {
+        return gitfile_target(&dot, root);
+    }
+    None
+}
+
+/// The directory a `.git` file (`gitdir: PATH`) names, relative paths taken from `base`.
+fn gitfile_target(file: &Path, base: &Path) -> Option<PathBuf> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(file)
+        .ok()?
+        .take(4096)
+        .read_to_string(&mut text)
+        .ok()?;
+    let target = text.lines().next()?.strip_prefix("gitdir:")?.trim();
+    if target.is_empty() {
+        return None;
+    }
+    Some(lexical_join(base, Path::new(target)))
+}
+
+/// `base.join(rel)` with `.` and `..` folded without touching the file system (a symlink in
+/// the middle is not followed: guarded paths are checked component by component anyway).
+fn lexical_join(base: &Path, rel: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in base.join(rel).components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// One path of a git directory bound over itself inside the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Guard {
+    /// Where it is inside the sandbox.
+    pub target: PathBuf,
+    /// The host path bound there.
+    pub source: PathBuf,
+    /// The git directory itself, pinned in place; everything else is read-only.
+    pub writable: bool,
+    /// `hooks/` and `info/` are created empty when missing: a hook the sandbox wrote into a
+    /// directory it made would run on the host at the next commit.
+    pub create_dir: bool,
+}
+
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum GuardError {
+    #[error("{path} is a symbolic link: aisb cannot keep the sandbox from changing what git runs through it")]
+    #[diagnostic(help(
+        "replace the link with the directory or file it points to (git does not need it), or run with `project access=\"overlay\"`"
+    ))]
+    Symlink { path: PathBuf },
+    #[error("{path} has more than {MAX_GUARDS} git directories and hooks to protect, or submodules nested deeper than {MAX_MODULE_DEPTH}")]
+    #[diagnostic(help(
+        "run this project with `project access=\"overlay\"` or read-only, or use a named sandbox"
+    ))]
+    TooMany { path: PathBuf },
+    #[error("reading {path}: {source}")]
+    #[diagnostic(help("check that the project's .git directory is readable"))]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// What to bind so a sandbox with the work tree `source` mounted writable at `target` cannot
+/// change what git runs on the host: empty when `source` is not the top of a work tree.
+pub fn guards(target: &Path, source: &Path) -> Result<Vec<Guard>, GuardError> {
+    let mut g = Guards {
+        target,
+        source,
+        out: Vec::new(),
+    };
+    let dot = source.join(".git");
+    match std::fs::symlink_metadata(&dot) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(source) => return Err(GuardError::Io { path: dot, source }),
+        Ok(md) if md.file_type().is_symlink() => return Err(GuardError::Symlink { path: dot }),
+        Ok(md) if md.is_dir() => g.git_dir(&dot, 0)?,
+        Ok(_) => {
+            // A `.git` file (a linked work tree, a submodule's work tree): pinned read-only,
+            // and the directory it names guarded when the sandbox can see it.
+            g.push(&dot, false, false)?;
+            if let Some(dir) = gitfile_target(&dot, source).filter(|d| d.starts_with(source)) {
+                if dir.is_dir() {
+                    g.git_dir(&dir, 0)?;
+                }
+            }
+        }
+    }
+    Ok(g.out)
+}
+
+struct Guards<'a> {
+    target: &'a Path,
+    source: &'a Path,
+    out: Vec<Guard>,
+}
+
+impl Guards<'_> {
+    fn push(&mut self, path: &Path, writable: bool, create_dir: bool) -> Result<(), GuardError> {
+        if self.out.len() >= MAX_GUARDS {
+            return Err(GuardError::TooMany {
+                path: self.source.to_path_buf(),
+            });
+        }
+        check_no_symlinks(self.source, path)?;
+        let rel = path.strip_prefix(self.source).unwrap_or(path);
+        self.out.push(Guard {
+            target: self.target.join(rel),
+            source: path.to_path_buf(),
+            writable,
+            create_dir,
+        });
+        Ok(())
+    }
+
+    fn push_if_exists(&mut self, path: &Path) -> Result<(), GuardError> {
+        match std::fs::symlink_metadata(path) {
+            Ok(_) => self.push(path, false, false),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(GuardError::Io {
+                path: path.to_path_buf(),
+                source,
+            }),
+        }
+    }
+
+    fn git_dir(&mut self, dir: &Path, depth: usize) -> Result<(), GuardError> {
+        if depth > MAX_MODULE_DEPTH {
+            return Err(GuardError::TooMany {
+                path: self.source.to_path_buf(),
+            });
+        }
+        self.push(dir, true, false)?;
+        for f in [
+            "config",
+            "config.worktree",
+            "commondir",
+            "branches",
+            "remotes",
+            "worktrees",
+        ] {
+            self.push_if_exists(&dir.join(f))?;
+        }
+        for d in ["hooks", "info"] {
+            self.push(&dir.join(d), false, true)?;
+        }
+        let modules = dir.join("modules");
+        if std::fs::symlink_metadata(&modules).is_ok_and(|m| m.is_dir()) {
+            self.modules(&modules, depth)?;
+        }
+        Ok(())
+    }
+
+    /// Submodules' git directories under `modules/` (a name may contain `/`, so a directory
+    /// without `HEAD` is searched further), and the `.git` files of their work trees.
+    fn modules(&mut self, dir: &Path, depth: usize) -> Result<(), GuardError> {
+        let entries = std::fs::read_dir(dir).map_err(|source| GuardError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        for e in entries.flatten() {
+            let path = e.path();
+            if !e.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            if path.join("HEAD").is_file() {
+                self.git_dir(&path, depth + 1)?;
+                if let Some(work) = module_work_tree(&path).filter(|w| w.starts_with(self.source))
+                {
+                    let dot = work.join(".git");
+                    if std::fs::symlink_metadata(&dot).is_ok_and(|m| m.is_file()) {
+                        self.push(&dot, false, false)?;
+                    }
+                }
+            } else if depth < MAX_MODULE_DEPTH {
+                self.modules(&path, depth + 1)?;
+            } else {
+                return Err(GuardError::TooMany {
+                    path: self.source.to_path_buf(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A submodule's work tree, from `core.worktree` in its git directory's config (relative to
+/// that directory), read as text: git is not run on a configuration the sandbox could write.
+fn module_work_tree(git_dir: &Path) -> Option<PathBuf> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(git_dir.join("config"))
+        .ok()?
+        .take(1 << 20)
+        .read_to_string(&mut text)
+        .ok()?;
+    let value = text.lines().find_map(|l| {
+        let (k, v) = l.split_once('=')?;
+        (k.trim().eq_ignore_ascii_case("worktree")).then(|| v.trim().trim_matches('"').to_string())
+    })?;
+    Some(lexical_join(git_dir, Path::new(&value)))
+}
+
+/// Every component of `path` below `root` (and `path` itself) is not a symbolic link: a
+/// bind follows links, and the sandbox may have made one where a guarded path should be.
+fn check_no_symlinks(root: &Path, path: &Path) -> Result<(), GuardError> {
+    let rel = path.strip_prefix(root).unwrap_or(path);
+    let mut cur = root.to_path_buf();
+    for c in rel.components() {
+        cur.push(c);
+        match std::fs::symlink_metadata(&cur) {
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(GuardError::Symlink { path: cur });
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Create the guarded directories that are missing (`hooks/`, `info/`), refusing symbolic
+/// links: called just before the sandbox starts, when the guards are mounted.
+pub fn realise(guard: &Guard) -> Result<(), GuardError> {
+    let io = |source| GuardError::Io {
+        path: guard.source.clone(),
+        source,
+    };
+    match std::fs::symlink_metadata(&guard.source) {
+        Ok(m) if m.file_type().is_symlink() => Err(GuardError::Symlink {
+            path: guard.source.clone(),
+        }),
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && guard.create_dir => {
+            match std::fs::create_dir(&guard.source) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => realise(guard),
+                Err(e) => Err(io(e)),
+            }
+        }
+        Err(e) => Err(io(e)),
+    }
+}
+
+/// Move a `commondir` file that was not there when the guards were made out of each pinned
+/// git directory into `quarantine` (nothing is deleted), so neither aisb's git nor the user's
+/// takes configuration from where it points. Returns what was moved, for the audit log.
+pub fn disarm(guards: &[Guard], quarantine: &Path) -> Vec<(PathBuf, PathBuf)> {
+    guards
+        .iter()
+        .filter(|g| g.writable)
+        .filter(|g| !guards.iter().any(|o| o.source == g.source.join("commondir")))
+        .filter_map(|g| disarm_git_dir(&g.source, quarantine))
+        .collect()
+}
+
+/// Move `git_dir/commondir`, if there is one, into `quarantine`: (from, to).
+pub fn disarm_git_dir(git_dir: &Path, quarantine: &Path) -> Option<(PathBuf, PathBuf)> {
+    let planted = git_dir.join("commondir");
+    std::fs::symlink_metadata(&planted).ok()?;
+    let _ = std::fs::create_dir_all(quarantine);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let to = quarantine.join(format!("commondir-{nanos}"));
+    std::fs::rename(&planted, &to).ok()?;
+    Some((planted, to))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn init(dir: &Path) {
+        let ok = Command::new("git")
+            .args(["init", "-q"])
+            .arg(dir)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok);
+    }
+
+    #[test]
+    fn guards_pin_the_git_dir_and_protect_what_names_programs() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("p");
+        init(&root);
+        std::fs::remove_dir_all(root.join(".git/hooks")).unwrap();
+        let g = guards(&root, &root).unwrap();
+        let rel: Vec<(String, bool, bool)> = g
+            .iter()
+            .map(|g| {
+                (
+                    g.source
+                        .strip_prefix(&root)
+                        .unwrap()
+                        .to_string_lossy()
+                        .into_owned(),
+                    g.writable,
+                    g.create_dir,
+                )
+            })
+            .collect();
+        assert_eq!(
+            rel,
+            vec![
+                (".git".into(), true, false),
+                (".git/config".into(), false, false),
+                (".git/hooks".into(), false, true),
+                (".git/info".into(), false, true),
+            ]
+        );
+        for x in &g {
+            realise(x).unwrap();
+        }
+        assert!(root.join(".git/hooks").is_dir());
+    }
+
+    #[test]
+    fn a_symlink_where_a_guard_goes_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("p");
+        init(&root);
+        std::fs::remove_dir_all(root.join(".git/hooks")).unwrap();
+        std::os::unix::fs::symlink(t.path(), root.join(".git/hooks")).unwrap();
+        assert!(matches!(
+            guards(&root, &root),
+            Err(GuardError::Symlink { .. })
+        ));
+        let other = t.path().join("q");
+        std::fs::create_dir_all(&other).unwrap();
+        std::os::unix::fs::symlink(root.join(".git"), other.join(".git")).unwrap();
+        assert!(matches!(
+            guards(&other, &other),
+            Err(GuardError::Symlink { .. })
+        ));
+    }
+
+    #[test]
+    fn a_planted_commondir_is_moved_aside() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("p");
+        init(&root);
+        let g = guards(&root, &root).unwrap();
+        std::fs::write(root.join(".git/commondir"), "../evil\n").unwrap();
+        let q = t.path().join("quarantine");
+        let moved = disarm(&g, &q);
+        assert_eq!(moved.len(), 1);
+        assert!(!root.join(".git/commondir").exists());
+        assert_eq!(std::fs::read_to_string(&moved[0].1).unwrap(), "../evil\n");
+    }
+
+    #[test]
+    fn submodule_git_dirs_and_their_git_files_are_guarded() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("p");
+        init(&root);
+        let m = root.join(".git/modules/lib/inner");
+        std::fs::create_dir_all(m.join("objects")).unwrap();
+        std::fs::write(m.join("HEAD"), "ref: refs/heads/main\n").unwrap();
+        std::fs::write(
+            m.join("config"),
+            "[core]\n\tworktree = ../../../../lib/inner\n",
+        )
+        .unwrap();
+        std::fs::create_dir_all(root.join("lib/inner")).unwrap();
+        std::fs::write(
+            root.join("lib/inner/.git"),
+            "gitdir: ../../.git/modules/lib/inner\n",
+        )
+        .unwrap();
+        let g = guards(&root, &root).unwrap();
+        let has = |rel: &str, writable: bool| {
+            g.iter()
+                .any(|x| x.source == root.join(rel) && x.writable == writable)
+        };
+        assert!(has(".git/modules/lib/inner", true));
+        assert!(has(".git/modules/lib/inner/config", false));
+        assert!(has(".git/modules/lib/inner/hooks", false));
+        assert!(has("lib/inner/.git", false));
+    }
+}
