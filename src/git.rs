@@ -16,9 +16,9 @@
 //!   explicitly (a planted `commondir` cannot redirect it), reads no system configuration,
 //!   and overrides every setting that names a program with one that runs nothing.
 //!
-//! What guards cannot stop, because the git directory must stay writable for commits: a new
-//! `commondir` file (git would take its configuration from wherever it points). [`disarm`]
-//! moves one aside after a run and before aisb's own git touches the repository.
+//! What guards cannot stop, because the git directory must stay writable for commits: new
+//! files there that git reads configuration through ([`PLANTABLE`]). [`disarm`] moves them
+//! aside after a run and before aisb's own git touches the repository.
 
 use std::path::{Component, Path, PathBuf};
 use std::process::Command;
@@ -141,7 +141,10 @@ pub fn discover(dir: &Path) -> Command {
     for o in OVERRIDES {
         cmd.arg("-c").arg(o);
     }
-    for v in UNSET.iter().chain(&["GIT_DIR", "GIT_COMMON_DIR", "GIT_WORK_TREE"]) {
+    for v in UNSET
+        .iter()
+        .chain(&["GIT_DIR", "GIT_COMMON_DIR", "GIT_WORK_TREE"])
+    {
         cmd.env_remove(v);
     }
     cmd.env("GIT_CONFIG_NOSYSTEM", "1")
@@ -335,8 +338,7 @@ impl Guards<'_> {
             }
             if path.join("HEAD").is_file() {
                 self.git_dir(&path, depth + 1)?;
-                if let Some(work) = module_work_tree(&path).filter(|w| w.starts_with(self.source))
-                {
+                if let Some(work) = module_work_tree(&path).filter(|w| w.starts_with(self.source)) {
                     let dot = work.join(".git");
                     if std::fs::symlink_metadata(&dot).is_ok_and(|m| m.is_file()) {
                         self.push(&dot, false, false)?;
@@ -411,29 +413,49 @@ pub fn realise(guard: &Guard) -> Result<(), GuardError> {
     }
 }
 
-/// Move a `commondir` file that was not there when the guards were made out of each pinned
-/// git directory into `quarantine` (nothing is deleted), so neither aisb's git nor the user's
-/// takes configuration from where it points. Returns what was moved, for the audit log.
+/// Files a writable git directory may gain that git takes configuration through: `commondir`
+/// (config and hooks from wherever it points) and `config.worktree` (read as soon as
+/// `extensions.worktreeConfig` is on, which `git sparse-checkout` turns on).
+pub const PLANTABLE: &[&str] = &["commondir", "config.worktree"];
+
+/// Move each [`PLANTABLE`] file that was not there when the guards were made (those are
+/// guarded read-only) out of each pinned git directory into `quarantine` (nothing is
+/// deleted). Returns what was moved, for the audit log.
 pub fn disarm(guards: &[Guard], quarantine: &Path) -> Vec<(PathBuf, PathBuf)> {
     guards
         .iter()
         .filter(|g| g.writable)
-        .filter(|g| !guards.iter().any(|o| o.source == g.source.join("commondir")))
-        .filter_map(|g| disarm_git_dir(&g.source, quarantine))
+        .flat_map(|g| {
+            PLANTABLE
+                .iter()
+                .map(|f| g.source.join(f))
+                .filter(|p| !guards.iter().any(|o| o.source == *p))
+        })
+        .filter_map(|p| quarantine_file(&p, quarantine))
         .collect()
 }
 
-/// Move `git_dir/commondir`, if there is one, into `quarantine`: (from, to).
-pub fn disarm_git_dir(git_dir: &Path, quarantine: &Path) -> Option<(PathBuf, PathBuf)> {
-    let planted = git_dir.join("commondir");
-    std::fs::symlink_metadata(&planted).ok()?;
+/// [`disarm`] for a git directory whose every [`PLANTABLE`] file is the sandbox's (a clone).
+pub fn disarm_git_dir(git_dir: &Path, quarantine: &Path) -> Vec<(PathBuf, PathBuf)> {
+    PLANTABLE
+        .iter()
+        .filter_map(|f| quarantine_file(&git_dir.join(f), quarantine))
+        .collect()
+}
+
+/// Move `path`, if it exists, into `quarantine`: (from, to).
+fn quarantine_file(path: &Path, quarantine: &Path) -> Option<(PathBuf, PathBuf)> {
+    std::fs::symlink_metadata(path).ok()?;
     let _ = std::fs::create_dir_all(quarantine);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
-    let to = quarantine.join(format!("commondir-{nanos}"));
-    std::fs::rename(&planted, &to).ok()?;
-    Some((planted, to))
+    let name = path
+        .file_name()
+        .map_or("file".into(), |n| n.to_string_lossy().into_owned());
+    let to = quarantine.join(format!("{name}-{nanos}"));
+    std::fs::rename(path, &to).ok()?;
+    Some((path.to_path_buf(), to))
 }
 
 #[cfg(test)]

@@ -83,9 +83,7 @@ pub fn loosenings(plan: &Plan) -> Vec<String> {
             MountKind::Tmpfs { .. }
             | MountKind::State { .. }
             | MountKind::Generated { .. }
-            | MountKind::Git { .. } => {
-                continue
-            }
+            | MountKind::Git { .. } => continue,
         };
         out.push(format!(
             "{} visible {access} ({})",

@@ -235,10 +235,7 @@ pub fn render(plan: &Plan, _cwd: &Path, named: bool) -> String {
                 "copy",
                 format!(" <- {} (private copy {})", source.display(), copy.display()),
             ),
-            MountKind::Git { writable, .. } => (
-                if *writable { "rw" } else { "ro" },
-                " (git: never run on the host from inside)".to_string(),
-            ),
+            MountKind::Git { writable, .. } => (if *writable { "rw" } else { "ro" }, String::new()),
             MountKind::Tmpfs { .. } => ("tmpfs", String::new()),
             MountKind::State { dir } => ("state", format!(" <- {}", dir.display())),
             MountKind::Generated { dir, files } => (

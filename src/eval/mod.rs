@@ -494,7 +494,10 @@ pub fn evaluate(loaded: &Loaded, host: &Host, req: &Request) -> Result<Plan, Eva
 
 /// The mounts that keep a writable work tree's git directory from naming programs the host
 /// would run (see [`crate::git`]): `source` is the work tree on the host, `target` inside.
-pub fn git_guard_mounts(target: &Path, source: &Path) -> Result<Vec<Mount>, crate::git::GuardError> {
+pub fn git_guard_mounts(
+    target: &Path,
+    source: &Path,
+) -> Result<Vec<Mount>, crate::git::GuardError> {
     Ok(crate::git::guards(target, source)?
         .into_iter()
         .map(|g| Mount {

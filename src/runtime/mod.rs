@@ -250,7 +250,7 @@ fn disarm_git(plan: &Plan, audit: Option<&crate::audit::Log>) {
         .collect();
     for (from, to) in crate::git::disarm(&guards, &plan.state_dir.join("quarantine")) {
         eprintln!(
-            "aisb: the sandbox wrote {} (git would have taken its configuration, and the programs it names, from where it points); moved to {}",
+            "aisb: the sandbox wrote {} (git on the host would have read configuration, and the programs it names, through it); moved to {}",
             from.display(),
             to.display()
         );
@@ -258,7 +258,7 @@ fn disarm_git(plan: &Plan, audit: Option<&crate::audit::Log>) {
             let _ = log.write(crate::audit::Kind::Quarantine {
                 path: from.to_string_lossy().into_owned(),
                 moved_to: to.to_string_lossy().into_owned(),
-                why: "a git commondir written from inside".into(),
+                why: "git would read configuration through it".into(),
             });
         }
     }

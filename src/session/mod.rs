@@ -128,11 +128,9 @@ pub fn git(dir: &Path, args: &[&str], state: &Path) -> Result<String, SessionErr
 /// Move a `commondir` the sandbox planted in its clone's git directory into
 /// `<state>/quarantine`, telling the user once.
 pub fn disarm_clone(clone: &Path, state: &Path) {
-    if let Some((from, to)) =
-        crate::git::disarm_git_dir(&clone.join(".git"), &state.join("quarantine"))
-    {
+    for (from, to) in crate::git::disarm_git_dir(&clone.join(".git"), &state.join("quarantine")) {
         eprintln!(
-            "aisb: the sandbox wrote {} (git would have taken its configuration from where it points); moved to {}",
+            "aisb: the sandbox wrote {} (git on the host would have read configuration, and the programs it names, through it); moved to {}",
             from.display(),
             to.display()
         );
@@ -288,16 +286,19 @@ pub fn prepare(plan: &mut Plan, name: &str) -> Result<Session, SessionError> {
     }
     // The guards evaluation made are for the repository's own .git, which the sandbox does
     // not see: the clone's git directory is the one it writes.
-    let writable_clone = plan.mounts.iter().any(|m| {
-        m.target == repo && matches!(m.kind, MountKind::Bind { writable: true, .. })
-    });
-    plan.mounts.retain(|m| !matches!(m.kind, MountKind::Git { .. }));
+    let writable_clone = plan
+        .mounts
+        .iter()
+        .any(|m| m.target == repo && matches!(m.kind, MountKind::Bind { writable: true, .. }));
+    plan.mounts
+        .retain(|m| !matches!(m.kind, MountKind::Git { .. }));
     if writable_clone {
         disarm_clone(&clone, &state);
-        let guards = crate::eval::git_guard_mounts(&repo, &clone).map_err(|e| SessionError::Io {
-            what: "protecting the clone's git directory".into(),
-            source: std::io::Error::other(e.to_string()),
-        })?;
+        let guards =
+            crate::eval::git_guard_mounts(&repo, &clone).map_err(|e| SessionError::Io {
+                what: "protecting the clone's git directory".into(),
+                source: std::io::Error::other(e.to_string()),
+            })?;
         plan.mounts.extend(guards);
     }
     plan.mounts.push(Mount {

@@ -75,17 +75,19 @@ fn stamp(git_dir: &Path) -> Vec<(PathBuf, SystemTime, u64)> {
             .max_depth(64)
     };
     let mut out: Vec<(PathBuf, SystemTime, u64)> = walk(git_dir.join("refs/heads"))
-            .into_iter()
-            .flatten()
-            .take(MAX_REF_FILES)
-            .chain(["packed-refs", "HEAD"].iter().filter_map(|f| {
-                walk(git_dir.join(f)).into_iter().flatten().next()
-            }))
-            .filter_map(|e| {
-                let m = e.metadata().ok()?;
-                Some((e.path().to_path_buf(), m.modified().ok()?, m.len()))
-            })
-            .collect();
+        .into_iter()
+        .flatten()
+        .take(MAX_REF_FILES)
+        .chain(
+            ["packed-refs", "HEAD"]
+                .iter()
+                .filter_map(|f| walk(git_dir.join(f)).into_iter().flatten().next()),
+        )
+        .filter_map(|e| {
+            let m = e.metadata().ok()?;
+            Some((e.path().to_path_buf(), m.modified().ok()?, m.len()))
+        })
+        .collect();
     out.sort();
     out
 }
