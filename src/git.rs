@@ -478,6 +478,8 @@ mod tests {
         let root = t.path().join("p");
         init(&root);
         std::fs::remove_dir_all(root.join(".git/hooks")).unwrap();
+        // Older gits' templates make it; it is guarded when there.
+        let _ = std::fs::remove_dir_all(root.join(".git/branches"));
         let g = guards(&root, &root).unwrap();
         let rel: Vec<(String, bool, bool)> = g
             .iter()
