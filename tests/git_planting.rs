@@ -409,3 +409,48 @@ fn a_writable_git_dir_is_caught() {
         );
     }
 }
+
+/// `aisb test` checks the git directory from inside, and fails when it is writable.
+#[test]
+fn aisb_test_checks_the_git_dir() {
+    if !support::root_or_skip("the git planting suite") {
+        return;
+    }
+    for backend in BACKENDS {
+        let f = Fixture::new(None);
+        let o = f.aisb(&["test", "--backend", backend, "--json"]);
+        assert_eq!(o.code, 0, "[{backend}] {}\n{}", o.stdout, o.stderr);
+        let checks: Vec<serde_json::Value> = serde_json::from_str(&o.stdout).unwrap();
+        let git: Vec<&serde_json::Value> = checks
+            .iter()
+            .filter(|c| c["check"].as_str().unwrap().contains("/.git"))
+            .collect();
+        assert!(git.len() >= 4, "[{backend}] {checks:#?}");
+        assert!(git.iter().all(|c| c["ok"] == true), "[{backend}] {git:#?}");
+
+        let mut cmd = Command::new(&f.exe);
+        f.as_caller(&mut cmd);
+        let o = Out::from(
+            cmd.env("AISB_TEST_BREAK_ISOLATION", "git")
+                .args(["test", "--backend", backend, "--json"])
+                .output()
+                .unwrap(),
+        );
+        assert_eq!(
+            o.code, 1,
+            "[{backend}] a writable .git passed `aisb test`: {}",
+            o.stdout
+        );
+        let checks: Vec<serde_json::Value> = serde_json::from_str(&o.stdout).unwrap();
+        let failed: Vec<&str> = checks
+            .iter()
+            .filter(|c| c["ok"] == false)
+            .map(|c| c["check"].as_str().unwrap())
+            .collect();
+        assert!(
+            failed.iter().any(|c| c.contains(".git/hooks"))
+                && failed.iter().any(|c| c.contains(".git/config")),
+            "[{backend}] {failed:?}"
+        );
+    }
+}

@@ -115,6 +115,49 @@ fn script(plan: &Plan, max_masks: usize) -> (String, Vec<(String, String, bool)>
             checks.push((key, format!("change or remove {dir} ({})", m.why), true));
         }
     }
+    // In a writable project, what git on the host would run (config, hooks, info) must not be
+    // writable from inside, and the git directory must be pinned (a mount point: it cannot be
+    // renamed away and replaced). Derived from the project itself, not from the mounts that
+    // should protect it; checked, never tried.
+    let writable_project = plan.mounts.iter().any(|m| {
+        m.target == plan.project
+            && matches!(
+                m.kind,
+                crate::eval::plan::MountKind::Bind { writable: true, .. }
+            )
+    });
+    let git_paths = if writable_project {
+        crate::git::guards(&plan.project, &plan.project).unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    for (i, g) in git_paths.iter().enumerate() {
+        let writable = &g.writable;
+        let path = g.target.to_string_lossy().into_owned();
+        let key = format!("git{i}");
+        let (cmd, what) = if *writable {
+            // mountinfo escapes spaces, tabs, newlines and backslashes as octal.
+            let escaped = path
+                .replace('\\', "\\134")
+                .replace(' ', "\\040")
+                .replace('\t', "\\011")
+                .replace('\n', "\\012");
+            (
+                format!(
+                    "! cut -d' ' -f5 /proc/self/mountinfo | grep -qxF {}",
+                    q(&escaped)
+                ),
+                format!("replace {path} (git on the host would use the new one)"),
+            )
+        } else {
+            (
+                format!("test -w {}", q(&path)),
+                format!("change {path} (git on the host runs what it names)"),
+            )
+        };
+        s.push_str(&format!("t {key} sh -c {}\n", q(&cmd)));
+        checks.push((key, what, true));
+    }
     if plan.read_only {
         let p = q(&plan.project.to_string_lossy());
         s.push_str(&format!(
