@@ -443,19 +443,98 @@ pub fn disarm_git_dir(git_dir: &Path, quarantine: &Path) -> Vec<(PathBuf, PathBu
         .collect()
 }
 
-/// Move `path`, if it exists, into `quarantine`: (from, to).
-fn quarantine_file(path: &Path, quarantine: &Path) -> Option<(PathBuf, PathBuf)> {
+/// Move `path`, if it exists, into `quarantine`: (from, to). Where that is another file
+/// system, beside itself under a name git never reads.
+pub fn quarantine_file(path: &Path, quarantine: &Path) -> Option<(PathBuf, PathBuf)> {
     std::fs::symlink_metadata(path).ok()?;
     let _ = std::fs::create_dir_all(quarantine);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
-    let name = path
-        .file_name()
-        .map_or("file".into(), |n| n.to_string_lossy().into_owned());
-    let to = quarantine.join(format!("{name}-{nanos}"));
-    std::fs::rename(path, &to).ok()?;
-    Some((path.to_path_buf(), to))
+    let mut name = path.file_name()?.to_os_string();
+    name.push(format!(".aisb-quarantined-{nanos}"));
+    let to = quarantine.join(&name);
+    match std::fs::rename(path, &to) {
+        Ok(()) => Some((path.to_path_buf(), to)),
+        Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
+            let beside = path.with_file_name(&name);
+            std::fs::rename(path, &beside).ok()?;
+            Some((path.to_path_buf(), beside))
+        }
+        Err(_) => None,
+    }
+}
+
+/// What identifies the index file's content without reading it: a run that changed it also
+/// changed this.
+pub type IndexStamp = (u64, u64, i64, i64, i64, i64);
+
+pub fn index_stamp(git_dir: &Path) -> Option<IndexStamp> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(git_dir.join("index")).ok()?;
+    Some((
+        m.ino(),
+        m.size(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.ctime(),
+        m.ctime_nsec(),
+    ))
+}
+
+/// At most this many bytes of `git ls-files --stage` are read: an index shaped by a sandbox
+/// is bounded like everything else it wrote.
+const MAX_LS_FILES: u64 = 256 << 20;
+
+/// Submodule work trees (gitlinks in the index of the work tree `root`, whose git directory
+/// is `git_dir`) whose `.git`, or what git runs through it, changed at or after `since`: git
+/// on the host looks into each gitlink on `git status`, with that repository's configuration.
+pub fn changed_submodules(
+    root: &Path,
+    git_dir: &Path,
+    since: std::time::SystemTime,
+) -> Vec<PathBuf> {
+    use std::io::Read;
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(mut child) = command(git_dir, Some(root))
+        .args(["ls-files", "--stage", "-z"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+    else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    if let Some(stdout) = child.stdout.take() {
+        let _ = stdout.take(MAX_LS_FILES).read_to_end(&mut out);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let changed = |p: &Path| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::symlink_metadata(p).is_ok_and(|m| {
+            let ctime = std::time::UNIX_EPOCH
+                + std::time::Duration::new(m.ctime().max(0) as u64, m.ctime_nsec().max(0) as u32);
+            ctime >= since
+        })
+    };
+    out.split(|b| *b == 0)
+        .filter_map(|entry| {
+            let tab = entry.iter().position(|b| *b == b'\t')?;
+            let (meta, path) = entry.split_at(tab);
+            meta.starts_with(b"160000 ").then(|| &path[1..])
+        })
+        .map(|rel| root.join(std::ffi::OsStr::from_bytes(rel)))
+        .filter(|work| work.starts_with(root) && check_no_symlinks(root, work).is_ok())
+        .map(|work| work.join(".git"))
+        .filter(|dot| {
+            changed(dot)
+                || ["config", "config.worktree", "commondir", "hooks", "info"]
+                    .iter()
+                    .any(|f| changed(&dot.join(f)))
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -454,3 +454,41 @@ fn aisb_test_checks_the_git_dir() {
         );
     }
 }
+
+/// A submodule added from inside, whose own git directory names a program: `git status` at
+/// the top of the host repository looks into it. aisb moves its `.git` aside after the run.
+#[test]
+fn a_planted_submodule_does_not_run_on_the_host() {
+    if !support::root_or_skip("the git planting suite") {
+        return;
+    }
+    for (backend, user) in matrix() {
+        let who = format!(
+            "[{backend}, {}]",
+            user.map_or("root".into(), |u| format!("uid {}", u.0))
+        );
+        let f = Fixture::new(user);
+        let o = f.inside(
+            backend,
+            None,
+            r#"
+mkdir sub && cd sub && git init -q && git -c user.name=a -c user.email=a@a commit -q --allow-empty -m s &&
+git config core.fsmonitor "touch $M/submodule-fsmonitor" && h=$(git rev-parse HEAD) && cd .. &&
+git update-index --add --cacheinfo "160000,$h,sub" && echo planted=ok
+"#,
+        );
+        o.expect("planted", "ok");
+        assert!(
+            o.stderr.contains("sub/.git (git on the host"),
+            "{who} the planted submodule was not moved aside: {}",
+            o.stderr
+        );
+        let log = f.host_uses_the_repository(backend, None);
+        assert_eq!(
+            f.marked(),
+            Vec::<String>::new(),
+            "{who} planted code ran on the host:\n{}",
+            log.join("\n")
+        );
+    }
+}

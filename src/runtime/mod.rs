@@ -99,6 +99,7 @@ impl Drop for BundleGuard {
 
 pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, RuntimeError> {
     let start = Instant::now();
+    let git_before = git_before(plan);
     // On an image: build what is missing, and point the system paths at its root, which the
     // runtime process mounts in a private mount namespace.
     let imaged = crate::image::sandbox::prepare_run(plan, backend).map_err(Box::new)?;
@@ -217,7 +218,7 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
         let _ = std::fs::remove_file(f);
     }
     drop(proxy);
-    disarm_git(plan, audit.as_ref());
+    disarm_git(plan, audit.as_ref(), &git_before);
     if let Some(log) = &audit {
         let _ = log.write(crate::audit::Kind::Exit {
             exit_code,
@@ -227,10 +228,11 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
     Ok(Summary::new(plan, backend, exit_code, start))
 }
 
-/// After the workload: move a `commondir` the sandbox planted in a git directory it could
-/// write (the one file there that guards cannot keep it from creating) out of the way, so
-/// the user's next git on the host does not take its configuration from where it points.
-fn disarm_git(plan: &Plan, audit: Option<&crate::audit::Log>) {
+/// After the workload: move out of the way what the sandbox wrote that git on the host would
+/// read configuration through and that guards cannot refuse (the git directory must stay
+/// writable for commits): a new `commondir` or `config.worktree`, and the `.git` of a
+/// submodule it added or changed (`git status` at the top looks into every submodule).
+fn disarm_git(plan: &Plan, audit: Option<&crate::audit::Log>, before: &GitBefore) {
     let guards: Vec<crate::git::Guard> = plan
         .mounts
         .iter()
@@ -248,7 +250,16 @@ fn disarm_git(plan: &Plan, audit: Option<&crate::audit::Log>) {
             _ => None,
         })
         .collect();
-    for (from, to) in crate::git::disarm(&guards, &plan.state_dir.join("quarantine")) {
+    let quarantine = plan.state_dir.join("quarantine");
+    let mut moved = crate::git::disarm(&guards, &quarantine);
+    if let Some((work_tree, git_dir, stamp, since)) = before {
+        if crate::git::index_stamp(git_dir) != *stamp {
+            for dot in crate::git::changed_submodules(work_tree, git_dir, *since) {
+                moved.extend(crate::git::quarantine_file(&dot, &quarantine));
+            }
+        }
+    }
+    for (from, to) in moved {
         eprintln!(
             "aisb: the sandbox wrote {} (git on the host would have read configuration, and the programs it names, through it); moved to {}",
             from.display(),
@@ -262,6 +273,38 @@ fn disarm_git(plan: &Plan, audit: Option<&crate::audit::Log>) {
             });
         }
     }
+}
+
+/// The project's work tree on the host and its git directory, the index's stamp and the
+/// time, before the workload runs: when a run changes the index, its submodules are looked
+/// at afterwards.
+type GitBefore = Option<(
+    PathBuf,
+    PathBuf,
+    Option<crate::git::IndexStamp>,
+    std::time::SystemTime,
+)>;
+
+fn git_before(plan: &Plan) -> GitBefore {
+    let work_tree = plan.mounts.iter().find_map(|m| match &m.kind {
+        crate::eval::plan::MountKind::Bind {
+            source,
+            writable: true,
+        } if m.target == plan.project => Some(source.clone()),
+        _ => None,
+    })?;
+    let git_dir = plan.mounts.iter().find_map(|m| match &m.kind {
+        crate::eval::plan::MountKind::Git {
+            source,
+            writable: true,
+            ..
+        } if m.target == plan.project.join(".git") => Some(source.clone()),
+        _ => None,
+    })?;
+    // A little before now: ctimes are kept at the file system's granularity.
+    let since = std::time::SystemTime::now() - std::time::Duration::from_millis(20);
+    let stamp = crate::git::index_stamp(&git_dir);
+    Some((work_tree, git_dir, stamp, since))
 }
 
 impl Summary {
