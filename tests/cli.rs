@@ -1,5 +1,7 @@
 //! Black-box tests of the `aisb` binary: a fluent builder, exact stdout/stderr.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -436,8 +438,9 @@ fn a_loosening_config_must_be_trusted() {
         "{}",
         refused.stderr
     );
-    if !nix::unistd::geteuid().is_root() {
-        return; // running a sandbox below needs root on this host
+    // Running a sandbox below needs root on this host.
+    if !support::root_or_skip("the trusted half of this test") {
+        return;
     }
     let trusted_once = t.with(&["--trust", "run", "--backend", "bwrap", "--", "true"]);
     assert_eq!(trusted_once.code, 0, "{}", trusted_once.stderr);

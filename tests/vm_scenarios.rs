@@ -43,8 +43,7 @@ fn scenarios() -> usize {
 
 #[test]
 fn every_scenario_holds_on_both_backends_for_root_and_a_user() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: the scenarios need root on this host (CI runs as root)");
+    if !support::root_or_skip("the VM scenarios on this host") {
         return;
     }
     let r = results(&[]);
@@ -60,7 +59,7 @@ fn every_scenario_holds_on_both_backends_for_root_and_a_user() {
 /// The harness can fail: a sandbox that leaks ~/.ssh is caught, on both backends.
 #[test]
 fn a_leaking_sandbox_is_caught() {
-    if !nix::unistd::geteuid().is_root() {
+    if !support::root_or_skip("the VM scenarios on this host") {
         return;
     }
     let r = results(&[("AISB_TEST_BREAK_ISOLATION", "ssh")]);

@@ -137,10 +137,23 @@ pub fn root_or_skip(suite: &str) -> bool {
         if std::env::var_os("CI").is_some() {
             panic!("{suite} needs root, and CI must run it: run the tests as root");
         }
-        eprintln!("skipped: {suite} needs root on this host (CI runs as root)");
+        eprintln!("SKIPPED: {suite} needs root on this host (CI runs as root)");
         return false;
     }
     true
+}
+
+/// Whether `tool` runs here; otherwise prints why `what` is skipped. Under CI a missing tool
+/// is a failure: scripts/setup.sh installs every tool the tests use.
+pub fn tool_or_skip(tool: &str, what: &str) -> bool {
+    if Command::new(tool).arg("--version").output().is_ok() {
+        return true;
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("{what} needs `{tool}`, which scripts/setup.sh installs: it is missing");
+    }
+    eprintln!("SKIPPED: {what} needs `{tool}` (scripts/setup.sh installs it)");
+    false
 }
 
 const TEST_USER: &str = "aisb-test";
@@ -218,6 +231,17 @@ impl Out {
         self.stdout
             .lines()
             .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+    }
+    /// The attempt `key` ran and failed (a status other than 0). A missing line fails too: an
+    /// attempt that never ran proves nothing.
+    pub fn expect_failed(&self, key: &str, what: &str) {
+        match self.value(key) {
+            Some(v) if v != "0" => {}
+            got => panic!(
+                "check `{key}` ({what}): expected a failure, got {got:?}\nstdout:\n{}\nstderr:\n{}",
+                self.stdout, self.stderr
+            ),
+        }
     }
     pub fn expect(&self, key: &str, want: &str) {
         assert_eq!(
