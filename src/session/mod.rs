@@ -101,12 +101,16 @@ pub fn valid_name(name: &str) -> bool {
 /// (`<state>/clone`), which the sandbox writes: there git is told its git directory outright,
 /// after a planted `commondir` is moved aside (see [`crate::git`]). Either way, nothing the
 /// repository's configuration names is run.
+///
+/// Git in the repository holds a lock shared by every sandbox of that repository: named
+/// sandboxes started at once each add a remote and fetch, and git refuses a second writer of
+/// `.git/config` or `packed-refs` instead of waiting.
 pub fn git(dir: &Path, args: &[&str], state: &Path) -> Result<String, SessionError> {
-    let mut cmd = if dir == state.join("clone") {
+    let (mut cmd, _repo_lock) = if dir == state.join("clone") {
         disarm_clone(dir, state);
-        crate::git::command(&dir.join(".git"), Some(dir))
+        (crate::git::command(&dir.join(".git"), Some(dir)), None)
     } else {
-        crate::git::discover(dir)
+        (crate::git::discover(dir), Some(repo_lock(state)?))
     };
     // Paths we pass are paths, never pathspec patterns.
     let out = cmd
@@ -182,6 +186,21 @@ pub fn lock(state: &Path, name: &str) -> Result<Lock, SessionError> {
     }
     let _ = f.set_len(0);
     let _ = write!(f, "{}", std::process::id());
+    Ok(Lock(f))
+}
+
+/// The lock on the repository of the sandbox whose state is `state`, held while the value
+/// lives (blocking: the other holder is a git command of another sandbox, soon done).
+fn repo_lock(state: &Path) -> Result<Lock, SessionError> {
+    let dir = state.parent().unwrap_or(state);
+    fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+    let f = open_lock_file(&dir.join("repo.lock"))?;
+    if !flock(&f, libc::LOCK_EX) {
+        return Err(SessionError::Io {
+            what: format!("locking {}", dir.join("repo.lock").display()),
+            source: std::io::Error::last_os_error(),
+        });
+    }
     Ok(Lock(f))
 }
 
