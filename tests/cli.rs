@@ -542,3 +542,31 @@ fn no_config_agent_command_brings_its_preset() {
     assert!(!has(&other, "/.claude"));
     assert!(!env(&other, "HTTPS_PROXY"));
 }
+
+/// aisb's cache and configuration directories (private copies of host config, overlay upper
+/// dirs, audit logs, trust pins) are 0700, created so or tightened.
+#[test]
+fn aisb_directories_are_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = Test::new().args(&["plan"]);
+    let cache = t.dir.path().join("cache/aisb");
+    let config = t.dir.path().join("home/.config/aisb");
+    std::fs::create_dir_all(&cache).unwrap();
+    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let o = t.run();
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    for dir in [&cache, &config] {
+        let mode = std::fs::metadata(dir).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o700, "{}", dir.display());
+    }
+    // Somebody else's directory there is refused, not used.
+    std::fs::remove_dir_all(&cache).unwrap();
+    std::os::unix::fs::symlink(t.dir.path(), &cache).unwrap();
+    let o = t.run();
+    assert_ne!(o.code, 0);
+    assert!(
+        o.stderr.contains("not a directory of this user's"),
+        "{}",
+        o.stderr
+    );
+}
