@@ -2,6 +2,7 @@
 //! in the same directory, synced, then renamed over the target.
 
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 /// Write `bytes` to `path` atomically, creating the directory; the temporary file is
@@ -13,7 +14,12 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
     let tmp = dir.join(format!(".tmp-{}-{nanos}", std::process::id()));
-    let result = std::fs::File::create(&tmp)
+    // A new file only (a link or file planted under the temporary name is refused).
+    let result = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)
         .and_then(|mut f| {
             f.write_all(bytes)?;
             f.sync_all()

@@ -7,6 +7,7 @@
 pub mod agents;
 pub mod atomic;
 pub mod audit;
+pub mod beneath;
 pub mod cli;
 pub mod config;
 pub mod eval;

@@ -271,8 +271,9 @@ pub fn prepare(plan: &mut Plan, name: &str) -> Result<Session, SessionError> {
             &["clone", "--quiet", "--shared", "--", &origin_s, &clone_s],
             &state,
         )?;
-        write_atomic(
-            &clone.join(".git/objects/info/alternates"),
+        write_in_clone(
+            &clone,
+            ".git/objects/info/alternates",
             format!("{}\n", origin.join(".git/objects").display()).as_bytes(),
         )?;
     }
@@ -379,20 +380,18 @@ fn write_agent_settings(plan: &Plan, clone: &Path, state: &Path) -> Result<(), S
     if git(clone, &["ls-files", "--error-unmatch", "--", REL], state).is_ok() {
         return Ok(());
     }
-    let path = clone.join(REL);
-    let existing = fs::read(&path)
-        .ok()
+    let existing = read_in_clone(clone, REL)?
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
     let merged = crate::agents::claude_settings(plan, existing);
-    if let Some(dir) = path.parent() {
-        fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
-    }
-    write_atomic(
-        &path,
+    write_in_clone(
+        clone,
+        REL,
         (serde_json::to_string_pretty(&merged).unwrap_or_default() + "\n").as_bytes(),
     )?;
-    let exclude = clone.join(".git/info/exclude");
-    let current = fs::read_to_string(&exclude).unwrap_or_default();
+    const EXCLUDE: &str = ".git/info/exclude";
+    let current = read_in_clone(clone, EXCLUDE)?
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
     if !current.lines().any(|l| l == REL) {
         let mut text = current;
         if !text.is_empty() && !text.ends_with('\n') {
@@ -400,9 +399,23 @@ fn write_agent_settings(plan: &Plan, clone: &Path, state: &Path) -> Result<(), S
         }
         text.push_str(REL);
         text.push('\n');
-        write_atomic(&exclude, text.as_bytes())?;
+        write_in_clone(clone, EXCLUDE, text.as_bytes())?;
     }
     Ok(())
+}
+
+/// At most this much of a file in the clone is read back: the sandbox writes the clone.
+const MAX_CLONE_FILE: u64 = 1 << 20;
+
+/// Files aisb writes into the clone, which the sandbox shapes: no link below it is followed.
+fn write_in_clone(clone: &Path, rel: &str, bytes: &[u8]) -> Result<(), SessionError> {
+    crate::beneath::write(clone, Path::new(rel), bytes, 0o644)
+        .map_err(io(format!("writing {}", clone.join(rel).display())))
+}
+
+fn read_in_clone(clone: &Path, rel: &str) -> Result<Option<Vec<u8>>, SessionError> {
+    crate::beneath::read(clone, Path::new(rel), MAX_CLONE_FILE)
+        .map_err(io(format!("reading {}", clone.join(rel).display())))
 }
 
 pub fn read_state(state: &Path) -> Option<State> {

@@ -1,0 +1,339 @@
+//! Reading and writing below a directory that something untrusted shaped (a sandbox's clone, a
+//! build step's upper directory, an image layer being unpacked), without ever following a
+//! symbolic link: every component is opened with `O_NOFOLLOW` relative to the directory
+//! before it (`openat`), so a link planted anywhere on the path is an error, not a way out,
+//! and a component swapped for a link between a check and a use cannot redirect the use (there
+//! is no check apart from the use).
+//!
+//! The root itself is a path aisb chose (its own state, its own store); only what lies below
+//! it is untrusted. `..`, absolute paths and empty components are refused.
+
+use std::ffi::OsStr;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Component, Path};
+
+use nix::fcntl::{openat, renameat, OFlag};
+use nix::sys::stat::{mkdirat, Mode};
+use nix::unistd::{unlinkat, UnlinkatFlags};
+
+/// An open directory: everything below it is reached through its descriptor.
+#[derive(Debug)]
+pub struct Dir(OwnedFd);
+
+fn open_at(dir: Option<&OwnedFd>, name: &OsStr, flags: OFlag, mode: Mode) -> io::Result<OwnedFd> {
+    let fd = openat(
+        dir.map(|d| d.as_raw_fd()),
+        name,
+        flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        mode,
+    )?;
+    // SAFETY: `openat` returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The names of `rel`, each a plain component.
+fn names(rel: &Path) -> io::Result<Vec<&OsStr>> {
+    rel.components()
+        .map(|c| match c {
+            Component::Normal(n) => Ok(n),
+            _ => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{}: only plain names below the directory", rel.display()),
+            )),
+        })
+        .collect()
+}
+
+/// A symbolic link where a directory or file was expected reads as this error.
+fn no_links(e: nix::Error, name: &OsStr) -> io::Error {
+    match e {
+        nix::Error::ELOOP | nix::Error::ENOTDIR => io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{}: a symbolic link or not a directory, refused (it would lead out of the directory)",
+                Path::new(name).display()
+            ),
+        ),
+        e => e.into(),
+    }
+}
+
+impl Dir {
+    /// Open `root` (a path aisb chose; a link at its last component is refused all the same).
+    pub fn open(root: &Path) -> io::Result<Dir> {
+        open_at(
+            None,
+            root.as_os_str(),
+            OFlag::O_DIRECTORY | OFlag::O_RDONLY,
+            Mode::empty(),
+        )
+        .map(Dir)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{}: a symbolic link, refused", root.display()),
+                )
+            } else {
+                e
+            }
+        })
+    }
+
+    /// The directory `rel` below this one; missing ones are created (mode `0o755` less the
+    /// umask) when `create`.
+    pub fn dir(&self, rel: &Path, create: bool) -> io::Result<Dir> {
+        let mut cur: Option<OwnedFd> = None;
+        for name in names(rel)? {
+            let parent = cur.as_ref().unwrap_or(&self.0);
+            let flags = OFlag::O_DIRECTORY | OFlag::O_RDONLY;
+            let next = match openat(
+                Some(parent.as_raw_fd()),
+                name,
+                flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            ) {
+                Ok(fd) => fd,
+                Err(nix::Error::ENOENT) if create => {
+                    match mkdirat(
+                        Some(parent.as_raw_fd()),
+                        name,
+                        Mode::from_bits_truncate(0o755),
+                    ) {
+                        Ok(()) | Err(nix::Error::EEXIST) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                    openat(
+                        Some(parent.as_raw_fd()),
+                        name,
+                        flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                        Mode::empty(),
+                    )
+                    .map_err(|e| no_links(e, name))?
+                }
+                Err(e) => return Err(no_links(e, name)),
+            };
+            // SAFETY: a new descriptor from `openat`.
+            cur = Some(unsafe { OwnedFd::from_raw_fd(next) });
+        }
+        match cur {
+            Some(fd) => Ok(Dir(fd)),
+            None => Ok(Dir(self.0.try_clone()?)),
+        }
+    }
+
+    /// Read the regular file `name` in this directory, at most `limit` bytes (more is an
+    /// error): `None` when it does not exist.
+    pub fn read(&self, name: &OsStr, limit: u64) -> io::Result<Option<Vec<u8>>> {
+        let fd = match open_at(
+            Some(&self.0),
+            name,
+            OFlag::O_RDONLY | OFlag::O_NONBLOCK,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                return Err(no_links(nix::Error::ELOOP, name))
+            }
+            Err(e) => return Err(e),
+        };
+        let file = std::fs::File::from(fd);
+        if !file.metadata()?.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{}: not a regular file", Path::new(name).display()),
+            ));
+        }
+        let mut bytes = Vec::new();
+        file.take(limit + 1).read_to_end(&mut bytes)?;
+        if bytes.len() as u64 > limit {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: larger than {limit} bytes", Path::new(name).display()),
+            ));
+        }
+        Ok(Some(bytes))
+    }
+
+    /// Replace `name` in this directory with `bytes` (mode `mode`): a new file created
+    /// exclusively beside it, synced, then renamed over it (a link at `name` is replaced, never
+    /// followed).
+    pub fn write_atomic(&self, name: &OsStr, bytes: &[u8], mode: u32) -> io::Result<()> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let tmp = format!(".aisb-tmp-{}-{nanos}", std::process::id());
+        let fd = open_at(
+            Some(&self.0),
+            OsStr::new(&tmp),
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL,
+            Mode::from_bits_truncate(mode),
+        )?;
+        let mut file = std::fs::File::from(fd);
+        let result = file
+            .write_all(bytes)
+            .and_then(|()| {
+                use std::os::unix::fs::PermissionsExt;
+                file.set_permissions(std::fs::Permissions::from_mode(mode))
+            })
+            .and_then(|()| file.sync_all())
+            .and_then(|()| {
+                renameat(
+                    Some(self.0.as_raw_fd()),
+                    tmp.as_str(),
+                    Some(self.0.as_raw_fd()),
+                    name,
+                )
+                .map_err(io::Error::from)
+            });
+        if result.is_err() {
+            let _ = unlinkat(
+                Some(self.0.as_raw_fd()),
+                tmp.as_str(),
+                UnlinkatFlags::NoRemoveDir,
+            );
+        }
+        result
+    }
+
+    /// Remove `name` in this directory and, when it is a directory, everything in it; links
+    /// are removed, never followed. At most `depth` levels deep.
+    pub fn remove_all(&self, name: &OsStr, depth: usize) -> io::Result<()> {
+        match unlinkat(Some(self.0.as_raw_fd()), name, UnlinkatFlags::NoRemoveDir) {
+            Ok(()) => return Ok(()),
+            Err(nix::Error::ENOENT) => return Ok(()),
+            Err(nix::Error::EISDIR) | Err(nix::Error::EPERM) => {}
+            Err(e) => return Err(e.into()),
+        }
+        if depth == 0 {
+            return Err(io::Error::other(format!(
+                "{}: nested too deep to remove",
+                Path::new(name).display()
+            )));
+        }
+        let sub = Dir(open_at(
+            Some(&self.0),
+            name,
+            OFlag::O_DIRECTORY | OFlag::O_RDONLY,
+            Mode::empty(),
+        )?);
+        let entries: Vec<std::ffi::OsString> = {
+            let raw = std::os::fd::IntoRawFd::into_raw_fd(sub.0.try_clone()?);
+            let d = nix::dir::Dir::from_fd(raw)?;
+            let mut v = Vec::new();
+            for e in d.into_iter() {
+                let e = e?;
+                let n = e.file_name().to_bytes();
+                if n != b"." && n != b".." {
+                    v.push(<OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(n).to_os_string());
+                }
+            }
+            v
+        };
+        for e in entries {
+            sub.remove_all(&e, depth - 1)?;
+        }
+        unlinkat(Some(self.0.as_raw_fd()), name, UnlinkatFlags::RemoveDir)?;
+        Ok(())
+    }
+}
+
+/// Write `bytes` to `root/rel` (its directories created), no link followed below `root`.
+pub fn write(root: &Path, rel: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    let (dir, name) = split(rel)?;
+    Dir::open(root)?
+        .dir(dir, true)?
+        .write_atomic(name, bytes, mode)
+}
+
+/// Read `root/rel` (at most `limit` bytes), no link followed below `root`: `None` when it or
+/// its directory does not exist.
+pub fn read(root: &Path, rel: &Path, limit: u64) -> io::Result<Option<Vec<u8>>> {
+    let (dir, name) = split(rel)?;
+    match Dir::open(root)?.dir(dir, false) {
+        Ok(d) => d.read(name, limit),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+fn split(rel: &Path) -> io::Result<(&Path, &OsStr)> {
+    match (rel.parent(), rel.file_name()) {
+        (Some(dir), Some(name)) if !names(rel)?.is_empty() => Ok((dir, name)),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{}: not a file name below the directory", rel.display()),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    #[test]
+    fn writes_and_reads_below_the_root() {
+        let t = tempfile::tempdir().unwrap();
+        write(t.path(), Path::new("a/b/c.json"), b"{}", 0o644).unwrap();
+        assert_eq!(
+            read(t.path(), Path::new("a/b/c.json"), 10)
+                .unwrap()
+                .unwrap(),
+            b"{}"
+        );
+        assert_eq!(read(t.path(), Path::new("a/x/c.json"), 10).unwrap(), None);
+        assert!(read(t.path(), Path::new("a/b/c.json"), 1).is_err());
+    }
+
+    #[test]
+    fn a_link_anywhere_on_the_path_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("root");
+        let outside = t.path().join("outside");
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("secret"), "s").unwrap();
+        symlink(&outside, root.join("dir")).unwrap();
+        symlink(outside.join("secret"), root.join("file")).unwrap();
+        assert!(write(&root, Path::new("dir/new"), b"x", 0o644).is_err());
+        assert!(!outside.join("new").exists());
+        assert!(read(&root, Path::new("dir/secret"), 10).is_err());
+        assert!(read(&root, Path::new("file"), 10).is_err());
+        // A link at the file's own name is replaced, not written through.
+        write(&root, Path::new("file"), b"mine", 0o600).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(outside.join("secret")).unwrap(),
+            "s"
+        );
+        assert!(write(&root, Path::new("../escape"), b"x", 0o644).is_err());
+        assert!(write(&root, Path::new("/etc/escape"), b"x", 0o644).is_err());
+    }
+
+    #[test]
+    fn remove_all_never_follows_links() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("root");
+        let outside = t.path().join("outside");
+        std::fs::create_dir_all(root.join("tree/deep")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("keep"), "k").unwrap();
+        symlink(&outside, root.join("tree/link")).unwrap();
+        symlink(&outside, root.join("tree/deep/link")).unwrap();
+        Dir::open(&root)
+            .unwrap()
+            .remove_all(OsStr::new("tree"), 16)
+            .unwrap();
+        assert!(!root.join("tree").exists());
+        assert_eq!(std::fs::read_to_string(outside.join("keep")).unwrap(), "k");
+        // The link itself as the thing to remove: the link goes, its target stays.
+        symlink(&outside, root.join("run")).unwrap();
+        Dir::open(&root)
+            .unwrap()
+            .remove_all(OsStr::new("run"), 16)
+            .unwrap();
+        assert!(outside.join("keep").exists());
+    }
+}
