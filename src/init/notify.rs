@@ -51,7 +51,7 @@ pub fn prepare() -> Option<Prepared> {
     let ret = (libc::BPF_RET | libc::BPF_K) as u16;
     let filter = [
         stmt(ld, 4),                                 // arch
-        jump(jeq, super::seccomp::AUDIT_ARCH, 0, 3), // other ABIs: allow (the main filter kills them)
+        jump(jeq, super::seccomp::AUDIT_ARCH, 0, 3), // other ABIs: the main filter kills them
         stmt(ld, 0),                                 // syscall number
         jump(jeq, libc::SYS_connect as u32, 0, 1),
         stmt(ret, libc::SECCOMP_RET_USER_NOTIF),
