@@ -28,6 +28,8 @@ command -v skopeo >/dev/null 2>&1 || need="$need skopeo"
 command -v fish >/dev/null 2>&1 || need="$need fish"
 # node + npm: the real agent clients (Claude Code, Codex) the agent tests run inside presets.
 command -v npm >/dev/null 2>&1 || need="$need nodejs npm"
+# pytest: the workload tests (tests/workloads.rs) prove a test runner still works in the sandbox.
+/usr/bin/python3 -c 'import pytest' 2>/dev/null || need="$need python3-pytest"
 command -v cargo >/dev/null 2>&1 || { echo "setup: cargo not found; install Rust (rustup) first" >&2; exit 1; }
 if [ -n "$need" ]; then
     if [ "$(id -u)" -eq 0 ]; then sudo=""; elif command -v sudo >/dev/null 2>&1; then sudo="sudo"; else

@@ -254,6 +254,56 @@ fn escapes_fail_and_the_project_works() {
     }
 }
 
+/// The kernel surface the seccomp filter refuses (src/init/seccomp.rs), attempted from inside
+/// with the exact answer expected: a refusal the kernel would give anyway (no capability, no
+/// x32 ABI in this kernel) must not pass for the filter's. What only a capability guards
+/// (`clock_settime`, `sethostname`, namespaces) is checked on the filter itself, in its unit
+/// tests.
+#[test]
+fn kernel_surface_is_refused() {
+    if !privileged() {
+        return;
+    }
+    let expected = [
+        ("io-uring", "refused: ENOSYS"),
+        ("pidfd-getfd", "refused: EPERM"),
+        ("x32", "refused: EPERM"),
+        ("foreign-abi", "killed: SIGSYS"),
+        ("personality", "refused: EPERM"),
+        ("memfd-secret", "refused: ENOSYS"),
+        ("netlink-audit", "refused: EAFNOSUPPORT"),
+        ("tiocsetd", "refused: EPERM"),
+        // What glibc's getifaddrs and AI_ADDRCONFIG need stays.
+        ("netlink-route", "succeeded"),
+    ];
+    for (backend, user) in matrix() {
+        let s = Sandbox::as_user(user);
+        let probe = s.proj().join("aisb-probe");
+        std::fs::copy(env!("CARGO_BIN_EXE_aisb-probe"), &probe).unwrap();
+        if let Some((uid, gid)) = user {
+            chown_r(&probe, uid, gid);
+        }
+        let mut script = String::new();
+        for (name, _) in expected {
+            script.push_str(&format!("echo \"{name}=$(./aisb-probe {name})\"\n"));
+        }
+        script.push_str(
+            "echo \"vsock=$(python3 -c 'import socket; socket.socket(40, socket.SOCK_STREAM)' 2>&1 | tail -n1)\"\n",
+        );
+        let o = s.run(backend, &[], &script);
+        let tag = format!("[{backend} {user:?}]");
+        assert_eq!(o.code, 0, "{tag} {}\n{}", o.stdout, o.stderr);
+        for (name, want) in expected {
+            assert_eq!(o.value(name), Some(want), "{tag} {name}\n{}", o.stdout);
+        }
+        assert_eq!(
+            o.value("vsock"),
+            Some("OSError: [Errno 97] Address family not supported by protocol"),
+            "{tag}"
+        );
+    }
+}
+
 #[test]
 fn read_only_profile_refuses_writes() {
     if !privileged() {
@@ -595,6 +645,8 @@ fn aisb_test_reports_expected_against_observed() {
             "$GITHUB_TOKEN",
             "seccomp",
             "/.ssh",
+            "io_uring_setup",
+            "pidfd_getfd",
         ] {
             assert!(
                 names.iter().any(|n| n.contains(want)),

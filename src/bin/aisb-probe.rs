@@ -7,6 +7,8 @@
 //!   aisb-probe capeff            exits 0 when the effective capability set is empty
 //!   aisb-probe seccomp           exits 0 when a seccomp filter is in force
 //!   aisb-probe connect HOST PORT
+//!   aisb-probe io-uring | pidfd-getfd | x32 | foreign-abi | … (`aisb::init::probe`: these also
+//!                                print their outcome, e.g. `refused: ENOSYS`)
 
 use std::process::exit;
 
@@ -27,6 +29,10 @@ fn main() {
         eprintln!("usage: aisb-probe PROBE (see the source for the list)");
         exit(127)
     };
+    if let Some(outcome) = aisb::init::probe::attempt(what) {
+        println!("{outcome}");
+        exit(outcome.exit_code())
+    }
     // SAFETY (all blocks below): plain system calls with valid arguments; results checked.
     match what.as_str() {
         "vsock" => ok(unsafe { libc::socket(libc::AF_VSOCK, libc::SOCK_STREAM, 0) } >= 0),

@@ -211,6 +211,25 @@ fn script(plan: &Plan, max_masks: usize) -> (String, Vec<(String, String, bool)>
     checks.push(("seccomp".into(), "seccomp filter in force".into(), false));
     s.push_str("t nnp sh -c 'grep -q \"^NoNewPrivs:[[:space:]]*1\" /proc/self/status'\n");
     checks.push(("nnp".into(), "no_new_privs set".into(), false));
+    // Through the init's own probes: present in every sandbox, whatever the image holds.
+    for (key, probe, what) in [
+        (
+            "io_uring",
+            "io-uring",
+            "io_uring_setup (I/O that the seccomp filter never sees)",
+        ),
+        (
+            "pidfd_getfd",
+            "pidfd-getfd",
+            "take another process's descriptor (pidfd_getfd)",
+        ),
+    ] {
+        s.push_str(&format!(
+            "t {key} {} probe {probe}\n",
+            crate::init::INIT_PATH
+        ));
+        checks.push((key.into(), what.into(), true));
+    }
     (s, checks)
 }
 
@@ -260,6 +279,8 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
             let got = status(&key);
             let (observed, ok) = match (got.as_deref(), must_fail) {
                 (None, _) => ("did not run".to_string(), false),
+                // A missing tool or an attempt this kernel cannot make proves nothing.
+                (Some(c @ ("126" | "127")), _) => (format!("could not run ({c})"), false),
                 (Some("0"), true) => ("SUCCEEDED".to_string(), false),
                 (Some(c), true) => (format!("refused ({c})"), true),
                 (Some("0"), false) => ("yes".to_string(), true),

@@ -5,6 +5,7 @@
 //! Any step that fails stops the sandbox: it never runs the workload with less isolation.
 
 pub mod notify;
+pub mod probe;
 pub mod relay;
 pub mod seccomp;
 
@@ -55,6 +56,18 @@ pub fn main_from_args(args: impl IntoIterator<Item = OsString>) -> i32 {
         }
         eprintln!("usage: {INIT_PATH} connect HOST PORT");
         return 2;
+    }
+    if args.peek().is_some_and(|a| a == "probe") {
+        // `aisb test`'s attempts at the kernel surface, from inside whatever image runs.
+        let rest: Vec<String> = args
+            .skip(1)
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        if let [name] = rest.as_slice() {
+            return probe::main(name);
+        }
+        eprintln!("usage: {INIT_PATH} probe NAME");
+        return 127;
     }
     if args.peek().is_some_and(|a| a == "agent-event") {
         let rest: Vec<String> = args

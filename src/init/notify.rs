@@ -25,8 +25,6 @@ pub struct Prepared {
     child: OwnedFd,
 }
 
-const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
-
 fn stmt(code: u16, k: u32) -> libc::sock_filter {
     libc::sock_filter {
         code,
@@ -52,9 +50,9 @@ pub fn prepare() -> Option<Prepared> {
     let jeq = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
     let ret = (libc::BPF_RET | libc::BPF_K) as u16;
     let filter = [
-        stmt(ld, 4),                        // arch
-        jump(jeq, AUDIT_ARCH_X86_64, 0, 3), // other ABIs: allow (another filter refuses x32)
-        stmt(ld, 0),                        // syscall number
+        stmt(ld, 4),                                 // arch
+        jump(jeq, super::seccomp::AUDIT_ARCH, 0, 3), // other ABIs: the main filter kills them
+        stmt(ld, 0),                                 // syscall number
         jump(jeq, libc::SYS_connect as u32, 0, 1),
         stmt(ret, libc::SECCOMP_RET_USER_NOTIF),
         stmt(ret, libc::SECCOMP_RET_ALLOW),
