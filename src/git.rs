@@ -259,7 +259,57 @@ pub fn guards(target: &Path, source: &Path) -> Result<Vec<Guard>, GuardError> {
             }
         }
     }
+    // Hooks kept in the work tree (`core.hooksPath`, as husky and lefthook set it) run on the
+    // host as surely as `.git/hooks`: read-only too, created empty when missing.
+    if let Some(hooks) = git_dir_of(source).and_then(|gd| hooks_path(source, &gd)) {
+        if hooks.starts_with(source) && hooks != source {
+            g.push(&hooks, false, true)?;
+        }
+    }
     Ok(g.out)
+}
+
+/// Where git looks for the hooks of the work tree `root` when `core.hooksPath` says so (the
+/// repository's or the user's configuration): `None` when it is not set. Git is asked only
+/// when a configuration file mentions it (or includes another), so a start usually costs no
+/// extra process.
+fn hooks_path(root: &Path, git_dir: &Path) -> Option<PathBuf> {
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    let xdg = std::env::var_os("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .or_else(|| home.as_ref().map(|h| h.join(".config")));
+    let files = [
+        Some(git_dir.join("config")),
+        home.map(|h| h.join(".gitconfig")),
+        xdg.map(|x| x.join("git/config")),
+    ];
+    let mentions = files.iter().flatten().any(|f| {
+        std::fs::read(f).is_ok_and(|b| {
+            let lower = b.to_ascii_lowercase();
+            lower.windows(9).any(|w| w == b"hookspath") || lower.windows(7).any(|w| w == b"include")
+        })
+    });
+    if !mentions {
+        return None;
+    }
+    // Without [`command`]'s overrides (they set this very key): reading runs nothing.
+    let mut cmd = Command::new("git");
+    for v in UNSET {
+        cmd.env_remove(v);
+    }
+    let out = cmd
+        .env("GIT_DIR", git_dir)
+        .env("GIT_COMMON_DIR", git_dir)
+        .current_dir(root)
+        .args(["config", "--path", "--get", "core.hooksPath"])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    let value = String::from_utf8_lossy(&out.stdout)
+        .trim_end_matches('\n')
+        .to_string();
+    (out.status.success() && !value.is_empty()).then(|| lexical_join(root, Path::new(&value)))
 }
 
 struct Guards<'a> {

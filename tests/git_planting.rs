@@ -492,3 +492,39 @@ git update-index --add --cacheinfo "160000,$h,sub" && echo planted=ok
         );
     }
 }
+
+/// Hooks kept in the work tree (`core.hooksPath`, as husky sets it) run on the host as surely
+/// as `.git/hooks`: read-only inside, on both backends.
+#[test]
+fn hooks_in_the_work_tree_are_read_only() {
+    if !support::root_or_skip("the git planting suite") {
+        return;
+    }
+    for (backend, user) in matrix() {
+        let who = format!(
+            "[{backend}, {}]",
+            user.map_or("root".into(), |u| format!("uid {}", u.0))
+        );
+        let f = Fixture::new(None);
+        std::fs::create_dir_all(f.proj().join(".husky")).unwrap();
+        assert_eq!(f.git(&["config", "core.hooksPath", ".husky"]).code, 0);
+        let mut f = f;
+        if let Some((uid, gid)) = user {
+            chown_r(f.root(), uid, gid);
+            f.user = user;
+        }
+        let o = f.inside(
+            backend,
+            None,
+            "printf '#!/bin/sh\\ntouch %s/husky\\n' \"$M\" > .husky/pre-commit; echo husky=$?",
+        );
+        o.expect_failed("husky", &format!("{who} wrote a hook into core.hooksPath"));
+        let log = f.host_uses_the_repository(backend, None);
+        assert_eq!(
+            f.marked(),
+            Vec::<String>::new(),
+            "{who} planted code ran on the host:\n{}",
+            log.join("\n")
+        );
+    }
+}
