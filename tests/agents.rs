@@ -383,7 +383,7 @@ fn every_agent_client_works_in_its_preset_and_nothing_leaks() {
             "--trust",
             "run",
             "--backend",
-            "libcontainer",
+            backend,
             "--",
             "/bin/sh",
             "-c",
