@@ -151,7 +151,43 @@ pub fn run(step: &StepRun, on_line: &mut dyn FnMut(&str)) -> Result<i32, StepErr
     }
     let status = child.wait().map_err(io("waiting for the build step"))?;
     drop(proxy);
-    // The runtime made mount points for its own files inside the image: not the step's.
-    let _ = std::fs::remove_dir_all(step.upper.join("run/aisb"));
+    // The runtime made mount points for its own files inside the image: not the step's. The
+    // step wrote the upper dir: `run` there may be a link, never followed.
+    remove_runtime_dirs(&step.upper);
     Ok(crate::runtime::exit_code(status))
+}
+
+/// Remove `run/aisb` (the mount points the runtime made for its own files) from a step's upper
+/// directory, following no link the step may have put on that path.
+fn remove_runtime_dirs(upper: &std::path::Path) {
+    let run =
+        crate::beneath::Dir::open(upper).and_then(|d| d.dir(std::path::Path::new("run"), false));
+    if let Ok(run) = run {
+        let _ = run.remove_all(std::ffi::OsStr::new("aisb"), 64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::symlink;
+
+    /// A step that made `/run` a link to a host directory: the cleanup removes nothing there.
+    #[test]
+    fn cleanup_never_follows_a_link_the_step_made() {
+        let t = tempfile::tempdir().unwrap();
+        let host = t.path().join("host");
+        std::fs::create_dir_all(host.join("aisb")).unwrap();
+        std::fs::write(host.join("aisb/keep"), "k").unwrap();
+        let upper = t.path().join("upper");
+        std::fs::create_dir_all(&upper).unwrap();
+        symlink(&host, upper.join("run")).unwrap();
+        super::remove_runtime_dirs(&upper);
+        assert!(host.join("aisb/keep").exists());
+        // The real thing is removed.
+        std::fs::remove_file(upper.join("run")).unwrap();
+        std::fs::create_dir_all(upper.join("run/aisb/init")).unwrap();
+        super::remove_runtime_dirs(&upper);
+        assert!(!upper.join("run/aisb").exists());
+        assert!(upper.join("run").is_dir());
+    }
 }
