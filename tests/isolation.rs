@@ -801,3 +801,163 @@ fn store_entries_are_kept_while_used_and_rebuilt_when_incomplete() {
     );
     assert_eq!(o.stdout, "{", "{}", o.stderr);
 }
+
+/// Every process below `pid` (children first found by their parent in /proc/*/stat).
+fn descendants(pid: u32) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let p: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            let ppid = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
+            Some((p, ppid))
+        })
+        .collect();
+    let mut out = vec![pid];
+    let mut i = 0;
+    while i < out.len() {
+        let cur = out[i];
+        out.extend(parents.iter().filter(|(_, pp)| *pp == cur).map(|(p, _)| *p));
+        i += 1;
+    }
+    out.split_off(1)
+}
+
+/// The host directories of the pids cgroup `pid` is in (v1 `pids` line, or v2's one), unless
+/// that is a hierarchy's root.
+fn pids_cgroup_of(pid: u32) -> Option<PathBuf> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    text.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (_, ctrl, path) = (f.next()?, f.next()?, f.next()?);
+        let dir = match ctrl {
+            "pids" => Path::new("/sys/fs/cgroup/pids").join(path.trim_start_matches('/')),
+            "" if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() => {
+                Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'))
+            }
+            _ => return None,
+        };
+        (path != "/").then_some(dir)
+    })
+}
+
+/// A bounded fork bomb (at most 6,000 `sleep 60`s, all gone with the sandbox)
+/// under the default limits: it gets no more than the pids limit, the host still starts
+/// processes while the bomb holds every slot, aisb says which limit stopped it and how to
+/// raise it, the workload's exit code passes through, and the sandbox's cgroup is gone after.
+#[test]
+fn a_fork_bomb_is_contained_by_the_default_pids_limit() {
+    if !privileged() {
+        return;
+    }
+    const BOMB: &str = r#"
+import os, sys
+n = 0
+try:
+    while n < 6000:
+        if os.fork() == 0:
+            os.execv("/bin/sleep", ["sleep", "60"])
+        n += 1
+except OSError as e:
+    print("errno=%d" % e.errno)
+print("forked=%d" % n, flush=True)
+sys.stdin.read()
+sys.exit(3)
+"#;
+    for (backend, user) in matrix() {
+        let tag = format!("[{backend} {user:?}]");
+        let s = Sandbox::as_user(user);
+        let mut child = s
+            .aisb()
+            .args(["run", "--backend", backend, "--", "python3", "-c", BOMB])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut lines = Vec::new();
+        loop {
+            let mut line = String::new();
+            if std::io::BufRead::read_line(&mut stdout, &mut line).unwrap() == 0 {
+                break;
+            }
+            let done = line.starts_with("forked=");
+            lines.push(line.trim().to_string());
+            if done {
+                break;
+            }
+        }
+        let forked: u64 = lines
+            .iter()
+            .find_map(|l| l.strip_prefix("forked="))
+            .unwrap_or_else(|| panic!("{tag} {lines:?}"))
+            .parse()
+            .unwrap();
+        // EAGAIN at the limit, less the few tasks the runtime and the init take.
+        assert!(
+            (4096 - 16..4096).contains(&forked),
+            "{tag} the bomb started {forked} processes (pids limit 4096)"
+        );
+        assert_eq!(lines.first().map(String::as_str), Some("errno=11"), "{tag} {lines:?}");
+        // The bomb holds every slot it got: the host still starts processes, and the sandbox
+        // is in a cgroup of its own.
+        let host = Command::new("/bin/true").status();
+        assert!(host.is_ok_and(|st| st.success()), "{tag} the host cannot start a process");
+        let cgroup = descendants(child.id())
+            .into_iter()
+            .find_map(pids_cgroup_of)
+            .unwrap_or_else(|| panic!("{tag} the sandbox is in no pids cgroup of its own"));
+        assert!(cgroup.is_dir(), "{tag} {}", cgroup.display());
+        drop(child.stdin.take());
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{tag} {stderr}");
+        assert!(
+            stderr.contains("the sandbox hit its pids limit of 4096 processes and threads (aisb's default)")
+                && stderr.contains("`limits { pids 8192 }`"),
+            "{tag} {stderr}"
+        );
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while cgroup.exists() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(!cgroup.exists(), "{tag} {} was left behind", cgroup.display());
+    }
+}
+
+/// An allocation over `limits { memory … }` is killed by the kernel: only that process (the
+/// shell that started it carries on), aisb names the memory limit, and 137 passes through.
+/// The sandbox's memory cgroup is gone after.
+#[test]
+fn an_allocation_over_the_memory_limit_kills_only_the_workload() {
+    if !privileged() {
+        return;
+    }
+    for (backend, user) in matrix() {
+        let tag = format!("[{backend} {user:?}]");
+        let s = Sandbox::as_user(user);
+        s.write("sandbox.kdl", "limits {\n    memory \"64M\"\n}\n");
+        if let Some((uid, gid)) = user {
+            chown_r(s.root(), uid, gid);
+        }
+        let o = s.run(
+            backend,
+            &["--trust"],
+            "python3 -c 'b = b\"x\" * (256 << 20); print(\"allocated\")'; r=$?; echo survivor=$r; exit $r",
+        );
+        assert_eq!(o.stdout, "survivor=137\n", "{tag} {}", o.stderr);
+        assert_eq!(o.code, 137, "{tag} {}", o.stderr);
+        assert!(
+            o.stderr.contains("the sandbox ran out of memory: the kernel killed 1 process at its memory limit of 64M (set at ")
+                && o.stderr.contains("`limits { memory \"128M\" }`"),
+            "{tag} {}",
+            o.stderr
+        );
+        // Under the limit, the same allocation's smaller sibling works.
+        let o = s.run(backend, &["--trust"], "python3 -c 'b = b\"x\" * (16 << 20); print(\"ok\")'");
+        assert_eq!((o.code, o.stdout.as_str()), (0, "ok\n"), "{tag} {}", o.stderr);
+        assert!(!o.stderr.contains("out of memory"), "{tag} {}", o.stderr);
+    }
+}
