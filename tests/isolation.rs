@@ -824,21 +824,24 @@ fn descendants(pid: u32) -> Vec<u32> {
     out.split_off(1)
 }
 
-/// The host directories of the pids cgroup `pid` is in (v1 `pids` line, or v2's one), unless
-/// that is a hierarchy's root.
-fn pids_cgroup_of(pid: u32) -> Option<PathBuf> {
+/// The host directory of the `controller` cgroup `pid` is in (its v1 hierarchy's line, or
+/// v2's one), when it is one aisb made.
+fn cgroup_of(pid: u32, controller: &str) -> Option<PathBuf> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
     text.lines().find_map(|l| {
         let mut f = l.splitn(3, ':');
         let (_, ctrl, path) = (f.next()?, f.next()?, f.next()?);
         let dir = match ctrl {
-            "pids" => Path::new("/sys/fs/cgroup/pids").join(path.trim_start_matches('/')),
+            c if c == controller => {
+                Path::new("/sys/fs/cgroup").join(c).join(path.trim_start_matches('/'))
+            }
             "" if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() => {
                 Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'))
             }
             _ => return None,
         };
-        (path != "/").then_some(dir)
+        // aisb's sandboxes' cgroups are below an `aisb` directory (root's, or a user's there).
+        path.starts_with("/aisb/").then_some(dir)
     })
 }
 
@@ -907,7 +910,7 @@ sys.exit(3)
         assert!(host.is_ok_and(|st| st.success()), "{tag} the host cannot start a process");
         let cgroup = descendants(child.id())
             .into_iter()
-            .find_map(pids_cgroup_of)
+            .find_map(|p| cgroup_of(p, "pids"))
             .unwrap_or_else(|| panic!("{tag} the sandbox is in no pids cgroup of its own"));
         assert!(cgroup.is_dir(), "{tag} {}", cgroup.display());
         drop(child.stdin.take());
@@ -942,12 +945,34 @@ fn an_allocation_over_the_memory_limit_kills_only_the_workload() {
         if let Some((uid, gid)) = user {
             chown_r(s.root(), uid, gid);
         }
-        let o = s.run(
-            backend,
-            &["--trust"],
-            "python3 -c 'b = b\"x\" * (256 << 20); print(\"allocated\")'; r=$?; echo survivor=$r; exit $r",
-        );
+        let mut child = s
+            .aisb()
+            .args(["run", "--backend", backend, "--", "/bin/sh", "-c"])
+            .arg("echo ready; read go; python3 -c 'b = b\"x\" * (256 << 20); print(\"allocated\")'; r=$?; echo survivor=$r; exit $r")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+        assert_eq!(line, "ready\n", "{tag}");
+        let cgroup = descendants(child.id())
+            .into_iter()
+            .find_map(|p| cgroup_of(p, "memory"))
+            .unwrap_or_else(|| panic!("{tag} the sandbox is in no memory cgroup of its own"));
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), b"go\n").unwrap();
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let o = Out {
+            stdout: rest,
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            code: out.status.code().unwrap_or(-1),
+        };
         assert_eq!(o.stdout, "survivor=137\n", "{tag} {}", o.stderr);
+        assert!(!cgroup.exists(), "{tag} {} was left behind", cgroup.display());
         assert_eq!(o.code, 137, "{tag} {}", o.stderr);
         assert!(
             o.stderr.contains("the sandbox ran out of memory: the kernel killed 1 process at its memory limit of 64M (set at ")
