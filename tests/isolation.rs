@@ -595,6 +595,7 @@ fn aisb_test_reports_expected_against_observed() {
             "$GITHUB_TOKEN",
             "seccomp",
             "/.ssh",
+            "(pids limit 4096)",
         ] {
             assert!(
                 names.iter().any(|n| n.contains(want)),
@@ -985,4 +986,95 @@ fn an_allocation_over_the_memory_limit_kills_only_the_workload() {
         assert_eq!((o.code, o.stdout.as_str()), (0, "ok\n"), "{tag} {}", o.stderr);
         assert!(!o.stderr.contains("out of memory"), "{tag} {}", o.stderr);
     }
+}
+
+/// `aisb test` proves the pids limit holds (more processes than it allows are refused) and
+/// fails when it does not: a sandbox run without its limits (the test switch) is reported.
+#[test]
+fn aisb_test_checks_the_pids_limit() {
+    if !privileged() {
+        return;
+    }
+    for (backend, user) in matrix() {
+        let tag = format!("[{backend} {user:?}]");
+        let s = Sandbox::as_user(user);
+        s.write("sandbox.kdl", "limits {\n    pids 64\n}\n");
+        if let Some((uid, gid)) = user {
+            chown_r(s.root(), uid, gid);
+        }
+        let line = |o: &Out| {
+            o.stdout
+                .lines()
+                .find(|l| l.contains("start 65 processes (pids limit 64)"))
+                .map(str::to_string)
+        };
+        let o = Out::from(
+            s.aisb()
+                .args(["test", "--backend", backend])
+                .output()
+                .unwrap(),
+        );
+        assert_eq!(o.code, 0, "{tag} {}\n{}", o.stdout, o.stderr);
+        let ok = line(&o).unwrap_or_default();
+        assert!(ok.starts_with("ok") && ok.contains("refused"), "{tag} {}", o.stdout);
+        let o = Out::from(
+            s.aisb()
+                .args(["test", "--backend", backend])
+                .env("AISB_TEST_BREAK_ISOLATION", "pids")
+                .output()
+                .unwrap(),
+        );
+        assert_eq!(o.code, 1, "{tag} {}\n{}", o.stdout, o.stderr);
+        let failed = line(&o).unwrap_or_default();
+        assert!(
+            failed.starts_with("FAIL") && failed.contains("SUCCEEDED"),
+            "{tag} {}",
+            o.stdout
+        );
+    }
+}
+
+/// An ordinary user with no cgroup of their own (no `aisb setup-user`): the pids limit is the
+/// init's RLIMIT_NPROC, counted in the sandbox's own user namespace (the user's 80 processes
+/// outside do not count against it, and it still stops a bomb); a memory limit, which nothing
+/// can enforce for them, is refused before anything runs.
+#[test]
+fn without_a_cgroup_the_pids_limit_is_an_rlimit_and_memory_is_refused() {
+    if !privileged() {
+        return;
+    }
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+    let (uid, gid) = (nobody.uid.as_raw(), nobody.gid.as_raw());
+    let s = Sandbox::as_user(Some((uid, gid)));
+    s.write("sandbox.kdl", "limits {\n    pids 64\n}\n");
+    chown_r(s.root(), uid, gid);
+    let mut outside: Vec<std::process::Child> = (0..80)
+        .map(|_| {
+            let mut c = Command::new("sleep");
+            std::os::unix::process::CommandExt::uid(&mut c, uid);
+            std::os::unix::process::CommandExt::gid(&mut c, gid);
+            c.arg("60").spawn().unwrap()
+        })
+        .collect();
+    let o = s.run(
+        "bwrap",
+        &[],
+        "python3 -c 'import os\nn = 0\ntry:\n    while n < 500:\n        if os.fork() == 0:\n            os.execv(\"/bin/sleep\", [\"sleep\", \"60\"])\n        n += 1\nexcept OSError as e:\n    print(\"errno=%d\" % e.errno)\nprint(\"forked=%d\" % n)'",
+    );
+    for c in &mut outside {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    o.expect("errno", "11");
+    let forked: u32 = o.value("forked").unwrap().parse().unwrap();
+    assert!((56..64).contains(&forked), "forked {forked}\n{}", o.stderr);
+    s.write("sandbox.kdl", "limits {\n    memory \"1G\"\n}\n");
+    let o = s.run("bwrap", &[], "echo ran");
+    assert_eq!((o.code, o.stdout.as_str()), (1, ""), "{}", o.stderr);
+    assert!(
+        o.stderr.contains("the memory limit set at sandbox.kdl:2 cannot be enforced here")
+            && o.stderr.contains("aisb setup-user nobody"),
+        "{}",
+        o.stderr
+    );
 }
