@@ -188,12 +188,24 @@ fn limits_default_and_merge_through_profiles() {
     assert_eq!((d.pids, d.memory, d.cpus_milli), (4096, None, None));
     assert!(d.set_at.is_empty());
     let top = f.plan(text, None).limits;
-    assert_eq!((top.pids, top.memory, top.cpus_milli), (4096, Some(8 << 30), Some(2000)));
-    assert_eq!(top.set_at.get("memory").map(String::as_str), Some("sandbox.kdl:2"));
+    assert_eq!(
+        (top.pids, top.memory, top.cpus_milli),
+        (4096, Some(8 << 30), Some(2000))
+    );
+    assert_eq!(
+        top.set_at.get("memory").map(String::as_str),
+        Some("sandbox.kdl:2")
+    );
     assert!(!top.configured("pids"));
     let small = f.plan(text, Some("small")).limits;
-    assert_eq!((small.pids, small.memory, small.cpus_milli), (256, Some(512 << 20), Some(500)));
-    assert_eq!(small.set_at.get("pids").map(String::as_str), Some("sandbox.kdl:7"));
+    assert_eq!(
+        (small.pids, small.memory, small.cpus_milli),
+        (256, Some(512 << 20), Some(500))
+    );
+    assert_eq!(
+        small.set_at.get("pids").map(String::as_str),
+        Some("sandbox.kdl:7")
+    );
     let free = f.plan(text, Some("free")).limits;
     assert_eq!((free.pids, free.memory, free.cpus_milli), (256, None, None));
 }

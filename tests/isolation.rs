@@ -811,7 +811,13 @@ fn descendants(pid: u32) -> Vec<u32> {
         .filter_map(|e| {
             let p: u32 = e.file_name().to_str()?.parse().ok()?;
             let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
-            let ppid = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
+            let ppid = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
             Some((p, ppid))
         })
         .collect();
@@ -833,9 +839,9 @@ fn cgroup_of(pid: u32, controller: &str) -> Option<PathBuf> {
         let mut f = l.splitn(3, ':');
         let (_, ctrl, path) = (f.next()?, f.next()?, f.next()?);
         let dir = match ctrl {
-            c if c == controller => {
-                Path::new("/sys/fs/cgroup").join(c).join(path.trim_start_matches('/'))
-            }
+            c if c == controller => Path::new("/sys/fs/cgroup")
+                .join(c)
+                .join(path.trim_start_matches('/')),
             "" if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() => {
                 Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'))
             }
@@ -904,11 +910,18 @@ sys.exit(3)
             (4096 - 16..4096).contains(&forked),
             "{tag} the bomb started {forked} processes (pids limit 4096)"
         );
-        assert_eq!(lines.first().map(String::as_str), Some("errno=11"), "{tag} {lines:?}");
+        assert_eq!(
+            lines.first().map(String::as_str),
+            Some("errno=11"),
+            "{tag} {lines:?}"
+        );
         // The bomb holds every slot it got: the host still starts processes, and the sandbox
         // is in a cgroup of its own.
         let host = Command::new("/bin/true").status();
-        assert!(host.is_ok_and(|st| st.success()), "{tag} the host cannot start a process");
+        assert!(
+            host.is_ok_and(|st| st.success()),
+            "{tag} the host cannot start a process"
+        );
         let cgroup = descendants(child.id())
             .into_iter()
             .find_map(|p| cgroup_of(p, "pids"))
@@ -919,15 +932,20 @@ sys.exit(3)
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(3), "{tag} {stderr}");
         assert!(
-            stderr.contains("the sandbox hit its pids limit of 4096 processes and threads (aisb's default)")
-                && stderr.contains("`limits { pids 8192 }`"),
+            stderr.contains(
+                "the sandbox hit its pids limit of 4096 processes and threads (aisb's default)"
+            ) && stderr.contains("`limits { pids 8192 }`"),
             "{tag} {stderr}"
         );
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         while cgroup.exists() && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
-        assert!(!cgroup.exists(), "{tag} {} was left behind", cgroup.display());
+        assert!(
+            !cgroup.exists(),
+            "{tag} {} was left behind",
+            cgroup.display()
+        );
     }
 }
 
@@ -973,7 +991,11 @@ fn an_allocation_over_the_memory_limit_kills_only_the_workload() {
             code: out.status.code().unwrap_or(-1),
         };
         assert_eq!(o.stdout, "survivor=137\n", "{tag} {}", o.stderr);
-        assert!(!cgroup.exists(), "{tag} {} was left behind", cgroup.display());
+        assert!(
+            !cgroup.exists(),
+            "{tag} {} was left behind",
+            cgroup.display()
+        );
         assert_eq!(o.code, 137, "{tag} {}", o.stderr);
         assert!(
             o.stderr.contains("the sandbox ran out of memory: the kernel killed 1 process at its memory limit of 64M (set at ")
@@ -982,8 +1004,17 @@ fn an_allocation_over_the_memory_limit_kills_only_the_workload() {
             o.stderr
         );
         // Under the limit, the same allocation's smaller sibling works.
-        let o = s.run(backend, &["--trust"], "python3 -c 'b = b\"x\" * (16 << 20); print(\"ok\")'");
-        assert_eq!((o.code, o.stdout.as_str()), (0, "ok\n"), "{tag} {}", o.stderr);
+        let o = s.run(
+            backend,
+            &["--trust"],
+            "python3 -c 'b = b\"x\" * (16 << 20); print(\"ok\")'",
+        );
+        assert_eq!(
+            (o.code, o.stdout.as_str()),
+            (0, "ok\n"),
+            "{tag} {}",
+            o.stderr
+        );
         assert!(!o.stderr.contains("out of memory"), "{tag} {}", o.stderr);
     }
 }
@@ -1016,7 +1047,11 @@ fn aisb_test_checks_the_pids_limit() {
         );
         assert_eq!(o.code, 0, "{tag} {}\n{}", o.stdout, o.stderr);
         let ok = line(&o).unwrap_or_default();
-        assert!(ok.starts_with("ok") && ok.contains("refused"), "{tag} {}", o.stdout);
+        assert!(
+            ok.starts_with("ok") && ok.contains("refused"),
+            "{tag} {}",
+            o.stdout
+        );
         let o = Out::from(
             s.aisb()
                 .args(["test", "--backend", backend])
@@ -1072,7 +1107,8 @@ fn without_a_cgroup_the_pids_limit_is_an_rlimit_and_memory_is_refused() {
     let o = s.run("bwrap", &[], "echo ran");
     assert_eq!((o.code, o.stdout.as_str()), (1, ""), "{}", o.stderr);
     assert!(
-        o.stderr.contains("the memory limit set at sandbox.kdl:2 cannot be enforced here")
+        o.stderr
+            .contains("the memory limit set at sandbox.kdl:2 cannot be enforced here")
             && o.stderr.contains("aisb setup-user nobody"),
         "{}",
         o.stderr

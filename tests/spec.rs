@@ -171,7 +171,14 @@ fn spec_snapshot() {
 fn limits_by_cgroup_rlimit_or_aisb_s_own_cgroup() {
     let plan = sample_plan();
     let json = |by| {
-        let spec = spec::build(&plan, &SpecPaths { limits: by, ..paths() }).unwrap();
+        let spec = spec::build(
+            &plan,
+            &SpecPaths {
+                limits: by,
+                ..paths()
+            },
+        )
+        .unwrap();
         serde_json::to_value(&spec).unwrap()
     };
     let cg = json(spec::LimitsBy::Cgroup);
@@ -185,7 +192,11 @@ fn limits_by_cgroup_rlimit_or_aisb_s_own_cgroup() {
     );
     let nproc = "--rlimit=RLIMIT_NPROC=4096:4096";
     let has_nproc = |v: &serde_json::Value| {
-        v["process"]["args"].as_array().unwrap().iter().any(|a| a == nproc)
+        v["process"]["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a == nproc)
     };
     assert!(!has_nproc(&cg));
     let own = json(spec::LimitsBy::OwnCgroup);

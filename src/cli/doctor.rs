@@ -122,8 +122,7 @@ fn checks() -> Vec<Check> {
         ok: true,
         detail: cg.into(),
     });
-    let (ok, detail) =
-        crate::runtime::limits::describe(&crate::eval::plan::Limits::default());
+    let (ok, detail) = crate::runtime::limits::describe(&crate::eval::plan::Limits::default());
     c.push(Check {
         name: "resource limits",
         ok,

@@ -346,7 +346,12 @@ pub fn render(plan: &Plan, _cwd: &Path, named: bool) -> String {
         None => "[aisb's default]".into(),
     };
     let _ = writeln!(o, "\nlimits (`limits {{ pids …; memory …; cpus … }}`)");
-    let _ = writeln!(o, "  pids      {} processes and threads   {}", l.pids, at("pids"));
+    let _ = writeln!(
+        o,
+        "  pids      {} processes and threads   {}",
+        l.pids,
+        at("pids")
+    );
     let _ = writeln!(
         o,
         "  memory    {}   {}",

@@ -951,7 +951,9 @@ impl Decoder<'_> {
                     let bytes = match e.value() {
                         KdlValue::String(s) if s == "unlimited" => Some(None),
                         KdlValue::String(s) => parse_size(s).map(Some),
-                        KdlValue::Integer(i) if *i > 0 => Some(Some(u64::try_from(*i).unwrap_or(u64::MAX))),
+                        KdlValue::Integer(i) if *i > 0 => {
+                            Some(Some(u64::try_from(*i).unwrap_or(u64::MAX)))
+                        }
                         _ => None,
                     };
                     let help = format!(
@@ -971,8 +973,12 @@ impl Decoder<'_> {
                             e.span(),
                             match e.value() {
                                 KdlValue::String(s) => format!("invalid memory size `{s}`"),
-                                KdlValue::Integer(i) => format!("a memory limit of {i} bytes is out of range"),
-                                other => format!("expected a memory size, found {}", kind_of(other)),
+                                KdlValue::Integer(i) => {
+                                    format!("a memory limit of {i} bytes is out of range")
+                                }
+                                other => {
+                                    format!("expected a memory size, found {}", kind_of(other))
+                                }
                             },
                             "bad size",
                             Some(help),

@@ -1337,7 +1337,8 @@ fn limits(cx: &Ctx<'_>, l: &crate::config::model::LimitsCfg) -> plan::Limits {
     let mut out = plan::Limits::default();
     let mut at = |name: &str, loc: Loc| {
         let (file, line) = loc_line(cx, loc);
-        out.set_at.insert(name.to_string(), format!("{file}:{line}"));
+        out.set_at
+            .insert(name.to_string(), format!("{file}:{line}"));
     };
     if let Some(p) = &l.pids {
         at("pids", p.loc);

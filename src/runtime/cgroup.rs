@@ -95,12 +95,14 @@ pub fn available(limits: &Limits, uid: u32) -> Result<(), String> {
     match cgroup_layout() {
         CgroupLayout::Unified => {
             if uid != 0 {
-                return Err("cgroup v2: an ordinary user can only move a process between cgroups \
+                return Err(
+                    "cgroup v2: an ordinary user can only move a process between cgroups \
                             below one their service manager delegated to them"
-                    .into());
+                        .into(),
+                );
             }
-            let have = fs::read_to_string(Path::new(ROOT).join("cgroup.controllers"))
-                .unwrap_or_default();
+            let have =
+                fs::read_to_string(Path::new(ROOT).join("cgroup.controllers")).unwrap_or_default();
             match wanted
                 .iter()
                 .find(|c| !have.split_whitespace().any(|h| h == **c))

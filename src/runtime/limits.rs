@@ -72,10 +72,7 @@ fn check(limits: &Limits, by: LimitsBy, why: &str, user: &str) -> Result<(), Lim
     let unenforced = [
         ("memory", limits.memory.is_some()),
         ("cpus", limits.cpus_milli.is_some()),
-        (
-            "pids",
-            by == LimitsBy::Nothing && limits.configured("pids"),
-        ),
+        ("pids", by == LimitsBy::Nothing && limits.configured("pids")),
     ];
     match unenforced.iter().find(|(_, set)| *set) {
         Some((which, _)) => Err(LimitsError::Unenforceable {

@@ -196,9 +196,18 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
                 interactive,
                 pid_file.as_deref(),
                 root_mount,
-                cgroup.as_ref().map(cgroup::Cgroup::procs_fds).unwrap_or_default(),
+                cgroup
+                    .as_ref()
+                    .map(cgroup::Cgroup::procs_fds)
+                    .unwrap_or_default(),
             )?;
-            (code, cgroup.as_ref().map(cgroup::Cgroup::hits).unwrap_or_default())
+            (
+                code,
+                cgroup
+                    .as_ref()
+                    .map(cgroup::Cgroup::hits)
+                    .unwrap_or_default(),
+            )
         }
         // libcontainer reads `config.json` from a bundle; it also needs a pseudo-terminal of
         // its own on a terminal, passed back through a console socket.
@@ -238,7 +247,10 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
             let _cgroup = match limits_by {
                 LimitsBy::OwnCgroup => {
                     let path = spec.linux().as_ref().and_then(|l| l.cgroups_path().clone());
-                    let name = path.as_ref().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned());
+                    let name = path
+                        .as_ref()
+                        .and_then(|p| p.file_name())
+                        .map(|n| n.to_string_lossy().into_owned());
                     Some(own_cgroup(name.as_deref().unwrap_or("sandbox"), plan)?)
                 }
                 _ => None,
