@@ -1114,3 +1114,47 @@ fn without_a_cgroup_the_pids_limit_is_an_rlimit_and_memory_is_refused() {
         o.stderr
     );
 }
+
+/// The cgroup aisb makes for a bwrap sandbox outlives an aisb killed with SIGKILL (nothing
+/// can run at that point), and so may the sandbox when aisb dies while bwrap sets up; the next
+/// run removes both.
+#[test]
+fn a_killed_run_s_cgroup_is_removed_by_the_next() {
+    if !privileged() {
+        return;
+    }
+    for user in [None, Some(test_user())] {
+        let tag = format!("[bwrap {user:?}]");
+        let s = Sandbox::as_user(user);
+        let mut child = s
+            .aisb()
+            .args(["run", "--backend", "bwrap", "--", "sleep", "300"])
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let cgroup = loop {
+            if let Some(c) = descendants(child.id())
+                .into_iter()
+                .find_map(|p| cgroup_of(p, "pids"))
+            {
+                break c;
+            }
+            assert!(std::time::Instant::now() < deadline, "{tag} no cgroup");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        child.kill().unwrap();
+        let _ = child.wait();
+        assert!(
+            cgroup.is_dir(),
+            "{tag} nothing to clean up: {}",
+            cgroup.display()
+        );
+        let o = s.run("bwrap", &[], "true");
+        assert_eq!(o.code, 0, "{tag} {}", o.stderr);
+        assert!(
+            !cgroup.exists(),
+            "{tag} {} was left behind",
+            cgroup.display()
+        );
+    }
+}

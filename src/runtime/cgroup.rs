@@ -133,6 +133,32 @@ pub fn available(limits: &Limits, uid: u32) -> Result<(), String> {
     }
 }
 
+/// Ends a per-run cgroup's name, before the pid of the aisb that made it (`proj-ab12-run4242`).
+pub const RUN_PREFIX: &str = "run";
+
+/// Remove the per-run cgroups in `above` whose aisb is gone (killed before it could), and
+/// what still runs in them: a sandbox whose aisb died has nobody to forward signals to it, run
+/// its proxy or remove it (bwrap's die-with-parent misses an aisb killed while bwrap sets up).
+fn remove_stale(above: &Path) {
+    let Ok(entries) = fs::read_dir(above) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid = name
+            .rsplit_once('-')
+            .and_then(|(_, run)| run.strip_prefix(RUN_PREFIX))
+            .and_then(|p| p.parse::<i32>().ok());
+        let gone = pid.is_some_and(|p| {
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None)
+                == Err(nix::errno::Errno::ESRCH)
+        });
+        if gone && e.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_dir(&e.path());
+        }
+    }
+}
+
 /// A sandbox's cgroup: one directory per v1 hierarchy, or one on v2. Removed on drop.
 pub struct Cgroup {
     dirs: Vec<PathBuf>,
@@ -213,6 +239,9 @@ impl Cgroup {
     /// mkdir (a leftover of a crashed run by the same name is removed first) and open its
     /// `cgroup.procs`.
     fn make(&mut self, dir: &Path) -> Result<PathBuf, CgroupError> {
+        if let Some(above) = dir.parent() {
+            remove_stale(above);
+        }
         if dir.exists() {
             remove_dir(dir);
         }

@@ -176,7 +176,8 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
                 LimitsBy::Cgroup => {
                     let base = bundle::cgroups_path(plan, &plan.state_dir, None);
                     let name = base.rsplit('/').next().unwrap_or("sandbox");
-                    Some(own_cgroup(&format!("{name}-{}", std::process::id()), plan)?)
+                    let run = format!("{}{}", cgroup::RUN_PREFIX, std::process::id());
+                    Some(own_cgroup(&format!("{name}-{run}"), plan)?)
                 }
                 _ => None,
             };
