@@ -283,6 +283,44 @@ impl Drop for Cgroup {
     }
 }
 
+/// The `cgroup.procs` of the sandbox cgroups (below an `aisb` directory) that `pid` is in,
+/// opened for writing: a second session in a running sandbox joins them before it enters,
+/// or it would run outside the sandbox's limits.
+pub fn open_procs_of(pid: i32) -> std::io::Result<Vec<OwnedFd>> {
+    let text = fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
+    let mut files: Vec<PathBuf> = Vec::new();
+    for line in text.lines() {
+        let mut f = line.splitn(3, ':');
+        let (Some(_), Some(ctrls), Some(path)) = (f.next(), f.next(), f.next()) else {
+            continue;
+        };
+        if !path.starts_with("/aisb/") {
+            continue;
+        }
+        let rel = path.trim_start_matches('/');
+        if ctrls.is_empty() {
+            if cgroup_layout() == CgroupLayout::Unified {
+                files.push(Path::new(ROOT).join(rel).join("cgroup.procs"));
+            }
+            continue;
+        }
+        for c in ctrls
+            .split(',')
+            .filter(|c| ["pids", "memory", "cpu"].contains(c))
+        {
+            if let Some(m) = v1_mount(c) {
+                files.push(m.join(rel).join("cgroup.procs"));
+            }
+        }
+    }
+    files.sort();
+    files.dedup();
+    files
+        .iter()
+        .map(|p| Ok(fs::OpenOptions::new().write(true).open(p)?.into()))
+        .collect()
+}
+
 /// Join the cgroups whose `cgroup.procs` are `fds`, as the calling process: for a child between
 /// fork and exec (only `write(2)`, which is async-signal-safe).
 pub fn join(fds: &[RawFd]) -> std::io::Result<()> {
