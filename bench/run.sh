@@ -22,15 +22,26 @@ sleep 0.2
 mkdir -p "$WORK/agent" "$HOME/.claude"
 (cd "$WORK/agent" && git init -q && echo 'import "preset:claude"' > sandbox.kdl && git add sandbox.kdl)
 (cd "$WORK/agent" && "$AISB" --trust run -- true && "$AISB" --trust run -- true)
+# Every limit (memory and CPU too: one cgroup directory per controller on cgroup v1).
+mkdir -p "$WORK/limited"
+(cd "$WORK/limited" && git init -q && printf 'limits {\n    memory "1G"\n    cpus 1\n}\n' > sandbox.kdl && git add sandbox.kdl)
+(cd "$WORK/limited" && "$AISB" run -- true && "$AISB" run -- true)
 
 python3 - "$RUNS" "$AISB" <<'PY'
 import os, shutil, subprocess, sys, time
 runs, aisb = int(sys.argv[1]), sys.argv[2]
+# The start-up cost of the limits: the same runs with none (the tests' switch; it says so on
+# stderr), and with memory and CPU limits besides the default pids one.
+off = dict(os.environ, AISB_TEST_BREAK_ISOLATION="pids")
 cases = [
     ("/bin/true", ["/bin/true"]),
     ("bwrap --unshare-all (raw)", ["bwrap", "--unshare-all", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "true"]),
     ("aisb run --backend bwrap -- true", [aisb, "run", "--backend", "bwrap", "--", "true"]),
     ("aisb run --backend libcontainer -- true", [aisb, "run", "--backend", "libcontainer", "--", "true"]),
+    ("  bwrap, no limits", [aisb, "run", "--backend", "bwrap", "--", "true"], off),
+    ("  libcontainer, no limits", [aisb, "run", "--backend", "libcontainer", "--", "true"], off),
+    ("  bwrap, pids+memory+cpus", [aisb, "-C", "../limited", "run", "--backend", "bwrap", "--", "true"]),
+    ("  libcontainer, pids+memory+cpus", [aisb, "-C", "../limited", "run", "--backend", "libcontainer", "--", "true"]),
 ]
 if os.geteuid() == 0:  # copy-on-write with bwrap needs root (see README)
     cases.append(("preset:claude, bwrap", [aisb, "-C", "../agent", "--trust", "run", "--backend", "bwrap", "--", "true"]))
@@ -39,11 +50,11 @@ if shutil.which("srt"):
     cases.append(("srt -c true", ["srt", "-c", "true"]))
 # Round-robin: every round runs each case once, so a slow spell of this noisy machine hits
 # all cases alike and the ratios stay meaningful.
-times = {name: [] for name, _ in cases}
+times = {c[0]: [] for c in cases}
 for _ in range(runs):
-    for name, cmd in cases:
+    for name, cmd, *env in cases:
         t = time.perf_counter()
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env[0] if env else None)
         times[name].append((time.perf_counter() - t) * 1000)
 res = {}
 for name, ts in times.items():

@@ -91,6 +91,13 @@ pub fn loosenings(plan: &Plan) -> Vec<String> {
             m.why
         ));
     }
+    if plan.limits.pids > crate::eval::plan::Limits::DEFAULT_PIDS {
+        out.push(format!(
+            "pids limit raised to {} (default {}): more room for a runaway process to crowd the host",
+            plan.limits.pids,
+            crate::eval::plan::Limits::DEFAULT_PIDS
+        ));
+    }
     let proxy_vars = crate::proxy::sandbox_env();
     let secrets: Vec<&str> = plan
         .env

@@ -176,6 +176,40 @@ fn plan_without_config_uses_the_embedded_default_and_never_prints_values() {
     assert_eq!(v["masks"][0]["rule"], "sensitive \".env\"");
 }
 
+/// `aisb plan` shows every limit and where it came from, as text and as JSON.
+#[test]
+fn plan_shows_the_limits_and_where_they_were_set() {
+    let t = Test::new();
+    let o = t.with(&["plan"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(
+        o.stdout.contains("  pids      4096 processes and threads   [aisb's default]\n  memory    unlimited   [aisb's default]\n  cpus      unlimited   [aisb's default]\n"),
+        "{}",
+        o.stdout
+    );
+    let t = t.file(
+        "sandbox.kdl",
+        "limits {\n    memory \"512M\"\n    cpus 1.5\n}\n",
+    );
+    let o = t.with(&["plan"]);
+    assert!(
+        o.stdout.contains("  memory    512M, swap included   [sandbox.kdl:2]\n  cpus      1.5   [sandbox.kdl:3]\n"),
+        "{}",
+        o.stdout
+    );
+    let o = t.with(&["plan", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+    assert_eq!(
+        v["limits"],
+        serde_json::json!({
+            "pids": 4096,
+            "memory": 512u64 << 20,
+            "cpus_milli": 1500,
+            "set_at": {"memory": "sandbox.kdl:2", "cpus": "sandbox.kdl:3"},
+        })
+    );
+}
+
 #[test]
 fn host_network_is_loud() {
     let o = Test::new()
@@ -307,6 +341,7 @@ fn doctor_reports_checks_and_backends() {
         "network namespaces",
         "overlayfs",
         "cgroups",
+        "resource limits",
         "seccomp",
         "bwrap",
     ] {

@@ -27,6 +27,10 @@ fn example_file_is_valid_and_decodes_every_node() {
     let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/sandbox.kdl.example"))
         .unwrap();
     let plan = f.plan(&text, None);
+    assert_eq!(
+        (plan.limits.pids, plan.limits.memory, plan.limits.cpus_milli),
+        (4096, Some(8 << 30), Some(2000))
+    );
     assert_eq!(plan.project, f.project());
     assert_eq!(plan.project_access, Access::Rw);
     assert!(!plan.read_only);
@@ -165,6 +169,45 @@ fn unknown_property_and_wrong_type_reported_together() {
 #[test]
 fn bad_values() {
     insta::assert_snapshot!(err("home \"emtpy\"\nblock \"a/[b\" \"~/x/*\"\nnetwork {\n    allow \"*\" \"*.com\" \"ok.com:99999\"\n    localhost-port 0\n}\nprocess {\n    rlimit \"nofiles\" 10\n}\n"));
+}
+
+/// Every bad `limits` value is an error at its own span with a help: a unit that does not
+/// exist, zero, negative, absurdly large or small, the wrong type, an unknown key.
+#[test]
+fn bad_limits() {
+    insta::assert_snapshot!(err("limits {\n    pids 0\n    memory \"8X\"\n    cpus -1\n    swap \"1G\"\n}\nprofile \"p\" {\n    limits {\n        pids \"many\"\n        memory 0\n        cpus 5000\n    }\n}\nlimits pids=5 {\n    memory \"1K\"\n    pids 99999999\n}\n"));
+}
+
+/// Limits default to a pids limit only; profiles change them like any scalar, and
+/// `"unlimited"` lifts a memory or CPU limit a parent set.
+#[test]
+fn limits_default_and_merge_through_profiles() {
+    let f = Fixture::new();
+    let text = "limits {\n    memory \"8G\"\n    cpus 2\n}\nprofile \"small\" {\n    limits {\n        pids 256\n        memory \"512M\"\n        cpus 0.5\n    }\n}\nprofile \"free\" extends=\"small\" {\n    limits {\n        memory \"unlimited\"\n        cpus \"unlimited\"\n    }\n}\n";
+    let d = f.plan("", None).limits;
+    assert_eq!((d.pids, d.memory, d.cpus_milli), (4096, None, None));
+    assert!(d.set_at.is_empty());
+    let top = f.plan(text, None).limits;
+    assert_eq!(
+        (top.pids, top.memory, top.cpus_milli),
+        (4096, Some(8 << 30), Some(2000))
+    );
+    assert_eq!(
+        top.set_at.get("memory").map(String::as_str),
+        Some("sandbox.kdl:2")
+    );
+    assert!(!top.configured("pids"));
+    let small = f.plan(text, Some("small")).limits;
+    assert_eq!(
+        (small.pids, small.memory, small.cpus_milli),
+        (256, Some(512 << 20), Some(500))
+    );
+    assert_eq!(
+        small.set_at.get("pids").map(String::as_str),
+        Some("sandbox.kdl:7")
+    );
+    let free = f.plan(text, Some("free")).limits;
+    assert_eq!((free.pids, free.memory, free.cpus_milli), (256, None, None));
 }
 
 #[test]

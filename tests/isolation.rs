@@ -647,6 +647,7 @@ fn aisb_test_reports_expected_against_observed() {
             "/.ssh",
             "io_uring_setup",
             "pidfd_getfd",
+            "(pids limit 4096)",
         ] {
             assert!(
                 names.iter().any(|n| n.contains(want)),
@@ -852,4 +853,360 @@ fn store_entries_are_kept_while_used_and_rebuilt_when_incomplete() {
         "head -c 1 /etc/claude-code/managed-settings.json",
     );
     assert_eq!(o.stdout, "{", "{}", o.stderr);
+}
+
+/// Every process below `pid` (children first found by their parent in /proc/*/stat).
+fn descendants(pid: u32) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let p: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            let ppid = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            Some((p, ppid))
+        })
+        .collect();
+    let mut out = vec![pid];
+    let mut i = 0;
+    while i < out.len() {
+        let cur = out[i];
+        out.extend(parents.iter().filter(|(_, pp)| *pp == cur).map(|(p, _)| *p));
+        i += 1;
+    }
+    out.split_off(1)
+}
+
+/// The host directory of the `controller` cgroup `pid` is in (its v1 hierarchy's line, or
+/// v2's one), when it is one aisb made.
+fn cgroup_of(pid: u32, controller: &str) -> Option<PathBuf> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    text.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (_, ctrl, path) = (f.next()?, f.next()?, f.next()?);
+        let dir = match ctrl {
+            c if c == controller => Path::new("/sys/fs/cgroup")
+                .join(c)
+                .join(path.trim_start_matches('/')),
+            "" if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() => {
+                Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'))
+            }
+            _ => return None,
+        };
+        // aisb's sandboxes' cgroups are below an `aisb` directory (root's, or a user's there).
+        path.starts_with("/aisb/").then_some(dir)
+    })
+}
+
+/// A bounded fork bomb (at most 6,000 `sleep 60`s, all gone with the sandbox)
+/// under the default limits: it gets no more than the pids limit, the host still starts
+/// processes while the bomb holds every slot, aisb says which limit stopped it and how to
+/// raise it, the workload's exit code passes through, and the sandbox's cgroup is gone after.
+#[test]
+fn a_fork_bomb_is_contained_by_the_default_pids_limit() {
+    if !privileged() {
+        return;
+    }
+    const BOMB: &str = r#"
+import os, sys
+n = 0
+try:
+    while n < 6000:
+        if os.fork() == 0:
+            os.execv("/bin/sleep", ["sleep", "60"])
+        n += 1
+except OSError as e:
+    print("errno=%d" % e.errno)
+print("forked=%d" % n, flush=True)
+sys.stdin.read()
+sys.exit(3)
+"#;
+    for (backend, user) in matrix() {
+        let tag = format!("[{backend} {user:?}]");
+        let s = Sandbox::as_user(user);
+        let mut child = s
+            .aisb()
+            .args(["run", "--backend", backend, "--", "python3", "-c", BOMB])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut lines = Vec::new();
+        loop {
+            let mut line = String::new();
+            if std::io::BufRead::read_line(&mut stdout, &mut line).unwrap() == 0 {
+                break;
+            }
+            let done = line.starts_with("forked=");
+            lines.push(line.trim().to_string());
+            if done {
+                break;
+            }
+        }
+        let forked: u64 = lines
+            .iter()
+            .find_map(|l| l.strip_prefix("forked="))
+            .unwrap_or_else(|| panic!("{tag} {lines:?}"))
+            .parse()
+            .unwrap();
+        // EAGAIN at the limit, less the few tasks the runtime and the init take.
+        assert!(
+            (4096 - 16..4096).contains(&forked),
+            "{tag} the bomb started {forked} processes (pids limit 4096)"
+        );
+        assert_eq!(
+            lines.first().map(String::as_str),
+            Some("errno=11"),
+            "{tag} {lines:?}"
+        );
+        // The bomb holds every slot it got: the host still starts processes, and the sandbox
+        // is in a cgroup of its own.
+        let host = Command::new("/bin/true").status();
+        assert!(
+            host.is_ok_and(|st| st.success()),
+            "{tag} the host cannot start a process"
+        );
+        let cgroup = descendants(child.id())
+            .into_iter()
+            .find_map(|p| cgroup_of(p, "pids"))
+            .unwrap_or_else(|| panic!("{tag} the sandbox is in no pids cgroup of its own"));
+        assert!(cgroup.is_dir(), "{tag} {}", cgroup.display());
+        drop(child.stdin.take());
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{tag} {stderr}");
+        assert!(
+            stderr.contains(
+                "the sandbox hit its pids limit of 4096 processes and threads (aisb's default)"
+            ) && stderr.contains("`limits { pids 8192 }`"),
+            "{tag} {stderr}"
+        );
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while cgroup.exists() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(
+            !cgroup.exists(),
+            "{tag} {} was left behind",
+            cgroup.display()
+        );
+    }
+}
+
+/// An allocation over `limits { memory … }` is killed by the kernel: only that process (the
+/// shell that started it carries on), aisb names the memory limit, and 137 passes through.
+/// The sandbox's memory cgroup is gone after.
+#[test]
+fn an_allocation_over_the_memory_limit_kills_only_the_workload() {
+    if !privileged() {
+        return;
+    }
+    for (backend, user) in matrix() {
+        let tag = format!("[{backend} {user:?}]");
+        let s = Sandbox::as_user(user);
+        s.write("sandbox.kdl", "limits {\n    memory \"64M\"\n}\n");
+        if let Some((uid, gid)) = user {
+            chown_r(s.root(), uid, gid);
+        }
+        let mut child = s
+            .aisb()
+            .args(["run", "--backend", backend, "--", "/bin/sh", "-c"])
+            .arg("echo ready; read go; python3 -c 'b = b\"x\" * (256 << 20); print(\"allocated\")'; r=$?; echo survivor=$r; exit $r")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+        assert_eq!(line, "ready\n", "{tag}");
+        let cgroup = descendants(child.id())
+            .into_iter()
+            .find_map(|p| cgroup_of(p, "memory"))
+            .unwrap_or_else(|| panic!("{tag} the sandbox is in no memory cgroup of its own"));
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), b"go\n").unwrap();
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let o = Out {
+            stdout: rest,
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            code: out.status.code().unwrap_or(-1),
+        };
+        assert_eq!(o.stdout, "survivor=137\n", "{tag} {}", o.stderr);
+        assert!(
+            !cgroup.exists(),
+            "{tag} {} was left behind",
+            cgroup.display()
+        );
+        assert_eq!(o.code, 137, "{tag} {}", o.stderr);
+        assert!(
+            o.stderr.contains("the sandbox ran out of memory: the kernel killed 1 process at its memory limit of 64M (set at ")
+                && o.stderr.contains("`limits { memory \"128M\" }`"),
+            "{tag} {}",
+            o.stderr
+        );
+        // Under the limit, the same allocation's smaller sibling works.
+        let o = s.run(
+            backend,
+            &["--trust"],
+            "python3 -c 'b = b\"x\" * (16 << 20); print(\"ok\")'",
+        );
+        assert_eq!(
+            (o.code, o.stdout.as_str()),
+            (0, "ok\n"),
+            "{tag} {}",
+            o.stderr
+        );
+        assert!(!o.stderr.contains("out of memory"), "{tag} {}", o.stderr);
+    }
+}
+
+/// `aisb test` proves the pids limit holds (more processes than it allows are refused) and
+/// fails when it does not: a sandbox run without its limits (the test switch) is reported.
+#[test]
+fn aisb_test_checks_the_pids_limit() {
+    if !privileged() {
+        return;
+    }
+    for (backend, user) in matrix() {
+        let tag = format!("[{backend} {user:?}]");
+        let s = Sandbox::as_user(user);
+        s.write("sandbox.kdl", "limits {\n    pids 64\n}\n");
+        if let Some((uid, gid)) = user {
+            chown_r(s.root(), uid, gid);
+        }
+        let line = |o: &Out| {
+            o.stdout
+                .lines()
+                .find(|l| l.contains("start 65 processes (pids limit 64)"))
+                .map(str::to_string)
+        };
+        let o = Out::from(
+            s.aisb()
+                .args(["test", "--backend", backend])
+                .output()
+                .unwrap(),
+        );
+        assert_eq!(o.code, 0, "{tag} {}\n{}", o.stdout, o.stderr);
+        let ok = line(&o).unwrap_or_default();
+        assert!(
+            ok.starts_with("ok") && ok.contains("refused"),
+            "{tag} {}",
+            o.stdout
+        );
+        let o = Out::from(
+            s.aisb()
+                .args(["test", "--backend", backend])
+                .env("AISB_TEST_BREAK_ISOLATION", "pids")
+                .output()
+                .unwrap(),
+        );
+        assert_eq!(o.code, 1, "{tag} {}\n{}", o.stdout, o.stderr);
+        let failed = line(&o).unwrap_or_default();
+        assert!(
+            failed.starts_with("FAIL") && failed.contains("SUCCEEDED"),
+            "{tag} {}",
+            o.stdout
+        );
+    }
+}
+
+/// An ordinary user with no cgroup of their own (no `aisb setup-user`): the pids limit is the
+/// init's RLIMIT_NPROC, counted in the sandbox's own user namespace (the user's 80 processes
+/// outside do not count against it, and it still stops a bomb); a memory limit, which nothing
+/// can enforce for them, is refused before anything runs.
+#[test]
+fn without_a_cgroup_the_pids_limit_is_an_rlimit_and_memory_is_refused() {
+    if !privileged() {
+        return;
+    }
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+    let (uid, gid) = (nobody.uid.as_raw(), nobody.gid.as_raw());
+    let s = Sandbox::as_user(Some((uid, gid)));
+    s.write("sandbox.kdl", "limits {\n    pids 64\n}\n");
+    chown_r(s.root(), uid, gid);
+    let mut outside: Vec<std::process::Child> = (0..80)
+        .map(|_| {
+            let mut c = Command::new("sleep");
+            std::os::unix::process::CommandExt::uid(&mut c, uid);
+            std::os::unix::process::CommandExt::gid(&mut c, gid);
+            c.arg("60").spawn().unwrap()
+        })
+        .collect();
+    let o = s.run(
+        "bwrap",
+        &[],
+        "python3 -c 'import os\nn = 0\ntry:\n    while n < 500:\n        if os.fork() == 0:\n            os.execv(\"/bin/sleep\", [\"sleep\", \"60\"])\n        n += 1\nexcept OSError as e:\n    print(\"errno=%d\" % e.errno)\nprint(\"forked=%d\" % n)'",
+    );
+    for c in &mut outside {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    o.expect("errno", "11");
+    let forked: u32 = o.value("forked").unwrap().parse().unwrap();
+    assert!((56..64).contains(&forked), "forked {forked}\n{}", o.stderr);
+    s.write("sandbox.kdl", "limits {\n    memory \"1G\"\n}\n");
+    let o = s.run("bwrap", &[], "echo ran");
+    assert_eq!((o.code, o.stdout.as_str()), (1, ""), "{}", o.stderr);
+    assert!(
+        o.stderr
+            .contains("the memory limit set at sandbox.kdl:2 cannot be enforced here")
+            && o.stderr.contains("aisb setup-user nobody"),
+        "{}",
+        o.stderr
+    );
+}
+
+/// The cgroup aisb makes for a bwrap sandbox outlives an aisb killed with SIGKILL (nothing
+/// can run at that point), and so may the sandbox when aisb dies while bwrap sets up; the next
+/// run removes both.
+#[test]
+fn a_killed_run_s_cgroup_is_removed_by_the_next() {
+    if !privileged() {
+        return;
+    }
+    for user in [None, Some(test_user())] {
+        let tag = format!("[bwrap {user:?}]");
+        let s = Sandbox::as_user(user);
+        let mut child = s
+            .aisb()
+            .args(["run", "--backend", "bwrap", "--", "sleep", "300"])
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let cgroup = loop {
+            if let Some(c) = descendants(child.id())
+                .into_iter()
+                .find_map(|p| cgroup_of(p, "pids"))
+            {
+                break c;
+            }
+            assert!(std::time::Instant::now() < deadline, "{tag} no cgroup");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        child.kill().unwrap();
+        let _ = child.wait();
+        assert!(
+            cgroup.is_dir(),
+            "{tag} nothing to clean up: {}",
+            cgroup.display()
+        );
+        let o = s.run("bwrap", &[], "true");
+        assert_eq!(o.code, 0, "{tag} {}", o.stderr);
+        assert!(
+            !cgroup.exists(),
+            "{tag} {} was left behind",
+            cgroup.display()
+        );
+    }
 }

@@ -214,7 +214,8 @@ fn commits_reach_the_host_while_the_session_runs_and_a_second_session_joins_it()
             .unwrap();
         if String::from_utf8_lossy(&out.stdout).trim() == "live" {
             seen = true;
-            // A second session joins the running sandbox: it sees the first one's /tmp.
+            // A second session joins the running sandbox: it sees the first one's /tmp, and
+            // is in its cgroup.
             second = Some(r.run(&[
                 "run",
                 "--sandbox",
@@ -222,7 +223,9 @@ fn commits_reach_the_host_while_the_session_runs_and_a_second_session_joins_it()
                 "--",
                 "/bin/sh",
                 "-c",
-                "cat /tmp/marker; grep -c '^Seccomp:.2' /proc/self/status",
+                // In the sandbox's own cgroup (its cgroup namespace's root), under its limits.
+                "cat /tmp/marker; grep -c '^Seccomp:.2' /proc/self/status; \
+                 grep ':pids:' /proc/self/cgroup | cut -d: -f3",
             ]));
             break;
         }
@@ -236,7 +239,7 @@ fn commits_reach_the_host_while_the_session_runs_and_a_second_session_joins_it()
     );
     let second = second.unwrap();
     assert_eq!(second.code, 0, "{}", second.stderr);
-    assert_eq!(second.stdout, "first\n1\n", "{}", second.stderr);
+    assert_eq!(second.stdout, "first\n1\n/\n", "{}", second.stderr);
 }
 
 #[test]

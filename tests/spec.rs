@@ -136,6 +136,11 @@ fn sample_plan() -> Plan {
                 hard: 4096,
             }],
         },
+        limits: Limits {
+            memory: Some(1 << 30),
+            cpus_milli: Some(1500),
+            ..Limits::default()
+        },
         tasks: vec![],
         profiles: vec![],
     }
@@ -150,6 +155,7 @@ fn paths() -> SpecPaths {
         terminal: false,
         proxy_dir: None,
         rootless: None,
+        limits: spec::LimitsBy::Cgroup,
     }
 }
 
@@ -157,6 +163,51 @@ fn paths() -> SpecPaths {
 fn spec_snapshot() {
     let spec = spec::build(&sample_plan(), &paths()).unwrap();
     insta::assert_snapshot!(spec::to_json(&spec).unwrap());
+}
+
+/// The limits reach the spec as the runtime applies them: `linux.resources` for a runtime
+/// that makes the cgroup; nothing when aisb made it; the init's RLIMIT_NPROC without one.
+#[test]
+fn limits_by_cgroup_rlimit_or_aisb_s_own_cgroup() {
+    let plan = sample_plan();
+    let json = |by| {
+        let spec = spec::build(
+            &plan,
+            &SpecPaths {
+                limits: by,
+                ..paths()
+            },
+        )
+        .unwrap();
+        serde_json::to_value(&spec).unwrap()
+    };
+    let cg = json(spec::LimitsBy::Cgroup);
+    assert_eq!(
+        cg["linux"]["resources"],
+        serde_json::json!({
+            "pids": {"limit": 4096},
+            "memory": {"limit": 1u64 << 30, "swap": 1u64 << 30},
+            "cpu": {"quota": 150000, "period": 100000},
+        })
+    );
+    let nproc = "--rlimit=RLIMIT_NPROC=4096:4096";
+    let has_nproc = |v: &serde_json::Value| {
+        v["process"]["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a == nproc)
+    };
+    assert!(!has_nproc(&cg));
+    let own = json(spec::LimitsBy::OwnCgroup);
+    assert!(own["linux"].get("resources").is_none(), "{}", own["linux"]);
+    assert!(!has_nproc(&own));
+    assert_eq!(own["linux"]["cgroupsPath"], "/aisb/p-0123");
+    let rl = json(spec::LimitsBy::Rlimit);
+    assert!(rl["linux"].get("resources").is_none());
+    assert!(has_nproc(&rl), "{}", rl["process"]["args"]);
+    let none = json(spec::LimitsBy::Nothing);
+    assert!(none["linux"].get("resources").is_none() && !has_nproc(&none));
 }
 
 #[test]
@@ -199,6 +250,7 @@ fn run_in_runc(f: &Fixture, text: &str, script: &str) -> (String, String, i32) {
         false,
         None,
         None,
+        aisb::spec::LimitsBy::Cgroup,
     )
     .unwrap();
     let id = format!(

@@ -122,6 +122,12 @@ fn checks() -> Vec<Check> {
         ok: true,
         detail: cg.into(),
     });
+    let (ok, detail) = crate::runtime::limits::describe(&crate::eval::plan::Limits::default());
+    c.push(Check {
+        name: "resource limits",
+        ok,
+        detail,
+    });
     let seccomp = read("/proc/self/status").is_some_and(|s| s.contains("Seccomp:"))
         && read("/proc/sys/kernel/seccomp/actions_avail").is_some_and(|a| a.contains("errno"));
     c.push(Check {

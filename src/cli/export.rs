@@ -54,6 +54,8 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
         false,
         None,
         None,
+        // Another OCI runtime applies `linux.resources` itself.
+        crate::spec::LimitsBy::Cgroup,
     )?;
     eprintln!(
         "wrote bundle {} (profile {}, {} masked paths)",

@@ -28,12 +28,28 @@ pub fn run(a: Args) -> Result<i32, Error> {
             return Ok(125);
         }
     }
+    // The sandbox's cgroup goes with the container: what it recorded (a limit the workload
+    // ran into) is kept in the bundle for aisb to report.
+    let cgroups_path = std::fs::read(a.bundle.join("config.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| v["linux"]["cgroupsPath"].as_str().map(str::to_string));
+    let hits_file = a.bundle.join(crate::runtime::HITS_FILE);
+    let mut exited = || {
+        if let Some(p) = &cgroups_path {
+            let hits = crate::runtime::cgroup::hits_at(p);
+            if let Ok(json) = serde_json::to_vec(&hits) {
+                let _ = std::fs::write(&hits_file, json);
+            }
+        }
+    };
     match aisb_libcontainer::run(
         &a.bundle,
         &a.state_root,
         &a.id,
         a.console_socket.as_deref(),
         a.pid_file.as_deref(),
+        &mut exited,
     ) {
         Ok(code) => Ok(code),
         Err(e) => {

@@ -340,6 +340,35 @@ pub fn render(plan: &Plan, _cwd: &Path, named: bool) -> String {
     if plan.read_only {
         let _ = writeln!(o, "  read-only: the project and every mount are read-only");
     }
+
+    let l = &plan.limits;
+    let at = |name: &str| match l.set_at.get(name) {
+        Some(at) => format!("[{at}]"),
+        None => "[aisb's default]".into(),
+    };
+    let _ = writeln!(o, "\nlimits (`limits {{ pids …; memory …; cpus … }}`)");
+    let _ = writeln!(
+        o,
+        "  pids      {} processes and threads   {}",
+        l.pids,
+        at("pids")
+    );
+    let _ = writeln!(
+        o,
+        "  memory    {}   {}",
+        l.memory.map_or("unlimited".into(), |m| format!(
+            "{}, swap included",
+            crate::runtime::limits::human(m)
+        )),
+        at("memory")
+    );
+    let _ = writeln!(
+        o,
+        "  cpus      {}   {}",
+        l.cpus_milli
+            .map_or("unlimited".into(), |c| format!("{}", c as f64 / 1000.0)),
+        at("cpus")
+    );
     if !plan.tasks.is_empty() {
         let names: Vec<&str> = plan.tasks.iter().map(|t| t.name.as_str()).collect();
         let _ = writeln!(o, "\ntasks     {}", names.join(" "));

@@ -11,7 +11,7 @@ use crate::runtime::Backend;
 use crate::Error;
 
 /// Check the sandbox's protections from inside: masked paths, writes outside, secrets in the
-/// environment, the network, capabilities and seccomp
+/// environment, the network, capabilities, seccomp and the pids limit
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
 Examples:
@@ -230,6 +230,21 @@ fn script(plan: &Plan, max_masks: usize) -> (String, Vec<(String, String, bool)>
         ));
         checks.push((key.into(), what.into(), true));
     }
+    // Last, as it leaves the sandbox full: one more process than the pids limit allows (each a
+    // `sleep` that goes with the sandbox). The shell dies at the first refused fork; the
+    // attempt "succeeds" when every one of them started.
+    let over = plan.limits.pids + 1;
+    s.push_str(&format!(
+        "t pids_limit sh -c {}\n",
+        q(&format!(
+            "i=0; while [ $i -lt {over} ]; do sleep 30 & i=$((i+1)); done"
+        ))
+    ));
+    checks.push((
+        "pids_limit".into(),
+        format!("start {over} processes (pids limit {})", plan.limits.pids),
+        true,
+    ));
     (s, checks)
 }
 

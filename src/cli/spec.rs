@@ -51,6 +51,7 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
         proxy_dir: None,
         rootless: None,
         init: Some(crate::init::binary_beside(&exe)),
+        limits: spec::LimitsBy::Cgroup,
     };
     let spec = spec::build(&plan, &paths)?;
     println!("{}", spec::to_json(&spec)?);

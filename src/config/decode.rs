@@ -36,6 +36,7 @@ const SETTINGS_NODES: &[&str] = &[
     "env",
     "network",
     "process",
+    "limits",
     "backend",
     "rootfs",
 ];
@@ -212,6 +213,7 @@ impl Decoder<'_> {
             "env" => self.env(node, &mut s.env),
             "network" => self.network(node, &mut s.network),
             "process" => self.process(node, &mut s.process),
+            "limits" => self.limits(node, &mut s.limits),
             "rootfs" => {
                 self.only_props(node, &["dockerfile", "image", "from"]);
                 let mut network_at = None;
@@ -914,6 +916,112 @@ impl Decoder<'_> {
         }
     }
 
+    fn limits(&mut self, node: &KdlNode, l: &mut LimitsCfg) {
+        self.only_props(node, &[]);
+        self.args(node, 0, 0, "");
+        for child in self.children(node, &["pids", "memory", "cpus"]) {
+            self.only_props(child, &[]);
+            self.no_children(child);
+            let Some(e) = self.args(child, 1, 1, "a limit").first().copied() else {
+                continue;
+            };
+            let loc = self.loc(e.span());
+            match child.name().value() {
+                "pids" => {
+                    let help = "processes and threads at once, e.g. `pids 4096` (aisb's default); every sandbox has one";
+                    match e.value() {
+                        KdlValue::Integer(i) if (PIDS_MIN as i128..=PIDS_MAX as i128).contains(i) => {
+                            l.pids = Some(Spanned::new(*i as u64, loc));
+                        }
+                        KdlValue::Integer(i) => self.err(
+                            e.span(),
+                            format!("a pids limit of {i} is out of range"),
+                            "out of range",
+                            Some(format!("use a number of processes between {PIDS_MIN} and {PIDS_MAX}: {help}")),
+                        ),
+                        other => self.err(
+                            e.span(),
+                            format!("expected a number of processes, found {}", kind_of(other)),
+                            "not a number",
+                            Some(help.into()),
+                        ),
+                    }
+                }
+                "memory" => {
+                    let bytes = match e.value() {
+                        KdlValue::String(s) if s == "unlimited" => Some(None),
+                        KdlValue::String(s) => parse_size(s).map(Some),
+                        KdlValue::Integer(i) if *i > 0 => {
+                            Some(Some(u64::try_from(*i).unwrap_or(u64::MAX)))
+                        }
+                        _ => None,
+                    };
+                    let help = format!(
+                        "write e.g. `memory \"8G\"` or `\"512M\"` (between {}M and {}T), or `\"unlimited\"`",
+                        MEMORY_MIN >> 20,
+                        MEMORY_MAX >> 40
+                    );
+                    match bytes {
+                        Some(Some(b)) if !(MEMORY_MIN..=MEMORY_MAX).contains(&b) => self.err(
+                            e.span(),
+                            format!("a memory limit of {b} bytes is out of range"),
+                            "out of range",
+                            Some(help),
+                        ),
+                        Some(v) => l.memory = Some(Spanned::new(v, loc)),
+                        None => self.err(
+                            e.span(),
+                            match e.value() {
+                                KdlValue::String(s) => format!("invalid memory size `{s}`"),
+                                KdlValue::Integer(i) => {
+                                    format!("a memory limit of {i} bytes is out of range")
+                                }
+                                other => {
+                                    format!("expected a memory size, found {}", kind_of(other))
+                                }
+                            },
+                            "bad size",
+                            Some(help),
+                        ),
+                    }
+                }
+                _ => {
+                    let cpus = match e.value() {
+                        KdlValue::String(s) if s == "unlimited" => Some(None),
+                        KdlValue::Integer(i) => Some(Some(*i as f64)),
+                        KdlValue::Float(f) => Some(Some(*f)),
+                        _ => None,
+                    };
+                    let milli = |c: f64| (c * 1000.0).round();
+                    let range = (CPUS_MILLI_MIN as f64)..=(CPUS_MILLI_MAX as f64);
+                    let help = format!(
+                        "write how many CPUs' worth of time the sandbox may use, e.g. `cpus 2` or `cpus 0.5` (between {} and {}), or `\"unlimited\"`",
+                        CPUS_MILLI_MIN as f64 / 1000.0,
+                        CPUS_MILLI_MAX / 1000
+                    );
+                    match cpus {
+                        Some(None) => l.cpus = Some(Spanned::new(None, loc)),
+                        Some(Some(c)) if c.is_finite() && range.contains(&milli(c)) => {
+                            l.cpus = Some(Spanned::new(Some(milli(c) as u32), loc));
+                        }
+                        Some(Some(c)) => self.err(
+                            e.span(),
+                            format!("a CPU limit of {c} is out of range"),
+                            "out of range",
+                            Some(help),
+                        ),
+                        None => self.err(
+                            e.span(),
+                            format!("expected a number of CPUs, found {}", kind_of(e.value())),
+                            "not a number",
+                            Some(help),
+                        ),
+                    }
+                }
+            }
+        }
+    }
+
     // ---- helpers ----------------------------------------------------------------------------
 
     fn args<'n>(
@@ -1188,6 +1296,7 @@ pub fn parse_size(s: &str) -> Option<u64> {
                 "K" => 1 << 10,
                 "M" => 1 << 20,
                 "G" => 1 << 30,
+                "T" => 1 << 40,
                 _ => return None,
             };
             (&s[..i], mult)

@@ -238,6 +238,19 @@ pub struct Settings {
     pub env: EnvCfg,
     pub network: NetworkCfg,
     pub process: ProcessCfg,
+    pub limits: LimitsCfg,
+}
+
+/// `limits { pids 4096; memory "8G"; cpus 2 }`: the sandbox's share of the host, enforced by
+/// a cgroup. `None`: not said here (inherit); for memory and cpus, `Some(None)` is
+/// `"unlimited"` (a profile lifting what a preset set).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct LimitsCfg {
+    pub pids: Option<S<u64>>,
+    /// Bytes.
+    pub memory: Option<S<Option<u64>>>,
+    /// Thousandths of a CPU (`cpus 1.5` is 1500).
+    pub cpus: Option<S<Option<u32>>>,
 }
 
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
@@ -320,6 +333,16 @@ pub struct RlimitCfg {
     pub hard: u64,
     pub loc: Loc,
 }
+
+/// What `limits` accepts: below these a shell cannot start a pipeline or the init cannot
+/// load; above them the value is a typo (the kernel's own ceiling for pids, more memory than
+/// any one machine has, more CPUs than the scheduler's quota can express).
+pub const PIDS_MIN: u64 = 8;
+pub const PIDS_MAX: u64 = 4_194_304;
+pub const MEMORY_MIN: u64 = 16 << 20;
+pub const MEMORY_MAX: u64 = 64 << 40;
+pub const CPUS_MILLI_MIN: u32 = 10;
+pub const CPUS_MILLI_MAX: u32 = 1_024_000;
 
 /// The rlimit names accepted by `rlimit`, mapped to their OCI names.
 pub const RLIMITS: [(&str, &str); 10] = [

@@ -1,7 +1,8 @@
 //! Profile inheritance and merging.
 //!
 //! Rules (also in `sandbox.kdl.example`):
-//! - scalars (`project`, `home`, `read-only`, `env inherit`, `network` mode, `process` fields):
+//! - scalars (`project`, `home`, `read-only`, `env inherit`, `network` mode, `process` fields,
+//!   each of `limits`' `pids`, `memory`, `cpus`):
 //!   the child's value replaces the parent's;
 //! - lists (`mount`, `tmpfs`, `block`, `allow`, `tool-dirs`, env `allow`/`deny`/`pass`/`set`,
 //!   network `allow`/`deny`/`group`/`localhost-port`, `rlimit`): the child's entries are
@@ -103,4 +104,8 @@ pub fn merge(
     base.process
         .rlimits
         .extend(over.process.rlimits.iter().cloned());
+
+    scalar(&mut base.limits.pids, &over.limits.pids);
+    scalar(&mut base.limits.memory, &over.limits.memory);
+    scalar(&mut base.limits.cpus, &over.limits.cpus);
 }

@@ -1364,9 +1364,35 @@ fn resolve(
             hostname,
             rlimits,
         },
+        limits: limits(cx, &s.limits),
         tasks: tasks.into_values().collect(),
         profiles: profile_list,
     })
+}
+
+/// The configured limits over aisb's defaults, each with where it was set.
+fn limits(cx: &Ctx<'_>, l: &crate::config::model::LimitsCfg) -> plan::Limits {
+    let mut out = plan::Limits::default();
+    let mut at = |name: &str, loc: Loc| {
+        let (file, line) = loc_line(cx, loc);
+        out.set_at
+            .insert(name.to_string(), format!("{file}:{line}"));
+    };
+    if let Some(p) = &l.pids {
+        at("pids", p.loc);
+    }
+    if let Some(m) = &l.memory {
+        at("memory", m.loc);
+    }
+    if let Some(c) = &l.cpus {
+        at("cpus", c.loc);
+    }
+    if let Some(p) = &l.pids {
+        out.pids = p.value;
+    }
+    out.memory = l.memory.as_ref().and_then(|m| m.value);
+    out.cpus_milli = l.cpus.as_ref().and_then(|c| c.value);
+    out
 }
 
 fn loc_line(cx: &Ctx<'_>, loc: Loc) -> (String, usize) {

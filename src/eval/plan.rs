@@ -40,6 +40,7 @@ pub struct Plan {
     pub env: Env,
     pub network: Network,
     pub process: Process,
+    pub limits: Limits,
     pub tasks: Vec<Task>,
     pub profiles: Vec<String>,
 }
@@ -217,6 +218,46 @@ pub struct Process {
     pub shell: PathBuf,
     pub hostname: String,
     pub rlimits: Vec<Rlimit>,
+}
+
+/// The sandbox's share of the host, enforced by a cgroup (see `runtime::limits`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Limits {
+    /// Processes and threads at once. Always set: a fork bomb inside must never use up the
+    /// host's pid space.
+    pub pids: u64,
+    /// Bytes of memory (swap included: the sandbox cannot swap its way around it).
+    pub memory: Option<u64>,
+    /// Thousandths of a CPU's time (`cpus 1.5` is 1500).
+    pub cpus_milli: Option<u32>,
+    /// Where the configuration set each limit (`pids` -> `sandbox.kdl:12`); a limit not
+    /// named here is aisb's default.
+    pub set_at: std::collections::BTreeMap<String, String>,
+}
+
+impl Limits {
+    /// Processes and threads at once when nothing says otherwise. Far above what a build or a
+    /// test runner starts (a `cargo build` on 64 cores, rustc's codegen threads included, or a
+    /// jest/pytest-xdist run with a worker per core stays under ~2,000 tasks), and an eighth
+    /// of a default host's pid space (`pid_max` is 32,768 up to 32 CPUs): several fork bombs
+    /// at once still leave the host room to start processes.
+    pub const DEFAULT_PIDS: u64 = 4096;
+
+    /// Whether `name` (`pids`, `memory`, `cpus`) was set by the configuration.
+    pub fn configured(&self, name: &str) -> bool {
+        self.set_at.contains_key(name)
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            pids: Limits::DEFAULT_PIDS,
+            memory: None,
+            cpus_milli: None,
+            set_at: Default::default(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]

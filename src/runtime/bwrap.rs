@@ -12,12 +12,15 @@ use oci_spec::runtime::Spec;
 use super::{exit_code, RuntimeError};
 
 /// `rootfs_symlinks`: (link inside, target), recreated on bwrap's empty root.
+/// `cgroup_procs`: the `cgroup.procs` of the sandbox's cgroup (see `cgroup`), which bwrap's
+/// process joins before it starts: bwrap has no cgroup support of its own.
 pub fn run(
     spec: &Spec,
     rootfs_symlinks: Vec<(PathBuf, PathBuf)>,
     interactive: bool,
     pid_file: Option<&std::path::Path>,
     root_mount: Option<&crate::image::rootmount::RootMount>,
+    cgroup_procs: Vec<std::os::fd::RawFd>,
 ) -> Result<i32, RuntimeError> {
     let root_mount = root_mount.cloned();
     let io = |what: &str| {
@@ -39,9 +42,11 @@ pub fn run(
     let (blocked, set) = super::take_signals(interactive, false)?;
     let mut cmd = aisb_bwrap::command(&args);
     let w = info_w.as_raw_fd();
-    // SAFETY: only async-signal-safe calls (fcntl, signal) between fork and exec.
+    // SAFETY: only async-signal-safe calls (write, fcntl, signal) between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
+            // First, so that nothing the sandbox starts is ever outside its limits.
+            super::cgroup::join(&cgroup_procs)?;
             nix::fcntl::fcntl(
                 w,
                 nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),

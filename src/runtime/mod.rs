@@ -2,8 +2,10 @@
 //! Backends share one spec (see `spec`); each lives in its own crate under `runtimes/`.
 
 mod bwrap;
+pub mod cgroup;
 pub(crate) mod console;
 mod libcontainer;
+pub mod limits;
 pub mod net;
 pub mod rootless;
 
@@ -15,6 +17,7 @@ use serde::Serialize;
 
 use crate::eval::Plan;
 use crate::spec::bundle::{self, BundleError};
+use crate::spec::LimitsBy;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -45,6 +48,12 @@ pub enum RuntimeError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Rootless(#[from] rootless::RootlessError),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Limits(#[from] limits::LimitsError),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Cgroup(#[from] cgroup::CgroupError),
     #[error("{what}: {source}")]
     #[diagnostic(help("check that the sandbox state directory is writable"))]
     Io {
@@ -76,6 +85,10 @@ impl Backend {
 
 /// In a named sandbox's state: the host pid of its running init.
 pub const INIT_PID_FILE: &str = "init.pid";
+
+/// In a libcontainer bundle: the limits its cgroup recorded, written by the helper before the
+/// container (and its cgroup) is deleted.
+pub const HITS_FILE: &str = "limits-hit.json";
 
 /// What `aisb run --json` reports.
 #[derive(Debug, Serialize)]
@@ -111,6 +124,7 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
         what: "locating the aisb binary".into(),
         source,
     })?;
+    let limits_by = limits::decide(plan)?;
     let audit = crate::audit::Log::open(&plan.state_dir.join("audit.jsonl")).ok();
     let proxy = net::start(plan, &exe)?;
     if let Some(log) = &audit {
@@ -132,7 +146,7 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
         .join("state.json")
         .exists()
         .then(|| plan.state_dir.join(INIT_PID_FILE));
-    let exit_code = match backend {
+    let (exit_code, hits) = match backend {
         // bwrap needs no bundle on disk: the spec goes straight into its arguments, and it
         // hands the sandbox our terminal as it is.
         Backend::Bwrap => {
@@ -152,8 +166,22 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
                 terminal: false,
                 proxy_dir: proxy.as_ref().map(|p| p.dir.clone()),
                 rootless: None,
+                limits: match limits_by {
+                    LimitsBy::Cgroup => LimitsBy::OwnCgroup,
+                    other => other,
+                },
             };
             let spec = crate::spec::build(plan, &paths).map_err(BundleError::from)?;
+            // Unique per run: two runs of one project at once each get their own.
+            let cgroup = match limits_by {
+                LimitsBy::Cgroup => {
+                    let base = bundle::cgroups_path(plan, &plan.state_dir, None);
+                    let name = base.rsplit('/').next().unwrap_or("sandbox");
+                    let run = format!("{}{}", cgroup::RUN_PREFIX, std::process::id());
+                    Some(own_cgroup(&format!("{name}-{run}"), plan)?)
+                }
+                _ => None,
+            };
             let symlinks = plan
                 .system
                 .iter()
@@ -164,13 +192,24 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
                     _ => None,
                 })
                 .collect();
-            bwrap::run(
+            let code = bwrap::run(
                 &spec,
                 symlinks,
                 interactive,
                 pid_file.as_deref(),
                 root_mount,
-            )?
+                cgroup
+                    .as_ref()
+                    .map(cgroup::Cgroup::procs_fds)
+                    .unwrap_or_default(),
+            )?;
+            (
+                code,
+                cgroup
+                    .as_ref()
+                    .map(cgroup::Cgroup::hits)
+                    .unwrap_or_default(),
+            )
         }
         // libcontainer reads `config.json` from a bundle; it also needs a pseudo-terminal of
         // its own on a terminal, passed back through a console socket.
@@ -193,16 +232,33 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
             })?;
             let guard = BundleGuard(dir.clone());
             let terminal = interactive && nix::unistd::isatty(0).unwrap_or(false);
-            bundle::write(
+            let limits_by = match limits_by {
+                LimitsBy::Cgroup if rootless.is_some() => LimitsBy::OwnCgroup,
+                other => other,
+            };
+            let spec = bundle::write(
                 plan,
                 &dir,
                 Some(&crate::init::binary_beside(&exe)),
                 terminal,
                 rootless.as_ref(),
                 proxy.as_ref().map(|p| p.dir.as_path()),
+                limits_by,
             )?;
+            // Made where libcontainer looks for it; libcontainer removes it with the container.
+            let _cgroup = match limits_by {
+                LimitsBy::OwnCgroup => {
+                    let path = spec.linux().as_ref().and_then(|l| l.cgroups_path().clone());
+                    let name = path
+                        .as_ref()
+                        .and_then(|p| p.file_name())
+                        .map(|n| n.to_string_lossy().into_owned());
+                    Some(own_cgroup(name.as_deref().unwrap_or("sandbox"), plan)?)
+                }
+                _ => None,
+            };
             let id = format!("aisb-{}", std::process::id());
-            libcontainer::run(
+            let code = libcontainer::run(
                 &exe,
                 &guard.0,
                 &plan.state_dir.join("libcontainer"),
@@ -211,13 +267,21 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
                 terminal,
                 pid_file.as_deref(),
                 root_mount,
-            )?
+            )?;
+            let hits = std::fs::read(guard.0.join(HITS_FILE))
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok())
+                .unwrap_or_default();
+            (code, hits)
         }
     };
     if let Some(f) = &pid_file {
         let _ = std::fs::remove_file(f);
     }
     drop(proxy);
+    for line in limits::report(&plan.limits, hits, exit_code) {
+        eprintln!("{line}");
+    }
     disarm_git(plan, audit.as_ref(), &git_before);
     if let Some(log) = &audit {
         let _ = log.write(crate::audit::Kind::Exit {
@@ -305,6 +369,15 @@ fn git_before(plan: &Plan) -> GitBefore {
     let since = std::time::SystemTime::now() - std::time::Duration::from_millis(20);
     let stamp = crate::git::index_stamp(&git_dir);
     Some((work_tree, git_dir, stamp, since))
+}
+
+/// The cgroup `name` aisb makes itself, with the plan's limits, for the caller.
+fn own_cgroup(name: &str, plan: &Plan) -> Result<cgroup::Cgroup, RuntimeError> {
+    Ok(cgroup::Cgroup::create(
+        name,
+        &plan.limits,
+        nix::unistd::geteuid().as_raw(),
+    )?)
 }
 
 impl Summary {

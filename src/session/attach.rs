@@ -72,6 +72,25 @@ pub fn attach(pid: i32, command: &[String], cwd: &std::path::Path) -> Result<i32
         });
     }
     let cwd = CString::new(cwd.as_os_str().as_bytes()).unwrap_or_else(|_| c"/".into());
+    // The sandbox's limits: its cgroups, and its init's RLIMIT_NPROC where that stands in for
+    // them (see `runtime::limits`).
+    let cgroups = crate::runtime::cgroup::open_procs_of(pid)
+        .map_err(io("opening the sandbox's cgroups to join them"))?;
+    let cgroup_fds: Vec<std::os::fd::RawFd> = cgroups
+        .iter()
+        .map(std::os::fd::AsRawFd::as_raw_fd)
+        .collect();
+    let mut nproc = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: reads another process's limit into a local struct.
+    if unsafe { libc::prlimit(pid, libc::RLIMIT_NPROC, std::ptr::null(), &mut nproc) } != 0 {
+        return Err(SessionError::Io {
+            what: "reading the sandbox's process limit".into(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
     let pty = if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
         Some(nix::pty::openpty(None, None).map_err(|e| SessionError::Io {
             what: "opening a pseudo-terminal for the session".into(),
@@ -94,6 +113,14 @@ pub fn attach(pid: i32, command: &[String], cwd: &std::path::Path) -> Result<i32
                 drop(p.master);
                 p.slave
             });
+            // SAFETY: setrlimit on ourselves with a struct read above.
+            let limited = crate::runtime::cgroup::join(&cgroup_fds).is_ok()
+                && unsafe { libc::setrlimit(libc::RLIMIT_NPROC, &nproc) } == 0;
+            if !limited {
+                eprintln!("aisb: cannot put the session under the sandbox's limits");
+                // SAFETY: leaving the forked child without running the parent's destructors.
+                unsafe { libc::_exit(125) }
+            }
             let code = join_and_run(&ns, &cwd, &argv, &env, slave.as_ref());
             // SAFETY: leaving the forked child without running the parent's destructors.
             unsafe { libc::_exit(code) }

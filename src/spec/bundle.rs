@@ -58,6 +58,7 @@ pub fn cgroups_path(plan: &Plan, dir: &Path, rootless: Option<&Rootless>) -> Str
 /// `init`: the aisb binary to run as the sandbox's init (see [`SpecPaths::init`]).
 /// `terminal`: the process gets a pseudo-terminal through the runtime's console socket.
 /// `rootless`: the caller is an ordinary user (see [`SpecPaths::rootless`]).
+/// `limits`: what enforces the plan's limits (see [`SpecPaths::limits`]).
 pub fn write(
     plan: &Plan,
     dir: &Path,
@@ -65,6 +66,7 @@ pub fn write(
     terminal: bool,
     rootless: Option<&Rootless>,
     proxy_dir: Option<&Path>,
+    limits: super::LimitsBy,
 ) -> Result<oci_spec::runtime::Spec, BundleError> {
     if dir.exists() {
         let mut entries = io(dir, fs::read_dir(dir))?;
@@ -95,6 +97,7 @@ pub fn write(
             terminal,
             proxy_dir: proxy_dir.map(Path::to_path_buf),
             rootless: rootless.cloned(),
+            limits,
         },
     )?;
     let json = super::to_json(&spec)?;

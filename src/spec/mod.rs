@@ -38,6 +38,26 @@ pub struct SpecPaths {
     /// Set when an ordinary user runs a runtime whose init is root inside while it sets the
     /// sandbox up (libcontainer): container root maps to one of their subordinate ids.
     pub rootless: Option<Rootless>,
+    /// How the plan's limits are enforced here (see `runtime::limits`).
+    pub limits: LimitsBy,
+}
+
+/// What enforces a sandbox's limits on this host, for this caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitsBy {
+    /// A cgroup the runtime makes with the spec's `linux.resources`.
+    Cgroup,
+    /// A cgroup aisb made at `cgroupsPath` with the limits set, before the runtime starts:
+    /// the spec names it and carries no resources. For bwrap (no cgroup support) and for
+    /// rootless libcontainer, whose cgroup v1 manager, given resources, also writes the
+    /// devices controller's rules, which only root may.
+    OwnCgroup,
+    /// No cgroup can be had: the pids limit becomes the init's RLIMIT_NPROC. It counts the
+    /// tasks of the workload's uid in the sandbox's own user namespace, so for an ordinary
+    /// user it is a per-sandbox limit; memory and CPU limits have no rlimit equivalent.
+    Rlimit,
+    /// Nothing can enforce them (root without a pids cgroup).
+    Nothing,
 }
 
 /// The ids an unprivileged caller's sandbox maps beside their own (see `runtime::rootless`).
@@ -337,12 +357,28 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
                 args.push(format!("--relay-port={p}"));
             }
         }
+        if paths.limits == LimitsBy::Rlimit {
+            let n = plan.limits.pids;
+            args.push(format!("--rlimit=RLIMIT_NPROC={n}:{n}"));
+        }
         for r in &plan.process.rlimits {
             args.push(format!("--rlimit={}={}:{}", r.kind, r.soft, r.hard));
         }
         args.push("--".into());
     }
     args.extend(plan.process.args.iter().cloned());
+    let mut linux = json!({
+        "uidMappings": id_maps(id.uid, paths.rootless.as_ref().map(|r| r.root_uid)),
+        "gidMappings": id_maps(id.gid, paths.rootless.as_ref().map(|r| r.root_gid)),
+        "namespaces": namespaces,
+        "cgroupsPath": paths.cgroups_path,
+        "maskedPaths": MASKED_PROC,
+        "readonlyPaths": READONLY_PROC,
+        "rootfsPropagation": "private",
+    });
+    if paths.limits == LimitsBy::Cgroup {
+        linux["resources"] = resources(&plan.limits);
+    }
     let v = json!({
         "ociVersion": "1.0.2",
         "root": { "path": s(&paths.rootfs), "readonly": true },
@@ -358,15 +394,7 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
             "rlimits": rlimits,
         },
         "mounts": mounts,
-        "linux": {
-            "uidMappings": id_maps(id.uid, paths.rootless.as_ref().map(|r| r.root_uid)),
-            "gidMappings": id_maps(id.gid, paths.rootless.as_ref().map(|r| r.root_gid)),
-            "namespaces": namespaces,
-            "cgroupsPath": paths.cgroups_path,
-            "maskedPaths": MASKED_PROC,
-            "readonlyPaths": READONLY_PROC,
-            "rootfsPropagation": "private",
-        },
+        "linux": linux,
         "annotations": {
             "org.aisb.profile": plan.profile,
             "org.aisb.project": s(&plan.project),
@@ -374,6 +402,22 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
         },
     });
     Ok(serde_json::from_value(v)?)
+}
+
+/// The CFS period CPU limits are expressed in (the kernel's default, 100 ms).
+pub const CPU_PERIOD_US: u64 = 100_000;
+
+/// `linux.resources` for the plan's limits. Swap is limited to the memory limit (OCI's
+/// `swap` is memory plus swap): the sandbox cannot swap its way around it.
+fn resources(l: &crate::eval::plan::Limits) -> Value {
+    let mut r = json!({ "pids": { "limit": l.pids } });
+    if let Some(m) = l.memory {
+        r["memory"] = json!({ "limit": m, "swap": m });
+    }
+    if let Some(c) = l.cpus_milli {
+        r["cpu"] = json!({ "quota": u64::from(c) * CPU_PERIOD_US / 1000, "period": CPU_PERIOD_US });
+    }
+    r
 }
 
 /// What an image build step's sandbox is (see `image::step`).

@@ -78,13 +78,15 @@ impl Drop for Created {
 /// Run the bundle to completion; returns the init's exit code (128+N for a signal).
 /// `console_socket`: where to send the pseudo-terminal's master when the spec asks for a
 /// terminal (the caller listens there). `pid_file`: where to write the init's pid once it
-/// runs (for sessions that attach to it).
+/// runs (for sessions that attach to it). `exited`: called once the init has exited, before
+/// the container and its cgroup are deleted (to read what the cgroup recorded).
 pub fn run(
     bundle: &Path,
     state_root: &Path,
     id: &str,
     console_socket: Option<&Path>,
     pid_file: Option<&Path>,
+    exited: &mut dyn FnMut(),
 ) -> Result<i32, LibcontainerError> {
     let n = threads();
     if n > 1 {
@@ -116,6 +118,7 @@ pub fn run(
         let _ = std::fs::write(f, pid.to_string());
     }
     let code = wait(pid, &set)?;
+    exited();
     drop(created);
     Ok(code)
 }
