@@ -944,6 +944,77 @@ mod tests {
         );
     }
 
+    /// The entry for this machine: linux, its architecture, a CPU variant it runs (an index
+    /// lists arm64/v8 beside amd64, and attestations as unknown/unknown).
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn an_index_entry_is_chosen_by_os_architecture_and_variant() {
+        let entry = |os: &str, arch: &str, variant: Option<&str>, n: char| {
+            let mut p = serde_json::json!({"os": os, "architecture": arch});
+            if let Some(v) = variant {
+                p["variant"] = v.into();
+            }
+            serde_json::json!({"mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "digest": format!("sha256:{}", n.to_string().repeat(64)), "size": 1, "platform": p})
+        };
+        let index = |entries: Vec<serde_json::Value>| -> ImageIndex {
+            serde_json::from_value(serde_json::json!({"schemaVersion": 2, "manifests": entries}))
+                .unwrap()
+        };
+        let chosen = |i: &ImageIndex| pick_platform(i).map(|d| d.digest().to_string());
+        let i = index(vec![
+            entry("unknown", "unknown", None, '0'),
+            entry("linux", "arm64", Some("v8"), '1'),
+            entry("linux", "amd64", Some("v3"), '2'),
+            entry("windows", "amd64", None, '3'),
+            entry("linux", "amd64", None, '4'),
+        ]);
+        assert_eq!(chosen(&i), Some(format!("sha256:{}", "4".repeat(64))));
+        let i = index(vec![entry("linux", "amd64", Some("v1"), '5')]);
+        assert_eq!(chosen(&i), Some(format!("sha256:{}", "5".repeat(64))));
+        // A CPU level this machine may not have is not taken for it.
+        let i = index(vec![entry("linux", "amd64", Some("v3"), '6')]);
+        assert_eq!(chosen(&i), None);
+    }
+
+    /// Manifests, indexes and configs are the spec's types: what a registry sends that is
+    /// neither, or lacks what the spec requires, is an error, never a guess.
+    #[test]
+    fn documents_are_told_apart_by_media_type_or_shape() {
+        let d = format!("sha256:{}", "a".repeat(64));
+        let desc = serde_json::json!({"mediaType": "application/vnd.oci.image.config.v1+json", "digest": d, "size": 2});
+        let manifest = serde_json::json!({"schemaVersion": 2, "config": desc, "layers": [desc]});
+        let index = serde_json::json!({"schemaVersion": 2, "manifests": [desc]});
+        let bytes = |v: &serde_json::Value| serde_json::to_vec(v).unwrap();
+        assert!(matches!(parse_document(&bytes(&manifest)), Ok(Document::Manifest(_))));
+        assert!(matches!(parse_document(&bytes(&index)), Ok(Document::Index(_))));
+        let mut docker_list = index.clone();
+        docker_list["mediaType"] =
+            "application/vnd.docker.distribution.manifest.list.v2+json".into();
+        assert!(matches!(parse_document(&bytes(&docker_list)), Ok(Document::Index(_))));
+        let mut mislabelled = manifest.clone();
+        mislabelled["mediaType"] = "application/vnd.oci.image.index.v1+json".into();
+        for bad in [
+            mislabelled,
+            serde_json::json!({"schemaVersion": 1, "fsLayers": []}),
+            serde_json::json!({"schemaVersion": 2, "config": desc, "layers": [{"digest": d}]}),
+            serde_json::json!({"schemaVersion": 2, "config": desc, "layers": [], "manifests": []}),
+            serde_json::json!({"schemaVersion": 2, "manifests": [{"mediaType": "x", "digest": "sha256:é", "size": 1}]}),
+        ] {
+            assert!(parse_document(&bytes(&bad)).is_err(), "{bad}");
+        }
+        assert!(parse_config(br#"{"config": {"Env": ["A=1"]}}"#).is_err());
+        let c = parse_config(br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]},"config":{"Env":["A=1"],"User":"u","WorkingDir":"/w","ExposedPorts":{"80/tcp":{}}}}"#).unwrap();
+        assert_eq!(
+            c,
+            RunConfig {
+                env: Some(vec!["A=1".into()]),
+                working_dir: Some("/w".into()),
+                user: Some("u".into())
+            }
+        );
+    }
+
     /// An index's manifests may be indexes again, twice at most: a registry cannot keep aisb
     /// following them.
     #[test]
