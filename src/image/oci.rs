@@ -567,16 +567,16 @@ impl Registry {
         }
     }
 
-    /// GET `url`, following redirects that [`Egress`] allows. The token goes to the
-    /// registry's own URL only, never along a redirect.
-    fn call(&self, url: &str, accept: &str) -> Answer {
+    /// GET `url`, following redirects that [`Egress`] allows. The token (`with_token`) goes to
+    /// the registry's own URL only, never along a redirect.
+    fn call(&self, url: &str, accept: &str, with_token: bool) -> Answer {
         let mut at = match url::Url::parse(url) {
             Ok(u) => u,
             Err(e) => return Answer::Failed(format!("{url}: {e}")),
         };
         for hop in 0..=MAX_REDIRECTS {
             let mut req = self.agent.request_url("GET", &at).set("Accept", accept);
-            if hop == 0 {
+            if hop == 0 && with_token {
                 if let Some(t) = self.token.borrow().as_ref() {
                     req = req.set("Authorization", &format!("Bearer {t}"));
                 }
@@ -610,7 +610,7 @@ impl Registry {
     fn get(&self, path: &str, accept: &str) -> Result<ureq::Response, FetchError> {
         let url = format!("{}/{path}", self.base);
         for attempt in 0..2 {
-            match self.call(&url, accept) {
+            match self.call(&url, accept, true) {
                 Answer::Ok(resp) => return Ok(*resp),
                 Answer::Status(401, resp) if attempt == 0 => {
                     let challenges = resp.all("www-authenticate").join(", ");
@@ -700,7 +700,8 @@ impl Registry {
                 }
             }
         }
-        let resp = match self.call(url.as_str(), "application/json") {
+        // Never with the registry's current token: a new one is asked for anonymously.
+        let resp = match self.call(url.as_str(), "application/json", false) {
             Answer::Ok(r) => *r,
             Answer::Status(code, _) => {
                 return Err(fail(
@@ -986,12 +987,21 @@ mod tests {
         let manifest = serde_json::json!({"schemaVersion": 2, "config": desc, "layers": [desc]});
         let index = serde_json::json!({"schemaVersion": 2, "manifests": [desc]});
         let bytes = |v: &serde_json::Value| serde_json::to_vec(v).unwrap();
-        assert!(matches!(parse_document(&bytes(&manifest)), Ok(Document::Manifest(_))));
-        assert!(matches!(parse_document(&bytes(&index)), Ok(Document::Index(_))));
+        assert!(matches!(
+            parse_document(&bytes(&manifest)),
+            Ok(Document::Manifest(_))
+        ));
+        assert!(matches!(
+            parse_document(&bytes(&index)),
+            Ok(Document::Index(_))
+        ));
         let mut docker_list = index.clone();
         docker_list["mediaType"] =
             "application/vnd.docker.distribution.manifest.list.v2+json".into();
-        assert!(matches!(parse_document(&bytes(&docker_list)), Ok(Document::Index(_))));
+        assert!(matches!(
+            parse_document(&bytes(&docker_list)),
+            Ok(Document::Index(_))
+        ));
         let mut mislabelled = manifest.clone();
         mislabelled["mediaType"] = "application/vnd.oci.image.index.v1+json".into();
         for bad in [
