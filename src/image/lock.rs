@@ -284,7 +284,10 @@ mod tests {
     fn labelled(e: &LockError, text: &str) -> Option<(usize, String)> {
         let span = miette::Diagnostic::labels(e)?.next()?;
         let line = text[..span.offset()].matches('\n').count() + 1;
-        Some((line, text[span.offset()..span.offset() + span.len()].to_string()))
+        Some((
+            line,
+            text[span.offset()..span.offset() + span.len()].to_string(),
+        ))
     }
 
     /// A pin goes into a registry URL and stands for the digest the manifest is checked
@@ -306,7 +309,11 @@ mod tests {
         ] {
             let text = lock_with(t.path(), GRAPH, pin);
             let e = Lock::read(t.path()).expect_err(pin);
-            assert_eq!(labelled(&e, &text), Some((7, pin.to_string())), "{pin}: {e}");
+            assert_eq!(
+                labelled(&e, &text),
+                Some((7, pin.to_string())),
+                "{pin}: {e}"
+            );
             assert!(e.to_string().contains("digest"), "{pin}: {e}");
         }
         // Escaped, a pin cannot be pointed at exactly; its line still is.
@@ -329,7 +336,11 @@ mod tests {
         ] {
             let text = lock_with(t.path(), graph, &digest);
             let e = Lock::read(t.path()).expect_err(graph);
-            assert_eq!(labelled(&e, &text), Some((5, graph.to_string())), "{graph}: {e}");
+            assert_eq!(
+                labelled(&e, &text),
+                Some((5, graph.to_string())),
+                "{graph}: {e}"
+            );
             assert_eq!(
                 pinned_entries(&t.path().join(FILE), t.path()),
                 Vec::<PathBuf>::new()
