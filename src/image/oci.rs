@@ -894,6 +894,26 @@ mod tests {
         }
         let r = Reference::parse("docker.io/team/tool:1").unwrap();
         assert_eq!(r.repo, "team/tool");
+        // Compared exactly, as Docker does: another spelling is another registry's name.
+        assert_eq!(
+            Reference::parse("Docker.io/x").unwrap().registry,
+            "Docker.io"
+        );
+    }
+
+    /// Found by fuzzing (`fuzz/fuzz_targets/image_reference.rs`): a reference prints as text
+    /// that parses back to it, the length limit included.
+    #[test]
+    fn a_reference_parses_back_from_its_printed_form() {
+        for text in [
+            format!("{}/x", "a".repeat(240)),
+            "a".repeat(240),
+            "dockerSio/l:12".to_string(),
+            "[::1]:5000/a".into(),
+        ] {
+            let r = Reference::parse(&text).unwrap();
+            assert_eq!(Reference::parse(&r.to_string()), Ok(r), "{text}");
+        }
     }
 
     /// Whatever a reference says ends up in a URL path: only the grammar's characters get

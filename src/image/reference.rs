@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! reference  := name [ ":" tag ] [ "@" digest ]
-//! name       := [ domain "/" ] path-component [ "/" path-component ]*      (255 at most)
+//! name       := [ domain "/" ] path-component [ "/" path-component ]*  (path: 255 at most)
 //! domain     := host [ ":" port ]       host := domain-name | IPv4 | "[" IPv6 "]"
 //! path-component := [a-z0-9]+ ( ( "." | "_" | "__" | "-"* ) [a-z0-9]+ )*
 //! tag        := [A-Za-z0-9_] [A-Za-z0-9_.-]{0,127}
@@ -75,12 +75,6 @@ impl Reference {
             }
             None => (rest, None),
         };
-        if name.len() > NAME_MAX {
-            return Err(bad(format!(
-                "the name is {} characters long, more than the {NAME_MAX} a registry takes",
-                name.len()
-            )));
-        }
         let (registry, path) = match name.split_once('/') {
             Some((first, path))
                 if first.contains(['.', ':'])
@@ -93,9 +87,8 @@ impl Reference {
             _ => (DOCKER_HUB, name),
         };
         check_path(path).map_err(bad)?;
-        let docker_hub = DOCKER_HUB_ALIASES
-            .iter()
-            .any(|a| a.eq_ignore_ascii_case(registry));
+        // Compared exactly, as Docker does: `Docker.io` names a registry of that name.
+        let docker_hub = DOCKER_HUB_ALIASES.contains(&registry);
         let (registry, repo) = if docker_hub && !path.contains('/') {
             (DOCKER_HUB.to_string(), format!("library/{path}"))
         } else if docker_hub {
@@ -103,6 +96,14 @@ impl Reference {
         } else {
             (registry.to_string(), path.to_string())
         };
+        // On the repository as the registry sees it (`library/` included), so a reference
+        // and its printed form are judged alike.
+        if repo.len() > NAME_MAX {
+            return Err(bad(format!(
+                "the repository name is {} characters long, more than the {NAME_MAX} a registry takes",
+                repo.len()
+            )));
+        }
         let tag = if tag.is_none() && digest.is_none() {
             Some("latest".into())
         } else {
