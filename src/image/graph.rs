@@ -144,6 +144,9 @@ pub enum BuildError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Run(#[from] super::step::StepError),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Lock(Box<super::lock::LockError>),
     #[error("{what}: {source}")]
     #[diagnostic(help(
         "`aisb store gc` removes incomplete entries; `aisb doctor` checks the host"
@@ -153,6 +156,12 @@ pub enum BuildError {
         #[source]
         source: io::Error,
     },
+}
+
+impl From<super::lock::LockError> for BuildError {
+    fn from(e: super::lock::LockError) -> BuildError {
+        BuildError::Lock(Box::new(e))
+    }
 }
 
 fn step_err(at: &str, message: impl Into<String>, help: impl Into<String>) -> BuildError {
@@ -173,8 +182,9 @@ fn hash(parts: &[&str]) -> String {
     hex::encode(h.finalize())
 }
 
+/// `hash` is hex (ours, or a digest's checked hex part); a shorter one is used whole.
 fn entry(store: &Path, hash: &str, name: &str) -> PathBuf {
-    store.join(format!("{}-{name}", &hash[..32]))
+    store.join(format!("{}-{name}", hash.get(..32).unwrap_or(hash)))
 }
 
 /// The tags this machine has resolved (`<store>/.tags.json`: source text -> digest), so a
@@ -203,7 +213,7 @@ fn remember_tag(store: &Path, source: &str, digest: &str) {
 
 /// A resolved base's manifest (digest, config, layer list) in the store (`<digest>-base`).
 pub fn base_entry(store: &Path, digest: &str) -> Option<PathBuf> {
-    oci::is_digest(digest).then(|| entry(store, &digest[7..], "base"))
+    oci::sha256_hex_of(digest).map(|hex| entry(store, hex, "base"))
 }
 
 fn load_base(store: &Path, digest: &str) -> Option<oci::Base> {
@@ -212,7 +222,8 @@ fn load_base(store: &Path, digest: &str) -> Option<oci::Base> {
         return None;
     }
     let b: oci::Base = serde_json::from_slice(&fs::read(e.join("base.json")).ok()?).ok()?;
-    (b.digest == digest).then_some(b)
+    // A record is the store's, but read back it is checked like any input.
+    (b.digest == digest && b.is_valid()).then_some(b)
 }
 
 fn save_base(store: &Path, b: &oci::Base) {
@@ -312,9 +323,10 @@ pub fn plan(def: &Def, o: &Options) -> Result<Graph, BuildError> {
                     .as_deref()
                     .and_then(|d| load_base(o.store, d))
                     .filter(|b| {
-                        b.layers
-                            .iter()
-                            .all(|l| store::is_ready(&entry(o.store, &l.digest[7..], "layer")))
+                        b.layers.iter().all(|l| {
+                            oci::descriptor_hex(l)
+                                .is_some_and(|hex| store::is_ready(&entry(o.store, hex, "layer")))
+                        })
                     });
                 let (b, bl) = match known {
                     Some(b) => (b, None),
@@ -337,14 +349,22 @@ pub fn plan(def: &Def, o: &Options) -> Result<Graph, BuildError> {
                     action: Action::None,
                 });
                 for l in &b.layers {
+                    // Every layer of a resolved or stored base is sha256 (`Base::is_valid`).
+                    let hex = oci::descriptor_hex(l).ok_or_else(|| {
+                        step_err(
+                            at,
+                            format!("the layer digest `{}` is not sha256", l.digest()),
+                            "aisb verifies layers by sha256",
+                        )
+                    })?;
                     nodes.push(layer_node(
                         o.store,
-                        &l.digest[7..],
-                        format!("layer {}", &l.digest[..19]),
+                        hex,
+                        format!("layer sha256:{}", hex.get(..12).unwrap_or(hex)),
                         at,
                         Action::Layer {
-                            digest: l.digest.clone(),
-                            size: l.size,
+                            digest: l.digest().to_string(),
+                            size: l.size(),
                         },
                     ));
                 }
@@ -576,7 +596,7 @@ fn stat_cache_file(store: &Path, context: &Path) -> PathBuf {
         .parent()
         .unwrap_or(store)
         .join("copy-hashes")
-        .join(format!("{}.json", &key[..32]))
+        .join(format!("{}.json", key.get(..32).unwrap_or(&key)))
 }
 
 /// COPY sources: a path inside the context, or a `*`/`?` pattern in its last component.
@@ -863,4 +883,57 @@ fn is_tar(p: &Path) -> bool {
         .and_then(|mut f| io::Read::read(&mut f, &mut head))
         .unwrap_or(0);
     head.starts_with(&[0x1f, 0x8b]) || (n >= 262 && &head[257..262] == b"ustar")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A base's record in the store names its layers' digests, and those name store entries
+    /// (`<hex>-layer`): a record that is not what aisb writes (a short digest, another
+    /// algorithm) is not used, never sliced into a panic.
+    #[test]
+    fn a_corrupt_base_record_is_not_used_and_never_panics() {
+        let t = tempfile::tempdir().unwrap();
+        let store_dir = t.path().join("store");
+        let pin = format!("sha256:{}", "1".repeat(64));
+        let sha512 = format!("sha512:{}", "2".repeat(128));
+        for layer_digest in ["x", "sha256:", "sha256:é", sha512.as_str()] {
+            let record = serde_json::json!({
+                "digest": pin,
+                "config": {},
+                "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                            "digest": layer_digest, "size": 1}],
+            });
+            let e = base_entry(&store_dir, &pin).unwrap();
+            let _ = fs::remove_dir_all(&e);
+            store::realise(&e, |tmp| {
+                fs::write(tmp.join("base.json"), serde_json::to_vec(&record).unwrap())
+            })
+            .unwrap();
+            let def = Def {
+                name: "Dockerfile".into(),
+                steps: vec![Step {
+                    instr: Instr::From("oci:/nonexistent/layout".into()),
+                    at: "Dockerfile:1".into(),
+                }],
+                context: t.path().to_path_buf(),
+            };
+            let o = Options {
+                store: &store_dir,
+                build_args: BTreeMap::new(),
+                pins: [("oci:/nonexistent/layout".to_string(), pin.clone())].into(),
+                pull: false,
+                allow: Vec::new(),
+                masked: layer::Masked::new(),
+                audit: t.path().join("audit.jsonl"),
+            };
+            // Not used: the layout itself is asked (and is missing).
+            let err = plan(&def, &o).err().expect(layer_digest);
+            assert!(
+                err.to_string().contains("index.json"),
+                "{layer_digest}: {err}"
+            );
+        }
+    }
 }

@@ -33,7 +33,8 @@ pub fn unpack(reader: impl Read, dest: &Path) -> io::Result<()> {
     archive.set_preserve_permissions(true);
     archive.set_preserve_ownerships(nix::unistd::geteuid().is_root());
     archive.set_preserve_mtime(true);
-    archive.set_unpack_xattrs(true);
+    // Restored by `kept_xattrs` below, overlayfs's own left out.
+    archive.set_unpack_xattrs(false);
     archive.set_overwrite(true);
     for entry in archive.entries()? {
         let mut entry = entry?;
@@ -59,17 +60,31 @@ pub fn unpack(reader: impl Read, dest: &Path) -> io::Result<()> {
         let parent = dir_inside(dest, rel.parent().unwrap_or(Path::new("")), &mut checked)?;
         if let Some(hidden) = name.strip_prefix(".wh.") {
             if hidden == ".wh..opq" {
-                set_xattr(&parent, opaque_xattr(), b"y")?;
+                set_xattr(&parent, opaque_xattr().as_bytes(), b"y")?;
             } else {
                 whiteout(&parent.join(hidden))?;
             }
             continue;
         }
+        let xattrs = kept_xattrs(&mut entry)?;
         if !entry.unpack_in(dest)? {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!("layer entry {} leaves the layer", path.display()),
             ));
+        }
+        // As the tar crate restores them: on regular files (after their permissions).
+        if matches!(
+            entry.header().entry_type(),
+            tar::EntryType::Regular | tar::EntryType::Continuous
+        ) {
+            for (name, value) in &xattrs {
+                set_xattr(
+                    &parent.join(rel.file_name().unwrap_or_default()),
+                    name,
+                    value,
+                )?;
+            }
         }
     }
     // The rest of the stream (tar padding, gzip trailer) so the digest covers every byte.
@@ -159,7 +174,32 @@ fn opaque_xattr() -> &'static str {
     }
 }
 
-fn set_xattr(path: &Path, name: &str, value: &[u8]) -> io::Result<()> {
+/// Namespaces whose attributes overlayfs reads as instructions (opaque directories,
+/// redirects, metacopy files, whiteouts): in a layer they would let an image's author change
+/// what the merged root shows beyond its own files, so only the unpacker sets them (the opaque
+/// marker of `.wh..wh..opq`).
+const OVERLAY_XATTR_PREFIXES: [&[u8]; 2] = [b"trusted.overlay.", b"user.overlay."];
+
+/// The extended attributes an entry carries (PAX `SCHILY.xattr.NAME`), overlayfs's left out.
+fn kept_xattrs<R: Read>(entry: &mut tar::Entry<R>) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let Some(exts) = entry.pax_extensions()? else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for ext in exts {
+        let ext = ext?;
+        let Some(name) = ext.key_bytes().strip_prefix(b"SCHILY.xattr.") else {
+            continue;
+        };
+        if OVERLAY_XATTR_PREFIXES.iter().any(|p| name.starts_with(p)) {
+            continue;
+        }
+        out.push((name.to_vec(), ext.value_bytes().to_vec()));
+    }
+    Ok(out)
+}
+
+fn set_xattr(path: &Path, name: &[u8], value: &[u8]) -> io::Result<()> {
     let p = CString::new(path.as_os_str().as_bytes())?;
     let n = CString::new(name)?;
     // SAFETY: valid C strings and a buffer of the given length.
@@ -540,6 +580,75 @@ mod tests {
         let mut h = header(tar::EntryType::Regular);
         h.set_size(data.len() as u64);
         b.append_data(&mut h, path, data).unwrap();
+    }
+
+    /// A PAX extended header carrying `xattrs` for the entry after it.
+    fn append_xattrs(b: &mut tar::Builder<Vec<u8>>, xattrs: &[(&str, &[u8])]) {
+        let mut data = Vec::new();
+        for (name, value) in xattrs {
+            let body_len = " SCHILY.xattr.".len() + name.len() + 1 + value.len() + 1;
+            // The record's length counts its own digits.
+            let mut len = body_len + 1;
+            while len != body_len + len.to_string().len() {
+                len = body_len + len.to_string().len();
+            }
+            data.extend_from_slice(format!("{len} SCHILY.xattr.{name}=").as_bytes());
+            data.extend_from_slice(value);
+            data.push(b'\n');
+        }
+        let mut h = header(tar::EntryType::XHeader);
+        h.set_size(data.len() as u64);
+        b.append_data(&mut h, "PaxHeader", &data[..]).unwrap();
+    }
+
+    fn xattr_of(path: &Path, name: &str) -> Option<Vec<u8>> {
+        let p = CString::new(path.as_os_str().as_bytes()).unwrap();
+        let n = CString::new(name).unwrap();
+        let mut buf = [0u8; 256];
+        // SAFETY: valid C strings and a buffer of the given length.
+        let r =
+            unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        (r >= 0).then(|| buf[..r as usize].to_vec())
+    }
+
+    /// overlayfs reads `trusted.overlay.*` (root's layers) and `user.overlay.*` (an ordinary
+    /// user's) as instructions: a redirect, a metacopy, an opaque directory, a whiteout. A
+    /// layer from a registry may not give them: they are dropped, other attributes kept, and
+    /// the opaque marker that the unpacker itself makes for `.wh..wh..opq` stays.
+    #[test]
+    fn overlay_attributes_from_a_layer_are_dropped_and_others_kept() {
+        let t = tempfile::tempdir().unwrap();
+        let mut b = tar::Builder::new(Vec::new());
+        let planted: &[(&str, &[u8])] = &[
+            ("trusted.overlay.redirect", b"/etc/shadow"),
+            ("trusted.overlay.metacopy", b""),
+            ("trusted.overlay.opaque", b"y"),
+            ("user.overlay.redirect", b"/etc/shadow"),
+            ("user.overlay.metacopy", b""),
+            ("user.overlay.opaque", b"y"),
+            ("user.overlay.whiteout", b""),
+            ("user.kept", b"1"),
+        ];
+        append_xattrs(&mut b, planted);
+        append(&mut b, "file", b"x");
+        append_xattrs(&mut b, planted);
+        let mut h = header(tar::EntryType::Directory);
+        b.append_data(&mut h, "dir", &b""[..]).unwrap();
+        append(&mut b, "marked/.wh..wh..opq", b"");
+        let dest = t.path().join("layer");
+        fs::create_dir(&dest).unwrap();
+        unpack(&b.into_inner().unwrap()[..], &dest).unwrap();
+        // Attributes are restored at all (the test would pass on dropping everything).
+        assert_eq!(
+            xattr_of(&dest.join("file"), "user.kept"),
+            Some(b"1".to_vec())
+        );
+        for target in ["file", "dir"] {
+            for (name, _) in &planted[..planted.len() - 1] {
+                assert_eq!(xattr_of(&dest.join(target), name), None, "{target}: {name}");
+            }
+        }
+        assert!(is_opaque(&dest.join("marked")));
     }
 
     #[test]

@@ -4,12 +4,15 @@
 //! (see [`graph`] for what each hash covers). Layers are overlay upper directories; a sandbox's
 //! root is an overlay of them, mounted read-only, nothing copied.
 
+pub mod challenge;
 pub mod dockerfile;
+pub mod egress;
 pub mod graph;
 pub mod layer;
 pub mod lock;
 pub mod oci;
 pub mod progress;
+pub mod reference;
 pub mod rootmount;
 pub mod sandbox;
 pub mod statcache;
@@ -122,7 +125,9 @@ impl Source {
             Ok(Source::Archive { file, tag })
         } else {
             let r = text.strip_prefix("docker://").unwrap_or(text);
-            oci::Reference::parse(r).map(Source::Registry)
+            oci::Reference::parse(r)
+                .map(Source::Registry)
+                .map_err(|e| e.to_string())
         }
     }
 }

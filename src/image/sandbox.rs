@@ -54,7 +54,11 @@ pub fn graph_of(plan: &Plan) -> Option<Result<Graph, BuildError>> {
         Ok(None) => return None,
         Err(e) => return Some(Err(e)),
     };
-    let lock = lock::Lock::read(&plan.project).unwrap_or_default();
+    // A lock file that cannot be read is an error, never a build without its pins.
+    let lock = match lock::Lock::read(&plan.project) {
+        Ok(l) => l,
+        Err(e) => return Some(Err(e.into())),
+    };
     let o = options(plan, &def, &lock, &BTreeMap::new(), false);
     Some(graph::plan(&def, &o))
 }
@@ -253,7 +257,7 @@ pub fn prepare_run(
             help: "add `--backend bwrap` (or `backend \"bwrap\"` in sandbox.kdl)".into(),
         });
     }
-    let lock = lock::Lock::read(&plan.project).unwrap_or_default();
+    let lock = lock::Lock::read(&plan.project)?;
     let o = options(plan, &def, &lock, &BTreeMap::new(), false);
     let g: Graph = graph::plan(&def, &o)?;
     let config = match graph::load(&g.entry) {
