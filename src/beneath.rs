@@ -60,6 +60,11 @@ fn no_links(e: nix::Error, name: &OsStr) -> io::Error {
 }
 
 impl Dir {
+    /// The descriptor, for calls relative to this directory.
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        self.0.as_raw_fd()
+    }
+
     /// Open `root` (a path aisb chose; a link at its last component is refused all the same).
     pub fn open(root: &Path) -> io::Result<Dir> {
         open_at(

@@ -1217,3 +1217,63 @@ fn an_image_without_glibc_is_refused_with_a_reason() {
     assert_ne!(out.code, 0);
     assert!(out.stderr.contains("glibc-based image"), "{}", out.stderr);
 }
+
+/// COPY with several sources: an earlier one puts a link where a later one's directory goes
+/// (`a/x -> <host dir>`, then `b/x/evil`). The build refuses it; nothing is written or
+/// chmodded outside the layer (it wrote `evil` into the host directory and made it 0755, as
+/// root, before). ADD of an archive into such a path likewise.
+#[test]
+fn copy_never_writes_through_a_link_an_earlier_source_made() {
+    if !root_or_skip("images") {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    for add in [false, true] {
+        let p = Proj::new();
+        let host = p.dir.path().join("host-dir");
+        std::fs::create_dir_all(&host).unwrap();
+        std::fs::set_permissions(&host, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::create_dir_all(p.proj().join("a")).unwrap();
+        std::os::unix::fs::symlink(&host, p.proj().join("a/x")).unwrap();
+        let second = if add {
+            let src = p.dir.path().join("tar-src");
+            std::fs::create_dir_all(&src).unwrap();
+            std::fs::write(src.join("evil"), "evil").unwrap();
+            let ok = Command::new("tar")
+                .arg("-cf")
+                .arg(p.proj().join("evil.tar"))
+                .arg("-C")
+                .arg(&src)
+                .arg("evil")
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "tar");
+            "ADD evil.tar /d/x/\n"
+        } else {
+            p.write("b/x/evil", "evil");
+            "COPY a b /d/\n"
+        };
+        let first = if add { "COPY a /d/\n" } else { "" };
+        p.write("sandbox.kdl", "rootfs dockerfile=\"Dockerfile\"\n");
+        p.write("Dockerfile", &format!("FROM scratch\n{first}{second}"));
+        let (ok, _, err) = p.build(&[]);
+        assert!(
+            std::fs::read_dir(&host).unwrap().next().is_none(),
+            "[add={add}] the build wrote into the host directory: {err}"
+        );
+        assert_eq!(
+            std::fs::metadata(&host).unwrap().permissions().mode() & 0o7777,
+            0o700,
+            "[add={add}] the build changed the host directory's mode"
+        );
+        if add {
+            // The archive's destination resolves through the lower layer's link inside the
+            // image (as Docker does): it is built, and lands inside the layer.
+            assert!(ok, "[add] {err}");
+        } else {
+            assert!(!ok, "the build did not refuse the link");
+            assert!(err.contains("symbolic link"), "{err}");
+        }
+    }
+}

@@ -90,6 +90,8 @@ enum Action {
         chown: Option<String>,
         chmod: Option<u32>,
         add: bool,
+        /// What the graph hashed of the sources (`layer::hash_sources`): the copy must be it.
+        content: String,
     },
 }
 
@@ -513,6 +515,7 @@ pub fn plan(def: &Def, o: &Options) -> Result<Graph, BuildError> {
                         chown,
                         chmod: *chmod,
                         add: *add,
+                        content,
                     },
                 ));
                 parent = h;
@@ -787,12 +790,16 @@ fn fill(
             chown,
             chmod,
             add,
+            content,
         } => {
             let owner = match chown {
                 Some(c) => layer::user_ids(layers, c).map_err(|m| step_err(at, m, "--chown takes USER[:GROUP] as the image's /etc/passwd knows them, or numbers"))?,
                 None => (0, 0),
             };
             let into_dir = dest.ends_with('/') || srcs.len() > 1;
+            let root = crate::beneath::Dir::open(tmp)
+                .map_err(|e| step_err(at, e.to_string(), "check the store"))?;
+            let mut h = sha2::Sha256::new();
             for src in srcs {
                 let name = src.file_name().map(PathBuf::from).unwrap_or_default();
                 let is_dir = src.is_dir();
@@ -803,12 +810,12 @@ fn fill(
                 };
                 let rel = layer::resolve(layers, Path::new(&target))
                     .map_err(|e| step_err(at, e.to_string(), "fix the destination"))?;
-                let to = tmp.join(rel);
                 let archive = *add && !is_dir && is_tar(src);
+                h.update(b"source\0");
                 let r = if archive {
-                    fs::create_dir_all(&to).and_then(|()| layer::unpack(fs::File::open(src)?, &to))
+                    unpack_hashed(src, &root, tmp, &rel, &mut h)
                 } else {
-                    layer::copy_into(src, &to, owner, *chmod, &g.masked)
+                    layer::copy_into(src, &root, &rel, owner, *chmod, &g.masked, &mut h)
                 };
                 r.map_err(|e| {
                     step_err(
@@ -817,6 +824,13 @@ fn fill(
                         "check the source and destination",
                     )
                 })?;
+            }
+            if hex::encode(h.finalize()) != *content {
+                return Err(step_err(
+                    at,
+                    "the sources changed while they were copied: the layer is not what the graph hashed".to_string(),
+                    "build again once nothing writes them",
+                ));
             }
             Ok(())
         }
@@ -936,4 +950,54 @@ mod tests {
             );
         }
     }
+}
+
+/// ADD of a local archive: unpacked below the layer `root` (at `root_path`) at `rel`, its
+/// directory made without following a link (nothing else writes the layer meanwhile, and
+/// `layer::unpack` refuses links below it itself), `h` fed the archive's entry in
+/// `layer::hash_sources`' format from the very bytes unpacked.
+fn unpack_hashed(
+    src: &Path,
+    root: &crate::beneath::Dir,
+    root_path: &Path,
+    rel: &Path,
+    h: &mut sha2::Sha256,
+) -> std::io::Result<()> {
+    use std::io::Read;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(src)?;
+    let m = file.metadata()?;
+    if !m.is_file() {
+        return Err(std::io::Error::other(format!(
+            "{} is not a regular file",
+            src.display()
+        )));
+    }
+    root.dir(rel, true)?;
+    struct Tee<R> {
+        inner: R,
+        h: sha2::Sha256,
+    }
+    impl<R: Read> Read for Tee<R> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = self.inner.read(buf)?;
+            self.h.update(&buf[..n]);
+            Ok(n)
+        }
+    }
+    let mut tee = Tee {
+        inner: file,
+        h: sha2::Sha256::new(),
+    };
+    layer::unpack(&mut tee, &root_path.join(rel))?;
+    std::io::copy(&mut tee, &mut std::io::sink())?;
+    h.update(b"\0");
+    h.update(format!("{:o}\0", m.permissions().mode() & 0o7777).as_bytes());
+    h.update(b"f\0");
+    h.update(hex::encode(tee.h.finalize()).as_bytes());
+    h.update(b"\n");
+    Ok(())
 }

@@ -6,7 +6,7 @@ use std::ffi::CString;
 use std::fs;
 use std::io::{self, Read};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
 use sha2::{Digest, Sha256};
@@ -395,49 +395,138 @@ fn walk<'a>(
         }))
 }
 
-/// Copy `src` (a file or a directory's contents, recursively) to `dest` inside a new layer,
-/// owned by `owner`, with `chmod` instead of the sources' permission bits when given.
+/// Copy `src` (a file or a directory's contents, recursively) to `dest` below the new layer
+/// `root`, owned by `owner`, with `chmod` instead of the sources' permission bits when given.
+///
+/// The layer is written through `root`'s descriptor, no link followed (an earlier source may
+/// have put a link where a later one's directory goes: it is refused, never written through);
+/// each source file is opened once, without following a link, and `h` is fed what was copied
+/// in [`hash_sources`]'s format, so the caller can check that what went into the layer is
+/// what the graph hashed.
 pub fn copy_into(
     src: &Path,
+    root: &crate::beneath::Dir,
     dest: &Path,
     owner: (u32, u32),
     chmod: Option<u32>,
     masked: &Masked,
+    h: &mut Sha256,
 ) -> io::Result<()> {
+    use nix::fcntl::{openat, OFlag};
+    use nix::sys::stat::{fchmod, mkdirat, Mode};
+    use nix::unistd::{fchown, fchownat, symlinkat, unlinkat, Gid, Uid, UnlinkatFlags};
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let ids = (Some(Uid::from_raw(owner.0)), Some(Gid::from_raw(owner.1)));
+    // An ordinary user's build cannot give files away; they stay the caller's.
+    let chown_ok = |r: nix::Result<()>| match r {
+        Err(nix::Error::EPERM) => Ok(()),
+        r => r.map_err(io::Error::from),
+    };
+    let own = |fd: i32, mode: u32| -> io::Result<()> {
+        chown_ok(fchown(fd, ids.0, ids.1))?;
+        fchmod(fd, Mode::from_bits_truncate(mode)).map_err(io::Error::from)
+    };
     for e in walk(src, masked)? {
         let e = e.map_err(io::Error::from)?;
         let rel = e.path().strip_prefix(src).unwrap_or(Path::new(""));
+        let m = e.metadata().map_err(io::Error::from)?;
+        let ft = e.file_type();
+        let mode = chmod.unwrap_or(m.permissions().mode() & 0o7777);
+        h.update(rel.as_os_str().as_bytes());
+        h.update(b"\0");
+        h.update(format!("{:o}\0", m.permissions().mode() & 0o7777).as_bytes());
         let to = if rel.as_os_str().is_empty() {
             dest.to_path_buf()
         } else {
             dest.join(rel)
         };
-        let ft = e.file_type();
-        let mode =
-            chmod.unwrap_or(e.metadata().map_err(io::Error::from)?.permissions().mode() & 0o7777);
-        if let Some(p) = to.parent() {
-            fs::create_dir_all(p)?;
-        }
-        if ft.is_dir() {
-            fs::create_dir_all(&to)?;
-        } else if ft.is_symlink() {
-            let _ = fs::remove_file(&to);
-            std::os::unix::fs::symlink(fs::read_link(e.path())?, &to)?;
-        } else {
-            let _ = fs::remove_file(&to);
-            fs::copy(e.path(), &to)?;
-        }
-        std::os::unix::fs::lchown(&to, Some(owner.0), Some(owner.1)).or_else(|e| {
-            // An ordinary user's build cannot give files away; they stay the caller's.
-            if e.kind() == io::ErrorKind::PermissionDenied {
-                Ok(())
-            } else {
-                Err(e)
+        let Some(name) = to.file_name() else {
+            // The layer's root itself (a directory copied to `/`).
+            if ft.is_dir() {
+                h.update(b"d\n");
+                own(root.fd(), mode)?;
+                continue;
             }
-        })?;
-        if !ft.is_symlink() {
-            fs::set_permissions(&to, fs::Permissions::from_mode(mode))?;
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{}: a file cannot replace the image's root",
+                    e.path().display()
+                ),
+            ));
+        };
+        let dir = root.dir(to.parent().unwrap_or(Path::new("")), true)?;
+        if ft.is_dir() {
+            h.update(b"d\n");
+            match mkdirat(Some(dir.fd()), name, Mode::from_bits_truncate(0o700)) {
+                Ok(()) | Err(nix::Error::EEXIST) => {}
+                Err(e) => return Err(e.into()),
+            }
+            let d = dir.dir(Path::new(name), false)?;
+            own(d.fd(), mode)?;
+            continue;
         }
+        match unlinkat(Some(dir.fd()), name, UnlinkatFlags::NoRemoveDir) {
+            Ok(()) | Err(nix::Error::ENOENT) => {}
+            Err(e) => return Err(e.into()),
+        }
+        if ft.is_symlink() {
+            let target = fs::read_link(e.path())?;
+            h.update(b"l\0");
+            h.update(target.as_os_str().as_bytes());
+            h.update(b"\n");
+            symlinkat(&target, Some(dir.fd()), name)?;
+            chown_ok(fchownat(
+                Some(dir.fd()),
+                name,
+                ids.0,
+                ids.1,
+                nix::unistd::FchownatFlags::AT_SYMLINK_NOFOLLOW,
+            ))?;
+            continue;
+        }
+        if !ft.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} is not a file, directory or symlink", e.path().display()),
+            ));
+        }
+        let from = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(e.path())?;
+        if !from.metadata()?.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{} changed into something else while it was copied",
+                    e.path().display()
+                ),
+            ));
+        }
+        let fd = openat(
+            Some(dir.fd()),
+            name,
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o600),
+        )?;
+        // SAFETY: a new descriptor from `openat`.
+        let mut out = fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        let mut content = Sha256::new();
+        let mut buf = vec![0u8; 64 << 10];
+        let mut from = from;
+        loop {
+            let n = from.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            content.update(&buf[..n]);
+            io::Write::write_all(&mut out, &buf[..n])?;
+        }
+        h.update(b"f\0");
+        h.update(hex::encode(content.finalize()).as_bytes());
+        h.update(b"\n");
+        own(out.as_raw_fd(), mode)?;
     }
     Ok(())
 }
