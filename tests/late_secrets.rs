@@ -92,6 +92,7 @@ impl Project {
         std::fs::write(p.proj().join(".gitignore"), "build/\nlive-*\n").unwrap();
         std::fs::write(p.proj().join("sandbox.kdl"), "block \"*.dump\"\n").unwrap();
         std::fs::write(p.proj().join("README"), "hello\n").unwrap();
+        std::fs::write(p.proj().join("notes.txt"), "shared notes\n").unwrap();
         p.git(&["init", "-q"]);
         p.git(&["add", "-A"]);
         p.git(&["commit", "-qm", "init"]);
@@ -184,8 +185,9 @@ fn timeline(out: &str, path: &str) -> Vec<(String, i128)> {
 }
 
 /// One late secret: `hidden` is what the monitor must see in the end (`denied` for a masked
-/// file, `missing` for a file in a masked directory). Returns the window in ns: from the host's
-/// write to the last change the monitor saw.
+/// file, `missing` for a file in a masked directory), and it must have got there within the
+/// deadline. Returns the window in ns: from the host's write to the last time the monitor
+/// could read it (0: never).
 fn assert_masked(
     out: &Out,
     label: &str,
@@ -205,13 +207,15 @@ fn assert_masked(
         end_ns - written_ns > 2 * DEADLINE_NS,
         "[{label}] the monitor stopped too early to tell"
     );
-    let window = at - written_ns;
     assert!(
-        window < DEADLINE_NS,
+        at - written_ns < DEADLINE_NS,
         "[{label}] {path}: hidden only {} ms after the host wrote it; timeline {t:?}",
-        window / 1_000_000
+        (at - written_ns) / 1_000_000
     );
-    window
+    // Readable from the change into a readable state until the mask: the race.
+    t.iter()
+        .position(|(s, _)| s.starts_with("readable"))
+        .map_or(0, |i| t[i + 1].1 - written_ns)
 }
 
 /// Each case: the path the monitor reads, and what the host does.
@@ -231,6 +235,7 @@ fn late_secrets_are_masked_within_100ms() {
             "new/deeper/.env",
             ".aws/credentials",
             "build/out.txt",
+            "notes.txt",
         ];
         let mut child = p
             .aisb()
@@ -276,6 +281,13 @@ fn late_secrets_are_masked_within_100ms() {
         p.host_write(".aws/credentials", "aws_secret\n");
         std::thread::sleep(gap);
 
+        // A symlink with a secret's name: what it points to in the project is masked, as the
+        // start-up masks do (the runtimes follow it).
+        written.push(now_ns());
+        std::os::unix::fs::symlink("notes.txt", p.proj().join(".env.alias")).unwrap();
+        p.give(&p.proj().join(".env.alias"));
+        std::thread::sleep(gap);
+
         // A gitignored build output: not a secret, stays readable.
         p.host_write("build/out.txt", "artifact\n");
         std::thread::sleep(Duration::from_millis(300));
@@ -294,6 +306,16 @@ fn late_secrets_are_masked_within_100ms() {
         };
         assert_eq!(out.code, 0, "[{label}] {}\n{}", out.stdout, out.stderr);
         assert!(started.elapsed() < Duration::from_secs(10));
+        // The helper that masked inside ended with the run.
+        let helpers = Command::new("pgrep")
+            .args(["-f", &format!("__mask [0-9]+ {}$", p.proj().display())])
+            .output()
+            .unwrap();
+        assert!(
+            helpers.stdout.is_empty(),
+            "[{label}] a mask helper outlived the run: {}",
+            String::from_utf8_lossy(&helpers.stdout)
+        );
         let end: i128 = out.value("end").unwrap().parse().unwrap();
 
         let cases = [
@@ -302,6 +324,7 @@ fn late_secrets_are_masked_within_100ms() {
             ("db.dump", "denied"),
             ("new/deeper/.env", "denied"),
             (".aws/credentials", "missing"),
+            ("notes.txt", "denied"),
         ];
         let mut windows = Vec::new();
         for ((path, hidden), at) in cases.iter().zip(&written) {
@@ -314,7 +337,7 @@ fn late_secrets_are_masked_within_100ms() {
             "[{label}] the gitignored build output: {build:?}"
         );
         eprintln!(
-            "[{label}] ms from the host's write to masked inside: {:?} ({} reads)",
+            "[{label}] ms readable inside after the host's write: {:?} ({} reads)",
             windows
                 .iter()
                 .map(|w| format!("{:.2}", *w as f64 / 1e6))
@@ -336,6 +359,7 @@ fn late_secrets_are_masked_within_100ms() {
             ("db.dump", "block \"*.dump\""),
             ("new/deeper/.env", "sensitive \".env\""),
             (".aws", "sensitive \".aws/\""),
+            (".env.alias", "sensitive \".env.*\""),
         ] {
             let want = p.proj().join(path);
             assert!(
@@ -351,6 +375,108 @@ fn late_secrets_are_masked_within_100ms() {
                 .iter()
                 .any(|e| e["path"].as_str().is_some_and(|p| p.contains("build"))),
             "[{label}] the build output was masked: {events:?}"
+        );
+    }
+}
+
+/// Named sandboxes are immune by construction: they work in a clone, which untracked files of
+/// the host repository never enter. A `.env.local` written into the repository while one runs
+/// is never visible inside (and there is nothing for the live layer to mask).
+#[test]
+fn a_named_sandbox_never_sees_what_the_host_writes_into_the_repository() {
+    if !privileged() {
+        return;
+    }
+    for (backend, user) in matrix() {
+        let who = user.map_or("root".to_string(), |(uid, _)| uid.to_string());
+        let label = format!("{backend} {who}");
+        let p = Project::new(user);
+        let mut child = p
+            .aisb()
+            .args(["run", "--backend", backend, "--sandbox", "late", "--"])
+            .args(["python3", "-c", MONITOR, ".env.local", "README"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        assert_eq!(line, "started\n", "[{label}] the sandbox did not start");
+        p.host_write(".env.local", "LATE_SECRET=1\n");
+        std::thread::sleep(Duration::from_millis(300));
+        // The stop marker goes where the sandbox works: its clone (the repository is not it).
+        let plan = Out::from(
+            p.aisb()
+                .args(["plan", "--json", "--sandbox", "late"])
+                .output()
+                .unwrap(),
+        );
+        let v: serde_json::Value = serde_json::from_str(&plan.stdout).unwrap();
+        let clone = PathBuf::from(v["state_dir"].as_str().unwrap()).join("clone");
+        std::fs::write(clone.join("live-stop"), "").unwrap();
+        let status = child.wait().unwrap();
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+        assert_eq!(status.code(), Some(0), "[{label}] {rest}\n{stderr}");
+        let seen = timeline(&rest, ".env.local");
+        assert!(
+            seen.iter().all(|(s, _)| s == "missing"),
+            "[{label}] the host's .env.local reached the named sandbox: {seen:?}"
+        );
+        // The same monitor does see the clone's own files.
+        assert_eq!(
+            timeline(&rest, "README").last().map(|(s, _)| s.as_str()),
+            Some("readable:hello"),
+            "[{label}] {rest}"
+        );
+    }
+}
+
+/// The tests of the tests: with the live layer deliberately off
+/// (`AISB_TEST_BREAK_ISOLATION=late-secrets`), the same late `.env.local` stays readable, so
+/// `late_secrets_are_masked_within_100ms` would fail on a build without the layer.
+#[test]
+fn without_the_live_layer_a_late_secret_stays_readable() {
+    if !privileged() {
+        return;
+    }
+    for backend in BACKENDS {
+        let p = Project::new(None);
+        let mut child = p
+            .aisb()
+            .env("AISB_TEST_BREAK_ISOLATION", "late-secrets")
+            .args(["run", "--backend", backend, "--", "python3", "-c", MONITOR])
+            .arg(".env.local")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        assert_eq!(line, "started\n", "[{backend}] the sandbox did not start");
+        std::thread::sleep(Duration::from_millis(200));
+        p.host_write(".env.local", "LATE_SECRET=1\n");
+        std::thread::sleep(Duration::from_millis(300));
+        p.host_write("live-stop", "");
+        let out = Out::from(child.wait_with_output().unwrap());
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+        assert_eq!(out.code, 0, "[{backend}] {}", out.stderr);
+        assert!(
+            out.stderr.contains("late-secrets"),
+            "[{backend}] no warning: {}",
+            out.stderr
+        );
+        assert_eq!(
+            timeline(&rest, ".env.local")
+                .last()
+                .map(|(s, _)| s.as_str()),
+            Some("readable:LATE_SECRET=1"),
+            "[{backend}] {rest}"
         );
     }
 }

@@ -4,6 +4,7 @@
 mod bwrap;
 pub(crate) mod console;
 mod libcontainer;
+pub mod live;
 pub mod net;
 pub mod rootless;
 
@@ -45,6 +46,9 @@ pub enum RuntimeError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Rootless(#[from] rootless::RootlessError),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Live(#[from] live::LiveError),
     #[error("{what}: {source}")]
     #[diagnostic(help("check that the sandbox state directory is writable"))]
     Io {
@@ -131,6 +135,9 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
         .join("state.json")
         .exists()
         .then(|| plan.state_dir.join(INIT_PID_FILE));
+    // Secrets written into the project while the sandbox runs (see `live`); started before
+    // the sandbox, so the project is walked while the runtime sets it up.
+    let mut live: Option<live::Live>;
     let exit_code = match backend {
         // bwrap needs no bundle on disk: the spec goes straight into its arguments, and it
         // hands the sandbox our terminal as it is.
@@ -163,12 +170,14 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
                     _ => None,
                 })
                 .collect();
+            live = live::Live::start(plan, &exe)?;
             bwrap::run(
                 &spec,
                 symlinks,
                 interactive,
                 pid_file.as_deref(),
                 root_mount,
+                live.as_mut(),
             )?
         }
         // libcontainer reads `config.json` from a bundle; it also needs a pseudo-terminal of
@@ -201,6 +210,7 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
                 proxy.as_ref().map(|p| p.dir.as_path()),
             )?;
             let id = format!("aisb-{}", std::process::id());
+            live = live::Live::start(plan, &exe)?;
             libcontainer::run(
                 &exe,
                 &guard.0,
@@ -210,9 +220,11 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
                 terminal,
                 pid_file.as_deref(),
                 root_mount,
+                live.as_mut(),
             )?
         }
     };
+    let late = live.map_or(Ok(()), live::Live::finish);
     if let Some(f) = &pid_file {
         let _ = std::fs::remove_file(f);
     }
@@ -223,6 +235,7 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
             duration_ms: start.elapsed().as_millis() as u64,
         });
     }
+    late?;
     Ok(Summary::new(plan, backend, exit_code, start))
 }
 
