@@ -4,7 +4,7 @@
 //! path, or watch this new directory and look at what is already in it.
 
 use std::collections::{HashMap, HashSet};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, UNIX_EPOCH};
@@ -46,8 +46,6 @@ pub struct Tree {
     /// Paths masked at start: never walked into, never asked for again by the walk.
     start_masked: HashSet<Vec<u8>>,
     dirs: HashMap<i32, Vec<u8>>,
-    /// (device, inode) of what was masked: an event for the same file again asks nothing.
-    masked: HashSet<(u64, u64)>,
 }
 
 fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
@@ -83,7 +81,6 @@ impl Tree {
             rules,
             start_masked,
             dirs: HashMap::new(),
-            masked: HashSet::new(),
         })
     }
 
@@ -186,15 +183,11 @@ impl Tree {
         Ok(())
     }
 
-    /// Ask for a mask unless this very file was masked already.
+    /// Ask for a mask. Every event is a new directory entry (the old one's mask went with it),
+    /// so nothing is skipped: a file the walk and an event both report is masked twice, which
+    /// stacks a second identical mount and hides nothing more. (Skipping a (device, inode)
+    /// seen before would miss a new file that reuses a freed inode number.)
     fn ask(&mut self, rel: Vec<u8>, rule: String, dir: bool, out: &mut Vec<Request>) {
-        if let Ok(fd) = self.open_beneath(&rel, OFlags::PATH) {
-            if let Ok(st) = rustix::fs::fstat(fd.as_fd()) {
-                if !self.masked.insert((st.st_dev, st.st_ino)) {
-                    return;
-                }
-            }
-        }
         out.push(Request { rel, rule, dir });
     }
 
@@ -430,6 +423,21 @@ mod tests {
             again.contains(&(".env".into(), "sensitive \".env\"".into(), false)),
             "{again:?}"
         );
+    }
+
+    #[test]
+    fn a_file_deleted_and_created_again_is_asked_for_again() {
+        // ext4 hands the freed inode number to the next file: nothing may be keyed on it.
+        let d = tempfile::tempdir().unwrap();
+        let proj = d.path();
+        let mut t = Tree::new(proj, rules(SystemTime::now()), HashSet::new()).unwrap();
+        t.walk(b"", false, &AtomicBool::new(false), &mut Vec::new())
+            .unwrap();
+        for _ in 0..3 {
+            std::fs::write(proj.join(".env.late"), "x").unwrap();
+            assert_eq!(drain(&mut t).len(), 1);
+            std::fs::remove_file(proj.join(".env.late")).unwrap();
+        }
     }
 
     #[test]
