@@ -57,6 +57,10 @@ pub fn serve(mnt: OwnedFd, project: &Path) -> i32 {
     drop(mnt);
     let mut stdin = std::io::stdin().lock();
     let mut stdout = std::io::stdout().lock();
+    // The host side waits for this: a helper that could not join is known at once.
+    if stdout.write_all(b"ready\n").and_then(|()| stdout.flush()).is_err() {
+        return 0;
+    }
     let mut rel = Vec::new();
     loop {
         rel.clear();
@@ -256,11 +260,20 @@ impl Masker {
         let mut child = cmd.spawn()?;
         let requests = child.stdin.take().ok_or(std::io::ErrorKind::BrokenPipe)?;
         let answers = BufReader::new(child.stdout.take().ok_or(std::io::ErrorKind::BrokenPipe)?);
-        Ok(Masker {
+        let mut masker = Masker {
             child,
             requests,
             answers,
-        })
+        };
+        let mut line = String::new();
+        masker.answers.read_line(&mut line)?;
+        if line != "ready\n" {
+            let status = masker.child.wait()?;
+            return Err(std::io::Error::other(format!(
+                "it could not join the sandbox ({status}; its reason is above)"
+            )));
+        }
+        Ok(masker)
     }
 
     /// Mask `rel` inside; an error says why it could not be.

@@ -139,13 +139,20 @@ impl Live {
             audit: crate::audit::Log::open(&plan.state_dir.join("audit.jsonl")).ok(),
             stopping: stopping.clone(),
         };
+        // Signals meant for the sandbox must never land on the watcher (SIGTERM's default
+        // action would end aisb): it starts with all of them blocked, from its first instant.
+        let all = nix::sys::signal::SigSet::all();
+        let before = all.thread_swap_mask(nix::sys::signal::SigmaskHow::SIG_BLOCK);
         let thread = std::thread::Builder::new()
             .name("aisb-live-masks".into())
-            .spawn(move || watcher.run(stop_r, ready_r, pid_rx))
-            .map_err(|source| LiveError::Watch {
-                what: "starting the watcher".into(),
-                source,
-            })?;
+            .spawn(move || watcher.run(stop_r, ready_r, pid_rx));
+        if let Ok(before) = before {
+            let _ = before.thread_set_mask();
+        }
+        let thread = thread.map_err(|source| LiveError::Watch {
+            what: "starting the watcher".into(),
+            source,
+        })?;
         Ok(Some(Live {
             stopping,
             stop: Some(stop_w),
@@ -312,26 +319,51 @@ impl Watcher {
         let Some(pid) = rustix::process::Pid::from_raw(init) else {
             return Ok(None);
         };
-        let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
-            .map_err(|e| err("finding the sandbox's init")(e.into()))?;
-        let mnt: OwnedFd = std::fs::File::open(format!("/proc/{init}/ns/mnt"))
-            .map_err(err("opening the sandbox's mount namespace"))?
-            .into();
+        // A sandbox that already ended (a short command) needs no mask: not an error.
+        let Ok(pidfd) = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
+        else {
+            return Ok(None);
+        };
+        // libcontainer reports the init before it has executed aisb's init: until then it is
+        // libcontainer's own non-dumpable process, whose namespaces an ordinary user may not
+        // open (EACCES). The exec follows within milliseconds; wait for it, boundedly.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let mnt: OwnedFd = loop {
+            match std::fs::File::open(format!("/proc/{init}/ns/mnt")) {
+                Ok(f) => break f.into(),
+                // ENOENT: exiting (its namespaces go before the pidfd says so) or gone.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound || readable(&pidfd) => {
+                    return Ok(None)
+                }
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::PermissionDenied
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(e) => {
+                    let _ =
+                        rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
+                    return Err(err("opening the sandbox's mount namespace")(e));
+                }
+            }
+        };
         // The pid still names the same process (a pidfd becomes readable when it exits).
         if readable(&pidfd) {
             return Ok(None);
         }
-        let masker = match Masker::spawn(&self.exe, &mnt, &self.inside) {
-            Ok(m) => m,
+        match Masker::spawn(&self.exe, &mnt, &self.inside) {
+            Ok(masker) => Ok(Some(Joined {
+                init: pidfd,
+                masker,
+            })),
+            Err(_) if readable(&pidfd) => Ok(None),
             Err(e) => {
+                // Fail closed: no way to mask what appears later.
                 let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
-                return Err(err("starting the mask helper")(e));
+                Err(err("starting the mask helper in the sandbox")(e))
             }
-        };
-        Ok(Some(Joined {
-            init: pidfd,
-            masker,
-        }))
+        }
     }
 
     fn apply(&self, masker: &mut Masker, r: &Request) -> Result<(), LiveError> {
