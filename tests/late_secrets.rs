@@ -236,6 +236,7 @@ fn late_secrets_are_masked_within_100ms() {
             ".aws/credentials",
             "build/out.txt",
             "notes.txt",
+            ".env.early",
         ];
         let mut child = p
             .aisb()
@@ -245,6 +246,9 @@ fn late_secrets_are_masked_within_100ms() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
+        // While the sandbox starts: before or after the scan, before or after the watcher's
+        // first walk, before its helper joined; masked in the end whichever it was.
+        p.host_write(".env.early", "EARLY=1\n");
         let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
         stdout.read_line(&mut line).unwrap();
@@ -330,6 +334,12 @@ fn late_secrets_are_masked_within_100ms() {
         for ((path, hidden), at) in cases.iter().zip(&written) {
             windows.push(assert_masked(&out, &label, path, *at, hidden, end));
         }
+        let early = timeline(&out.stdout, ".env.early");
+        assert_eq!(
+            early.last().map(|(s, _)| s.as_str()),
+            Some("denied"),
+            "[{label}] a secret written while the sandbox started: {early:?}"
+        );
         let build = timeline(&out.stdout, "build/out.txt");
         assert_eq!(
             build.last().map(|(s, _)| s.as_str()),

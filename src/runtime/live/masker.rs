@@ -58,7 +58,11 @@ pub fn serve(mnt: OwnedFd, project: &Path) -> i32 {
     let mut stdin = std::io::stdin().lock();
     let mut stdout = std::io::stdout().lock();
     // The host side waits for this: a helper that could not join is known at once.
-    if stdout.write_all(b"ready\n").and_then(|()| stdout.flush()).is_err() {
+    if stdout
+        .write_all(b"ready\n")
+        .and_then(|()| stdout.flush())
+        .is_err()
+    {
         return 0;
     }
     let mut rel = Vec::new();

@@ -207,8 +207,17 @@ impl Drop for Live {
 /// helper in its namespaces.
 struct Joined {
     init: OwnedFd,
-    masker: Masker,
+    mnt: OwnedFd,
+    /// Started at the first mask, or once the sandbox has run for [`PRESPAWN`].
+    masker: Option<Masker>,
+    since: std::time::Instant,
 }
+
+/// How long a sandbox runs before its mask helper is started ahead of need. A helper is an
+/// exec of aisb (milliseconds of CPU): a short command (`aisb run -- make -q`) ends before it
+/// would be any use, and would otherwise pay for it; a secret that appears in this first moment
+/// waits for the helper's start.
+const PRESPAWN: Duration = Duration::from_millis(25);
 
 struct Watcher {
     tree: Tree,
@@ -237,10 +246,31 @@ impl Watcher {
         let mut joined: Option<Joined> = None;
         loop {
             if let Some(j) = &mut joined {
-                for r in pending.drain(..) {
-                    if let Err(e) = self.apply(&mut j.masker, &r) {
-                        failure.get_or_insert(e);
-                        break;
+                let due = !pending.is_empty() || j.since.elapsed() >= PRESPAWN;
+                if j.masker.is_none() && due && failure.is_none() {
+                    match Masker::spawn(&self.exe, &j.mnt, &self.inside) {
+                        Ok(m) => j.masker = Some(m),
+                        Err(_) if readable(&j.init) => {
+                            // It ended: nothing left to protect.
+                            joined = None;
+                            ready = None;
+                            pending.clear();
+                            continue;
+                        }
+                        Err(e) => {
+                            failure = Some(LiveError::Watch {
+                                what: "starting the mask helper in the sandbox".into(),
+                                source: e,
+                            });
+                        }
+                    }
+                }
+                if let Some(m) = &mut j.masker {
+                    for r in pending.drain(..) {
+                        if let Err(e) = self.apply(m, &r) {
+                            failure.get_or_insert(e);
+                            break;
+                        }
                     }
                 }
             }
@@ -264,7 +294,16 @@ impl Watcher {
             if let Some(r) = &ready {
                 fds.push(PollFd::new(r, PollFlags::IN));
             }
-            match poll(&mut fds, None) {
+            // Wake up to start the helper ahead of need (see PRESPAWN).
+            let timeout = joined
+                .as_ref()
+                .filter(|j| j.masker.is_none())
+                .map(|j| PRESPAWN.saturating_sub(j.since.elapsed()))
+                .map(|d| rustix::time::Timespec {
+                    tv_sec: d.as_secs() as _,
+                    tv_nsec: d.subsec_nanos() as _,
+                });
+            match poll(&mut fds, timeout.as_ref()) {
                 Ok(_) | Err(rustix::io::Errno::INTR) => {}
                 Err(e) => {
                     return Err(LiveError::Watch {
@@ -296,7 +335,7 @@ impl Watcher {
         }
     }
 
-    /// The sandbox said it is complete: find its init, join it with the helper.
+    /// The sandbox said it is complete: find its init and its mount namespace.
     fn join(&self, ready: &OwnedFd, pid: &Receiver<i32>) -> Result<Option<Joined>, LiveError> {
         let err = |what: &str| {
             let what = what.to_string();
@@ -352,18 +391,12 @@ impl Watcher {
         if readable(&pidfd) {
             return Ok(None);
         }
-        match Masker::spawn(&self.exe, &mnt, &self.inside) {
-            Ok(masker) => Ok(Some(Joined {
-                init: pidfd,
-                masker,
-            })),
-            Err(_) if readable(&pidfd) => Ok(None),
-            Err(e) => {
-                // Fail closed: no way to mask what appears later.
-                let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
-                Err(err("starting the mask helper in the sandbox")(e))
-            }
-        }
+        Ok(Some(Joined {
+            init: pidfd,
+            mnt,
+            masker: None,
+            since: std::time::Instant::now(),
+        }))
     }
 
     fn apply(&self, masker: &mut Masker, r: &Request) -> Result<(), LiveError> {
