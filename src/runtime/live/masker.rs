@@ -239,9 +239,15 @@ pub struct Masker {
 
 impl Masker {
     /// Start `exe __mask` for the sandbox whose mount namespace is `mnt`; `project`: where the
-    /// project is inside.
-    pub fn spawn(exe: &Path, mnt: &OwnedFd, project: &Path) -> std::io::Result<Masker> {
+    /// project is inside. `hold`: a descriptor the helper only keeps open (see the caller).
+    pub fn spawn(
+        exe: &Path,
+        mnt: &OwnedFd,
+        project: &Path,
+        hold: &OwnedFd,
+    ) -> std::io::Result<Masker> {
         let fd = mnt.as_raw_fd();
+        let held = hold.as_raw_fd();
         let mut cmd = Command::new(exe);
         cmd.arg("__mask")
             .arg(fd.to_string())
@@ -253,8 +259,10 @@ impl Masker {
         unsafe {
             std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
                 // The namespace descriptor is the helper's to keep across exec.
-                if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
-                    return Err(std::io::Error::last_os_error());
+                for keep in [fd, held] {
+                    if libc::fcntl(keep, libc::F_SETFD, 0) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
                 }
                 // Tied to the watcher thread that starts it: it ends with the watcher.
                 nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
@@ -303,8 +311,10 @@ impl Masker {
 }
 
 impl Drop for Masker {
+    /// Killed, not waited for: its end releases the sandbox's mount namespace and the inotify
+    /// instance, which waits for the kernel (RCU); aisb exits meanwhile, and the init of the
+    /// host reaps it.
     fn drop(&mut self) {
         let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }

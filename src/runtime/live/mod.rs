@@ -17,12 +17,12 @@
 //! when its watch arrives, which this layer must look at. The watcher is one thread that
 //! sleeps in `poll` (no polling), and ends with the run.
 //!
-//! Order of events: the watcher starts before the sandbox (walking the project while the
-//! runtime sets the sandbox up), and the masking helper joins the sandbox only when it is
-//! complete: bwrap reports its child's pid before that child has mounted anything, so aisb's
-//! init writes a byte on a pipe once the runtime's mounts and its own overlays are done;
-//! libcontainer's helper writes the init's pid once the container started. Masks asked for
-//! before then are applied at that moment.
+//! Order of events: the helper may join the sandbox only once it is complete: bwrap reports its
+//! child's pid before that child has mounted anything, so aisb's init writes a byte on a pipe
+//! once the runtime's mounts and its own overlays are done; libcontainer's helper writes the
+//! init's pid once the container started. The watcher then waits [`DEFER`] more (short
+//! commands end first and pay nothing), walks the project, adding watches and asking for what
+//! appeared since the scan began, and starts the helper.
 //!
 //! Fail closed: when the project cannot be watched (e.g. `fs.inotify.max_user_watches`) or a
 //! path cannot be masked, the sandbox is stopped and the run fails with the reason.
@@ -111,9 +111,8 @@ fn pipe(what: &str) -> Result<(OwnedFd, OwnedFd), LiveError> {
 }
 
 impl Live {
-    /// Start watching for `plan`, or `None` when it has no live layer. Returns once inotify
-    /// is set up (so its errors stop the run before the sandbox starts); the project is walked
-    /// in the background.
+    /// Start the layer for `plan`, or `None` when it has none. The watcher thread waits for
+    /// the sandbox to be complete, then for [`DEFER`], before it sets anything up.
     pub fn start(plan: &Plan, exe: &Path) -> Result<Option<Live>, LiveError> {
         let (Some(rules), Some((host, inside))) = (plan.live.clone(), watched(plan)) else {
             return Ok(None);
@@ -124,16 +123,14 @@ impl Live {
             .filter_map(|m| m.path.strip_prefix(&inside).ok())
             .map(|rel| rel.as_os_str().as_encoded_bytes().to_vec())
             .collect();
-        let tree = Tree::new(&host, rules, start_masked).map_err(|source| LiveError::Watch {
-            what: format!("watching {}", host.display()),
-            source,
-        })?;
         let (stop_r, stop_w) = pipe("a pipe")?;
         let (ready_r, ready_w) = pipe("a pipe")?;
         let (pid_tx, pid_rx) = channel();
         let stopping = Arc::new(AtomicBool::new(false));
         let watcher = Watcher {
-            tree,
+            host,
+            rules,
+            start_masked,
             exe: exe.to_path_buf(),
             inside,
             audit: crate::audit::Log::open(&plan.state_dir.join("audit.jsonl")).ok(),
@@ -203,24 +200,18 @@ impl Drop for Live {
     }
 }
 
-/// The joined sandbox: its init (a pidfd: never another process that got the pid) and the
-/// helper in its namespaces.
-struct Joined {
-    init: OwnedFd,
-    mnt: OwnedFd,
-    /// Started at the first mask, or once the sandbox has run for [`PRESPAWN`].
-    masker: Option<Masker>,
-    since: std::time::Instant,
-}
-
-/// How long a sandbox runs before its mask helper is started ahead of need. A helper is an
-/// exec of aisb (milliseconds of CPU): a short command (`aisb run -- make -q`) ends before it
-/// would be any use, and would otherwise pay for it; a secret that appears in this first moment
-/// waits for the helper's start.
-const PRESPAWN: Duration = Duration::from_millis(25);
+/// How long the sandbox runs before the layer is set up. Short commands (`aisb run -- make -q`)
+/// end before and pay nothing: closing an inotify descriptor that had watches waits for an
+/// SRCU grace period in the kernel (~12 ms measured here), and the helper is an exec of aisb.
+/// Nothing is missed meanwhile: the first walk looks at every directory changed since the
+/// project scan began, so a secret written in this moment is masked by it, this long after the
+/// sandbox started at most (plus the walk).
+const DEFER: Duration = Duration::from_millis(25);
 
 struct Watcher {
-    tree: Tree,
+    host: PathBuf,
+    rules: crate::eval::plan::LiveRules,
+    start_masked: HashSet<Vec<u8>>,
     exe: PathBuf,
     inside: PathBuf,
     audit: Option<crate::audit::Log>,
@@ -232,146 +223,129 @@ fn readable(fd: &OwnedFd) -> bool {
     poll(&mut fds, Some(&rustix::time::Timespec::default())).is_ok_and(|n| n > 0)
 }
 
+fn kill(init: &OwnedFd) {
+    let _ = rustix::process::pidfd_send_signal(init, rustix::process::Signal::KILL);
+}
+
 impl Watcher {
-    fn run(mut self, stop: OwnedFd, ready: OwnedFd, pid: Receiver<i32>) -> Result<(), LiveError> {
-        let mut pending: Vec<Request> = Vec::new();
-        let mut failure: Option<LiveError> = None;
-        if let Err(source) = self.tree.walk(b"", false, &self.stopping, &mut pending) {
-            failure = Some(LiveError::Watch {
-                what: "walking the project".into(),
-                source,
-            });
+    fn run(self, stop: OwnedFd, ready: OwnedFd, pid: Receiver<i32>) -> Result<(), LiveError> {
+        let Some((init, pid)) = self.wait_ready(&stop, ready, &pid)? else {
+            return Ok(());
+        };
+        if self.wait(&[&stop], Some(DEFER)) {
+            return Ok(());
         }
-        let mut ready = Some(ready);
-        let mut joined: Option<Joined> = None;
-        loop {
-            if let Some(j) = &mut joined {
-                let due = !pending.is_empty() || j.since.elapsed() >= PRESPAWN;
-                if j.masker.is_none() && due && failure.is_none() {
-                    match Masker::spawn(&self.exe, &j.mnt, &self.inside) {
-                        Ok(m) => j.masker = Some(m),
-                        Err(_) if readable(&j.init) => {
-                            // It ended: nothing left to protect.
-                            joined = None;
-                            ready = None;
-                            pending.clear();
-                            continue;
-                        }
-                        Err(e) => {
-                            failure = Some(LiveError::Watch {
-                                what: "starting the mask helper in the sandbox".into(),
-                                source: e,
-                            });
-                        }
-                    }
-                }
-                if let Some(m) = &mut j.masker {
-                    for r in pending.drain(..) {
-                        if let Err(e) = self.apply(m, &r) {
-                            failure.get_or_insert(e);
-                            break;
-                        }
-                    }
-                }
-            }
-            if let Some(f) = failure.take() {
-                if let Some(j) = &joined {
-                    // Fail closed: the sandbox must not go on while it can read a secret.
-                    let _ =
-                        rustix::process::pidfd_send_signal(&j.init, rustix::process::Signal::KILL);
-                    return Err(f);
-                }
-                if ready.is_none() {
-                    return Err(f);
-                }
-                // Not joined yet: stopped as soon as it is complete.
-                failure = Some(f);
-            }
-            let mut fds = vec![PollFd::new(&stop, PollFlags::IN)];
-            if failure.is_none() {
-                fds.push(PollFd::new(self.tree.inotify(), PollFlags::IN));
-            }
-            if let Some(r) = &ready {
-                fds.push(PollFd::new(r, PollFlags::IN));
-            }
-            // Wake up to start the helper ahead of need (see PRESPAWN).
-            let timeout = joined
-                .as_ref()
-                .filter(|j| j.masker.is_none())
-                .map(|j| PRESPAWN.saturating_sub(j.since.elapsed()))
-                .map(|d| rustix::time::Timespec {
-                    tv_sec: d.as_secs() as _,
-                    tv_nsec: d.subsec_nanos() as _,
-                });
-            match poll(&mut fds, timeout.as_ref()) {
-                Ok(_) | Err(rustix::io::Errno::INTR) => {}
-                Err(e) => {
-                    return Err(LiveError::Watch {
-                        what: "waiting for events".into(),
-                        source: e.into(),
-                    })
-                }
-            }
-            drop(fds);
-            if self.stopping.load(Ordering::Relaxed) || readable(&stop) {
-                return failure.map_or(Ok(()), Err);
-            }
-            if let Some(r) = ready.take_if(|r| readable(r)) {
-                match self.join(&r, &pid) {
-                    Ok(j) => joined = j,
-                    Err(e) => {
-                        failure.get_or_insert(e);
-                    }
-                }
-            }
-            if failure.is_none() && readable(self.tree.inotify()) {
-                if let Err(source) = self.tree.events(&self.stopping, &mut pending) {
-                    failure = Some(LiveError::Watch {
-                        what: "reading inotify events".into(),
-                        source,
-                    });
-                }
-            }
+        let result = self.watch(&stop, &init, pid);
+        if result.is_err() {
+            // Fail closed: the sandbox must not go on while it could read a secret.
+            kill(&init);
         }
+        result
     }
 
-    /// The sandbox said it is complete: find its init and its mount namespace.
-    fn join(&self, ready: &OwnedFd, pid: &Receiver<i32>) -> Result<Option<Joined>, LiveError> {
-        let err = |what: &str| {
-            let what = what.to_string();
-            move |source: std::io::Error| LiveError::Watch { what, source }
+    /// Sleep until one of `fds` is readable (true) or `timeout` passes (false); true too when
+    /// the run is stopping.
+    fn wait(&self, fds: &[&OwnedFd], timeout: Option<Duration>) -> bool {
+        let mut polled: Vec<PollFd> = fds.iter().map(|f| PollFd::new(*f, PollFlags::IN)).collect();
+        let timeout = timeout.map(|d| rustix::time::Timespec {
+            tv_sec: d.as_secs() as _,
+            tv_nsec: d.subsec_nanos() as _,
+        });
+        let woken = loop {
+            match poll(&mut polled, timeout.as_ref()) {
+                Err(rustix::io::Errno::INTR) => continue,
+                Ok(n) => break n > 0,
+                Err(_) => break true,
+            }
         };
+        woken || self.stopping.load(Ordering::Relaxed)
+    }
+
+    /// The sandbox said it is complete: its init, as a pidfd (never another process that got
+    /// the pid). `None`: the run stopped, or the sandbox ended first.
+    fn wait_ready(
+        &self,
+        stop: &OwnedFd,
+        ready: OwnedFd,
+        pid: &Receiver<i32>,
+    ) -> Result<Option<(OwnedFd, i32)>, LiveError> {
+        if !self.wait(&[stop, &ready], None)
+            || readable(stop)
+            || self.stopping.load(Ordering::Relaxed)
+        {
+            return Ok(None);
+        }
         let mut buf = [0u8; 32];
-        let n = nix::unistd::read(ready.as_raw_fd(), &mut buf)
-            .map_err(|e| err("reading the sandbox's readiness")(e.into()))?;
+        let n = nix::unistd::read(ready.as_raw_fd(), &mut buf).unwrap_or(0);
         if n == 0 {
             return Ok(None);
         }
-        let text = String::from_utf8_lossy(&buf[..n]);
-        let init = match text.trim().parse::<i32>() {
+        let init = match String::from_utf8_lossy(&buf[..n]).trim().parse::<i32>() {
             Ok(p) => p,
             Err(_) => match pid.recv_timeout(Duration::from_secs(10)) {
                 Ok(p) => p,
                 Err(_) => return Ok(None),
             },
         };
-        let Some(pid) = rustix::process::Pid::from_raw(init) else {
+        let Some(raw) = rustix::process::Pid::from_raw(init) else {
             return Ok(None);
         };
         // A sandbox that already ended (a short command) needs no mask: not an error.
-        let Ok(pidfd) = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
-        else {
-            return Ok(None);
+        Ok(
+            rustix::process::pidfd_open(raw, rustix::process::PidfdFlags::empty())
+                .ok()
+                .map(|fd| (fd, init)),
+        )
+    }
+
+    /// Walk and watch the project, join the sandbox with the helper, then mask what appears
+    /// until the run stops.
+    fn watch(&self, stop: &OwnedFd, init: &OwnedFd, pid: i32) -> Result<(), LiveError> {
+        let err = |what: &str| {
+            let what = what.to_string();
+            move |source: std::io::Error| LiveError::Watch { what, source }
         };
+        let Some(mnt) = self.mount_ns(init, pid)? else {
+            return Ok(());
+        };
+        let mut tree = Tree::new(&self.host, self.rules.clone(), self.start_masked.clone())
+            .map_err(err(&format!("watching {}", self.host.display())))?;
+        let mut pending = Vec::new();
+        tree.walk(b"", false, &self.stopping, &mut pending)
+            .map_err(err("walking the project"))?;
+        // The helper keeps the mount namespace, and a copy of the inotify descriptor: the last
+        // close of each waits for the kernel (RCU), and the helper's end is not waited for.
+        let mut masker = match Masker::spawn(&self.exe, &mnt, &self.inside, tree.inotify()) {
+            Ok(m) => m,
+            Err(_) if readable(init) => return Ok(()),
+            Err(e) => return Err(err("starting the mask helper in the sandbox")(e)),
+        };
+        drop(mnt);
+        loop {
+            for r in pending.drain(..) {
+                self.apply(&mut masker, &r)?;
+            }
+            if self.wait(&[stop, tree.inotify()], None)
+                && (readable(stop) || self.stopping.load(Ordering::Relaxed))
+            {
+                return Ok(());
+            }
+            tree.events(&self.stopping, &mut pending)
+                .map_err(err("reading inotify events"))?;
+        }
+    }
+
+    /// The sandbox's mount namespace; `None` when it ended.
+    fn mount_ns(&self, init: &OwnedFd, pid: i32) -> Result<Option<OwnedFd>, LiveError> {
         // libcontainer reports the init before it has executed aisb's init: until then it is
         // libcontainer's own non-dumpable process, whose namespaces an ordinary user may not
         // open (EACCES). The exec follows within milliseconds; wait for it, boundedly.
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         let mnt: OwnedFd = loop {
-            match std::fs::File::open(format!("/proc/{init}/ns/mnt")) {
+            match std::fs::File::open(format!("/proc/{pid}/ns/mnt")) {
                 Ok(f) => break f.into(),
                 // ENOENT: exiting (its namespaces go before the pidfd says so) or gone.
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound || readable(&pidfd) => {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound || readable(init) => {
                     return Ok(None)
                 }
                 Err(e)
@@ -380,23 +354,16 @@ impl Watcher {
                 {
                     std::thread::sleep(Duration::from_millis(1));
                 }
-                Err(e) => {
-                    let _ =
-                        rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
-                    return Err(err("opening the sandbox's mount namespace")(e));
+                Err(source) => {
+                    return Err(LiveError::Watch {
+                        what: "opening the sandbox's mount namespace".into(),
+                        source,
+                    })
                 }
             }
         };
         // The pid still names the same process (a pidfd becomes readable when it exits).
-        if readable(&pidfd) {
-            return Ok(None);
-        }
-        Ok(Some(Joined {
-            init: pidfd,
-            mnt,
-            masker: None,
-            since: std::time::Instant::now(),
-        }))
+        Ok((!readable(init)).then_some(mnt))
     }
 
     fn apply(&self, masker: &mut Masker, r: &Request) -> Result<(), LiveError> {
