@@ -104,6 +104,7 @@ fn sample_plan() -> Plan {
                 rule: "block".into(),
             },
         ],
+        live: None,
         scan: ScanSummary {
             git: true,
             cached: false,

@@ -43,12 +43,21 @@ for backend in $backends; do
         cp "$driver" "$root/proj/bin/driver.sh"; cp "$aisb" "$root/aisb"
         [ -e "$(dirname "$aisb")/aisb-init" ] && cp "$(dirname "$aisb")/aisb-init" "$root/aisb-init"
         [ -n "$owner" ] && chown -R "$owner" "$root"
+        # Host-side steps (`# host: CMD`, with $PROJ): run while the sandbox runs, once the
+        # scenario inside has created .host-go-NAME in the project (a secret that appears late).
+        for f in "$here"/scenarios/*.sh; do
+            hostcmd=$(sed -n 's/^# host: *//p' "$f"); [ -n "$hostcmd" ] || continue
+            go="$root/proj/.host-go-$(basename "$f" .sh)"
+            ( i=0; while [ ! -e "$go" ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+              [ -e "$go" ] && PROJ="$root/proj" sh -c "$hostcmd" ) &
+        done
         out=$(cd "$root/proj" && as_caller "$uid" "$gid" env -i PATH=/usr/local/bin:/usr/bin:/bin \
             HOME="$root/home" XDG_CACHE_HOME="$root/cache" GITHUB_TOKEN=ghp_leaked \
             ${AISB_TEST_BREAK_ISOLATION:+AISB_TEST_BREAK_ISOLATION=$AISB_TEST_BREAK_ISOLATION} \
             "$root/aisb" run --backend "$backend" -- env PROJ="$root/proj" PROBE="$root/proj/bin/aisb-probe" \
             HOST_PID=$$ /bin/sh "$root/proj/bin/driver.sh" 2>"$root/stderr")
         rc=$?
+        wait
         for f in "$here"/scenarios/*.sh; do
             scen=$(basename "$f" .sh)
             expect=$(sed -n 's/^# expect: *//p' "$f")

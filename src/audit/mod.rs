@@ -59,6 +59,13 @@ pub enum Kind {
         moved_to: String,
         why: String,
     },
+    /// A path that appeared in the project while the sandbox ran, masked inside by the live
+    /// layer (`runtime::live`): its path inside and the rule that matched it.
+    LateMask {
+        path: String,
+        rule: String,
+        dir: bool,
+    },
     /// A tool call an agent announced from inside (its pre-tool hook, see `agents`). Reported
     /// by the sandboxed side, so a record of intent, not proof: what the sandbox allowed or
     /// refused is in the other events.
@@ -127,6 +134,10 @@ impl Event {
                     format!("  ({bytes_up} B up, {bytes_down} B down)")
                 };
                 format!("{t}  {verb}  {proto} {host}:{port}  {rule}{bytes}")
+            }
+            Kind::LateMask { path, rule, dir } => {
+                let what = if *dir { "directory" } else { "file" };
+                format!("{t}  MASK   {what} {path}  {rule} (appeared while the sandbox ran)")
             }
             Kind::Agent { agent, tool, input } => {
                 format!("{t}  AGENT  {agent} {tool}: {input}  (reported from inside)")

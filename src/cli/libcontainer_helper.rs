@@ -15,6 +15,9 @@ pub struct Args {
     /// An image root to mount in a private mount namespace first (`image::rootmount`).
     #[arg(long)]
     pub root_mount: Option<String>,
+    /// A descriptor to write the init's pid to once the container runs (the live mask layer).
+    #[arg(long)]
+    pub ready_fd: Option<i32>,
 }
 
 pub fn run(a: Args) -> Result<i32, Error> {
@@ -43,12 +46,26 @@ pub fn run(a: Args) -> Result<i32, Error> {
             }
         }
     };
+    // Valid and ours only if it is open; kept from the container's processes.
+    let ready = a
+        .ready_fd
+        .filter(|fd| {
+            *fd > 2
+                && nix::fcntl::fcntl(
+                    *fd,
+                    nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+                )
+                .is_ok()
+        })
+        // SAFETY: the parent passed this descriptor for this process alone.
+        .map(|fd| unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
     match aisb_libcontainer::run(
         &a.bundle,
         &a.state_root,
         &a.id,
         a.console_socket.as_deref(),
         a.pid_file.as_deref(),
+        ready,
         &mut exited,
     ) {
         Ok(code) => Ok(code),

@@ -8,6 +8,7 @@ mod doctor;
 mod export;
 mod init;
 mod libcontainer_helper;
+mod mask_helper;
 mod plan;
 mod presets;
 mod proxy;
@@ -102,6 +103,8 @@ pub enum Command {
     LibcontainerHelper(libcontainer_helper::Args),
     #[command(name = "__proxy", hide = true)]
     Proxy(proxy::Args),
+    #[command(name = "__mask", hide = true)]
+    MaskHelper(mask_helper::Args),
 }
 
 pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
@@ -149,6 +152,7 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
         Command::Completions(a) => completions::run(a),
         Command::LibcontainerHelper(a) => libcontainer_helper::run(a),
         Command::Proxy(a) => proxy::run(a),
+        Command::MaskHelper(a) => Ok(mask_helper::run(a)),
     }
 }
 

@@ -120,7 +120,8 @@ pub enum EvalError {
 }
 
 /// The built-in domain groups presets use (`network { group "registries" }`).
-/// Test-only: `ssh` mounts the caller's ~/.ssh into the sandbox (see where it is read).
+/// Test-only: `ssh` mounts the caller's ~/.ssh into the sandbox, `late-secrets` turns the live
+/// mask layer off (see where each is read).
 pub const BREAK_ISOLATION_ENV: &str = "AISB_TEST_BREAK_ISOLATION";
 
 pub const BUILTIN_GROUPS: &[(&str, &[&str])] = &[
@@ -1167,18 +1168,16 @@ fn resolve(
     if !cx.errors.is_empty() {
         return Err(ConfigErrors::new(std::mem::take(&mut cx.errors.list)).into());
     }
-    let block_set = PatternSet::new(block_patterns.iter().map(String::as_str));
-    let allow_set = PatternSet::new(allow_patterns.iter().copied());
+    let live = LiveRules {
+        block: PatternSet::new(block_patterns.iter().map(String::as_str)),
+        allow: PatternSet::new(allow_patterns.iter().copied()),
+        explicit,
+        since: std::time::SystemTime::now(),
+    };
     let tool_set = PatternSet::new(tool_patterns.iter().copied());
     let gitignored = s.secrets.gitignored.as_ref().is_none_or(|b| b.value);
     let git_crypt = s.secrets.git_crypt.as_ref().is_none_or(|b| b.value);
-    let block_rule = |p: &str| {
-        if explicit.contains(p) {
-            format!("block \"{p}\"")
-        } else {
-            format!("sensitive \"{p}\"")
-        }
-    };
+    let block_rule = |p: &str| live.rule_name(p);
     let key = sha_hex(
         serde_json::to_string(&(
             &block_patterns,
@@ -1192,9 +1191,9 @@ fn resolve(
         .as_bytes(),
     );
     let rules = scan::ScanRules {
-        block: &block_set,
+        block: &live.block,
         block_rule: &block_rule,
-        allow: &allow_set,
+        allow: &live.allow,
         tool_dirs: &tool_set,
         gitignored,
         git_crypt,
@@ -1297,6 +1296,16 @@ fn resolve(
     }
     // A deliberately broken sandbox, so the isolation suites and the VM testbed can prove they
     // catch a leak. Loud, and no more than a `mount "~/.ssh"` in sandbox.kdl could do.
+    // Another test of the tests: no live layer, so a secret written while the sandbox runs
+    // stays readable inside.
+    let live = if std::env::var(BREAK_ISOLATION_ENV).as_deref() == Ok("late-secrets") {
+        eprintln!(
+            "aisb: WARNING: {BREAK_ISOLATION_ENV}=late-secrets: secrets written into the project while this sandbox runs stay readable in it (a test of the tests)"
+        );
+        None
+    } else {
+        Some(live)
+    };
     if std::env::var(BREAK_ISOLATION_ENV).as_deref() == Ok("ssh") {
         let ssh = host.home.join(".ssh");
         eprintln!(
@@ -1349,6 +1358,7 @@ fn resolve(
         system,
         mounts,
         masks: mask_list,
+        live,
         scan: ScanSummary {
             git: scanned.git,
             cached: scanned.from_cache,

@@ -36,6 +36,10 @@ pub struct Plan {
     pub mounts: Vec<Mount>,
     /// Paths hidden inside, each with the rule that hid it.
     pub masks: Vec<Mask>,
+    /// What is masked when it appears in the project while the sandbox runs (see
+    /// `runtime::live`); `None` when nothing is watched.
+    #[serde(skip)]
+    pub live: Option<LiveRules>,
     pub scan: ScanSummary,
     pub env: Env,
     pub network: Network,
@@ -170,6 +174,37 @@ pub struct Mask {
     pub path: PathBuf,
     pub dir: bool,
     pub rule: String,
+}
+
+/// The rules of the live mask layer: the sensitive patterns and the `block` list, minus `allow`.
+/// Never the gitignored layer: builds write ignored outputs that they must read back.
+#[derive(Debug, Clone)]
+pub struct LiveRules {
+    pub block: crate::eval::masks::PatternSet,
+    pub allow: crate::eval::masks::PatternSet,
+    /// Patterns written in `block` (the others come from the built-in sensitive set).
+    pub explicit: std::collections::BTreeSet<String>,
+    /// When the project scan began: a directory not changed since holds nothing it missed.
+    pub since: std::time::SystemTime,
+}
+
+impl LiveRules {
+    /// The rule that masks `rel` (project-relative, `/`-separated), as the audit log names it.
+    pub fn rule_for(&self, rel: &str, is_dir: bool) -> Option<String> {
+        if self.allow.covers(rel, is_dir).is_some() {
+            return None;
+        }
+        self.block.matching(rel, is_dir).map(|p| self.rule_name(p))
+    }
+
+    /// `block "P"` for a pattern of the `block` list, `sensitive "P"` for a built-in one.
+    pub fn rule_name(&self, pattern: &str) -> String {
+        if self.explicit.contains(pattern) {
+            format!("block \"{pattern}\"")
+        } else {
+            format!("sensitive \"{pattern}\"")
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]

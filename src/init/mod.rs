@@ -108,6 +108,11 @@ pub fn main_from_args(args: impl IntoIterator<Item = OsString>) -> i32 {
                 }
                 _ => ok = false,
             }
+        } else if let Some(fd) = a.strip_prefix("--ready-fd=") {
+            match fd.parse::<i32>() {
+                Ok(fd) if fd > 2 => opts.ready_fd = Some(fd),
+                _ => ok = false,
+            }
         } else if let Some(p) = a.strip_prefix("--relay-port=") {
             match p.parse::<u16>() {
                 Ok(p) if p > 0 => opts.relay_ports.push(p),
@@ -186,6 +191,9 @@ pub struct Options {
     /// An image build step (root in its user namespace, installing packages): keep the
     /// capabilities the runtime gave, except CAP_NET_ADMIN (only the init needed it, for `lo`).
     pub keep_caps: bool,
+    /// Written to (one byte) and closed once the sandbox is complete (the runtime's mounts and
+    /// the init's overlays): the host's live mask layer enters the mount namespace only then.
+    pub ready_fd: Option<i32>,
     pub command: Vec<OsString>,
 }
 
@@ -285,6 +293,12 @@ pub fn run(opts: &Options) -> Result<i32, InitError> {
         return Err(InitError::NoCommand);
     }
     let listeners = harden(opts)?;
+    if let Some(fd) = opts.ready_fd {
+        // SAFETY: the runtime passed this descriptor for us alone; nothing else owns it, and
+        // it is closed here, before the workload exists.
+        let ready = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let _ = nix::unistd::write(&ready, b"\n");
+    }
     let forwarded = [
         Signal::SIGINT,
         Signal::SIGTERM,

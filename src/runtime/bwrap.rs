@@ -21,8 +21,22 @@ pub fn run(
     pid_file: Option<&std::path::Path>,
     root_mount: Option<&crate::image::rootmount::RootMount>,
     cgroup_procs: Vec<std::os::fd::RawFd>,
+    mut live: Option<&mut super::live::Live>,
 ) -> Result<i32, RuntimeError> {
     let root_mount = root_mount.cloned();
+    // The init tells the live mask layer when the sandbox is complete (bwrap's info pipe
+    // reports its pid before it has mounted anything).
+    let ready = live.as_ref().and_then(|l| l.ready_fd());
+    let mut spec = spec.clone();
+    if let (Some(fd), Some(process)) = (ready, spec.process_mut()) {
+        if let Some(mut args) = process.args().clone() {
+            if args.get(1).is_some_and(|a| a == "__init") {
+                args.insert(2, format!("--ready-fd={fd}"));
+                process.set_args(Some(args));
+            }
+        }
+    }
+    let spec = &spec;
     let io = |what: &str| {
         let what = what.to_string();
         move |source| RuntimeError::Io { what, source }
@@ -51,6 +65,12 @@ pub fn run(
                 w,
                 nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
             )?;
+            if let Some(fd) = ready {
+                nix::fcntl::fcntl(
+                    fd,
+                    nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+                )?;
+            }
             for s in [Signal::SIGINT, Signal::SIGQUIT] {
                 nix::sys::signal::signal(s, nix::sys::signal::SigHandler::SigIgn)?;
             }
@@ -62,6 +82,9 @@ pub fn run(
     }
     let spawned = cmd.spawn();
     drop(info_w);
+    if let Some(l) = live.as_mut() {
+        l.spawned();
+    }
     let mut child = match spawned {
         Ok(c) => c,
         Err(source) => {
@@ -78,6 +101,9 @@ pub fn run(
         .ok()
         .and_then(|v| v["child-pid"].as_i64())
         .map(|p| Pid::from_raw(p as i32));
+    if let (Some(l), Some(pid)) = (&live, init_pid) {
+        l.init_pid(pid.as_raw());
+    }
     if let (Some(f), Some(pid)) = (pid_file, init_pid) {
         let _ = std::fs::write(f, pid.to_string());
     }

@@ -22,6 +22,7 @@ pub fn run(
     terminal: bool,
     pid_file: Option<&Path>,
     root_mount: Option<&crate::image::rootmount::RootMount>,
+    mut live: Option<&mut super::live::Live>,
 ) -> Result<i32, RuntimeError> {
     let console = if terminal {
         Some(
@@ -48,16 +49,30 @@ pub fn run(
     if let Some(m) = root_mount {
         cmd.arg("--root-mount").arg(&m.arg);
     }
+    // The helper writes the init's pid there once the container runs (complete by then).
+    let ready = live.as_ref().and_then(|l| l.ready_fd());
+    if let Some(fd) = ready {
+        cmd.arg("--ready-fd").arg(fd.to_string());
+    }
     // If aisb dies (even by SIGKILL), the helper gets SIGTERM, forwards it to the sandbox,
     // waits for it and deletes the container: nothing is left running.
     // SAFETY: prctl is async-signal-safe.
     unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
             nix::sys::prctl::set_pdeathsig(Signal::SIGTERM)?;
+            if let Some(fd) = ready {
+                nix::fcntl::fcntl(
+                    fd,
+                    nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+                )?;
+            }
             Ok(())
         });
     }
     let spawned = cmd.spawn();
+    if let Some(l) = live.as_mut() {
+        l.spawned();
+    }
     let mut child = match spawned {
         Ok(c) => c,
         Err(source) => {

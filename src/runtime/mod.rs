@@ -6,6 +6,7 @@ pub mod cgroup;
 pub(crate) mod console;
 mod libcontainer;
 pub mod limits;
+pub mod live;
 pub mod net;
 pub mod rootless;
 
@@ -54,6 +55,9 @@ pub enum RuntimeError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Cgroup(#[from] cgroup::CgroupError),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Live(#[from] live::LiveError),
     #[error("{what}: {source}")]
     #[diagnostic(help("check that the sandbox state directory is writable"))]
     Io {
@@ -146,6 +150,9 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
         .join("state.json")
         .exists()
         .then(|| plan.state_dir.join(INIT_PID_FILE));
+    // Secrets written into the project while the sandbox runs (see `live`); started before
+    // the sandbox, so the project is walked while the runtime sets it up.
+    let mut live: Option<live::Live>;
     let (exit_code, hits) = match backend {
         // bwrap needs no bundle on disk: the spec goes straight into its arguments, and it
         // hands the sandbox our terminal as it is.
@@ -192,6 +199,7 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
                     _ => None,
                 })
                 .collect();
+            live = live::Live::start(plan, &exe)?;
             let code = bwrap::run(
                 &spec,
                 symlinks,
@@ -202,6 +210,7 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
                     .as_ref()
                     .map(cgroup::Cgroup::procs_fds)
                     .unwrap_or_default(),
+                live.as_mut(),
             )?;
             (
                 code,
@@ -258,6 +267,7 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
                 _ => None,
             };
             let id = format!("aisb-{}", std::process::id());
+            live = live::Live::start(plan, &exe)?;
             let code = libcontainer::run(
                 &exe,
                 &guard.0,
@@ -267,6 +277,7 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
                 terminal,
                 pid_file.as_deref(),
                 root_mount,
+                live.as_mut(),
             )?;
             let hits = std::fs::read(guard.0.join(HITS_FILE))
                 .ok()
@@ -275,6 +286,7 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
             (code, hits)
         }
     };
+    let late = live.map_or(Ok(()), live::Live::finish);
     if let Some(f) = &pid_file {
         let _ = std::fs::remove_file(f);
     }
@@ -289,6 +301,7 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
             duration_ms: start.elapsed().as_millis() as u64,
         });
     }
+    late?;
     Ok(Summary::new(plan, backend, exit_code, start))
 }
 

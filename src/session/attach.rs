@@ -42,18 +42,25 @@ pub fn attach(pid: i32, command: &[String], cwd: &std::path::Path) -> Result<i32
     let proc = format!("/proc/{pid}");
     let mut ns: Vec<(OwnedFd, CloneFlags)> = Vec::new();
     for (name, flag) in [
-        ("user", CloneFlags::CLONE_NEWUSER),
         ("mnt", CloneFlags::CLONE_NEWNS),
         ("net", CloneFlags::CLONE_NEWNET),
         ("ipc", CloneFlags::CLONE_NEWIPC),
         ("uts", CloneFlags::CLONE_NEWUTS),
         ("pid", CloneFlags::CLONE_NEWPID),
         ("cgroup", CloneFlags::CLONE_NEWCGROUP),
+        ("user", CloneFlags::CLONE_NEWUSER),
     ] {
         let f = std::fs::File::open(format!("{proc}/ns/{name}"))
             .map_err(io(&format!("opening the sandbox's {name} namespace")))?;
         ns.push((f.into(), flag));
     }
+    // First the user namespace that owns the others, where the caller holds the capabilities
+    // to join them; the init's own comes last: an unprivileged bwrap nests one more user
+    // namespace for its child, which owns nothing (joining it first made the mount namespace
+    // refuse with EPERM).
+    let owner = crate::runtime::live::masker::owning_user_ns(&ns[0].0)
+        .map_err(io("finding the sandbox's user namespace"))?;
+    ns.insert(0, (owner, CloneFlags::CLONE_NEWUSER));
     let environ = std::fs::read(format!("{proc}/environ"))
         .map_err(io("reading the sandbox's environment"))?;
     let env: Vec<CString> = environ

@@ -329,6 +329,9 @@ pub fn prepare(plan: &mut Plan, name: &str) -> Result<Session, SessionError> {
         },
         why: format!("sandbox `{name}`: the repository's objects, read-only"),
     });
+    // Untracked files of the repository never enter the clone, so nothing the host writes
+    // there later can appear inside: no live mask layer to run.
+    plan.live = None;
     // Masks are paths in the repository; the clone has only what is committed.
     plan.masks.retain(|m| match m.path.strip_prefix(&repo) {
         Ok(rel) => fs::symlink_metadata(clone.join(rel)).is_ok(),

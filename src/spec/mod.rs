@@ -296,6 +296,18 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
         });
     }
 
+    // The live mask layer binds this file over secrets that appear while the sandbox runs
+    // (`runtime::live`): a clone of a mount already in the sandbox's namespace is what the new
+    // mount API lets it attach there on every kernel.
+    if plan.live.is_some() && paths.init.is_some() {
+        mounts.push(mount(
+            Path::new(crate::runtime::live::MASK_SOURCE),
+            "bind",
+            &s(&paths.mask_file),
+            &opts(&["bind", "ro", "nosuid", "nodev", "noexec"]),
+        ));
+    }
+
     let proxied = netns && plan.network.mode == NetMode::Allow;
     if let (true, Some(dir)) = (proxied, &paths.proxy_dir) {
         mounts.push(mount(

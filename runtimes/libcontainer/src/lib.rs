@@ -78,14 +78,16 @@ impl Drop for Created {
 /// Run the bundle to completion; returns the init's exit code (128+N for a signal).
 /// `console_socket`: where to send the pseudo-terminal's master when the spec asks for a
 /// terminal (the caller listens there). `pid_file`: where to write the init's pid once it
-/// runs (for sessions that attach to it). `exited`: called once the init has exited, before
-/// the container and its cgroup are deleted (to read what the cgroup recorded).
+/// runs (for sessions that attach to it). `ready`: written the init's pid (and closed) once
+/// the container runs. `exited`: called once the init has exited, before the container and
+/// its cgroup are deleted (to read what the cgroup recorded).
 pub fn run(
     bundle: &Path,
     state_root: &Path,
     id: &str,
     console_socket: Option<&Path>,
     pid_file: Option<&Path>,
+    ready: Option<std::os::fd::OwnedFd>,
     exited: &mut dyn FnMut(),
 ) -> Result<i32, LibcontainerError> {
     let n = threads();
@@ -116,6 +118,10 @@ pub fn run(
     let pid = created.0.pid().ok_or(LibcontainerError::NoPid)?;
     if let Some(f) = pid_file {
         let _ = std::fs::write(f, pid.to_string());
+    }
+    if let Some(fd) = ready {
+        let _ =
+            std::io::Write::write_all(&mut std::fs::File::from(fd), format!("{pid}\n").as_bytes());
     }
     let code = wait(pid, &set)?;
     exited();

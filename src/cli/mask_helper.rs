@@ -1,0 +1,22 @@
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::PathBuf;
+
+/// Mask paths inside a running sandbox (the live mask layer's helper; not for direct use)
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// A descriptor of the sandbox's mount namespace, inherited.
+    pub ns_fd: i32,
+    /// Where the project is inside the sandbox.
+    pub project: PathBuf,
+}
+
+pub fn run(a: Args) -> i32 {
+    // Only a descriptor that is open here is taken (the host side passes it, nothing else).
+    if a.ns_fd <= 2 || nix::fcntl::fcntl(a.ns_fd, nix::fcntl::FcntlArg::F_GETFD).is_err() {
+        eprintln!("aisb: __mask is started by aisb itself, with a namespace descriptor");
+        return 2;
+    }
+    // SAFETY: checked open above; the parent passed it for this process alone.
+    let mnt = unsafe { OwnedFd::from_raw_fd(a.ns_fd) };
+    crate::runtime::live::masker::serve(mnt, &a.project)
+}
