@@ -15,6 +15,7 @@
 //! the host repository.
 
 pub mod attach;
+pub mod join;
 pub mod sync;
 
 use std::fs;
