@@ -192,7 +192,8 @@ fn a_named_sandbox_takes_second_sessions_and_syncs_commits_as_root_and_as_a_user
              while ! test -e /tmp/done; do sleep 0.1; done; echo owner=done",
         );
         // `aisb exec NAME`: a second session, in the same sandbox (it sees the owner's /tmp).
-        let o = f.exec_when_up("live", &["/bin/sh", "-c", "cat /tmp/up; id -u"]);
+        // (Retried until the owner's command has written /tmp/up.)
+        let o = f.exec_when_up("live", &["/bin/sh", "-c", "cat /tmp/up && id -u"]);
         let uid = user.map_or(0, |u| u.0);
         assert_eq!(
             (o.code, o.stdout.as_str()),

@@ -127,7 +127,14 @@ fn join_and_start(r: Request) -> Result<i32, JoinError> {
     if threads != 1 {
         return Err(JoinError::Threads(threads));
     }
-    join_namespaces(r.init.as_fd())?;
+    let joined_pid_namespace = join_namespaces(r.init.as_fd())?;
+    // How the child sees this helper while it lives: from inside a joined PID namespace, not
+    // at all (pid 0); otherwise by its pid.
+    let helper = if joined_pid_namespace {
+        0
+    } else {
+        nix::unistd::getpid().as_raw()
+    };
     let limits = init_limits(r.pid)?;
     let environ = read_at(r.init.as_fd(), "environ")?;
     // The init was alive after the reads above, so `pid` was still its own during them.
@@ -150,7 +157,7 @@ fn join_and_start(r: Request) -> Result<i32, JoinError> {
     // SAFETY: this process is single-threaded (checked above), so the child inherits no lock
     // another thread held; it still calls only async-signal-safe functions (`start`).
     match unsafe { fork() }.map_err(JoinError::Fork)? {
-        ForkResult::Child => start(r.tty.as_ref(), &program),
+        ForkResult::Child => start(r.tty.as_ref(), helper, &program),
         ForkResult::Parent { child } => {
             drop(r.tty);
             Ok(wait_code(child))
@@ -207,8 +214,9 @@ fn join(ns: BorrowedFd<'_>, name: &'static str, flag: CloneFlags) -> Result<(), 
 }
 
 /// Step 1 of the module docs. A namespace the sandbox shares with us is not joined (nothing to
-/// join, and it may be one we hold no capability over).
-fn join_namespaces(init: BorrowedFd<'_>) -> Result<(), JoinError> {
+/// join, and it may be one we hold no capability over). Returns whether a PID namespace was
+/// joined.
+fn join_namespaces(init: BorrowedFd<'_>) -> Result<bool, JoinError> {
     let own_dir: OwnedFd = std::fs::File::open("/proc/self/ns")
         .map_err(|source| JoinError::Read {
             what: "own namespaces",
@@ -234,15 +242,17 @@ fn join_namespaces(init: BorrowedFd<'_>) -> Result<(), JoinError> {
         join(owning.as_fd(), "owning user", CloneFlags::CLONE_NEWUSER)?;
         current = owning;
     }
+    let mut joined_pid_namespace = false;
     for (name, flag, target, own) in &namespaces {
         if !same(target.as_fd(), own.as_fd()) {
             join(target.as_fd(), name, *flag)?;
+            joined_pid_namespace |= *flag == CloneFlags::CLONE_NEWPID;
         }
     }
     if !same(target_user.as_fd(), current.as_fd()) {
         join(target_user.as_fd(), "user", CloneFlags::CLONE_NEWUSER)?;
     }
-    Ok(())
+    Ok(joined_pid_namespace)
 }
 
 /// The init's resource limits, each no higher than ours (raising a hard limit would take
@@ -296,12 +306,11 @@ fn set_limit(resource: Resource, limit: libc::rlimit64) -> Result<(), JoinError>
 /// In the forked child: the session's own signals and terminal, then the command.
 /// Async-signal-safe only (prctl, sigaction, pthread_sigmask, getppid, setsid, ioctl, dup2,
 /// close, then [`crate::init::exec::Exec::run`]).
-fn start(tty: Option<&OwnedFd>, program: &crate::init::exec::Exec) -> ! {
+fn start(tty: Option<&OwnedFd>, helper: i32, program: &crate::init::exec::Exec) -> ! {
     // If the helper dies (even by SIGKILL), the session ends too.
     let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
-    // The helper lives outside the sandbox's PID namespace, so while it lives our parent's
-    // pid reads 0 here; anything else means it died before the line above took effect.
-    if nix::unistd::getppid().as_raw() != 0 {
+    // Another parent means the helper died before the line above took effect.
+    if nix::unistd::getppid().as_raw() != helper {
         // SAFETY: _exit ends the child without running the parent's destructors.
         unsafe { libc::_exit(125) }
     }
