@@ -109,15 +109,17 @@ impl Fixture {
         Out::from(cmd.args(args).output().unwrap())
     }
     /// The sandbox's owner, running `script` in sandbox `name`, in the background.
-    fn spawn_owner(&self, backend: &str, name: &str, script: &str) -> Child {
+    fn spawn_owner(&self, backend: &str, name: &str, script: &str) -> Owner {
         let mut cmd = Command::new(&self.exe);
         self.as_caller(&mut cmd);
-        cmd.args(["run", "--backend", backend, "--sandbox", name, "--"])
+        let child = cmd
+            .args(["run", "--backend", backend, "--sandbox", name, "--"])
             .args(["/bin/sh", "-c", script])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .unwrap()
+            .unwrap();
+        Owner(Some(child))
     }
     /// `aisb exec name -- ARGS`, retried until the sandbox is up (a session is refused until
     /// then), for at most 30 s.
@@ -135,9 +137,23 @@ impl Fixture {
     }
 }
 
-/// Waits for `child` (at most 60 s: then it is killed, and the test fails), then returns its
-/// output.
-fn finish(child: Child) -> Out {
+/// The sandbox's owner, killed if the test fails before it finishes (a failed assertion must
+/// not leave a sandbox running; killing the owner ends the sandbox and its sessions).
+struct Owner(Option<Child>);
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Waits for the owner (at most 60 s: then it is killed, and the test fails), then returns
+/// its output.
+fn finish(mut owner: Owner) -> Out {
+    let child = owner.0.take().expect("an owner finishes once");
     let pid = nix::unistd::Pid::from_raw(child.id() as i32);
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || tx.send(child.wait_with_output()));
