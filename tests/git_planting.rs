@@ -337,9 +337,7 @@ fn nothing_planted_in_a_named_sandbox_clone_runs_on_the_host() {
     if !support::root_or_skip("the git planting suite") {
         return;
     }
-    // Root only: a named sandbox does not start for an ordinary user yet, on either backend
-    // (its sessions cannot join the sandbox's namespaces), so there is no clone to plant in.
-    for (backend, user) in BACKENDS.iter().map(|b| (*b, None::<(u32, u32)>)) {
+    for (backend, user) in matrix() {
         let who = format!(
             "[{backend}, {}]",
             user.map_or("root".into(), |u| format!("uid {}", u.0))

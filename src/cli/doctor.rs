@@ -34,7 +34,8 @@ fn read(path: &str) -> Option<String> {
 fn can_unshare(flags: nix::sched::CloneFlags) -> Result<(), String> {
     use nix::sys::wait::{waitpid, WaitStatus};
     use nix::unistd::{fork, ForkResult};
-    // SAFETY: the child only calls unshare and _exit.
+    // SAFETY: the child only calls unshare(2) and _exit(2), both async-signal-safe, so it is
+    // sound whatever threads this process runs.
     match unsafe { fork() } {
         Ok(ForkResult::Child) => {
             let code = if nix::sched::unshare(flags).is_ok() {
@@ -42,6 +43,7 @@ fn can_unshare(flags: nix::sched::CloneFlags) -> Result<(), String> {
             } else {
                 1
             };
+            // SAFETY: _exit ends the child without running the parent's destructors.
             unsafe { nix::libc::_exit(code) }
         }
         Ok(ForkResult::Parent { child }) => match waitpid(child, None) {

@@ -1,5 +1,6 @@
 //! Command line: clap structs, one file per subcommand.
 
+mod attach_helper;
 mod audit;
 mod build;
 mod check;
@@ -99,6 +100,8 @@ pub enum Command {
     Store(store::Args),
     SetupUser(setup_user::Args),
     Completions(completions::Args),
+    #[command(name = "__attach", hide = true)]
+    AttachHelper(attach_helper::Args),
     #[command(name = "__libcontainer", hide = true)]
     LibcontainerHelper(libcontainer_helper::Args),
     #[command(name = "__proxy", hide = true)]
@@ -150,6 +153,7 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
         Command::Stop(a) => sandboxes::stop(&g, a),
         Command::SetupUser(a) => setup_user::run(a),
         Command::Completions(a) => completions::run(a),
+        Command::AttachHelper(a) => attach_helper::run(a),
         Command::LibcontainerHelper(a) => libcontainer_helper::run(a),
         Command::Proxy(a) => proxy::run(a),
         Command::MaskHelper(a) => Ok(mask_helper::run(a)),

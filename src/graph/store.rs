@@ -14,9 +14,9 @@
 use std::collections::BTreeSet;
 use std::fs;
 use std::io;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
+use nix::fcntl::{Flock, FlockArg};
 use serde::Serialize;
 
 /// The store entries a sandbox of `plan` needs: its /etc snapshot and the files aisb writes
@@ -53,7 +53,7 @@ pub fn is_ready(entry: &Path) -> bool {
 }
 
 /// An exclusive flock, released when dropped (or when the process dies).
-struct EntryLock(fs::File);
+struct EntryLock(#[allow(dead_code)] Flock<fs::File>);
 
 impl EntryLock {
     fn take(entry: &Path) -> io::Result<EntryLock> {
@@ -68,18 +68,10 @@ impl EntryLock {
             .truncate(false)
             .write(true)
             .open(locks.join(file))?;
-        // SAFETY: flock on a descriptor we own; blocks until the other builder is done.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(EntryLock(f))
-    }
-}
-
-impl Drop for EntryLock {
-    fn drop(&mut self) {
-        // SAFETY: unlocking our own descriptor (closing it would too).
-        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+        // Blocks until the other builder is done.
+        Flock::lock(f, FlockArg::LockExclusive)
+            .map(EntryLock)
+            .map_err(|(_, errno)| errno.into())
     }
 }
 
@@ -314,7 +306,7 @@ pub fn gc(store: &Path, cache: &Path, dry_run: bool) -> io::Result<GcReport> {
 }
 
 /// The entry's lock if nobody holds it (a build in progress keeps its entry).
-fn try_lock(entry: &Path) -> Option<fs::File> {
+fn try_lock(entry: &Path) -> Option<Flock<fs::File>> {
     let locks = entry.parent()?.join(".locks");
     let mut name = entry.file_name()?.to_owned();
     name.push(".lock");
@@ -324,8 +316,7 @@ fn try_lock(entry: &Path) -> Option<fs::File> {
         .write(true)
         .open(locks.join(name))
         .ok()?;
-    // SAFETY: flock on a descriptor we own.
-    (unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0).then_some(f)
+    Flock::lock(f, FlockArg::LockExclusiveNonblock).ok()
 }
 
 #[cfg(test)]

@@ -4,17 +4,17 @@
 //! parent: forward signals to it, reap zombies, and exit with its status (128+N for a signal).
 //! Any step that fails stops the sandbox: it never runs the workload with less isolation.
 
+pub mod exec;
 pub mod notify;
 pub mod probe;
 pub mod relay;
 pub mod seccomp;
 
-use std::ffi::{CString, OsString};
-use std::os::unix::ffi::OsStrExt;
+use std::ffi::OsString;
 
 use nix::sys::signal::{kill, SigSet, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-use nix::unistd::{execvp, fork, ForkResult, Pid};
+use nix::unistd::{fork, ForkResult, Pid};
 
 /// Where the init binary appears inside every sandbox.
 pub const INIT_PATH: &str = "/run/aisb/init";
@@ -321,52 +321,39 @@ pub fn run(opts: &Options) -> Result<i32, InitError> {
     set.thread_block().map_err(InitError::Fork)?;
     // Relay threads start with every forwarded signal blocked, so signals reach `supervise`.
     relay::start(listeners);
-    // Built before the fork: the child must not allocate (a relay thread could hold the
-    // allocator's lock at that instant).
-    let argv: Vec<CString> = opts
-        .command
-        .iter()
-        .filter_map(|a| CString::new(a.as_bytes()).ok())
-        .collect();
-    if argv.len() != opts.command.len() {
-        eprintln!("aisb: an argument contains a NUL byte");
-        return Ok(126);
-    }
+    // Found and laid out before the fork: the child must not allocate (a relay thread could
+    // hold the allocator's lock at that instant).
+    let program = match exec::Exec::prepare(&opts.command, exec::Exec::own_environment()) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("aisb: cannot run the command: {e}");
+            return Ok(126);
+        }
+    };
     // Direct connections around the proxy: reported, refused with a reason. (Without a proxy,
     // `network "none"`, the kernel's "Network is unreachable" says it all, and the ~0.3 ms
     // this costs per start is saved.)
     let notify = opts.relay_proxy.then(notify::prepare).flatten();
-    // SAFETY: the child only calls async-signal-safe functions on prepared memory, then exec.
+    // SAFETY: relay threads run, so the child may call only async-signal-safe functions until
+    // it execs or exits: it unblocks signals (pthread_sigmask), installs a prepared filter and
+    // sends a descriptor (`notify::install_in_child`: seccomp, sendmsg, close), then
+    // `Exec::run` (execve, write, _exit), all on memory prepared above.
     match unsafe { fork() }.map_err(InitError::Fork)? {
         ForkResult::Child => {
             let _ = set.thread_unblock();
             if let Some(n) = &notify {
                 notify::install_in_child(n);
             }
-            exec(&argv)
+            program.run()
         }
         ForkResult::Parent { child } => {
+            drop(program);
             if let Some(fd) = notify.and_then(notify::receive) {
                 notify::serve(fd, opts.relay_proxy);
             }
             Ok(supervise(child, &set))
         }
     }
-}
-
-fn exec(argv: &[CString]) -> ! {
-    let err = execvp(&argv[0], argv).unwrap_err();
-    // Fixed text and raw writes only: no allocation between fork and exec or exit.
-    let why: &[u8] = match err {
-        nix::Error::ENOENT => b"`: not found\n",
-        nix::Error::EACCES => b"`: permission denied\n",
-        _ => b"`: not executable\n",
-    };
-    for part in [b"aisb: cannot run `".as_slice(), argv[0].as_bytes(), why] {
-        let _ = nix::unistd::write(std::io::stderr(), part);
-    }
-    // SAFETY: _exit is async-signal-safe; nothing to flush in the child.
-    unsafe { libc::_exit(if err == nix::Error::ENOENT { 127 } else { 126 }) }
 }
 
 /// Wait for signals: forward the workload's, reap every child, return the workload's status.

@@ -56,7 +56,9 @@ pub fn run(
     let (blocked, set) = super::take_signals(interactive, false)?;
     let mut cmd = aisb_bwrap::command(&args);
     let w = info_w.as_raw_fd();
-    // SAFETY: only async-signal-safe calls (write, fcntl, signal) between fork and exec.
+    // SAFETY: runs between fork and exec while other threads may run: only async-signal-safe
+    // calls (write to cgroup.procs, fcntl, sigaction, and `RootMount::apply`'s unshare/open/write/mount on strings it
+    // prepared before); nix's errors convert to io::Error without allocating.
     unsafe {
         cmd.pre_exec(move || {
             // First, so that nothing the sandbox starts is ever outside its limits.

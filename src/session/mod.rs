@@ -15,13 +15,14 @@
 //! the host repository.
 
 pub mod attach;
+pub mod join;
 pub mod sync;
 
 use std::fs;
 use std::io::Write;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
+use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
 use crate::eval::plan::{Mount, MountKind, Plan};
@@ -147,7 +148,7 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), SessionError> {
 
 /// An exclusive lock on a sandbox, held while the value lives (flock: released by the kernel
 /// even when aisb is killed).
-pub struct Lock(#[allow(dead_code)] fs::File);
+pub struct Lock(#[allow(dead_code)] Flock<fs::File>);
 
 fn open_lock_file(path: &Path) -> Result<fs::File, SessionError> {
     fs::OpenOptions::new()
@@ -159,16 +160,15 @@ fn open_lock_file(path: &Path) -> Result<fs::File, SessionError> {
         .map_err(io(format!("opening {}", path.display())))
 }
 
-fn flock(f: &fs::File, op: libc::c_int) -> bool {
-    // SAFETY: flock on a descriptor the caller owns.
-    unsafe { libc::flock(f.as_raw_fd(), op) == 0 }
+fn flock(f: fs::File, how: FlockArg) -> Result<Flock<fs::File>, std::io::Error> {
+    Flock::lock(f, how).map_err(|(_, errno)| errno.into())
 }
 
 /// Can the lock file at `path` be taken exclusively right now (nobody holds it)? A missing
 /// file counts as free. The probe's own hold ends when this returns.
 pub fn is_free(path: &Path) -> bool {
     match fs::OpenOptions::new().read(true).write(true).open(path) {
-        Ok(f) => flock(&f, libc::LOCK_EX | libc::LOCK_NB),
+        Ok(f) => flock(f, FlockArg::LockExclusiveNonblock).is_ok(),
         Err(_) => true,
     }
 }
@@ -176,14 +176,13 @@ pub fn is_free(path: &Path) -> bool {
 pub fn lock(state: &Path, name: &str) -> Result<Lock, SessionError> {
     fs::create_dir_all(state).map_err(io(format!("creating {}", state.display())))?;
     let path = state.join("lock");
-    let mut f = open_lock_file(&path)?;
-    if !flock(&f, libc::LOCK_EX | libc::LOCK_NB) {
+    let Ok(mut f) = flock(open_lock_file(&path)?, FlockArg::LockExclusiveNonblock) else {
         let holder = fs::read_to_string(&path).unwrap_or_default();
         return Err(SessionError::Busy(
             name.to_string(),
             holder.trim().to_string(),
         ));
-    }
+    };
     let _ = f.set_len(0);
     let _ = write!(f, "{}", std::process::id());
     Ok(Lock(f))
@@ -194,28 +193,19 @@ pub fn lock(state: &Path, name: &str) -> Result<Lock, SessionError> {
 fn repo_lock(state: &Path) -> Result<Lock, SessionError> {
     let dir = state.parent().unwrap_or(state);
     fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
-    let f = open_lock_file(&dir.join("repo.lock"))?;
-    if !flock(&f, libc::LOCK_EX) {
-        return Err(SessionError::Io {
-            what: format!("locking {}", dir.join("repo.lock").display()),
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    Ok(Lock(f))
+    let path = dir.join("repo.lock");
+    flock(open_lock_file(&path)?, FlockArg::LockExclusive)
+        .map(Lock)
+        .map_err(io(format!("locking {}", path.display())))
 }
 
 /// A session's hold on a running sandbox: a shared flock on `<state>/sessions`. The sandbox's
 /// owner stops it when it can take the lock exclusively (no session left).
 pub fn join(state: &Path) -> Result<Lock, SessionError> {
     let path = state.join("sessions");
-    let f = open_lock_file(&path)?;
-    if !flock(&f, libc::LOCK_SH) {
-        return Err(SessionError::Io {
-            what: format!("locking {}", path.display()),
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    Ok(Lock(f))
+    flock(open_lock_file(&path)?, FlockArg::LockShared)
+        .map(Lock)
+        .map_err(io(format!("locking {}", path.display())))
 }
 
 /// True when no session holds the sandbox (the caller must not hold one itself).
