@@ -200,3 +200,67 @@ fn changed_rules_do_not_reuse_another_rules_cache() {
     assert!(!plan.scan.cached);
     assert!(masked(&f, &plan).contains(&"src/ [block \"src/\"]".to_string()));
 }
+
+/// A secret whose path is not UTF-8 is masked under its own name (it was masked under a
+/// lossily decoded name, that is, not at all), with git and without. An OCI spec cannot name
+/// such a path, so a run is refused with the reason rather than started without the mask.
+#[test]
+fn a_secret_with_a_name_that_is_not_utf8_is_masked() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    for git in [true, false] {
+        let f = Fixture::new();
+        let dir = f.project().join(OsStr::from_bytes(b"caf\xe9"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(".env"), "TOKEN=1").unwrap();
+        let key = f.project().join(OsStr::from_bytes(b"id_\xff.pem"));
+        std::fs::write(&key, "KEY").unwrap();
+        f.write("src/main.rs", "fn main() {}");
+        if git {
+            f.git(&["init", "-q"]);
+            f.git(&["add", "src/main.rs"]);
+        }
+        let plan = f.plan("", None);
+        let paths: Vec<&std::path::Path> = plan.masks.iter().map(|m| m.path.as_path()).collect();
+        for want in [dir.join(".env"), key.clone()] {
+            assert!(
+                paths.contains(&want.as_path()),
+                "[git={git}] {want:?} not in {paths:?}"
+            );
+        }
+        if !nix::unistd::geteuid().is_root() {
+            continue;
+        }
+        for backend in ["bwrap", "libcontainer"] {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_aisb"))
+                .args(["run", "--backend", backend, "--", "/bin/sh", "-c"])
+                .arg("cat caf?/.env; echo env=$?; cat id_?.pem; echo key=$?")
+                .current_dir(f.project())
+                .env_clear()
+                .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+                .env("HOME", f.home())
+                .env("XDG_CACHE_HOME", f.root().join("cache"))
+                .stdin(std::process::Stdio::null())
+                .output()
+                .unwrap();
+            let o = support::Out::from(out);
+            assert!(
+                !o.stdout.contains("TOKEN") && !o.stdout.contains("KEY"),
+                "[{backend}, git={git}] {}",
+                o.stdout
+            );
+            // Refused before anything ran: a spec cannot name the file, so it could not be
+            // masked, and the sandbox does not start without the mask.
+            assert_eq!(
+                o.code, 1,
+                "[{backend}, git={git}] {}\n{}",
+                o.stdout, o.stderr
+            );
+            assert!(
+                o.stderr.contains("is not valid UTF-8") && o.stderr.contains("nothing was"),
+                "[{backend}, git={git}] {}",
+                o.stderr
+            );
+        }
+    }
+}

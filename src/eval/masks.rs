@@ -6,6 +6,8 @@
 //! `*` and `?` never cross `/`, `**` does. Patterns starting with `/` or `~/` name paths outside
 //! the project literally (no wildcards: we never walk outside the project).
 
+use std::path::Path;
+
 use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
 
 /// Seed 000 / seed 002: never readable inside, wherever they are in the project.
@@ -167,11 +169,14 @@ impl PatternSet {
         self.patterns.is_empty()
     }
 
-    /// The first pattern matching `rel` (a `/`-separated path relative to the project).
-    pub fn matching(&self, rel: &str, is_dir: bool) -> Option<&str> {
+    /// The first pattern matching `rel` (a `/`-separated path relative to the project, as
+    /// raw bytes: a name that is not UTF-8 is matched as it is, never under another name).
+    pub fn matching(&self, rel: &(impl AsRef<[u8]> + ?Sized), is_dir: bool) -> Option<&str> {
         if self.patterns.is_empty() {
             return None;
         }
+        let rel =
+            Path::new(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(rel.as_ref()));
         self.set()
             .matches(rel)
             .into_iter()
@@ -180,9 +185,10 @@ impl PatternSet {
     }
 
     /// Does `rel` or one of its ancestor directories match?
-    pub fn covers(&self, rel: &str, is_dir: bool) -> Option<&str> {
-        for (i, c) in rel.char_indices() {
-            if c == '/' {
+    pub fn covers(&self, rel: &(impl AsRef<[u8]> + ?Sized), is_dir: bool) -> Option<&str> {
+        let rel = rel.as_ref();
+        for (i, c) in rel.iter().enumerate() {
+            if *c == b'/' {
                 if let Some(p) = self.matching(&rel[..i], true) {
                     return Some(p);
                 }

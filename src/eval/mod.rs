@@ -1207,7 +1207,8 @@ fn resolve(
         .masks
         .iter()
         .map(|m| Mask {
-            path: project.join(&m.rel),
+            path: project
+                .join(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&m.rel)),
             dir: m.dir,
             rule: m.rule.clone(),
         })

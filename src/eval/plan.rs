@@ -190,7 +190,7 @@ pub struct LiveRules {
 
 impl LiveRules {
     /// The rule that masks `rel` (project-relative, `/`-separated), as the audit log names it.
-    pub fn rule_for(&self, rel: &str, is_dir: bool) -> Option<String> {
+    pub fn rule_for(&self, rel: &(impl AsRef<[u8]> + ?Sized), is_dir: bool) -> Option<String> {
         if self.allow.covers(rel, is_dir).is_some() {
             return None;
         }

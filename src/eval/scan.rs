@@ -21,7 +21,7 @@ use sha2::{Digest, Sha256};
 
 use super::masks::PatternSet;
 
-const CACHE_VERSION: u32 = 1;
+const CACHE_VERSION: u32 = 2;
 const RACY_NS: i128 = 100_000_000;
 /// A project bigger than this without git is almost certainly a mistake (`/` or `$HOME`).
 const MAX_WALK_ENTRIES: usize = 1_000_000;
@@ -41,8 +41,8 @@ pub struct ScanRules<'a> {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Masked {
-    /// Relative to the project root, `/`-separated.
-    pub rel: String,
+    /// Relative to the project root, `/`-separated, raw bytes (a name need not be UTF-8).
+    pub rel: Vec<u8>,
     pub dir: bool,
     pub rule: String,
 }
@@ -85,7 +85,7 @@ struct CacheFile {
     key: String,
     scan_start_ns: i128,
     /// (path relative to root or absolute, stamp); stamp `None` = did not exist.
-    stamps: Vec<(String, Option<Stamp>)>,
+    stamps: Vec<(Vec<u8>, Option<Stamp>)>,
     result: ScanResult,
 }
 
@@ -141,7 +141,7 @@ pub fn scan(
         let stamps = stamped
             .into_iter()
             .map(|rel| {
-                let s = stamp(&root.join(&rel));
+                let s = stamp(&root.join(os(&rel)));
                 (rel, s)
             })
             .collect();
@@ -165,7 +165,7 @@ fn load_cache(path: &Path, root: &Path, key: &str) -> Option<ScanResult> {
         return None;
     }
     for (rel, recorded) in &cache.stamps {
-        let now = stamp(&root.join(rel));
+        let now = stamp(&root.join(os(rel)));
         if now != *recorded {
             return None;
         }
@@ -232,23 +232,28 @@ fn git(root: &Path, args: &[&str], stdin: Option<&[u8]>) -> Result<Vec<u8>, Scan
     Ok(out.stdout)
 }
 
-fn split_z(bytes: &[u8]) -> impl Iterator<Item = String> + '_ {
-    bytes
-        .split(|b| *b == 0)
-        .filter(|s| !s.is_empty())
-        .map(|s| String::from_utf8_lossy(s).into_owned())
+fn split_z(bytes: &[u8]) -> impl Iterator<Item = &[u8]> + '_ {
+    bytes.split(|b| *b == 0).filter(|s| !s.is_empty())
+}
+
+fn bytes(p: &Path) -> &[u8] {
+    std::os::unix::ffi::OsStrExt::as_bytes(p.as_os_str())
+}
+
+fn os(b: &[u8]) -> &std::ffi::OsStr {
+    std::os::unix::ffi::OsStrExt::from_bytes(b)
 }
 
 /// Collects masks, never masking beneath an already masked directory.
 #[derive(Default)]
 struct Collector {
-    masks: BTreeMap<String, Masked>,
+    masks: BTreeMap<Vec<u8>, Masked>,
 }
 
 impl Collector {
-    fn add(&mut self, rel: &str, dir: bool, rule: String) {
-        self.masks.entry(rel.to_string()).or_insert(Masked {
-            rel: rel.to_string(),
+    fn add(&mut self, rel: &[u8], dir: bool, rule: String) {
+        self.masks.entry(rel.to_vec()).or_insert(Masked {
+            rel: rel.to_vec(),
             dir,
             rule,
         });
@@ -262,9 +267,7 @@ impl Collector {
                 .iter()
                 .rev()
                 .take_while(|p| m.rel.starts_with(&p.rel))
-                .any(|p| {
-                    p.dir && m.rel.len() > p.rel.len() && m.rel.as_bytes()[p.rel.len()] == b'/'
-                });
+                .any(|p| p.dir && m.rel.len() > p.rel.len() && m.rel[p.rel.len()] == b'/');
             if !covered {
                 out.push(m);
             }
@@ -276,22 +279,22 @@ impl Collector {
 /// Check one path (and its not-yet-checked ancestor dirs) against allow and block.
 fn classify(
     rules: &ScanRules<'_>,
-    seen_dirs: &mut HashSet<String>,
+    seen_dirs: &mut HashSet<Vec<u8>>,
     col: &mut Collector,
-    rel: &str,
+    rel: &[u8],
     is_dir: bool,
 ) {
-    for (i, c) in rel.char_indices() {
-        if c == '/' {
+    for (i, c) in rel.iter().enumerate() {
+        if *c == b'/' {
             let dir = &rel[..i];
-            if seen_dirs.insert(dir.to_string()) && rules.allow.covers(dir, true).is_none() {
+            if seen_dirs.insert(dir.to_vec()) && rules.allow.covers(dir, true).is_none() {
                 if let Some(p) = rules.block.matching(dir, true) {
                     col.add(dir, true, (rules.block_rule)(p));
                 }
             }
         }
     }
-    if is_dir && !seen_dirs.insert(rel.to_string()) {
+    if is_dir && !seen_dirs.insert(rel.to_vec()) {
         return;
     }
     if rules.allow.covers(rel, is_dir).is_some() {
@@ -306,7 +309,7 @@ fn scan_git(
     root: &Path,
     git_dir: &Path,
     rules: &ScanRules<'_>,
-) -> Result<(ScanResult, Vec<String>), ScanError> {
+) -> Result<(ScanResult, Vec<Vec<u8>>), ScanError> {
     let mut col = Collector::default();
     let mut seen_dirs = HashSet::new();
     let mut notes = Vec::new();
@@ -323,13 +326,13 @@ fn scan_git(
         ],
         None,
     )?;
-    let mut attr_files = Vec::new();
-    let mut tracked_or_visible: Vec<String> = Vec::new();
+    let mut attr_files: Vec<&[u8]> = Vec::new();
+    let mut tracked_or_visible: Vec<&[u8]> = Vec::new();
     for rel in split_z(&visible) {
         entries_seen += 1;
-        classify(rules, &mut seen_dirs, &mut col, &rel, false);
-        if rel == ".gitattributes" || rel.ends_with("/.gitattributes") {
-            attr_files.push(rel.clone());
+        classify(rules, &mut seen_dirs, &mut col, rel, false);
+        if rel == b".gitattributes" || rel.ends_with(b"/.gitattributes") {
+            attr_files.push(rel);
         }
         tracked_or_visible.push(rel);
     }
@@ -347,8 +350,8 @@ fn scan_git(
     let ignored = git(root, &ignored_args, None)?;
     for entry in split_z(&ignored) {
         entries_seen += 1;
-        let is_dir = entry.ends_with('/');
-        let rel = entry.trim_end_matches('/');
+        let is_dir = entry.ends_with(b"/");
+        let rel = entry.strip_suffix(b"/").unwrap_or(entry);
         if rel.is_empty() {
             continue;
         }
@@ -361,8 +364,9 @@ fn scan_git(
         if is_dir {
             // An exempt ignored dir (a tool dir such as `.claude/`): check what is inside.
             classify(rules, &mut seen_dirs, &mut col, rel, true);
-            walk(&root.join(rel), &mut |sub, sub_dir| {
-                let r = format!("{rel}/{sub}");
+            let dir = root.join(os(rel));
+            walk(&dir, &mut |sub, sub_dir| {
+                let r = [rel, b"/", bytes(sub)].concat();
                 entries_seen += 1;
                 classify(rules, &mut seen_dirs, &mut col, &r, sub_dir);
             })?;
@@ -377,15 +381,14 @@ fn scan_git(
     }
 
     if rules.git_crypt {
-        let mentions = attr_files
-            .iter()
-            .any(|f| fs::read(root.join(f)).is_ok_and(|b| b.windows(9).any(|w| w == b"git-crypt")))
-            || fs::read(git_dir.join("info/attributes"))
-                .is_ok_and(|b| b.windows(9).any(|w| w == b"git-crypt"));
+        let mentions = attr_files.iter().any(|f| {
+            fs::read(root.join(os(f))).is_ok_and(|b| b.windows(9).any(|w| w == b"git-crypt"))
+        }) || fs::read(git_dir.join("info/attributes"))
+            .is_ok_and(|b| b.windows(9).any(|w| w == b"git-crypt"));
         if mentions {
             let mut input = Vec::new();
             for f in &tracked_or_visible {
-                input.extend_from_slice(f.as_bytes());
+                input.extend_from_slice(f);
                 input.push(0);
             }
             let out = git(
@@ -393,10 +396,10 @@ fn scan_git(
                 &["check-attr", "-z", "--stdin", "filter"],
                 Some(&input),
             )?;
-            let fields: Vec<String> = split_z(&out).collect();
+            let fields: Vec<&[u8]> = split_z(&out).collect();
             for chunk in fields.chunks(3) {
                 if let [path, _attr, value] = chunk {
-                    if value == "git-crypt" && rules.allow.covers(path, false).is_none() {
+                    if *value == b"git-crypt" && rules.allow.covers(*path, false).is_none() {
                         col.add(path, false, "git-crypt".into());
                     }
                 }
@@ -406,30 +409,27 @@ fn scan_git(
 
     let masks = col.finish();
     // Record every directory not hidden by a mask, and git's control files.
-    let masked_dirs: BTreeSet<&str> = masks
+    let masked_dirs: BTreeSet<&[u8]> = masks
         .iter()
         .filter(|m| m.dir)
-        .map(|m| m.rel.as_str())
+        .map(|m| m.rel.as_slice())
         .collect();
-    let mut stamped = vec![String::new()];
-    let git_rel = git_dir
-        .strip_prefix(root)
-        .ok()
-        .map(|p| p.to_string_lossy().into_owned());
-    walk_dirs(root, &masked_dirs, git_rel.as_deref(), &mut stamped)?;
+    let mut stamped = vec![Vec::new()];
+    let git_rel = git_dir.strip_prefix(root).ok().map(bytes);
+    walk_dirs(root, &masked_dirs, git_rel, &mut stamped)?;
     for f in ["index", "HEAD", "info/exclude", "info/attributes", "config"] {
-        stamped.push(git_dir.join(f).to_string_lossy().into_owned());
+        stamped.push(bytes(&git_dir.join(f)).to_vec());
     }
     for f in &attr_files {
-        stamped.push(f.clone());
+        stamped.push(f.to_vec());
     }
     for f in &tracked_or_visible {
-        if f == ".gitignore" || f.ends_with("/.gitignore") {
-            stamped.push(f.clone());
+        if *f == b".gitignore" || f.ends_with(b"/.gitignore") {
+            stamped.push(f.to_vec());
         }
     }
     if let Some(global) = global_excludes() {
-        stamped.push(global.to_string_lossy().into_owned());
+        stamped.push(bytes(&global).to_vec());
     }
     Ok((
         ScanResult {
@@ -460,7 +460,7 @@ fn global_excludes() -> Option<PathBuf> {
     Some(base.join("git/ignore"))
 }
 
-fn scan_plain(root: &Path, rules: &ScanRules<'_>) -> Result<(ScanResult, Vec<String>), ScanError> {
+fn scan_plain(root: &Path, rules: &ScanRules<'_>) -> Result<(ScanResult, Vec<Vec<u8>>), ScanError> {
     let mut col = Collector::default();
     let mut seen_dirs = HashSet::new();
     let mut entries_seen = 0usize;
@@ -471,18 +471,18 @@ fn scan_plain(root: &Path, rules: &ScanRules<'_>) -> Result<(ScanResult, Vec<Str
             too_big = true;
             return;
         }
-        classify(rules, &mut seen_dirs, &mut col, rel, is_dir);
+        classify(rules, &mut seen_dirs, &mut col, bytes(rel), is_dir);
     })?;
     if too_big {
         return Err(ScanError::TooBig { root: root.into() });
     }
     let masks = col.finish();
-    let masked_dirs: BTreeSet<&str> = masks
+    let masked_dirs: BTreeSet<&[u8]> = masks
         .iter()
         .filter(|m| m.dir)
-        .map(|m| m.rel.as_str())
+        .map(|m| m.rel.as_slice())
         .collect();
-    let mut stamped = vec![String::new()];
+    let mut stamped = vec![Vec::new()];
     walk_dirs(root, &masked_dirs, None, &mut stamped)?;
     let notes =
         vec!["not a git repository: the gitignored and git-crypt layers do not apply".to_string()];
@@ -499,7 +499,7 @@ fn scan_plain(root: &Path, rules: &ScanRules<'_>) -> Result<(ScanResult, Vec<Str
 }
 
 /// Walk `dir`, calling `f(relative path, is_dir)` for every entry (not following symlinks).
-fn walk(dir: &Path, f: &mut dyn FnMut(&str, bool)) -> Result<(), ScanError> {
+fn walk(dir: &Path, f: &mut dyn FnMut(&Path, bool)) -> Result<(), ScanError> {
     for entry in walkdir::WalkDir::new(dir).min_depth(1).follow_links(false) {
         let entry = match entry {
             Ok(e) => e,
@@ -517,7 +517,7 @@ fn walk(dir: &Path, f: &mut dyn FnMut(&str, bool)) -> Result<(), ScanError> {
             }
         };
         if let Ok(rel) = entry.path().strip_prefix(dir) {
-            f(&rel.to_string_lossy(), entry.file_type().is_dir());
+            f(rel, entry.file_type().is_dir());
         }
     }
     Ok(())
@@ -526,9 +526,9 @@ fn walk(dir: &Path, f: &mut dyn FnMut(&str, bool)) -> Result<(), ScanError> {
 /// Every directory under `root` except the git dir and masked directories.
 fn walk_dirs(
     root: &Path,
-    masked: &BTreeSet<&str>,
-    git_rel: Option<&str>,
-    out: &mut Vec<String>,
+    masked: &BTreeSet<&[u8]>,
+    git_rel: Option<&[u8]>,
+    out: &mut Vec<Vec<u8>>,
 ) -> Result<(), ScanError> {
     let mut it = walkdir::WalkDir::new(root)
         .min_depth(1)
@@ -542,16 +542,13 @@ fn walk_dirs(
         if !entry.file_type().is_dir() {
             continue;
         }
-        let rel = entry
-            .path()
-            .strip_prefix(root)
-            .map(|r| r.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        if masked.contains(rel.as_str()) || Some(rel.as_str()) == git_rel || rel == ".git" {
+        let rel = entry.path().strip_prefix(root).unwrap_or(Path::new(""));
+        let raw = bytes(rel);
+        if masked.contains(raw) || Some(raw) == git_rel || raw == b".git" {
             it.skip_current_dir();
             continue;
         }
-        out.push(rel);
+        out.push(raw.to_vec());
     }
     Ok(())
 }

@@ -75,6 +75,11 @@ pub enum SpecError {
     #[error("the generated spec is invalid: {0}")]
     #[diagnostic(help("this is a bug in aisb; please report it with `aisb plan --json`"))]
     Invalid(#[from] serde_json::Error),
+    #[error("{} is not valid UTF-8: a runtime spec cannot name it, so aisb could not {what} it", path.display())]
+    #[diagnostic(help(
+        "rename it to a UTF-8 name, or move it out of the project; nothing was run"
+    ))]
+    NotUtf8 { path: PathBuf, what: &'static str },
 }
 
 const MASKED_PROC: &[&str] = &[
@@ -179,6 +184,21 @@ fn kernel_mounts() -> Vec<Value> {
 }
 
 pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
+    // A path the spec would name under another (lossily decoded) name would not be masked or
+    // mounted at all: refused, never run weaker.
+    let named = plan
+        .masks
+        .iter()
+        .map(|m| (&m.path, "mask"))
+        .chain(plan.mounts.iter().map(|m| (&m.target, "mount")));
+    for (path, what) in named {
+        if path.to_str().is_none() {
+            return Err(SpecError::NotUtf8 {
+                path: path.clone(),
+                what,
+            });
+        }
+    }
     let netns = plan.network.mode != NetMode::Host;
     let mut mounts = kernel_mounts();
     for sys in &plan.system {

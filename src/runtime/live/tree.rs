@@ -165,12 +165,12 @@ impl Tree {
                 if self.start_masked.contains(&child) || (is_dir && name == b".git") {
                     continue;
                 }
-                let text = String::from_utf8_lossy(&child);
-                if is_dir && self.rules.allow.covers(&text, true).is_some() {
+                let text = &child[..];
+                if is_dir && self.rules.allow.covers(text, true).is_some() {
                     continue;
                 }
                 if is_dir || changed {
-                    if let Some(rule) = self.rules.rule_for(&text, is_dir) {
+                    if let Some(rule) = self.rules.rule_for(text, is_dir) {
                         self.ask(child, rule, is_dir, out);
                         continue;
                     }
@@ -242,10 +242,10 @@ impl Tree {
             }
             // A new entry at a path masked at start is a new file: the old mask went with the
             // old one (the kernel detaches mounts on a dentry that is unlinked or renamed over).
-            let text = String::from_utf8_lossy(&child).into_owned();
-            if let Some(rule) = self.rules.rule_for(&text, is_dir) {
+            let text = &child[..];
+            if let Some(rule) = self.rules.rule_for(text, is_dir) {
                 self.ask(child, rule, is_dir, out);
-            } else if is_dir && self.rules.allow.covers(&text, true).is_none() {
+            } else if is_dir && self.rules.allow.covers(text, true).is_none() {
                 // Created before its watch could exist: look at what is already in it.
                 self.walk(&child, true, stop, out)?;
             }
