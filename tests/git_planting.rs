@@ -136,21 +136,7 @@ impl Fixture {
         }
         f.user = user;
         if let Some((uid, gid)) = user {
-            let exe = f.root().join("bin/aisb");
-            std::fs::create_dir_all(exe.parent().unwrap()).unwrap();
-            std::fs::copy(&f.exe, &exe).unwrap();
-            std::fs::copy(
-                env!("CARGO_BIN_EXE_aisb-init"),
-                exe.with_file_name("aisb-init"),
-            )
-            .unwrap();
-            f.exe = exe;
-            chown_r(f.root(), uid, gid);
-            std::fs::set_permissions(
-                f.root(),
-                std::os::unix::fs::PermissionsExt::from_mode(0o755),
-            )
-            .unwrap();
+            f.exe = support::hand_to_user(f.root(), uid, gid);
         }
         f
     }

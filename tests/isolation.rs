@@ -70,22 +70,7 @@ impl Sandbox {
         git(&["add", "-A"]);
         git(&["commit", "-qm", "init"]);
         if let Some((uid, gid)) = user {
-            // Their own copy of aisb: the build tree may not be reachable for them.
-            let exe = s.root().join("bin/aisb");
-            std::fs::create_dir_all(exe.parent().unwrap()).unwrap();
-            std::fs::copy(&s.exe, &exe).unwrap();
-            std::fs::copy(
-                env!("CARGO_BIN_EXE_aisb-init"),
-                exe.with_file_name("aisb-init"),
-            )
-            .unwrap();
-            s.exe = exe;
-            chown_r(s.root(), uid, gid);
-            std::fs::set_permissions(
-                s.root(),
-                std::os::unix::fs::PermissionsExt::from_mode(0o755),
-            )
-            .unwrap();
+            s.exe = support::hand_to_user(s.root(), uid, gid);
         }
         s
     }

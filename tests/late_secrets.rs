@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use support::{chown_r, test_user, Out};
+use support::{test_user, Out};
 
 const BACKENDS: &[&str] = &["bwrap", "libcontainer"];
 /// The promise: a late secret is unreadable inside this soon after the host wrote it.
@@ -97,21 +97,7 @@ impl Project {
         p.git(&["add", "-A"]);
         p.git(&["commit", "-qm", "init"]);
         if let Some((uid, gid)) = user {
-            let exe = p.root().join("bin/aisb");
-            std::fs::create_dir_all(exe.parent().unwrap()).unwrap();
-            std::fs::copy(&p.exe, &exe).unwrap();
-            std::fs::copy(
-                env!("CARGO_BIN_EXE_aisb-init"),
-                exe.with_file_name("aisb-init"),
-            )
-            .unwrap();
-            p.exe = exe;
-            chown_r(p.root(), uid, gid);
-            std::fs::set_permissions(
-                p.root(),
-                std::os::unix::fs::PermissionsExt::from_mode(0o755),
-            )
-            .unwrap();
+            p.exe = support::hand_to_user(p.root(), uid, gid);
         }
         p
     }

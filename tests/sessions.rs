@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{chown_r, test_user, Out};
+use support::{test_user, Out};
 
 const BACKENDS: &[&str] = &["bwrap", "libcontainer"];
 
@@ -58,21 +58,7 @@ impl Fixture {
             assert_eq!(o.code, 0, "git {args:?}: {}", o.stderr);
         }
         if let Some((uid, gid)) = user {
-            let exe = f.root().join("bin/aisb");
-            std::fs::create_dir_all(exe.parent().unwrap()).unwrap();
-            std::fs::copy(&f.exe, &exe).unwrap();
-            std::fs::copy(
-                env!("CARGO_BIN_EXE_aisb-init"),
-                exe.with_file_name("aisb-init"),
-            )
-            .unwrap();
-            f.exe = exe;
-            chown_r(f.root(), uid, gid);
-            std::fs::set_permissions(
-                f.root(),
-                std::os::unix::fs::PermissionsExt::from_mode(0o755),
-            )
-            .unwrap();
+            f.exe = support::hand_to_user(f.root(), uid, gid);
         }
         f.user = user;
         f

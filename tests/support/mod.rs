@@ -254,6 +254,23 @@ impl Out {
     }
 }
 
+/// Hand a fixture tree to an ordinary user: their own copy of aisb and aisb-init in
+/// `root/bin` (the build tree may not be reachable for them), every file theirs, `root` 0755.
+/// Returns the aisb they run.
+pub fn hand_to_user(root: &Path, uid: u32, gid: u32) -> std::path::PathBuf {
+    let exe = root.join("bin/aisb");
+    std::fs::create_dir_all(exe.parent().unwrap()).unwrap();
+    std::fs::copy(env!("CARGO_BIN_EXE_aisb"), &exe).unwrap();
+    std::fs::copy(
+        env!("CARGO_BIN_EXE_aisb-init"),
+        exe.with_file_name("aisb-init"),
+    )
+    .unwrap();
+    chown_r(root, uid, gid);
+    std::fs::set_permissions(root, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    exe
+}
+
 /// `chown -R uid:gid path`.
 pub fn chown_r(path: &Path, uid: u32, gid: u32) {
     let ok = Command::new("chown")
