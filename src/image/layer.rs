@@ -2,7 +2,6 @@
 //! no copying: a deleted file is a whiteout (a 0/0 character device), a directory that hides
 //! everything below it carries `trusted.overlay.opaque=y`.
 
-use std::ffi::CString;
 use std::fs;
 use std::io::{self, Read};
 use std::os::unix::ffi::OsStrExt;
@@ -199,23 +198,9 @@ fn kept_xattrs<R: Read>(entry: &mut tar::Entry<R>) -> io::Result<Vec<(Vec<u8>, V
     Ok(out)
 }
 
+/// On the entry itself, never through a link (the `xattr` crate's `set` is `lsetxattr`).
 fn set_xattr(path: &Path, name: &[u8], value: &[u8]) -> io::Result<()> {
-    let p = CString::new(path.as_os_str().as_bytes())?;
-    let n = CString::new(name)?;
-    // SAFETY: valid C strings and a buffer of the given length.
-    let r = unsafe {
-        libc::lsetxattr(
-            p.as_ptr(),
-            n.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            0,
-        )
-    };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    xattr::set(path, std::ffi::OsStr::from_bytes(name), value)
 }
 
 fn is_whiteout(m: &fs::Metadata) -> bool {
@@ -224,16 +209,7 @@ fn is_whiteout(m: &fs::Metadata) -> bool {
 }
 
 fn is_opaque(path: &Path) -> bool {
-    let (Ok(p), Ok(n)) = (
-        CString::new(path.as_os_str().as_bytes()),
-        CString::new(opaque_xattr()),
-    ) else {
-        return false;
-    };
-    let mut buf = [0u8; 4];
-    // SAFETY: valid C strings and a buffer of the given length.
-    let r = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    r == 1 && buf[0] == b'y'
+    matches!(xattr::get(path, opaque_xattr()), Ok(Some(v)) if v == b"y")
 }
 
 /// What `rel` (relative to the root) is in the merged view of `layers` (top first): the
@@ -691,13 +667,7 @@ mod tests {
     }
 
     fn xattr_of(path: &Path, name: &str) -> Option<Vec<u8>> {
-        let p = CString::new(path.as_os_str().as_bytes()).unwrap();
-        let n = CString::new(name).unwrap();
-        let mut buf = [0u8; 256];
-        // SAFETY: valid C strings and a buffer of the given length.
-        let r =
-            unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-        (r >= 0).then(|| buf[..r as usize].to_vec())
+        xattr::get(path, name).ok().flatten()
     }
 
     /// overlayfs reads `trusted.overlay.*` (root's layers) and `user.overlay.*` (an ordinary
