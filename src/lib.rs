@@ -16,6 +16,7 @@ pub mod graph;
 pub mod image;
 pub mod init;
 pub mod presets;
+pub mod private;
 pub mod proxy;
 pub mod runtime;
 pub mod session;

@@ -171,6 +171,9 @@ pub fn check(
         source,
     };
     if let Some(dir) = path.parent() {
+        if let Some(aisb) = dir.parent() {
+            crate::private::ensure(aisb).map_err(io)?;
+        }
         std::fs::create_dir_all(dir).map_err(io)?;
     }
     std::fs::write(&path, format!("{digest}\n{file}\n")).map_err(io)?;

@@ -586,21 +586,23 @@ fn aisb_directories_are_private() {
     let t = Test::new().args(&["plan"]);
     let cache = t.dir.path().join("cache/aisb");
     let config = t.dir.path().join("home/.config/aisb");
-    std::fs::create_dir_all(&cache).unwrap();
-    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for dir in [&cache, &config] {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
     let o = t.run();
     assert_eq!(o.code, 0, "{}", o.stderr);
     for dir in [&cache, &config] {
         let mode = std::fs::metadata(dir).unwrap().permissions().mode() & 0o7777;
         assert_eq!(mode, 0o700, "{}", dir.display());
     }
-    // Somebody else's directory there is refused, not used.
+    // A link there is refused, not followed.
     std::fs::remove_dir_all(&cache).unwrap();
     std::os::unix::fs::symlink(t.dir.path(), &cache).unwrap();
     let o = t.run();
     assert_ne!(o.code, 0);
     assert!(
-        o.stderr.contains("not a directory of this user's"),
+        o.stderr.contains("is not a directory (a symbolic link?)"),
         "{}",
         o.stderr
     );

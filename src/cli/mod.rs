@@ -176,41 +176,18 @@ pub fn host() -> Result<Host, Error> {
         path: ".".into(),
         source,
     })?;
-    for dir in [
-        host.cache_home().join("aisb"),
-        host.config_home().join("aisb"),
-    ] {
-        private_dir(&dir).map_err(|source| Error::Io { path: dir, source })?;
-    }
+    // aisb's own directories: 0700 (the configuration's is made when a trust pin is written).
+    let cache = host.cache_home().join("aisb");
+    crate::private::ensure(&cache).map_err(|source| Error::Io {
+        path: cache,
+        source,
+    })?;
+    let config = host.config_home().join("aisb");
+    crate::private::tighten(&config).map_err(|source| Error::Io {
+        path: config,
+        source,
+    })?;
     Ok(host)
-}
-
-/// aisb's own directories hold private copies of host configuration, overlay upper dirs,
-/// audit logs and trust pins: mode 0700, so nothing below is reachable by another user
-/// whatever its own mode. An existing one of ours is tightened; one owned by somebody else
-/// is refused (they could read or change all of it).
-fn private_dir(dir: &std::path::Path) -> std::io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
-    if let Some(parent) = dir.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-        Ok(()) => return Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(e),
-    }
-    let md = std::fs::symlink_metadata(dir)?;
-    if !md.is_dir() || md.uid() != nix::unistd::geteuid().as_raw() {
-        return Err(std::io::Error::other(format!(
-            "{} is not a directory of this user's (a symbolic link, or owned by uid {}): aisb keeps private state there",
-            dir.display(),
-            md.uid()
-        )));
-    }
-    if md.mode() & 0o077 != 0 {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-    }
-    Ok(())
 }
 
 /// The running aisb binary (the init binary and the libcontainer helper live beside it).
