@@ -44,10 +44,8 @@ pub fn unpack(reader: impl Read, dest: &Path) -> io::Result<()> {
                 format!("layer entry {} leaves the layer", path.display()),
             )
         })?;
-        let name = rel
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        // Raw bytes: a name that is not UTF-8 is whited out under its own name.
+        let name = rel.file_name().map_or(&b""[..], |n| n.as_bytes());
         // Every entry's directory, checked (and made) before anything is written there. Only a
         // symlink or link entry can turn a checked directory into something else.
         if !matches!(
@@ -57,11 +55,11 @@ pub fn unpack(reader: impl Read, dest: &Path) -> io::Result<()> {
             checked.clear();
         }
         let parent = dir_inside(dest, rel.parent().unwrap_or(Path::new("")), &mut checked)?;
-        if let Some(hidden) = name.strip_prefix(".wh.") {
-            if hidden == ".wh..opq" {
+        if let Some(hidden) = name.strip_prefix(b".wh.") {
+            if hidden == b".wh..opq" {
                 set_xattr(&parent, opaque_xattr().as_bytes(), b"y")?;
             } else {
-                whiteout(&parent.join(hidden))?;
+                whiteout(&parent.join(std::ffi::OsStr::from_bytes(hidden)))?;
             }
             continue;
         }
