@@ -497,6 +497,17 @@ fn env_from_file_passes_only_the_named_keys() {
     );
 }
 
+/// A key assigned twice in the dotenv file enters with its last value, the one a shell
+/// sourcing the file (and docker's env_file, python-dotenv) would see; it took the first.
+#[test]
+fn env_from_file_takes_a_repeated_keys_last_value() {
+    let f = Fixture::new();
+    f.write(".env.agent", "API_KEY=old\nexport API_KEY=\"new\"\n");
+    let plan = f.plan("env {\n    from-file \".env.agent\" \"API_KEY\"\n}\n", None);
+    let vars: std::collections::BTreeMap<_, _> = plan.env.vars.iter().cloned().collect();
+    assert_eq!(vars.get("API_KEY").map(String::as_str), Some("new"));
+}
+
 /// Seed 003's network modes: how the presets' domain lists combine with the project's own.
 #[test]
 fn domain_modes_strict_merge_replace() {

@@ -909,8 +909,8 @@ fn resolve(
             Ok(text) => {
                 let values = env::parse_dotenv(&text);
                 for k in keys {
-                    match values.iter().find(|(name, _)| *name == k.value) {
-                        Some((_, v)) => set.push((k.value.clone(), v.clone())),
+                    match env::dotenv_value(&values, &k.value) {
+                        Some(v) => set.push((k.value.clone(), v.to_string())),
                         None => cx.err(
                             k.loc,
                             format!("`{}` is not in {}", k.value, p.display()),
