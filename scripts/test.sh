@@ -1,8 +1,9 @@
 #!/bin/sh
 # The test command (README, .ci/run): set-up, then every test of the workspace, including the
 # property test that throws arbitrary input at parse+eval, the runc cross-check, the
-# isolation and network suites on both backends, then the VM testbed's kernel matrix. Ends
-# with one summary line: `N passed, M failed` (cargo's tests; the testbed prints its table).
+# isolation and network suites on both backends, then each fuzz target for a bounded time,
+# then the VM testbed's kernel matrix. Ends with one summary line: `N passed, M failed`
+# (cargo's tests; the fuzz script and the testbed print their own).
 set -eu
 cd "$(dirname "$0")/.."
 sh scripts/setup.sh
@@ -13,6 +14,10 @@ PROPTEST_CASES="${PROPTEST_CASES:-1000}" cargo test --workspace --locked 2>&1 | 
 # `cargo test` exits non-zero on any failure; the pipe hides that, so read it back.
 grep -q '^test result: FAILED' "$log" && status=1
 grep -q '^error' "$log" && status=1
+# The cargo-fuzz targets (fuzz/): hostile layers, proxy requests, dotenv files, generated
+# sandbox.kdl projects, OCI documents; 30 s each by default, a crash fails the run.
+echo "== fuzz" >&2
+sh scripts/fuzz.sh || status=1
 # The VM matrix: every scenario in Debian's 6.1 and 6.12 kernels, both backends, root and
 # uid 1000 (testbed/, vm-tests/); then proof that it catches a sandbox that leaks ~/.ssh.
 echo "== VM testbed" >&2

@@ -540,6 +540,53 @@ fn env_from_file_passes_only_the_named_keys() {
     );
 }
 
+/// A key assigned twice in the dotenv file enters with its last value, the one a shell
+/// sourcing the file (and docker's env_file, python-dotenv) would see; it took the first.
+#[test]
+fn env_from_file_takes_a_repeated_keys_last_value() {
+    let f = Fixture::new();
+    f.write(".env.agent", "API_KEY=old\nexport API_KEY=\"new\"\n");
+    let plan = f.plan("env {\n    from-file \".env.agent\" \"API_KEY\"\n}\n", None);
+    let vars: std::collections::BTreeMap<_, _> = plan.env.vars.iter().cloned().collect();
+    assert_eq!(vars.get("API_KEY").map(String::as_str), Some("new"));
+}
+
+/// The project is the sandbox's to write: a dotenv file there that is a link (or lies below a
+/// directory that is one) is refused, never followed to the host file it names. Before, a
+/// planted `.env.agent -> ~/.aws/credentials` handed the sandbox that file's values.
+#[test]
+fn env_from_file_follows_no_link_planted_in_the_project() {
+    let f = Fixture::new();
+    let secret = f.home().join("credentials");
+    std::fs::write(&secret, "API_KEY=host-secret\n").unwrap();
+    std::os::unix::fs::symlink(&secret, f.project().join(".env.agent")).unwrap();
+    std::os::unix::fs::symlink(f.home(), f.project().join("conf")).unwrap();
+    for file in [".env.agent", "conf/credentials"] {
+        let e = f
+            .eval(
+                &format!("env {{\n    from-file \"{file}\" \"API_KEY\"\n}}\n"),
+                None,
+            )
+            .unwrap_err();
+        assert!(
+            e.contains("cannot read")
+                && e.contains("a symbolic link")
+                && !e.contains("host-secret"),
+            "{e}"
+        );
+    }
+    // A file outside the project is the user's own path, read as it is.
+    let plan = f.plan(
+        &format!(
+            "env {{\n    from-file \"{}\" \"API_KEY\"\n}}\n",
+            secret.display()
+        ),
+        None,
+    );
+    let vars: std::collections::BTreeMap<_, _> = plan.env.vars.iter().cloned().collect();
+    assert_eq!(vars.get("API_KEY").map(String::as_str), Some("host-secret"));
+}
+
 /// Seed 003's network modes: how the presets' domain lists combine with the project's own.
 #[test]
 fn domain_modes_strict_merge_replace() {

@@ -19,7 +19,14 @@ fn fixture() -> &'static (tempfile_free::Dir, Host) {
         std::fs::create_dir_all(&proj).unwrap();
         let mut env = BTreeMap::new();
         env.insert("PATH".to_string(), "/usr/bin:/bin".to_string());
-        let host = Host { env, cwd: proj.clone(), uid: 1000, gid: 1000, user: "fuzz".into(), home };
+        let host = Host {
+            env,
+            cwd: proj.clone(),
+            uid: 1000,
+            gid: 1000,
+            user: "fuzz".into(),
+            home,
+        };
         (dir, host)
     })
 }
@@ -37,14 +44,28 @@ mod tempfile_free {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else { return };
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
     let (_, host) = fixture();
     let mut errors = Errors::default();
-    let root = Root::Text { path: host.cwd.join("sandbox.kdl"), text: text.to_string() };
-    let Ok(loaded) = eval::load(root, &mut errors) else { return };
+    let root = Root::Text {
+        path: host.cwd.join("sandbox.kdl"),
+        text: text.to_string(),
+    };
+    let Ok(loaded) = eval::load(root, &mut errors) else {
+        return;
+    };
     if errors.is_empty() {
         for profile in [None, Some("investigate".to_string())] {
-            let _ = eval::evaluate(&loaded, host, &Request { profile, ..Default::default() });
+            let _ = eval::evaluate(
+                &loaded,
+                host,
+                &Request {
+                    profile,
+                    ..Default::default()
+                },
+            );
         }
     }
 });

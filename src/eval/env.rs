@@ -176,6 +176,16 @@ pub fn parse_dotenv(text: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The value a dotenv file gives `key`: its last assignment, as a shell sourcing the file,
+/// docker's `env_file` and python-dotenv all read it.
+pub fn dotenv_value<'a>(values: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    values
+        .iter()
+        .rev()
+        .find(|(name, _)| name == key)
+        .map(|(_, v)| v.as_str())
+}
+
 /// Does this variable name look like a secret (the built-in patterns)?
 pub fn looks_secret(name: &str) -> bool {
     static SECRET: std::sync::OnceLock<Names> = std::sync::OnceLock::new();

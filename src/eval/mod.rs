@@ -522,6 +522,23 @@ fn sha_hex(bytes: &[u8]) -> String {
 }
 
 /// Lexically normalise an absolute path (`a/./b/../c` -> `a/c`).
+/// Larger than any dotenv file: past it, reading stops with an error.
+const MAX_DOTENV: u64 = 1 << 20;
+
+/// A dotenv file `from-file` names. The project is the sandbox's to write, so one below it is
+/// read without following any link there (a planted `.env.agent -> ~/.aws/credentials` would
+/// hand the sandbox values from that host file); one outside it is the user's own path.
+fn read_dotenv(project: &Path, p: &Path) -> std::io::Result<String> {
+    let bytes = match p.strip_prefix(project) {
+        Ok(rel) if !rel.as_os_str().is_empty() => {
+            crate::beneath::read(project, rel, MAX_DOTENV)?
+                .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))?
+        }
+        _ => return std::fs::read_to_string(p),
+    };
+    String::from_utf8(bytes).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
 fn normalise(p: &Path) -> PathBuf {
     let mut out = PathBuf::new();
     for c in p.components() {
@@ -906,12 +923,12 @@ fn resolve(
     // Seed 003's pass-list: only the named keys of a dotenv file the user names enter.
     for (file, keys) in &s.env.from_file {
         let Some(p) = path(cx, file) else { continue };
-        match std::fs::read_to_string(&p) {
+        match read_dotenv(&project, &p) {
             Ok(text) => {
                 let values = env::parse_dotenv(&text);
                 for k in keys {
-                    match values.iter().find(|(name, _)| *name == k.value) {
-                        Some((_, v)) => set.push((k.value.clone(), v.clone())),
+                    match env::dotenv_value(&values, &k.value) {
+                        Some(v) => set.push((k.value.clone(), v.to_string())),
                         None => cx.err(
                             k.loc,
                             format!("`{}` is not in {}", k.value, p.display()),

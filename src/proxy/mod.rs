@@ -3,6 +3,7 @@
 
 pub mod domain;
 pub mod policy;
+pub mod request;
 pub mod server;
 
 use crate::init::relay::PROXY_PORT;

@@ -15,10 +15,12 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixListener, UnixStream};
 
 use super::policy::{Allowed, Blocked, Policy};
+use super::request::{
+    http_head, http_request, socks5_greeting, socks5_request, Head, HttpRequest, Socks5Greeting,
+    Socks5Request, MAX_HEAD,
+};
 use crate::audit::{Kind, Log};
 
-/// Largest request head accepted (request line and headers).
-const MAX_HEAD: usize = 64 * 1024;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Copy buffer per direction: tokio's default 8 KiB halves loopback throughput.
 const BUF: usize = 256 * 1024;
@@ -179,16 +181,14 @@ impl Proxy {
     ) -> std::io::Result<Option<Outcome>> {
         let start = Instant::now();
         let head_len = loop {
-            let mut headers = [httparse::EMPTY_HEADER; 96];
-            let mut req = httparse::Request::new(&mut headers);
-            match req.parse(&buf) {
-                Ok(httparse::Status::Complete(n)) => break n,
-                Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => {
+            match http_head(&buf) {
+                Head::Complete(n) => break n,
+                Head::Partial if buf.len() < MAX_HEAD => {
                     if read_more(client, &mut buf).await? == 0 {
                         return Ok(None);
                     }
                 }
-                Ok(httparse::Status::Partial) => {
+                Head::Partial => {
                     respond(
                         client,
                         431,
@@ -199,7 +199,7 @@ impl Proxy {
                     .await?;
                     return Ok(None);
                 }
-                Err(e) => {
+                Head::Invalid(e) => {
                     respond(
                         client,
                         400,
@@ -212,186 +212,88 @@ impl Proxy {
                 }
             }
         };
-        let mut headers = [httparse::EMPTY_HEADER; 96];
-        let mut req = httparse::Request::new(&mut headers);
-        let _ = req.parse(&buf[..head_len]);
-        let method = req.method.unwrap_or("").to_string();
-        let target = req.path.unwrap_or("").to_string();
-        let header = |name: &str| {
-            req.headers
-                .iter()
-                .find(|h| h.name.eq_ignore_ascii_case(name))
-                .map(|h| String::from_utf8_lossy(h.value).trim().to_string())
-        };
-
-        if method == crate::init::relay::DIRECT_METHOD {
-            // The init saw the workload try to connect around the proxy (it was refused).
-            let (host, port) = split_authority(&target, None).unwrap_or((target.clone(), 0));
-            client.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await?;
-            return Ok(Some(Outcome {
-                proto: "direct",
-                host,
-                port,
-                result: Err(Blocked {
-                    rule: "direct-connect-not-via-proxy".into(),
-                    hint: None,
-                }),
-                addr: None,
-                up: 0,
-                down: 0,
-                start,
-            }));
-        }
-        if method == crate::init::relay::AGENT_METHOD {
-            let want = header("content-length")
-                .and_then(|v| v.parse::<usize>().ok())
-                .unwrap_or(0)
-                .min(crate::init::relay::AGENT_EVENT_MAX);
-            let mut body = buf[head_len..].to_vec();
-            while body.len() < want {
-                if read_more(client, &mut body).await? == 0 {
-                    break;
-                }
+        let forward = match http_request(&buf[..head_len]) {
+            HttpRequest::Direct { host, port } => {
+                // The init saw the workload try to connect around the proxy (it was refused).
+                client.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await?;
+                return Ok(Some(Outcome {
+                    proto: "direct",
+                    host,
+                    port,
+                    result: Err(Blocked {
+                        rule: "direct-connect-not-via-proxy".into(),
+                        hint: None,
+                    }),
+                    addr: None,
+                    up: 0,
+                    down: 0,
+                    start,
+                }));
             }
-            body.truncate(want);
-            client.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await?;
-            if let Some(log) = self.audit.as_ref().filter(|l| self.may_report(l)) {
-                let (tool, input) = crate::agents::summarise_tool_call(&body);
-                let _ = log.write(Kind::Agent {
-                    agent: crate::agents::clean_label(&target),
-                    tool,
-                    input,
-                });
-            }
-            return Ok(None);
-        }
-        if method == "CONNECT" {
-            let Some((host, port)) = split_authority(&target, None) else {
-                respond(client, 400, "Bad Request", "CONNECT needs host:port", None).await?;
-                return Ok(None);
-            };
-            let (mut o, upstream) = self.open("connect", host, port, start).await;
-            match (&o.result, upstream) {
-                (Ok(_), Some(mut up)) => {
-                    client
-                        .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
-                        .await?;
-                    let early = &buf[head_len..];
-                    if !early.is_empty() {
-                        up.write_all(early).await?;
-                        o.up += early.len() as u64;
+            HttpRequest::AgentEvent { target, body_len } => {
+                let mut body = buf[head_len..].to_vec();
+                while body.len() < body_len {
+                    if read_more(client, &mut body).await? == 0 {
+                        break;
                     }
-                    let (a, b) =
-                        tokio::io::copy_bidirectional_with_sizes(client, &mut up, BUF, BUF)
-                            .await
-                            .unwrap_or((0, 0));
-                    o.up += a;
-                    o.down += b;
                 }
-                (Err(b), _) => blocked(client, "CONNECT", &o.host, o.port, b).await?,
-                (Ok(_), None) => {}
-            }
-            return Ok(Some(o));
-        }
-
-        // Plain HTTP: absolute-URI (`GET http://host/path`), or origin-form with a Host header.
-        let (authority, path) = if let Some(rest) = target.strip_prefix("http://") {
-            match rest.find('/') {
-                Some(i) => (rest[..i].to_string(), rest[i..].to_string()),
-                None => (rest.to_string(), "/".to_string()),
-            }
-        } else if target.starts_with('/') {
-            match header("host") {
-                Some(h) => (h, target.clone()),
-                None => {
-                    respond(
-                        client,
-                        400,
-                        "Bad Request",
-                        "no Host header and no absolute URI",
-                        None,
-                    )
-                    .await?;
-                    return Ok(None);
+                body.truncate(body_len);
+                client.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await?;
+                if let Some(log) = self.audit.as_ref().filter(|l| self.may_report(l)) {
+                    let (tool, input) = crate::agents::summarise_tool_call(&body);
+                    let _ = log.write(Kind::Agent {
+                        agent: crate::agents::clean_label(&target),
+                        tool,
+                        input,
+                    });
                 }
-            }
-        } else {
-            respond(
-                client,
-                400,
-                "Bad Request",
-                "only http:// URIs are proxied in plain text; use https through CONNECT",
-                None,
-            )
-            .await?;
-            return Ok(None);
-        };
-        let authority = authority
-            .rsplit_once('@')
-            .map_or(authority.as_str(), |(_, a)| a)
-            .to_string();
-        let Some((host, port)) = split_authority(&authority, Some(80)) else {
-            respond(client, 400, "Bad Request", "bad host in the request", None).await?;
-            return Ok(None);
-        };
-        if header("transfer-encoding").is_some() {
-            respond(
-                client,
-                501,
-                "Not Implemented",
-                "chunked request bodies are not proxied over plain HTTP; use https",
-                None,
-            )
-            .await?;
-            return Ok(None);
-        }
-        let length: u64 = match header("content-length").map(|v| v.parse::<u64>()) {
-            None => 0,
-            Some(Ok(n)) => n,
-            Some(Err(_)) => {
-                respond(client, 400, "Bad Request", "bad Content-Length", None).await?;
                 return Ok(None);
             }
+            HttpRequest::Connect { host, port } => {
+                let (mut o, upstream) = self.open("connect", host, port, start).await;
+                match (&o.result, upstream) {
+                    (Ok(_), Some(mut up)) => {
+                        client
+                            .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                            .await?;
+                        let early = &buf[head_len..];
+                        if !early.is_empty() {
+                            up.write_all(early).await?;
+                            o.up += early.len() as u64;
+                        }
+                        let (a, b) =
+                            tokio::io::copy_bidirectional_with_sizes(client, &mut up, BUF, BUF)
+                                .await
+                                .unwrap_or((0, 0));
+                        o.up += a;
+                        o.down += b;
+                    }
+                    (Err(b), _) => blocked(client, "CONNECT", &o.host, o.port, b).await?,
+                    (Ok(_), None) => {}
+                }
+                return Ok(Some(o));
+            }
+            HttpRequest::Refused { code, reason, body } => {
+                respond(client, code, reason, body, None).await?;
+                return Ok(None);
+            }
+            HttpRequest::Forward(f) => f,
         };
-        let (mut o, upstream) = self.open("http", host, port, start).await;
-        let allowed = match (&o.result, upstream) {
+        let (mut o, upstream) = self
+            .open("http", forward.host.clone(), forward.port, start)
+            .await;
+        let (checked, mut up) = match (&o.result, upstream) {
             (Ok(a), Some(up)) => (a.clone(), up),
             (Err(b), _) => {
-                blocked(client, &method, &o.host, o.port, b).await?;
+                blocked(client, &forward.method, &o.host, o.port, b).await?;
                 return Ok(Some(o));
             }
             (Ok(_), None) => return Ok(Some(o)),
         };
-        let (checked, mut up) = allowed;
-        let host_header = if port == 80 {
-            checked.host.clone()
-        } else {
-            format!("{}:{port}", checked.host)
-        };
-        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {host_header}\r\n");
-        const HOP: [&str; 9] = [
-            "host",
-            "connection",
-            "proxy-connection",
-            "keep-alive",
-            "proxy-authorization",
-            "proxy-authenticate",
-            "te",
-            "trailer",
-            "upgrade",
-        ];
-        for h in req.headers.iter() {
-            if HOP.iter().any(|n| h.name.eq_ignore_ascii_case(n)) {
-                continue;
-            }
-            head.push_str(h.name);
-            head.push_str(": ");
-            head.push_str(&String::from_utf8_lossy(h.value));
-            head.push_str("\r\n");
-        }
-        head.push_str("Connection: close\r\n\r\n");
+        let head = forward.upstream_head(&checked.host);
         up.write_all(head.as_bytes()).await?;
         // The body: exactly Content-Length bytes, whatever else the client sends.
+        let length = forward.length;
         let early = &buf[head_len..];
         let first = early.len().min(length as usize);
         up.write_all(&early[..first]).await?;
@@ -419,72 +321,42 @@ impl Proxy {
         mut buf: Vec<u8>,
     ) -> std::io::Result<Option<Outcome>> {
         let start = Instant::now();
-        // Greeting: VER NMETHODS METHODS...; we take "no authentication".
-        while buf.len() < 2 || buf.len() < 2 + buf[1] as usize {
-            if read_more(client, &mut buf).await? == 0 {
-                return Ok(None);
-            }
-        }
-        let greeting = 2 + buf[1] as usize;
-        if !buf[2..greeting].contains(&0) {
-            client.write_all(&[5, 0xff]).await?;
-            return Ok(None);
-        }
-        client.write_all(&[5, 0]).await?;
-        buf.drain(..greeting);
-        // Request: VER CMD RSV ATYP ADDR PORT.
-        let need = |b: &[u8]| -> Option<usize> {
-            if b.len() < 5 {
-                return None;
-            }
-            let addr = match b[3] {
-                1 => 4,
-                4 => 16,
-                3 => 1 + b[4] as usize,
-                _ => 0,
-            };
-            Some(4 + addr + 2)
-        };
-        loop {
-            match need(&buf) {
-                Some(n) if buf.len() >= n => break,
-                _ => {
+        let greeting = loop {
+            match socks5_greeting(&buf) {
+                Socks5Greeting::Partial => {
                     if read_more(client, &mut buf).await? == 0 {
                         return Ok(None);
                     }
                 }
-            }
-        }
-        let reply = |code: u8| [5, code, 0, 1, 0, 0, 0, 0, 0, 0];
-        if buf[1] != 1 {
-            client.write_all(&reply(7)).await?; // command not supported: CONNECT only
-            return Ok(None);
-        }
-        let (host, rest) = match buf[3] {
-            1 => (
-                std::net::Ipv4Addr::new(buf[4], buf[5], buf[6], buf[7]).to_string(),
-                8,
-            ),
-            4 => {
-                let mut o = [0u8; 16];
-                o.copy_from_slice(&buf[4..20]);
-                (format!("[{}]", std::net::Ipv6Addr::from(o)), 20)
-            }
-            3 => {
-                let n = buf[4] as usize;
-                (String::from_utf8_lossy(&buf[5..5 + n]).into_owned(), 5 + n)
-            }
-            _ => {
-                client.write_all(&reply(8)).await?; // address type not supported
-                return Ok(None);
+                Socks5Greeting::NoAcceptableMethod => {
+                    client.write_all(&[5, 0xff]).await?;
+                    return Ok(None);
+                }
+                Socks5Greeting::NoAuth { len } => break len,
             }
         };
-        let port = u16::from_be_bytes([buf[rest], buf[rest + 1]]);
+        client.write_all(&[5, 0]).await?;
+        buf.drain(..greeting);
+        let reply = |code: u8| [5, code, 0, 1, 0, 0, 0, 0, 0, 0];
+        let (host, port, len) = loop {
+            match socks5_request(&buf) {
+                Socks5Request::Partial => {
+                    if read_more(client, &mut buf).await? == 0 {
+                        return Ok(None);
+                    }
+                }
+                Socks5Request::Refused(code) => {
+                    client.write_all(&reply(code)).await?;
+                    return Ok(None);
+                }
+                Socks5Request::Connect { host, port, len } => break (host, port, len),
+            }
+        };
         let (mut o, upstream) = self.open("socks5", host, port, start).await;
         match (&o.result, upstream) {
             (Ok(_), Some(mut up)) => {
                 client.write_all(&reply(0)).await?;
-                let early = &buf[rest + 2..];
+                let early = &buf[len..];
                 if !early.is_empty() {
                     up.write_all(early).await?;
                 }
@@ -507,27 +379,6 @@ async fn read_more<R: AsyncRead + Unpin>(r: &mut R, buf: &mut Vec<u8>) -> std::i
     let n = r.read(&mut chunk).await?;
     buf.extend_from_slice(&chunk[..n]);
     Ok(n)
-}
-
-/// `host:port`, `[v6]:port`, or `host` with the default port.
-pub fn split_authority(s: &str, default_port: Option<u16>) -> Option<(String, u16)> {
-    if let Some(rest) = s.strip_prefix('[') {
-        let (ip, tail) = rest.split_once(']')?;
-        let port = match tail.strip_prefix(':') {
-            Some(p) => p.parse().ok()?,
-            None if tail.is_empty() => default_port?,
-            None => return None,
-        };
-        return Some((format!("[{ip}]"), port));
-    }
-    match s.rsplit_once(':') {
-        Some((h, p)) if !h.contains(':') => {
-            Some((h.to_string(), p.parse().ok().filter(|&p| p > 0)?))
-        }
-        Some(_) => None,
-        None if !s.is_empty() => Some((s.to_string(), default_port?)),
-        None => None,
-    }
 }
 
 async fn respond<W: AsyncWrite + Unpin>(
@@ -565,6 +416,7 @@ async fn blocked<W: AsyncWrite + Unpin>(
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     /// A sandbox cannot grow its audit log without bound through reported events.
     #[test]
@@ -582,27 +434,5 @@ mod tests {
         let text = std::fs::read_to_string(&path).unwrap();
         assert_eq!(text.lines().count(), 1);
         assert!(text.contains("audit-limit"), "{text}");
-    }
-
-    use super::*;
-
-    #[test]
-    fn authorities() {
-        assert_eq!(
-            split_authority("a.com:443", None),
-            Some(("a.com".into(), 443))
-        );
-        assert_eq!(
-            split_authority("a.com", Some(80)),
-            Some(("a.com".into(), 80))
-        );
-        assert_eq!(split_authority("a.com", None), None);
-        assert_eq!(
-            split_authority("[::1]:8080", None),
-            Some(("[::1]".into(), 8080))
-        );
-        assert_eq!(split_authority("a.com:0", None), None);
-        assert_eq!(split_authority("a.com:x", None), None);
-        assert_eq!(split_authority("::1:80", None), None);
     }
 }
