@@ -587,6 +587,21 @@ fn env_from_file_follows_no_link_planted_in_the_project() {
     assert_eq!(vars.get("API_KEY").map(String::as_str), Some("host-secret"));
 }
 
+/// A checked-in sandbox.kdl is untrusted: blocks nested a few hundred deep made the KDL
+/// parser overflow aisb's stack (an abort; found by the parse_eval fuzz target). Now an
+/// error at the brace that goes too deep.
+#[test]
+fn deeply_nested_blocks_are_an_error_not_a_crash() {
+    let f = Fixture::new();
+    let text = "a{".repeat(100_000) + &"}".repeat(100_000);
+    let e = f.eval(&text, None).unwrap_err();
+    assert!(
+        e.contains("blocks nested deeper than 32 levels") && e.contains("sandbox.kdl:1:"),
+        "{}",
+        &e[..e.len().min(2000)]
+    );
+}
+
 /// Seed 003's network modes: how the presets' domain lists combine with the project's own.
 #[test]
 fn domain_modes_strict_merge_replace() {

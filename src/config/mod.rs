@@ -2,6 +2,7 @@
 //! language; `decode` has one function per node.
 
 pub mod decode;
+pub mod depth;
 pub mod diag;
 pub mod model;
 
@@ -72,6 +73,19 @@ fn cache_key(text: &str) -> String {
 /// `errors`; the returned model holds whatever could be decoded.
 pub fn parse(sources: &[SourceFile], file: usize, errors: &mut Errors) -> ConfigFile {
     let text = &sources[file].text;
+    if let Some(at) = depth::too_deep(text) {
+        errors.push(
+            sources,
+            Loc {
+                file,
+                span: (at, 1).into(),
+            },
+            format!("blocks nested deeper than {} levels", depth::MAX_DEPTH),
+            "too deep",
+            Some("sandbox.kdl nests three levels at most (`profile { network { … } }`)".into()),
+        );
+        return ConfigFile::default();
+    }
     match kdl::KdlDocument::parse_v2(text) {
         Ok(doc) => decode::Decoder {
             sources,
