@@ -35,7 +35,7 @@ struct Input {
     named: Vec<u8>,
 }
 
-fuzz_target!(|input: Input| {
+fuzz_target!(init: aisb_fuzz::overflow::install(), |input: Input| {
     let mut text = String::new();
     let mut quoted = Vec::new();
     for line in input.lines.iter().take(32) {

@@ -11,7 +11,7 @@ use aisb_fuzz::fixture::fixture;
 use aisb_fuzz::kdl_gen::{Project, IMPORTED};
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|p: Project| {
+fuzz_target!(init: aisb_fuzz::overflow::install(), |p: Project| {
     let f = fixture();
     let root = f.proj.join("sandbox.kdl");
     std::fs::write(&root, p.root.render(false)).unwrap();

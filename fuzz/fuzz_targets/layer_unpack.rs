@@ -69,7 +69,7 @@ fn scratch() -> &'static Scratch {
     })
 }
 
-fuzz_target!(|layer: Layer| {
+fuzz_target!(init: aisb_fuzz::overflow::install(), |layer: Layer| {
     let s = scratch();
     let _ = fs::remove_dir_all(&s.dest);
     fs::create_dir(&s.dest).unwrap();

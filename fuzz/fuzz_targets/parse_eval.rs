@@ -43,7 +43,7 @@ mod tempfile_free {
     }
 }
 
-fuzz_target!(|data: &[u8]| {
+fuzz_target!(init: aisb_fuzz::overflow::install(), |data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };

@@ -128,7 +128,7 @@ fn socks5(bytes: &[u8]) {
     }
 }
 
-fuzz_target!(|req: Request| {
+fuzz_target!(init: aisb_fuzz::overflow::install(), |req: Request| {
     let bytes = req.bytes();
     // The server's sniff: SOCKS5 starts with its version byte.
     match bytes.first() {

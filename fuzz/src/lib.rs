@@ -4,6 +4,7 @@
 
 pub mod fixture;
 pub mod kdl_gen;
+pub mod overflow;
 pub mod proxy_gen;
 pub mod tar_gen;
 pub mod tree;

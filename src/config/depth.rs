@@ -88,7 +88,7 @@ fn skip_raw(b: &[u8], i: usize) -> usize {
         return open;
     }
     let mut close = vec![b'"'];
-    close.extend(std::iter::repeat(b'#').take(hashes));
+    close.extend(std::iter::repeat_n(b'#', hashes));
     let body = open + 1;
     b[body..]
         .windows(close.len())
