@@ -81,17 +81,29 @@ const UNSET: &[&str] = &[
     "GIT_DISCOVERY_ACROSS_FILESYSTEM",
 ];
 
+/// `git` without the environment variables that name programs or redirect it.
+fn stripped() -> Command {
+    let mut cmd = Command::new("git");
+    for v in UNSET {
+        cmd.env_remove(v);
+    }
+    cmd
+}
+
+/// [`stripped`] with every program-naming setting overridden.
+fn overridden() -> Command {
+    let mut cmd = stripped();
+    for o in OVERRIDES {
+        cmd.arg("-c").arg(o);
+    }
+    cmd
+}
+
 /// `git` for the repository whose git directory is `git_dir` and work tree `work_tree`
 /// (`None` for commands that need none, such as fetch). `git_dir` is its own common directory:
 /// a `commondir` file in it is never followed.
 pub fn command(git_dir: &Path, work_tree: Option<&Path>) -> Command {
-    let mut cmd = Command::new("git");
-    for o in OVERRIDES {
-        cmd.arg("-c").arg(o);
-    }
-    for v in UNSET {
-        cmd.env_remove(v);
-    }
+    let mut cmd = overridden();
     cmd.env("GIT_DIR", git_dir)
         .env("GIT_COMMON_DIR", git_dir)
         .env("GIT_CONFIG_NOSYSTEM", "1")
@@ -137,14 +149,8 @@ fn gitfile_like(file: &Path, base: &Path) -> Option<PathBuf> {
 /// discovery of the git directory itself, `git config --global`): no repository's own
 /// configuration is trusted more than the user's here either.
 pub fn discover(dir: &Path) -> Command {
-    let mut cmd = Command::new("git");
-    for o in OVERRIDES {
-        cmd.arg("-c").arg(o);
-    }
-    for v in UNSET
-        .iter()
-        .chain(&["GIT_DIR", "GIT_COMMON_DIR", "GIT_WORK_TREE"])
-    {
+    let mut cmd = overridden();
+    for v in ["GIT_DIR", "GIT_COMMON_DIR", "GIT_WORK_TREE"] {
         cmd.env_remove(v);
     }
     cmd.env("GIT_CONFIG_NOSYSTEM", "1")
@@ -293,11 +299,7 @@ fn hooks_path(root: &Path, git_dir: &Path) -> Option<PathBuf> {
         return None;
     }
     // Without [`command`]'s overrides (they set this very key): reading runs nothing.
-    let mut cmd = Command::new("git");
-    for v in UNSET {
-        cmd.env_remove(v);
-    }
-    let out = cmd
+    let out = stripped()
         .env("GIT_DIR", git_dir)
         .env("GIT_COMMON_DIR", git_dir)
         .current_dir(root)

@@ -98,6 +98,25 @@ pub enum SystemPath {
     Image { path: PathBuf, source: PathBuf },
 }
 
+impl Mount {
+    /// The guard this mount is (see [`crate::git`]), for a `Git` mount.
+    pub fn git_guard(&self) -> Option<crate::git::Guard> {
+        match &self.kind {
+            MountKind::Git {
+                source,
+                writable,
+                create_dir,
+            } => Some(crate::git::Guard {
+                target: self.target.clone(),
+                source: source.clone(),
+                writable: *writable,
+                create_dir: *create_dir,
+            }),
+            _ => None,
+        }
+    }
+}
+
 impl SystemPath {
     /// Where it appears inside the sandbox when it is mounted (symlinks are not).
     pub fn mounted_at(&self) -> Option<&std::path::Path> {

@@ -310,23 +310,7 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
 /// writable for commits): a new `commondir` or `config.worktree`, and the `.git` of a
 /// submodule it added or changed (`git status` at the top looks into every submodule).
 fn disarm_git(plan: &Plan, audit: Option<&crate::audit::Log>, before: &GitBefore) {
-    let guards: Vec<crate::git::Guard> = plan
-        .mounts
-        .iter()
-        .filter_map(|m| match &m.kind {
-            crate::eval::plan::MountKind::Git {
-                source,
-                writable,
-                create_dir,
-            } => Some(crate::git::Guard {
-                target: m.target.clone(),
-                source: source.clone(),
-                writable: *writable,
-                create_dir: *create_dir,
-            }),
-            _ => None,
-        })
-        .collect();
+    let guards: Vec<crate::git::Guard> = plan.mounts.iter().filter_map(|m| m.git_guard()).collect();
     let quarantine = plan.state_dir.join("quarantine");
     let mut moved = crate::git::disarm(&guards, &quarantine);
     if let Some((work_tree, git_dir, stamp, since)) = before {

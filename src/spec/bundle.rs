@@ -163,6 +163,13 @@ fn write_generated(
 /// Create overlay dirs and take private copies that do not exist yet.
 pub fn realise_state(plan: &Plan) -> Result<(), BundleError> {
     for m in &plan.mounts {
+        if let Some(guard) = m.git_guard() {
+            crate::git::realise(&guard).map_err(|e| BundleError::Io {
+                path: guard.source.clone(),
+                source: std::io::Error::other(e.to_string()),
+            })?;
+            continue;
+        }
         match &m.kind {
             MountKind::Overlay { upper, work, .. } => {
                 io(upper, fs::create_dir_all(upper))?;
@@ -178,20 +185,6 @@ pub fn realise_state(plan: &Plan) -> Result<(), BundleError> {
             }
             MountKind::State { dir } => io(dir, fs::create_dir_all(dir))?,
             MountKind::Generated { dir, files } => write_generated(dir, files)?,
-            MountKind::Git {
-                source,
-                writable,
-                create_dir,
-            } => crate::git::realise(&crate::git::Guard {
-                target: m.target.clone(),
-                source: source.clone(),
-                writable: *writable,
-                create_dir: *create_dir,
-            })
-            .map_err(|e| BundleError::Io {
-                path: source.clone(),
-                source: std::io::Error::other(e.to_string()),
-            })?,
             _ => {}
         }
     }
