@@ -1075,7 +1075,7 @@ fn resolve(
     };
 
     if mode == NetMode::Allow {
-        let proxy_env = crate::proxy::sandbox_env();
+        let proxy_env = crate::vocab::sandbox_env();
         env.vars
             .retain(|(k, _)| !proxy_env.iter().any(|(p, _)| p == k));
         env.vars.extend(proxy_env);
