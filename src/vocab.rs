@@ -56,10 +56,7 @@ pub fn sandbox_env() -> Vec<(String, String)> {
     v.push(("NODE_USE_ENV_PROXY".into(), "1".into()));
     v.push((
         "GIT_SSH_COMMAND".into(),
-        format!(
-            "ssh -o ProxyCommand='{} connect %h %p'",
-            INIT_PATH
-        ),
+        format!("ssh -o ProxyCommand='{} connect %h %p'", INIT_PATH),
     ));
     v
 }
@@ -103,7 +100,6 @@ pub fn clean_label(s: &str) -> String {
         .take(40)
         .collect()
 }
-
 
 #[cfg(test)]
 mod tests {
