@@ -5,8 +5,8 @@ use kdl::{KdlDocument, KdlEntry, KdlNode, KdlValue};
 use miette::SourceSpan;
 
 use super::diag::{suggest, Errors, Loc, SourceFile, Spanned};
+use super::domain::DomainRule;
 use super::model::*;
-use crate::proxy::domain::DomainRule;
 
 /// Decoding state for one file: where we are and what went wrong so far.
 pub struct Decoder<'a> {
@@ -200,7 +200,7 @@ impl Decoder<'_> {
                 };
                 for e in self.args(node, 1, usize::MAX, "path globs") {
                     if let Some(g) = self.string(e) {
-                        if let Err(msg) = crate::eval::masks::validate_pattern(&g.value) {
+                        if let Err(msg) = super::pattern::validate(&g.value) {
                             self.err(e.span(), format!("invalid glob `{}`: {msg}", g.value), "bad glob", Some(
                                 "globs are relative to the project (`*.pem`, `config/*.yml`, `.aws/`); paths outside it start with `/` or `~/` and may not contain wildcards".into()));
                         } else {
@@ -405,7 +405,7 @@ impl Decoder<'_> {
     /// `image "NAME" { from "…"; arg "K" "default"; env "K" "V"; run "…"; copy "SRC"… "DEST"
     /// chown=… chmod="0644"; add …; workdir "…"; user "…"; shell "…"… }`
     fn image(&mut self, node: &KdlNode) -> Option<ImageDecl> {
-        use crate::image::{Cmd, Instr, Step};
+        use super::instr::{Cmd, Instr, Step};
         self.only_props(node, &[]);
         let name = self
             .args(node, 1, 1, "the image's name")
@@ -599,7 +599,7 @@ impl Decoder<'_> {
                 "tool-dirs" => {
                     for e in self.args(child, 1, usize::MAX, "directory globs") {
                         if let Some(g) = self.string(e) {
-                            match crate::eval::masks::validate_pattern(&g.value) {
+                            match super::pattern::validate(&g.value) {
                                 Ok(()) => s.tool_dirs.push(g),
                                 Err(msg) => self.err(
                                     e.span(),

@@ -1,14 +1,12 @@
 //! Path patterns for `block`, `allow` and `secrets tool-dirs`, and the built-in sensitive sets.
 //!
-//! Pattern syntax (close to .gitignore): relative to the project root; a pattern without `/`
-//! matches a name at any depth (`.env`, `*.pem`); a pattern with `/` inside is anchored at the
-//! project root (`config/prod.yml`, `./secrets.txt`); a trailing `/` matches directories only;
-//! `*` and `?` never cross `/`, `**` does. Patterns starting with `/` or `~/` name paths outside
-//! the project literally (no wildcards: we never walk outside the project).
+//! The pattern syntax is the configuration's: see [`crate::config::pattern`].
 
 use std::path::Path;
 
-use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
+use globset::{GlobSet, GlobSetBuilder};
+
+use crate::config::pattern::{glob_for, is_outside};
 
 /// Seed 000 / seed 002: never readable inside, wherever they are in the project.
 pub const DEFAULT_SENSITIVE: &[&str] = &[
@@ -85,44 +83,6 @@ pub const HOME_SENSITIVE: &[&str] = &[
     ".codex/auth.json",
 ];
 
-/// Is this pattern acceptable? Returns a short reason when not.
-pub fn validate_pattern(p: &str) -> Result<(), String> {
-    if p.is_empty() {
-        return Err("empty pattern".into());
-    }
-    if is_outside(p) {
-        if p.contains(['*', '?', '[', '{']) {
-            return Err("wildcards are only allowed in project-relative patterns".into());
-        }
-        return Ok(());
-    }
-    if p.split('/').any(|c| c == "..") {
-        return Err("`..` may not appear in a pattern".into());
-    }
-    glob_for(p).map(|_| ()).map_err(|e| e.kind().to_string())
-}
-
-/// Patterns naming a path outside the project: `/abs/path`, `~/x`, `$HOME/x`, `${…}`.
-pub fn is_outside(p: &str) -> bool {
-    p.starts_with('/') || p.starts_with("~/") || p == "~" || p.starts_with('$')
-}
-
-fn glob_for(p: &str) -> Result<Glob, globset::Error> {
-    let body = p.trim_end_matches('/');
-    // A `/` anywhere but at the end anchors the pattern at the project root (`./x` too).
-    let anchored = body.contains('/');
-    let body = body.strip_prefix("./").unwrap_or(body);
-    let full = if anchored {
-        body.to_string()
-    } else {
-        format!("**/{body}")
-    };
-    GlobBuilder::new(&full)
-        .literal_separator(true)
-        .backslash_escape(true)
-        .build()
-}
-
 /// A compiled set of project-relative patterns that remembers which pattern matched.
 #[derive(Debug, Clone)]
 pub struct PatternSet {
@@ -135,7 +95,7 @@ pub struct PatternSet {
 
 impl PatternSet {
     /// Outside-the-project patterns are skipped here (they are resolved as literal paths by
-    /// the evaluator). Patterns must have passed `validate_pattern`.
+    /// the evaluator). Patterns must have passed [`crate::config::pattern::validate`].
     pub fn new<'a>(patterns: impl IntoIterator<Item = &'a str>) -> PatternSet {
         let mut kept = Vec::new();
         let mut dir_only = Vec::new();
@@ -240,15 +200,5 @@ mod tests {
         let s = PatternSet::new([".ssh/"]);
         assert_eq!(s.covers("home/.ssh/id_ed25519", false), Some(".ssh/"));
         assert_eq!(s.covers("home/ssh/id", false), None);
-    }
-
-    #[test]
-    fn validation() {
-        assert!(validate_pattern("*.pem").is_ok());
-        assert!(validate_pattern("~/.config/gcloud").is_ok());
-        assert!(validate_pattern("~/.config/*").is_err());
-        assert!(validate_pattern("../x").is_err());
-        assert!(validate_pattern("a/[b").is_err());
-        assert!(validate_pattern("").is_err());
     }
 }

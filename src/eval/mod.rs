@@ -20,7 +20,7 @@ use crate::config::model::{
     RLIMITS,
 };
 use crate::config::{ConfigErrors, Errors, Loc, Spanned};
-use crate::proxy::domain::DomainRule;
+use crate::config::domain::DomainRule;
 pub use load::{load, load_cached, Loaded, Root};
 use masks::PatternSet;
 pub use plan::Plan;
@@ -1164,7 +1164,7 @@ fn resolve(
     let mut explicit: BTreeSet<String> = BTreeSet::new();
     let mut outside: Vec<(PathBuf, String)> = Vec::new();
     for b in &s.block {
-        if masks::is_outside(&b.value) {
+        if crate::config::pattern::is_outside(&b.value) {
             if let Some(p) = path(cx, b) {
                 outside.push((p, format!("block \"{}\"", b.value)));
             }

@@ -1,7 +1,6 @@
-//! Egress policy. The domain rules are shared by the configuration (validated at their span) and
-//! by the host-side proxy that enforces them.
+//! Egress policy, enforced by the host-side proxy. The domain-rule syntax is the
+//! configuration's ([`crate::config::domain`], validated at its span); the proxy matches by it.
 
-pub mod domain;
 pub mod policy;
 pub mod request;
 pub mod server;
