@@ -17,6 +17,10 @@ pub const PROXY_SOCKET: &str = "/run/aisb/net/proxy.sock";
 /// The loopback port the workload's `HTTP(S)_PROXY` points at.
 pub const PROXY_PORT: u16 = 3128;
 
+/// Where the masking file is mounted in a sandbox that has the live layer (see
+/// `runtime::live::masker`).
+pub const MASK_SOURCE: &str = "/run/aisb/masked";
+
 /// The request method the init uses to report a direct connection attempt to the proxy.
 pub const DIRECT_METHOD: &str = "AISB-DIRECT-CONNECT";
 /// The request method an agent's tool hook uses to put a tool call into the audit log.

@@ -293,7 +293,13 @@ pub fn gc(a: GcArgs) -> Result<i32, Error> {
     }
     // Store entries only removed sandboxes (or superseded /etc snapshots) used.
     let store = root.join("store");
-    let r = crate::graph::store::gc(&store, &root, a.dry_run).map_err(|source| Error::Io {
+    let r = crate::graph::store::gc(
+        &store,
+        &root,
+        &crate::image::lock::pinned_entries,
+        a.dry_run,
+    )
+    .map_err(|source| Error::Io {
         path: store.clone(),
         source,
     })?;

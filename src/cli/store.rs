@@ -39,7 +39,7 @@ pub fn run(a: Args) -> Result<i32, Error> {
     let root = cache.join("store");
     match a.command {
         StoreCommand::Ls { json } => {
-            let entries = store::list(&root, &cache);
+            let entries = store::list(&root, &cache, &crate::image::lock::pinned_entries);
             if json {
                 println!(
                     "{}",
@@ -66,10 +66,11 @@ pub fn run(a: Args) -> Result<i32, Error> {
         }
         StoreCommand::Gc { dry_run, json } => {
             let start = std::time::Instant::now();
-            let r = store::gc(&root, &cache, dry_run).map_err(|source| Error::Io {
-                path: root.clone(),
-                source,
-            })?;
+            let r = store::gc(&root, &cache, &crate::image::lock::pinned_entries, dry_run)
+                .map_err(|source| Error::Io {
+                    path: root.clone(),
+                    source,
+                })?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
                 return Ok(0);

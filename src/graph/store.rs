@@ -135,10 +135,14 @@ pub struct EntryInfo {
     pub used_by: Vec<PathBuf>,
 }
 
+/// The store entries a project's lock file pins (`image::lock::pinned_entries`): given by
+/// the caller, so the store knows nothing of what a lock file is.
+pub type Pinned<'a> = &'a dyn Fn(&Path, &Path) -> Vec<PathBuf>;
+
 /// Every entry of the store at `store`, with its size and the sandboxes that use it; `cache`
 /// is aisb's cache directory, where sandbox states live (`<cache>/<repo>-<hash>/<name>/`).
-pub fn list(store: &Path, cache: &Path) -> Vec<EntryInfo> {
-    let refs = references(cache);
+pub fn list(store: &Path, cache: &Path, pinned: Pinned) -> Vec<EntryInfo> {
+    let refs = references(cache, pinned);
     let mut out: Vec<EntryInfo> = fs::read_dir(store)
         .into_iter()
         .flatten()
@@ -149,7 +153,7 @@ pub fn list(store: &Path, cache: &Path) -> Vec<EntryInfo> {
             let path = e.path();
             EntryInfo {
                 name: e.file_name().to_string_lossy().into_owned(),
-                bytes: crate::session::disk_use(&path),
+                bytes: disk_use(&path),
                 ready: is_ready(&path),
                 used_by: refs
                     .iter()
@@ -184,7 +188,7 @@ fn read_refs(state: &Path) -> Refs {
 }
 
 /// (sandbox state dir, the store entries it refers to) for every state under `cache`.
-fn references(cache: &Path) -> Vec<(PathBuf, BTreeSet<PathBuf>)> {
+fn references(cache: &Path, pinned: Pinned) -> Vec<(PathBuf, BTreeSet<PathBuf>)> {
     let mut out = Vec::new();
     for repo in fs::read_dir(cache).into_iter().flatten().flatten() {
         for state in fs::read_dir(repo.path()).into_iter().flatten().flatten() {
@@ -195,10 +199,7 @@ fn references(cache: &Path) -> Vec<(PathBuf, BTreeSet<PathBuf>)> {
             // The image the project's sandbox.lock pins, whenever it was last used.
             if let Ok(lock) = fs::read_to_string(state.path().join(LOCK_REF_FILE)) {
                 let store = cache.join("store");
-                entries.extend(crate::image::lock::pinned_entries(
-                    Path::new(lock.trim()),
-                    &store,
-                ));
+                entries.extend(pinned(Path::new(lock.trim()), &store));
             }
             if !entries.is_empty() {
                 out.push((state.path(), entries));
@@ -241,9 +242,9 @@ pub struct GcReport {
 /// Remove every entry no sandbox state refers to, incomplete entries, and temporary
 /// directories and locks of builds that are over (`dry_run`: only report). An entry being
 /// built is skipped (its lock is held).
-pub fn gc(store: &Path, cache: &Path, dry_run: bool) -> io::Result<GcReport> {
+pub fn gc(store: &Path, cache: &Path, pinned: Pinned, dry_run: bool) -> io::Result<GcReport> {
     let mut report = GcReport::default();
-    for e in list(store, cache) {
+    for e in list(store, cache, pinned) {
         if e.ready && !e.used_by.is_empty() {
             report.kept += 1;
             continue;
@@ -270,7 +271,7 @@ pub fn gc(store: &Path, cache: &Path, dry_run: bool) -> io::Result<GcReport> {
         let pid = rest.rsplit('-').nth(1).and_then(|p| p.parse::<i32>().ok());
         let alive = pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists());
         if !alive {
-            report.bytes += crate::session::disk_use(&e.path());
+            report.bytes += disk_use(&e.path());
             report.removed.push(name);
             if !dry_run {
                 remove(&e.path())?;
@@ -286,7 +287,7 @@ pub fn gc(store: &Path, cache: &Path, dry_run: bool) -> io::Result<GcReport> {
         let name = e.file_name().to_string_lossy().into_owned();
         let pid = name.split('-').next().and_then(|p| p.parse::<i32>().ok());
         if !pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists()) {
-            report.bytes += crate::session::disk_use(&e.path());
+            report.bytes += disk_use(&e.path());
             report.removed.push(format!(".work/{name}"));
             if !dry_run {
                 remove(&e.path())?;
@@ -317,6 +318,18 @@ fn try_lock(entry: &Path) -> Option<Flock<fs::File>> {
         .open(locks.join(name))
         .ok()?;
     Flock::lock(f, FlockArg::LockExclusiveNonblock).ok()
+}
+
+/// Disk use of a directory tree (apparent sizes), not following symlinks.
+pub fn disk_use(dir: &Path) -> u64 {
+    walkdir::WalkDir::new(dir)
+        .follow_links(false)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.metadata().ok())
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+        .sum()
 }
 
 #[cfg(test)]
@@ -383,12 +396,12 @@ mod tests {
         fs::create_dir_all(store.join(".tmp-x-999999999-1")).unwrap();
         let state = cache.join("repo-0000/default");
         record_refs(&state, &BTreeSet::from([used.clone()])).unwrap();
-        let l = list(&store, &cache);
+        let l = list(&store, &cache, &|_, _| Vec::new());
         assert_eq!(l.len(), 2);
         assert_eq!(l[0].used_by, vec![state.clone()]);
-        let dry = gc(&store, &cache, true).unwrap();
+        let dry = gc(&store, &cache, &|_, _| Vec::new(), true).unwrap();
         assert!(unused.exists() && dry.removed.contains(&"bbbb-unused".to_string()));
-        let r = gc(&store, &cache, false).unwrap();
+        let r = gc(&store, &cache, &|_, _| Vec::new(), false).unwrap();
         assert_eq!(r.bytes, 3);
         assert!(used.exists() && !unused.exists() && !marker(&unused).exists());
         assert!(!store.join(".tmp-x-999999999-1").exists());
@@ -397,17 +410,17 @@ mod tests {
         let other = store.join("cccc-other");
         realise(&other, |d| fs::write(d.join("f"), "1")).unwrap();
         record_refs(&state, &BTreeSet::from([other.clone()])).unwrap();
-        gc(&store, &cache, false).unwrap();
+        gc(&store, &cache, &|_, _| Vec::new(), false).unwrap();
         assert!(used.exists() && other.exists());
         let mut refs = read_refs(&state);
         *refs.get_mut(&used).unwrap() -= REF_TTL_SECS + 1;
         fs::write(state.join(REFS_FILE), serde_json::to_vec(&refs).unwrap()).unwrap();
         record_refs(&state, &BTreeSet::from([other.clone()])).unwrap();
-        gc(&store, &cache, false).unwrap();
+        gc(&store, &cache, &|_, _| Vec::new(), false).unwrap();
         assert!(!used.exists() && other.exists());
         // Once the sandbox's state is gone, so is what only it used.
         fs::remove_dir_all(&state).unwrap();
-        gc(&store, &cache, false).unwrap();
+        gc(&store, &cache, &|_, _| Vec::new(), false).unwrap();
         assert!(!other.exists());
     }
 }

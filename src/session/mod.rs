@@ -460,17 +460,7 @@ pub fn remove(state: &Path, name: &str, force: bool) -> Result<(), SessionError>
     fs::remove_dir_all(state).map_err(io(format!("removing {}", state.display())))
 }
 
-/// Disk use of a directory tree (apparent sizes), not following symlinks.
-pub fn disk_use(dir: &Path) -> u64 {
-    walkdir::WalkDir::new(dir)
-        .follow_links(false)
-        .into_iter()
-        .flatten()
-        .filter_map(|e| e.metadata().ok())
-        .filter(|m| m.is_file())
-        .map(|m| m.len())
-        .sum()
-}
+pub use crate::graph::store::disk_use;
 
 pub fn human_bytes(n: u64) -> String {
     let units = ["B", "KiB", "MiB", "GiB", "TiB"];

@@ -321,7 +321,7 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
     // mount API lets it attach there on every kernel.
     if plan.live.is_some() && paths.init.is_some() {
         mounts.push(mount(
-            Path::new(crate::runtime::live::MASK_SOURCE),
+            Path::new(crate::vocab::MASK_SOURCE),
             "bind",
             &s(&paths.mask_file),
             &opts(&["bind", "ro", "nosuid", "nodev", "noexec"]),

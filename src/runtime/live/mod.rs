@@ -46,11 +46,10 @@ use std::time::Duration;
 use rustix::event::{poll, PollFd, PollFlags};
 
 use crate::eval::plan::{MountKind, Plan};
+pub use crate::vocab::MASK_SOURCE;
 use masker::{Masker, Outcome};
 use tree::{Request, Tree};
 
-/// Where the masking file is mounted in a sandbox that has the live layer (see [`masker`]).
-pub const MASK_SOURCE: &str = "/run/aisb/masked";
 
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
 pub enum LiveError {
