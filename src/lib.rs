@@ -1,8 +1,10 @@
 //! aisb: run AI coding agents and any command in a sandbox described by `sandbox.kdl`.
 //!
 //! Data flows one way: `config` (KDL -> spanned model) -> `eval` (imports, profiles, variables,
-//! project scan -> [`eval::Plan`]) -> `spec` (Plan -> OCI runtime spec). Nothing after `eval`
-//! sees KDL.
+//! project scan -> [`eval::Plan`]) -> `graph` (realise what the plan needs on the host) ->
+//! `spec` (Plan -> OCI runtime spec) -> `runtime` (run it). Nothing after `eval` sees KDL;
+//! `vocab` holds the names every stage shares. docs/ARCHITECTURE.md has the stages, the
+//! arrows `scripts/imports.sh` checks, and the graph's node kinds.
 
 pub mod agents;
 pub mod atomic;
