@@ -6,7 +6,6 @@
 //! `vocab` holds the names every stage shares. docs/ARCHITECTURE.md has the stages, the
 //! arrows `scripts/imports.sh` checks, and the graph's node kinds.
 
-pub mod agents;
 pub mod atomic;
 pub mod audit;
 pub mod beneath;

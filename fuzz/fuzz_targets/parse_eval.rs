@@ -26,6 +26,7 @@ fn fixture() -> &'static (tempfile_free::Dir, Host) {
             gid: 1000,
             user: "fuzz".into(),
             home,
+            agent_policies: aisb::eval::agents::host_policies(),
         };
         (dir, host)
     })

@@ -31,6 +31,7 @@ pub fn fixture() -> &'static Fixture {
             gid: 1000,
             user: "fuzz".into(),
             home,
+            agent_policies: aisb::eval::agents::host_policies(),
         };
         Fixture { proj, host }
     })

@@ -20,6 +20,8 @@ pub struct Host {
     pub gid: u32,
     pub user: String,
     pub home: PathBuf,
+    /// The agents' own settings files on the host (`agents::host_policies`).
+    pub agent_policies: BTreeMap<String, serde_json::Value>,
 }
 
 impl Host {
@@ -48,6 +50,7 @@ impl Host {
             gid: gid.as_raw(),
             user,
             home,
+            agent_policies: super::agents::host_policies(),
         })
     }
 

@@ -2,6 +2,7 @@
 //! Imports are read by `load`, profiles merged by `merge`, `$VARS` expanded by `vars`, the
 //! project scanned by `scan`, the environment filtered by `env`.
 
+pub mod agents;
 pub mod env;
 mod host;
 pub mod load;
@@ -239,7 +240,7 @@ pub fn evaluate(loaded: &Loaded, host: &Host, req: &Request) -> Result<Plan, Eva
                 .any(|f| f.path.is_none() && f.name == format!("preset:{a}"))
         })
         .collect();
-    crate::agents::mirror(&mut plan, &agents);
+    agents::mirror(&mut plan, &agents, &host.agent_policies);
     Ok(plan)
 }
 

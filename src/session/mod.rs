@@ -365,7 +365,7 @@ fn write_agent_settings(plan: &Plan, clone: &Path, state: &Path) -> Result<(), S
     let claude = plan
         .mounts
         .iter()
-        .any(|m| m.target == Path::new(crate::agents::CLAUDE_MANAGED_DIR));
+        .any(|m| m.target == Path::new(crate::eval::agents::CLAUDE_MANAGED_DIR));
     if !claude {
         return Ok(());
     }
@@ -375,7 +375,7 @@ fn write_agent_settings(plan: &Plan, clone: &Path, state: &Path) -> Result<(), S
     }
     let existing = read_in_clone(clone, REL)?
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
-    let merged = crate::agents::claude_settings(plan, existing);
+    let merged = crate::eval::agents::claude_settings(plan, existing);
     write_in_clone(
         clone,
         REL,

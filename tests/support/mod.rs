@@ -59,6 +59,7 @@ impl Fixture {
             gid: 1000,
             user: "dev".into(),
             home: self.home(),
+            agent_policies: aisb::eval::agents::host_policies(),
         }
     }
     pub fn git(&self, args: &[&str]) {

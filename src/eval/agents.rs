@@ -37,7 +37,9 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
-use crate::eval::plan::{GeneratedFile, Mount, MountKind, NetMode, Plan};
+use std::collections::BTreeMap;
+
+use super::plan::{GeneratedFile, Mount, MountKind, NetMode, Plan};
 
 /// Where Claude Code reads its managed (highest-precedence) settings.
 pub const CLAUDE_MANAGED_DIR: &str = "/etc/claude-code";
@@ -72,13 +74,23 @@ const MIRRORS: [(&str, &str, &str, &str, Builder, &str); 2] = [
     ),
 ];
 
-/// Add what the agents in `agents` (preset names) need to mirror `plan`.
-pub fn mirror(plan: &mut Plan, agents: &[&str]) {
+/// The host's own settings files for each agent aisb mirrors (an enterprise policy), by
+/// agent: read once with the other host facts ([`super::Host`]), so evaluating stays pure.
+pub fn host_policies() -> BTreeMap<String, Value> {
+    MIRRORS
+        .iter()
+        .filter_map(|(agent, dir, file, ..)| {
+            Some((agent.to_string(), read_json(&Path::new(dir).join(file))?))
+        })
+        .collect()
+}
+
+/// Add what the agents in `agents` (preset names) need to mirror `plan`; `host_policies`
+/// (from [`host_policies`]) are kept under aisb's rules.
+pub fn mirror(plan: &mut Plan, agents: &[&str], host_policies: &BTreeMap<String, Value>) {
     for (agent, dir, file, name, build, why) in MIRRORS {
         if agents.contains(&agent) {
-            // The host's own file (an enterprise policy) is kept under aisb's rules.
-            let host = read_json(&Path::new(dir).join(file));
-            let settings = build(plan, host);
+            let settings = build(plan, host_policies.get(agent).cloned());
             add(plan, dir, file, name, &settings, why);
         }
     }
