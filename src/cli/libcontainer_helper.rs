@@ -12,7 +12,7 @@ pub struct Args {
     pub console_socket: Option<PathBuf>,
     #[arg(long)]
     pub pid_file: Option<PathBuf>,
-    /// An image root to mount in a private mount namespace first (`image::rootmount`).
+    /// An image root to mount in a private mount namespace first (`runtime::rootmount`).
     #[arg(long)]
     pub root_mount: Option<String>,
     /// A descriptor to write the init's pid to once the container runs (the live mask layer).
@@ -23,7 +23,7 @@ pub struct Args {
 pub fn run(a: Args) -> Result<i32, Error> {
     // 125: the sandbox could not start (distinct from any exit code of the workload's own).
     if let Some(arg) = &a.root_mount {
-        let mounted = crate::image::rootmount::RootMount::parse(arg)
+        let mounted = crate::runtime::rootmount::RootMount::parse(arg)
             .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::InvalidInput))
             .and_then(|m| m.apply());
         if let Err(e) = mounted {

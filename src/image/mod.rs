@@ -13,7 +13,6 @@ pub mod lock;
 pub mod oci;
 pub mod progress;
 
-pub mod rootmount;
 pub mod sandbox;
 pub mod statcache;
 pub mod step;

@@ -5,9 +5,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::graph::{self, BuildError, Def, Graph, ImageConfig, Options};
-use super::{dockerfile, lock, rootmount::RootMount, Instr, Step};
+use super::{dockerfile, lock, Instr, Step};
 use crate::eval::plan::{Rootfs, SystemPath};
 use crate::eval::Plan;
+use crate::runtime::rootmount::RootMount;
 
 /// The image the plan's `rootfs` names, as a build definition; None for the host's root.
 pub fn def_of(plan: &Plan) -> Result<Option<Def>, BuildError> {

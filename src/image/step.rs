@@ -7,7 +7,7 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use super::rootmount::RootMount;
+use crate::runtime::rootmount::RootMount;
 
 pub struct StepRun<'a> {
     /// The layers below, top first (at least one: an empty directory for `FROM scratch`).

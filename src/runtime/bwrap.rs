@@ -19,7 +19,7 @@ pub fn run(
     rootfs_symlinks: Vec<(PathBuf, PathBuf)>,
     interactive: bool,
     pid_file: Option<&std::path::Path>,
-    root_mount: Option<&crate::image::rootmount::RootMount>,
+    root_mount: Option<&super::rootmount::RootMount>,
     cgroup_procs: Vec<std::os::fd::RawFd>,
     mut live: Option<&mut super::live::Live>,
 ) -> Result<i32, RuntimeError> {

@@ -21,7 +21,7 @@ pub fn run(
     interactive: bool,
     terminal: bool,
     pid_file: Option<&Path>,
-    root_mount: Option<&crate::image::rootmount::RootMount>,
+    root_mount: Option<&super::rootmount::RootMount>,
     mut live: Option<&mut super::live::Live>,
 ) -> Result<i32, RuntimeError> {
     let console = if terminal {

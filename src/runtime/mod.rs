@@ -9,6 +9,7 @@ pub mod limits;
 pub mod live;
 pub mod net;
 pub mod rootless;
+pub mod rootmount;
 
 use std::path::PathBuf;
 use std::time::Instant;
