@@ -3,10 +3,10 @@ use std::path::PathBuf;
 use super::Global;
 use crate::Error;
 
-/// Export the sandbox as an OCI bundle
+/// Export the sandbox for other runtimes: an OCI bundle, aisb's seccomp filter as a profile
 #[derive(Debug, clap::Args)]
 #[command(
-    after_help = "Examples:\n  aisb export bundle /tmp/sb && runc run --bundle /tmp/sb sb1\n  aisb export bundle /tmp/sb -- make test"
+    after_help = "Examples:\n  aisb export bundle /tmp/sb && runc run --bundle /tmp/sb sb1\n  aisb export bundle /tmp/sb -- make test\n  aisb export seccomp > aisb-seccomp.json     # a Kubernetes Localhost profile, linux.seccomp of a spec"
 )]
 pub struct Args {
     #[command(subcommand)]
@@ -26,14 +26,55 @@ pub enum What {
         #[arg(last = true)]
         command: Vec<String>,
     },
+    /// The seccomp filter aisb's init applies, as an OCI seccomp profile (JSON): for runtimes
+    /// where aisb's init does not run (a Kubernetes `seccompProfile: {type: Localhost}`)
+    Seccomp {
+        /// Write it here instead of stdout
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
 }
 
 pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
-    let What::Bundle {
-        dir,
-        profile,
-        command,
-    } = a.what;
+    match a.what {
+        What::Bundle {
+            dir,
+            profile,
+            command,
+        } => bundle(g, dir, profile, command),
+        What::Seccomp { output } => {
+            let profile = crate::init::seccomp::oci::profile();
+            let mut text = serde_json::to_string_pretty(&profile)
+                .expect("a seccomp profile always serializes");
+            text.push('\n');
+            write_out(output.as_deref(), &text)
+        }
+    }
+}
+
+/// `text` to `path` (atomically: a reader never sees half of it), or to stdout.
+fn write_out(path: Option<&std::path::Path>, text: &str) -> Result<i32, Error> {
+    match path {
+        Some(p) => crate::atomic::write_atomic(p, text.as_bytes()).map_err(|source| Error::Io {
+            path: p.to_path_buf(),
+            source,
+        })?,
+        None => {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            // A closed pipe (`| head`) is not an error worth a message.
+            let _ = out.write_all(text.as_bytes()).and_then(|_| out.flush());
+        }
+    }
+    Ok(0)
+}
+
+fn bundle(
+    g: &Global,
+    dir: PathBuf,
+    profile: Option<String>,
+    command: Vec<String>,
+) -> Result<i32, Error> {
     let host = super::host()?;
     let plan = g.plan(&host, profile, command)?;
     if plan.rootfs != crate::eval::plan::Rootfs::Host {
