@@ -449,7 +449,7 @@ pub fn export(plan: &Plan, o: &Options) -> Result<Export, K8sError> {
     }
     if allow_mode {
         let url = format!("http://{proxy_host}:{PROXY_PORT}");
-        for (name, value) in crate::proxy::sandbox_env() {
+        for (name, value) in crate::vocab::sandbox_env() {
             if value.starts_with("http://127.0.0.1:") {
                 env.push(json!({"name": name, "value": url}));
             } else if name.eq_ignore_ascii_case("NO_PROXY") || name == "NODE_USE_ENV_PROXY" {
