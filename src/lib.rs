@@ -98,7 +98,10 @@ impl From<eval::EvalError> for Error {
 pub fn run(args: impl IntoIterator<Item = OsString>) -> i32 {
     let args: Vec<OsString> = args.into_iter().collect();
     // The sandbox's init: no clap, no config; the same entry point as the `aisb-init` binary.
-    if args.get(1).is_some_and(|a| a == "__init") {
+    // Inside a sandbox this binary may itself be the init (no `aisb-init` beside it: `cargo
+    // run`, a copied binary), called by its mount path for the init's other verbs too: the
+    // named sandbox's `hold`, the SSH ProxyCommand's `connect`, the agents' `agent-event` hook.
+    if args.get(1).is_some_and(|a| a == "__init") || init::called_as_init(args.first()) {
         return init::main_from_args(args.into_iter().skip(1));
     }
     match cli::run(args) {

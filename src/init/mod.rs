@@ -33,6 +33,12 @@ pub fn binary_beside(exe: &std::path::Path) -> std::path::PathBuf {
     }
 }
 
+/// Whether this process was started through [`INIT_PATH`] (argv\[0\]): inside a sandbox, where
+/// whichever binary serves as the init answers every verb of [`main_from_args`].
+pub fn called_as_init(argv0: Option<&OsString>) -> bool {
+    argv0.is_some_and(|a| a == INIT_PATH)
+}
+
 /// Parse `__init [--loopback] [--rlimit=NAME=SOFT:HARD]... -- COMMAND...` (the arguments the
 /// spec gives the init; argv[0] excluded), run, and return the exit code: 125 when the sandbox
 /// could not be set up, so it never runs the workload with less isolation.

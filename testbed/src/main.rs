@@ -154,7 +154,7 @@ fn run_matrix(a: RunArgs) -> Result<i32, Error> {
         None => {
             eprintln!("testbed: building aisb (release)");
             run(Command::new(env!("CARGO"))
-                .args(["build", "--release", "-q", "-p", "aisb", "--bins"])
+                .args(["build", "--release", "-q", "-p", "aisb", "--bins", "--features", "test-probe"])
                 .current_dir(&root))?;
             root.join("target/release")
         }
@@ -370,7 +370,7 @@ fn run_layer(
         if !host.is_file() {
             return Err(Error::msg(
                 format!("{} is missing", host.display()),
-                "build with `cargo build --release -p aisb --bins` or pass --bin-dir",
+                "build with `cargo build --release -p aisb --bins --features test-probe` or pass --bin-dir",
             ));
         }
         t.program(&host, &format!("usr/local/bin/{b}"))?;
