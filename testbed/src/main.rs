@@ -47,7 +47,7 @@ pub fn run(cmd: &mut Command) -> Result<String, Error> {
     let out = cmd.output().map_err(|e| {
         Error::msg(
             format!("cannot run {:?}: {e}", cmd.get_program()),
-            "sh scripts/setup.sh installs what the testbed needs",
+            "sh scripts/setup-tests.sh installs what the testbed needs",
         )
     })?;
     if !out.status.success() {
@@ -145,7 +145,7 @@ fn run_matrix(a: RunArgs) -> Result<i32, Error> {
         which(tool).ok_or_else(|| {
             Error::msg(
                 format!("`{tool}` is not installed"),
-                "sh scripts/setup.sh installs what the testbed needs",
+                "sh scripts/setup-tests.sh installs what the testbed needs",
             )
         })?;
     }
@@ -318,7 +318,7 @@ fn base_layer(k: &kernel::Kernel) -> Result<initramfs::Tree, Error> {
         ("setpriv", "usr/bin/setpriv"),
     ] {
         let host = which(prog)
-            .ok_or_else(|| Error::msg(format!("{prog} is not installed"), "sh scripts/setup.sh"))?;
+            .ok_or_else(|| Error::msg(format!("{prog} is not installed"), "sh scripts/setup-tests.sh"))?;
         t.program(&host, inside)?;
     }
     // The dynamic loader at the path every program names.
