@@ -47,6 +47,17 @@ pub enum Error {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("cannot use aisb's {what} directory {path}: {cause}")]
+    #[diagnostic(help(
+        "aisb keeps its {what} in ${var}/aisb (by default ~/{default}/aisb): make {path} writable for you, or point {var} at a directory you own (`export {var}=$HOME/{default}`)"
+    ))]
+    OwnDir {
+        what: &'static str,
+        var: &'static str,
+        default: &'static str,
+        path: String,
+        cause: std::io::Error,
+    },
     #[error("no configuration file at {path}")]
     #[diagnostic(help(
         "create one with `aisb init`, or omit -f to use sandbox.kdl or the embedded default"
@@ -77,7 +88,7 @@ pub enum Error {
     #[diagnostic(help("{}", hint.as_ref().map_or_else(|| "`aisb tasks` lists the tasks in sandbox.kdl".to_string(), |h| format!("did you mean `{h}`?"))))]
     UnknownTask { name: String, hint: Option<String> },
     #[error("{0}")]
-    #[diagnostic(help("see `aisb run --help`"))]
+    #[diagnostic(help("`aisb help COMMAND` shows how a command is used"))]
     Usage(String),
     #[error("unknown preset `{name}`")]
     #[diagnostic(help("{}", hint.as_ref().map_or_else(|| "`aisb presets` lists them".to_string(), |h| format!("did you mean `{h}`?"))))]
@@ -107,8 +118,36 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> i32 {
     match cli::run(args) {
         Ok(code) => code,
         Err(e) => {
+            let code = e.exit_code();
             eprintln!("{:?}", miette::Report::new(e));
-            1
+            code
+        }
+    }
+}
+
+/// aisb's own exit codes (`run`, `up` and `exec` otherwise pass the command's through).
+pub mod exit {
+    /// The configuration has errors (`aisb check` found some; any verb that read it).
+    pub const CONFIG: i32 = 1;
+    /// The command line is wrong.
+    pub const USAGE: i32 = 2;
+    /// aisb could not do it: the sandbox could not start (nothing was run), or the verb
+    /// failed for a reason outside the configuration. The same number as `docker run`'s.
+    pub const COULD_NOT_START: i32 = 125;
+}
+
+impl Error {
+    /// The exit code this error ends aisb with (see [`exit`]).
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Error::Config(_)
+            | Error::NoConfig { .. }
+            | Error::UnknownTask { .. }
+            | Error::UnknownPreset { .. }
+            | Error::Eval(eval::EvalError::Config(_))
+            | Error::Eval(eval::EvalError::UnknownProfile { .. }) => exit::CONFIG,
+            Error::Usage(_) => exit::USAGE,
+            _ => exit::COULD_NOT_START,
         }
     }
 }

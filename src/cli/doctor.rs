@@ -182,7 +182,19 @@ fn backends(c: &[Check]) -> Vec<Backend> {
             why: format!("missing: {}", missing.join(", ")),
         }
     } else {
-        Backend { name: "bwrap", works: true, why: "all checks pass (copy-on-write mounts are refused: bubblewrap cannot mount overlayfs)".into() }
+        // bubblewrap itself mounts no overlayfs; aisb's init mounts them when it may.
+        let cow = if root && ok("overlayfs") {
+            "copy-on-write directories are overlayfs, mounted by aisb's init"
+        } else if root {
+            "a copy-on-write directory is refused: no overlayfs on this kernel"
+        } else {
+            "copy-on-write directories are private copies: an unprivileged bwrap cannot mount overlayfs"
+        };
+        Backend {
+            name: "bwrap",
+            works: true,
+            why: format!("all checks pass ({cow})"),
+        }
     };
     let rootless = if root {
         Ok(())

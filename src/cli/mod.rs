@@ -47,7 +47,14 @@ Examples:
   aisb rm fix-42                 remove one (refused while it has unsynced commits)
   aisb gc                        remove what old and orphaned sandboxes left
   aisb test                      attack the sandbox from inside: expected vs observed
-  aisb store ls                  the content-addressed store: entries, sizes, users";
+  aisb store ls                  the content-addressed store: entries, sizes, users
+
+Exit status:
+  0    success
+  1    the configuration has errors (`aisb check` says which)
+  2    usage error (a wrong command line)
+  125  aisb could not do it: the sandbox could not start, nothing was run
+  N    `run`, `up` and `exec` exit with their command's own status";
 
 #[derive(Debug, Parser)]
 #[command(name = "aisb", version, about = "Run AI coding agents and any command in a sandbox described by sandbox.kdl",
@@ -178,14 +185,20 @@ pub fn host() -> Result<Host, Error> {
     })?;
     // aisb's own directories: 0700 (the configuration's is made when a trust pin is written).
     let cache = host.cache_home().join("aisb");
-    crate::private::ensure(&cache).map_err(|source| Error::Io {
-        path: cache,
-        source,
+    crate::private::ensure(&cache).map_err(|cause| Error::OwnDir {
+        what: "cache",
+        var: "XDG_CACHE_HOME",
+        default: ".cache",
+        path: cache.display().to_string(),
+        cause,
     })?;
     let config = host.config_home().join("aisb");
-    crate::private::tighten(&config).map_err(|source| Error::Io {
-        path: config,
-        source,
+    crate::private::tighten(&config).map_err(|cause| Error::OwnDir {
+        what: "configuration",
+        var: "XDG_CONFIG_HOME",
+        default: ".config",
+        path: config.display().to_string(),
+        cause,
     })?;
     Ok(host)
 }
@@ -227,6 +240,24 @@ pub fn find_config(start: &Path) -> Option<PathBuf> {
 }
 
 impl Global {
+    /// These options with the configuration file a verb was given as its argument (`aisb check
+    /// FILE`, `aisb plan FILE`); given both ways, which one is meant is unclear: refused.
+    pub fn with_file(&self, file: Option<PathBuf>) -> Result<Global, Error> {
+        if let (Some(flag), Some(arg)) = (&self.file, &file) {
+            return Err(Error::Usage(format!(
+                "two configuration files: `-f {}` and `{}`; give one",
+                flag.display(),
+                arg.display()
+            )));
+        }
+        Ok(Global {
+            file: file.or_else(|| self.file.clone()),
+            no_cache: self.no_cache,
+            trust: self.trust,
+            domains: self.domains,
+        })
+    }
+
     pub fn root(&self, host: &Host, command: &[String]) -> Result<Root, Error> {
         match &self.file {
             Some(f) => {
@@ -381,21 +412,35 @@ pub fn run_plan(
     }
     let _ = forwarded.thread_block();
     let sandbox = std::thread::spawn(move || crate::runtime::run(&hold, backend, false));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    const START_SECS: u64 = 60;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(START_SECS);
     let pid = loop {
         if let Some(pid) = crate::session::running_init(&plan.state_dir) {
             break pid;
         }
-        if sandbox.is_finished() || std::time::Instant::now() > deadline {
+        if sandbox.is_finished() {
             drop(watcher);
-            return match sandbox.join() {
-                Ok(Err(e)) => Err(e.into()),
-                _ => Err(crate::session::SessionError::Io {
-                    what: format!("sandbox `{name}` did not start"),
-                    source: std::io::ErrorKind::TimedOut.into(),
+            return Err(match sandbox.join() {
+                Ok(Err(e)) => e.into(),
+                Ok(Ok(s)) => crate::session::SessionError::Ended {
+                    name: name.to_string(),
+                    code: s.exit_code,
                 }
-                .into()),
-            };
+                .into(),
+                Err(_) => crate::session::SessionError::Ended {
+                    name: name.to_string(),
+                    code: crate::exit::COULD_NOT_START,
+                }
+                .into(),
+            });
+        }
+        if std::time::Instant::now() > deadline {
+            drop(watcher);
+            return Err(crate::session::SessionError::StartTimeout {
+                name: name.to_string(),
+                secs: START_SECS,
+            }
+            .into());
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     };
