@@ -434,3 +434,54 @@ fn a_named_sandbox_whose_init_ends_says_so_at_once() {
         o.stderr
     );
 }
+
+#[test]
+fn man_pages_and_completions_for_the_install_section() {
+    let s = Scratch::new();
+    let o = s.aisb(None, &["man"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(
+        o.stdout.contains(".TH aisb 1"),
+        "{}",
+        &o.stdout[..200.min(o.stdout.len())]
+    );
+    assert!(o.stdout.contains("125"), "the exit codes are in the page");
+    let dir = s.path("man1");
+    let o = s.aisb(None, &["man", "--dir", dir.to_str().unwrap()]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let mut pages: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    pages.sort();
+    for p in [
+        "aisb.1",
+        "aisb-run.1",
+        "aisb-check.1",
+        "aisb-up.1",
+        "aisb-man.1",
+    ] {
+        assert!(pages.iter().any(|x| x == p), "{p} missing: {pages:?}");
+    }
+    // aisb's own plumbing gets no page.
+    assert!(!pages.iter().any(|p| p.contains("__")), "{pages:?}");
+    if Command::new("man").arg("--version").output().is_ok() {
+        let o = output(
+            Command::new("man")
+                .arg("-l")
+                .arg(dir.join("aisb-check.1"))
+                .env("MANPAGER", "cat")
+                .env("MANWIDTH", "100"),
+        );
+        assert_eq!(o.code, 0, "man -l: {}", o.stderr);
+        assert!(o.stdout.contains("FILE"), "{}", o.stdout);
+    }
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let o = s.aisb(None, &["completions", shell]);
+        assert!(
+            o.code == 0 && o.stdout.contains("aisb"),
+            "{shell}: {}",
+            o.stderr
+        );
+    }
+}

@@ -9,6 +9,7 @@ mod doctor;
 mod export;
 mod init;
 mod libcontainer_helper;
+mod man;
 mod mask_helper;
 mod plan;
 mod presets;
@@ -107,6 +108,7 @@ pub enum Command {
     Store(store::Args),
     SetupUser(setup_user::Args),
     Completions(completions::Args),
+    Man(man::Args),
     #[command(name = "__attach", hide = true)]
     AttachHelper(attach_helper::Args),
     #[command(name = "__libcontainer", hide = true)]
@@ -160,6 +162,7 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
         Command::Stop(a) => sandboxes::stop(&g, a),
         Command::SetupUser(a) => setup_user::run(a),
         Command::Completions(a) => completions::run(a),
+        Command::Man(a) => man::run(a),
         Command::AttachHelper(a) => attach_helper::run(a),
         Command::LibcontainerHelper(a) => libcontainer_helper::run(a),
         Command::Proxy(a) => proxy::run(a),
