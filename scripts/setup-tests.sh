@@ -1,7 +1,7 @@
 #!/bin/sh
 # Installs, on top of what running aisb needs (scripts/setup.sh, run first), what its tests
 # need on Debian: runc (the OCI cross-check test), python3, curl and openssl (the isolation
-# and network suites' probes and servers), tmux (a real terminal for the session tests), the
+# and network suites' probes and servers), tmux (real terminals for tests/terminal.rs), the
 # VM testbed's tools, the image tests' registry, fish, and the real agent clients.
 # scripts/test.sh runs it. Safe to run again: installs only what is missing.
 set -eu

@@ -88,7 +88,10 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
         }
     }
     if let Format::Json = a.format {
-        println!("{}", serde_json::to_string_pretty(&json).unwrap_or_default());
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json).unwrap_or_default()
+        );
     }
     Ok(if failed { crate::exit::CONFIG } else { 0 })
 }

@@ -393,6 +393,11 @@ pub fn run_plan(
     };
     let pid_file = plan.state_dir.join(crate::runtime::INIT_PID_FILE);
     let _ = std::fs::remove_file(&pid_file);
+    // SIGWINCH is for the session's terminal (`attach` waits for it): blocked before any
+    // thread starts, so that no other thread takes it and drops it (its default is to ignore).
+    let mut winch = nix::sys::signal::SigSet::empty();
+    winch.add(Signal::SIGWINCH);
+    let _ = winch.thread_block();
     let watcher = crate::session::sync::watch(
         s.repo.clone(),
         s.clone.clone(),
