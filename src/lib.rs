@@ -108,6 +108,7 @@ impl From<eval::EvalError> for Error {
 
 /// Run the command line; returns the process exit code. Errors are printed here.
 pub fn run(args: impl IntoIterator<Item = OsString>) -> i32 {
+    init::keep_source_id();
     let args: Vec<OsString> = args.into_iter().collect();
     // The sandbox's init: no clap, no config; the same entry point as the `aisb-init` binary.
     // Inside a sandbox this binary may itself be the init (no `aisb-init` beside it: `cargo

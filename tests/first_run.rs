@@ -404,35 +404,73 @@ fn doctor_says_how_bwrap_gets_copy_on_write_directories() {
     );
 }
 
+/// The size of the init the sandbox runs, and whether it exited 0.
+fn init_size(s: &Scratch) -> String {
+    let o = s.aisb(
+        None,
+        &[
+            "run",
+            "--backend",
+            "bwrap",
+            "--",
+            "stat",
+            "-L",
+            "-c",
+            "size=%s",
+            "/run/aisb/init",
+        ],
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    o.value("size").unwrap_or_default().to_string()
+}
+
+fn size(p: &Path) -> String {
+    std::fs::metadata(p).unwrap().len().to_string()
+}
+
 #[test]
-fn a_named_sandbox_whose_init_ends_says_so_at_once() {
-    if !support::root_or_skip("the early-ending init test") {
+fn an_aisb_init_from_other_sources_beside_aisb_is_not_used() {
+    if !support::root_or_skip("the foreign init test") {
         return;
     }
-    // An `aisb-init` beside aisb that is not aisb's (an old build, a broken copy).
     let s = Scratch::new();
     git_repo(&s.path("proj"));
-    s.write("bin/aisb-init", "#!/bin/sh\nexit 3\n");
-    std::fs::set_permissions(
-        s.path("bin/aisb-init"),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    let o = s.aisb(None, &["up", "--backend", "bwrap", "t", "--", "true"]);
-    says(
-        &o,
-        125,
-        &[
-            "sandbox `t` ended before a session could join it (its init exited with 3)",
-            "aisb run --sandbox t -- true",
-        ],
-        "an init that ends",
-    );
+    let init = s.path("bin/aisb-init");
+    let doctor = |s: &Scratch| {
+        let o = s.aisb(None, &["doctor"]);
+        o.stdout
+            .lines()
+            .find(|l| l.contains("sandbox init"))
+            .unwrap_or_default()
+            .to_string()
+    };
+    // This build's aisb-init: used.
+    std::fs::copy(env!("CARGO_BIN_EXE_aisb-init"), &init).unwrap();
+    assert_eq!(init_size(&s), size(&init));
+    assert!(doctor(&s).contains("(this build's)"), "{}", doctor(&s));
+    // The same binary with another source identity (an aisb-init left from an older build,
+    // as `cargo run` after an edit leaves it): not used; aisb serves as the init.
+    let mut bytes = std::fs::read(&init).unwrap();
+    let id = aisb::init::SOURCE_ID;
+    let at = bytes
+        .windows(id.len())
+        .position(|w| w == id)
+        .expect("the source identity is in aisb-init");
+    bytes[at] ^= 0x01;
+    std::fs::remove_file(&init).unwrap();
+    std::fs::write(&init, &bytes).unwrap();
+    std::fs::set_permissions(&init, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    assert_eq!(init_size(&s), size(&s.exe()));
     assert!(
-        !o.stderr.contains("cache directory"),
-        "blames the cache: {}",
-        o.stderr
+        doctor(&s).contains("is from other sources, so it is not used"),
+        "{}",
+        doctor(&s)
     );
+    // Not an aisb binary at all: not used either, and every verb works.
+    s.write("bin/aisb-init", "#!/bin/sh\nexit 3\n");
+    assert_eq!(init_size(&s), size(&s.exe()));
+    let o = s.aisb(None, &["up", "--backend", "bwrap", "t", "--", "true"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
 }
 
 #[test]
