@@ -11,7 +11,7 @@ command -v bwrap >/dev/null 2>&1 || need="$need bubblewrap"
 command -v newuidmap >/dev/null 2>&1 || need="$need uidmap"
 command -v cc >/dev/null 2>&1 || need="$need gcc libc6-dev"
 command -v cargo >/dev/null 2>&1 || {
-    echo "setup: cargo not found; install Rust first (https://rustup.rs, or as root: apt-get install cargo)" >&2
+    echo "setup: cargo not found; install Rust 1.85 or newer first (https://rustup.rs)" >&2
     exit 1
 }
 if [ -n "$need" ]; then
