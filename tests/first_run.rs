@@ -99,15 +99,29 @@ fn git_repo(dir: &Path) {
     );
 }
 
-/// Asserts `o` failed with `code` and that its stderr holds every one of `needles`.
+/// `text` with miette's line wrapping undone: words joined by single spaces.
+fn unwrapped(text: &str) -> String {
+    text.replace(['│', '╰', '─', '▶'], " ")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Asserts `o` failed with `code` and that its stderr holds every one of `needles` (however
+/// the terminal width wrapped it).
 fn says(o: &Out, code: i32, needles: &[&str], what: &str) {
     assert_eq!(
         o.code, code,
         "{what}: exit code\n{}\n{}",
         o.stdout, o.stderr
     );
+    let stderr = unwrapped(&o.stderr);
     for n in needles {
-        assert!(o.stderr.contains(n), "{what}: no `{n}` in:\n{}", o.stderr);
+        assert!(
+            stderr.contains(&unwrapped(n)),
+            "{what}: no `{n}` in:\n{}",
+            o.stderr
+        );
     }
 }
 
@@ -522,4 +536,30 @@ fn man_pages_and_completions_for_the_install_section() {
             o.stderr
         );
     }
+}
+
+#[test]
+fn a_named_sandbox_whose_init_ends_says_so_with_its_reason() {
+    if !support::root_or_skip("the early-ending init test (it runs as nobody)") {
+        return;
+    }
+    // An ordinary user's init cannot fork its workload under `nproc 0`: it ends at once.
+    let s = Scratch::new();
+    s.write("proj/sandbox.kdl", "process {\n    rlimit \"nproc\" 0\n}\n");
+    git_repo(&s.path("proj"));
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+    let user = (nobody.uid.as_raw(), nobody.gid.as_raw());
+    s.give_to(user);
+    let o = s.aisb(Some(user), &["up", "--backend", "bwrap", "t", "--", "true"]);
+    says(
+        &o,
+        125,
+        &[
+            "cannot start the workload",
+            "sandbox `t` ended before a session could join it (its init exited with 125)",
+            "aisb run --sandbox t -- true",
+        ],
+        "an init that ends",
+    );
+    assert!(!o.stderr.contains("cache directory"), "{}", o.stderr);
 }
