@@ -91,6 +91,9 @@ pub enum Error {
     #[error("{0}")]
     #[diagnostic(help("`aisb help COMMAND` shows how a command is used"))]
     Usage(String),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    K8s(#[from] spec::k8s::K8sError),
     #[error("unknown preset `{name}`")]
     #[diagnostic(help("{}", hint.as_ref().map_or_else(|| "`aisb presets` lists them".to_string(), |h| format!("did you mean `{h}`?"))))]
     UnknownPreset { name: String, hint: Option<String> },

@@ -12,7 +12,8 @@ pub mod layer;
 pub mod lock;
 pub mod oci;
 pub mod progress;
-pub mod reference;
+pub mod push;
+
 pub mod rootmount;
 pub mod sandbox;
 pub mod statcache;
