@@ -1,12 +1,12 @@
 #!/bin/sh
-# The test command (README, .ci/run): set-up, then every test of the workspace, including the
-# property test that throws arbitrary input at parse+eval, the runc cross-check, the
-# isolation and network suites on both backends, then each fuzz target for a bounded time,
+# The test command (README, .ci/run): the tests' set-up (scripts/setup-tests.sh), then every
+# test of the workspace, including the property test that throws arbitrary input at
+# parse+eval, the runc cross-check, the isolation and network suites on both backends, then each fuzz target for a bounded time,
 # then the VM testbed's kernel matrix. Ends with one summary line: `N passed, M failed`
 # (cargo's tests; the fuzz script and the testbed print their own).
 set -eu
 cd "$(dirname "$0")/.."
-sh scripts/setup.sh
+sh scripts/setup-tests.sh
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0

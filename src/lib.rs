@@ -49,6 +49,17 @@ pub enum Error {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("cannot use aisb's {what} directory {path}: {cause}")]
+    #[diagnostic(help(
+        "aisb keeps its {what} in ${var}/aisb (by default ~/{default}/aisb): make {path} writable for you, or point {var} at a directory you own (`export {var}=$HOME/{default}`)"
+    ))]
+    OwnDir {
+        what: &'static str,
+        var: &'static str,
+        default: &'static str,
+        path: String,
+        cause: std::io::Error,
+    },
     #[error("no configuration file at {path}")]
     #[diagnostic(help(
         "create one with `aisb init`, or omit -f to use sandbox.kdl or the embedded default"
@@ -79,7 +90,7 @@ pub enum Error {
     #[diagnostic(help("{}", hint.as_ref().map_or_else(|| "`aisb tasks` lists the tasks in sandbox.kdl".to_string(), |h| format!("did you mean `{h}`?"))))]
     UnknownTask { name: String, hint: Option<String> },
     #[error("{0}")]
-    #[diagnostic(help("see `aisb run --help`"))]
+    #[diagnostic(help("`aisb help COMMAND` shows how a command is used"))]
     Usage(String),
     #[error(transparent)]
     #[diagnostic(transparent)]
@@ -101,16 +112,48 @@ impl From<eval::EvalError> for Error {
 
 /// Run the command line; returns the process exit code. Errors are printed here.
 pub fn run(args: impl IntoIterator<Item = OsString>) -> i32 {
+    init::keep_source_id();
     let args: Vec<OsString> = args.into_iter().collect();
     // The sandbox's init: no clap, no config; the same entry point as the `aisb-init` binary.
-    if args.get(1).is_some_and(|a| a == "__init") {
+    // Inside a sandbox this binary may itself be the init (no `aisb-init` beside it: `cargo
+    // run`, a copied binary), called by its mount path for the init's other verbs too: the
+    // named sandbox's `hold`, the SSH ProxyCommand's `connect`, the agents' `agent-event` hook.
+    if args.get(1).is_some_and(|a| a == "__init") || init::called_as_init(args.first()) {
         return init::main_from_args(args.into_iter().skip(1));
     }
     match cli::run(args) {
         Ok(code) => code,
         Err(e) => {
+            let code = e.exit_code();
             eprintln!("{:?}", miette::Report::new(e));
-            1
+            code
+        }
+    }
+}
+
+/// aisb's own exit codes (`run`, `up` and `exec` otherwise pass the command's through).
+pub mod exit {
+    /// The configuration has errors (`aisb check` found some; any verb that read it).
+    pub const CONFIG: i32 = 1;
+    /// The command line is wrong.
+    pub const USAGE: i32 = 2;
+    /// aisb could not do it: the sandbox could not start (nothing was run), or the verb
+    /// failed for a reason outside the configuration. The same number as `docker run`'s.
+    pub const COULD_NOT_START: i32 = 125;
+}
+
+impl Error {
+    /// The exit code this error ends aisb with (see [`exit`]).
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Error::Config(_)
+            | Error::NoConfig { .. }
+            | Error::UnknownTask { .. }
+            | Error::UnknownPreset { .. }
+            | Error::Eval(eval::EvalError::Config(_))
+            | Error::Eval(eval::EvalError::UnknownProfile { .. }) => exit::CONFIG,
+            Error::Usage(_) => exit::USAGE,
+            _ => exit::COULD_NOT_START,
         }
     }
 }

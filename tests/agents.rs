@@ -1,4 +1,4 @@
-//! Real agent clients inside their presets (installed by scripts/setup.sh from npm): they start,
+//! Real agent clients inside their presets (installed by scripts/setup-tests.sh from npm): they start,
 //! read and write their config directories, and nothing they write reaches the host.
 
 use std::path::Path;
@@ -104,12 +104,12 @@ fn needs(tool: &str) -> bool {
         return false;
     }
     if !installed(tool) {
-        // CI runs scripts/setup.sh, which installs them: there, missing is a failure.
+        // CI runs scripts/setup-tests.sh, which installs them: there, missing is a failure.
         assert!(
             std::env::var_os("CI").is_none(),
-            "{tool} is not installed: scripts/setup.sh should have installed it"
+            "{tool} is not installed: scripts/setup-tests.sh should have installed it"
         );
-        eprintln!("skipped: {tool} is not installed (scripts/setup.sh installs it)");
+        eprintln!("skipped: {tool} is not installed (scripts/setup-tests.sh installs it)");
         return false;
     }
     true
@@ -345,7 +345,7 @@ const CLIENTS: &[Client] = &[
     },
 ];
 
-/// Issue 7's clients, each installed from its package (scripts/setup.sh): inside its preset it
+/// Issue 7's clients, each installed from its package (scripts/setup-tests.sh): inside its preset it
 /// starts, reads its config dir (which points it at the mock model), gets an answer through the
 /// proxy by the preset's own rule, writes to its config dir without any of it reaching the
 /// host, and cannot reach a host its preset does not list; the audit log shows both decisions.

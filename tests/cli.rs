@@ -72,7 +72,7 @@ fn init_writes_the_template_and_refuses_to_overwrite() {
     let written = std::fs::read_to_string(t.proj().join("sandbox.kdl")).unwrap();
     assert_eq!(written, include_str!("../sandbox.kdl.example"));
     let o = t.run();
-    assert_eq!(o.code, 1);
+    assert_eq!(o.code, 125);
     assert!(
         o.stderr.contains("sandbox.kdl already exists"),
         "{}",
@@ -246,7 +246,7 @@ fn spec_is_valid_oci_json_with_the_command() {
 fn export_bundle_refuses_a_non_empty_dir() {
     let t = Test::new().file("out/x", "keep");
     let o = t.with(&["export", "bundle", "out"]);
-    assert_eq!(o.code, 1);
+    assert_eq!(o.code, 125);
     assert!(
         o.stderr
             .contains("out exists and is not an empty directory"),
@@ -466,7 +466,7 @@ fn a_loosening_config_must_be_trusted() {
         .current_dir(t.proj())
         .status();
     let refused = t.with(&["run", "--backend", "bwrap", "--", "true"]);
-    assert_eq!(refused.code, 1);
+    assert_eq!(refused.code, 125);
     assert!(
         refused.stderr.contains("loosens the sandbox")
             && refused.stderr.contains("api.example.com"),
@@ -509,7 +509,7 @@ fn a_loosening_config_must_be_trusted() {
     )
     .unwrap();
     let changed = t.with(&["run", "--backend", "bwrap", "--", "true"]);
-    assert_eq!(changed.code, 1, "a changed file asks again");
+    assert_eq!(changed.code, 125, "a changed file asks again");
     assert!(
         changed.stderr.contains("evil.example.com"),
         "{}",

@@ -43,7 +43,7 @@ fn debian_layout() -> PathBuf {
             .arg("http://deb.debian.org/debian")
             .stdout(Stdio::null())
             .status()
-            .expect("debootstrap (scripts/setup.sh installs it)");
+            .expect("debootstrap (scripts/setup-tests.sh installs it)");
             assert!(st.success(), "debootstrap failed");
             let _ = std::fs::remove_dir_all(&layout);
             layout_of(&rootfs, &layout, "1");
@@ -658,7 +658,7 @@ impl Registry {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("docker-registry (scripts/setup.sh installs it)");
+            .expect("docker-registry (scripts/setup-tests.sh installs it)");
         let t0 = Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(
@@ -679,7 +679,7 @@ impl Registry {
             .arg(format!("oci:{}:1", layout.display()))
             .arg(format!("docker://127.0.0.1:{}/base:{tag}", self.port))
             .status()
-            .expect("skopeo (scripts/setup.sh installs it)");
+            .expect("skopeo (scripts/setup-tests.sh installs it)");
         assert!(st.success());
     }
 }

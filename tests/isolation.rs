@@ -418,7 +418,7 @@ fn copy_on_write_config_never_reaches_the_host() {
     let s = Sandbox::new();
     s.write("sandbox.kdl", "project access=\"overlay\"\n");
     let o = s.run("bwrap", &["--trust"], "true");
-    assert_eq!(o.code, 1);
+    assert_eq!(o.code, 125);
     assert!(
         o.stderr
             .contains("cannot express the copy-on-write (overlay) mount at")
@@ -500,7 +500,7 @@ fn rootless_libcontainer_without_setup_names_the_root_step() {
     let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
     let s = Sandbox::as_user(Some((nobody.uid.as_raw(), nobody.gid.as_raw())));
     let o = s.run("libcontainer", &[], "true");
-    assert_eq!(o.code, 1, "{}", o.stderr);
+    assert_eq!(o.code, 125, "{}", o.stderr);
     assert!(
         o.stderr.contains("nobody has no subordinate uids")
             && o.stderr.contains("aisb setup-user nobody"),

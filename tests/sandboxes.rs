@@ -181,7 +181,7 @@ fn a_named_sandbox_works_in_its_own_clone_on_both_backends() {
         assert_eq!(v[0]["unsynced"], 1);
         assert_eq!(v[0]["branch"], "main");
         let rm = r.run(&["rm", "fix"]);
-        assert_eq!(rm.code, 1);
+        assert_eq!(rm.code, 125);
         assert!(
             rm.stderr
                 .contains("has 1 commit(s) the repository does not have"),
@@ -434,7 +434,7 @@ fn exec_and_stop() {
     };
     assert_ne!(status.code(), Some(0));
     let gone = r.run(&["exec", "svc", "--", "true"]);
-    assert_eq!(gone.code, 1);
+    assert_eq!(gone.code, 125);
     assert!(
         gone.stderr.contains("sandbox `svc` is not running"),
         "{}",

@@ -252,7 +252,7 @@ fn a_secret_with_a_name_that_is_not_utf8_is_masked() {
             // Refused before anything ran: a spec cannot name the file, so it could not be
             // masked, and the sandbox does not start without the mask.
             assert_eq!(
-                o.code, 1,
+                o.code, 125,
                 "[{backend}, git={git}] {}\n{}",
                 o.stdout, o.stderr
             );

@@ -290,7 +290,7 @@ fn bundle_runs_under_runc_with_masks_enforced() {
     }
     assert!(
         Command::new("runc").arg("--version").output().is_ok(),
-        "runc is installed by scripts/setup.sh"
+        "runc is installed by scripts/setup-tests.sh"
     );
     let f = Fixture::new();
     f.write(".env", "SECRET=1");

@@ -69,7 +69,7 @@ impl Project {
     }
 }
 
-/// Root, and the tools the workload needs (scripts/setup.sh installs them; in CI, missing is
+/// Root, and the tools the workload needs (scripts/setup-tests.sh installs them; in CI, missing is
 /// a failure).
 fn ready(tools: &[&str]) -> bool {
     if !support::root_or_skip("the workload suite") {
@@ -84,9 +84,9 @@ fn ready(tools: &[&str]) -> bool {
         if !found {
             assert!(
                 std::env::var("CI").as_deref() != Ok("true"),
-                "{tool} is not installed: scripts/setup.sh installs it"
+                "{tool} is not installed: scripts/setup-tests.sh installs it"
             );
-            eprintln!("skipped: {tool} is not installed (scripts/setup.sh installs it)");
+            eprintln!("skipped: {tool} is not installed (scripts/setup-tests.sh installs it)");
             return false;
         }
     }
@@ -265,9 +265,9 @@ fn pytest_runs_a_suite() {
     if !has_pytest {
         assert!(
             std::env::var("CI").as_deref() != Ok("true"),
-            "pytest is not installed: scripts/setup.sh installs python3-pytest"
+            "pytest is not installed: scripts/setup-tests.sh installs python3-pytest"
         );
-        eprintln!("skipped: pytest is not installed (scripts/setup.sh installs python3-pytest)");
+        eprintln!("skipped: pytest is not installed (scripts/setup-tests.sh installs python3-pytest)");
         return;
     }
     for backend in BACKENDS {

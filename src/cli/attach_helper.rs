@@ -17,9 +17,10 @@ pub struct Args {
     /// The working directory inside
     #[arg(long)]
     pub cwd: PathBuf,
-    /// An inherited descriptor of the session's pseudo-terminal
+    /// An inherited Unix socket: the session gets a pseudo-terminal from the sandbox's own
+    /// devpts, whose controlling side is sent back over it
     #[arg(long)]
-    pub tty_fd: Option<RawFd>,
+    pub tty_sock: Option<RawFd>,
     #[arg(last = true, required = true)]
     pub command: Vec<OsString>,
 }
@@ -50,9 +51,10 @@ pub fn run(a: Args) -> Result<i32, Error> {
         Ok(fd) => fd,
         Err(code) => return Ok(code),
     };
-    let tty = match a.tty_fd.map(|fd| {
-        inherited(fd, "a terminal", |fd| {
-            nix::unistd::isatty(std::os::fd::AsRawFd::as_raw_fd(fd)).unwrap_or(false)
+    let tty_sock = match a.tty_sock.map(|fd| {
+        inherited(fd, "a Unix socket", |fd| {
+            nix::sys::stat::fstat(std::os::fd::AsRawFd::as_raw_fd(fd))
+                .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFSOCK)
         })
     }) {
         None => None,
@@ -63,7 +65,7 @@ pub fn run(a: Args) -> Result<i32, Error> {
         init,
         pid: a.pid,
         cwd: a.cwd,
-        tty,
+        tty_sock,
         command: a.command,
     }))
 }

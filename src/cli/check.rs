@@ -6,9 +6,12 @@ use crate::Error;
 /// Validate sandbox.kdl: syntax, every profile, every task
 #[derive(Debug, clap::Args)]
 #[command(
-    after_help = "Examples:\n  aisb check\n  aisb check --format short     # file:line:col: error: … for problem matchers\n  aisb check --format json"
+    after_help = "Examples:\n  aisb check\n  aisb check sandbox.kdl.example other.kdl\n  aisb check --format short     # file:line:col: error: … for problem matchers\n  aisb check --format json\n\nExit status: 0 when every file is valid, 1 when one has errors, 2 on a usage error."
 )]
 pub struct Args {
+    /// The files to check (default: sandbox.kdl in this directory or a parent, or `-f`'s)
+    #[arg(value_name = "FILE")]
+    pub files: Vec<std::path::PathBuf>,
     #[arg(long, value_enum, default_value = "human")]
     pub format: Format,
 }
@@ -56,27 +59,39 @@ pub fn collect(
 
 pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     let host = super::host()?;
-    let (sources, errors, n_profiles, root) = collect(g, &host)?;
-    match a.format {
-        Format::Json => {
-            let list: Vec<_> = errors.iter().map(|e| e.to_json(&sources)).collect();
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&list).unwrap_or_default()
-            );
-        }
-        Format::Short => {
-            for e in &errors {
-                println!("{}", e.to_short(&sources));
+    let files: Vec<Option<std::path::PathBuf>> = if a.files.is_empty() {
+        vec![None]
+    } else {
+        a.files.into_iter().map(Some).collect()
+    };
+    let mut json = Vec::new();
+    let mut failed = false;
+    for file in files {
+        let g = g.with_file(file)?;
+        let (sources, errors, n_profiles, root) = collect(&g, &host)?;
+        failed |= !errors.is_empty();
+        match a.format {
+            Format::Json => json.extend(errors.iter().map(|e| e.to_json(&sources))),
+            Format::Short => {
+                for e in &errors {
+                    println!("{}", e.to_short(&sources));
+                }
+            }
+            Format::Human if errors.is_empty() => {
+                let name = sources.get(root).map_or("<none>", |s| s.name.as_str());
+                eprintln!("{name}: ok ({n_profiles} profiles)");
+            }
+            Format::Human => {
+                let e = Error::Config(crate::config::ConfigErrors::new(errors));
+                eprintln!("{:?}", miette::Report::new(e));
             }
         }
-        Format::Human if errors.is_empty() => {
-            let name = sources.get(root).map_or("<none>", |s| s.name.as_str());
-            eprintln!("{name}: ok ({n_profiles} profiles)");
-        }
-        Format::Human => {
-            return Err(Error::Config(crate::config::ConfigErrors::new(errors)));
-        }
     }
-    Ok(if errors.is_empty() { 0 } else { 1 })
+    if let Format::Json = a.format {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json).unwrap_or_default()
+        );
+    }
+    Ok(if failed { crate::exit::CONFIG } else { 0 })
 }

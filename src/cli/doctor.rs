@@ -156,6 +156,23 @@ fn checks() -> Vec<Check> {
             detail: "not found (Debian: apt-get install bubblewrap)".into(),
         },
     });
+    // Which binary the sandboxes' init is: either works; aisb-init starts faster.
+    let detail = match std::env::current_exe().map(|e| crate::init::choose(&e)) {
+        Ok(crate::init::InitChoice::Beside(p)) => format!("{} (this build's)", p.display()),
+        Ok(crate::init::InitChoice::Missing) => {
+            "aisb itself (no aisb-init beside it; `cargo build` or `cargo install` makes one, which starts faster)".into()
+        }
+        Ok(crate::init::InitChoice::Other(p)) => format!(
+            "aisb itself ({} is from other sources, so it is not used; `cargo build` rebuilds it)",
+            p.display()
+        ),
+        Err(e) => format!("aisb itself (cannot locate aisb: {e})"),
+    };
+    c.push(Check {
+        name: "sandbox init",
+        ok: true,
+        detail,
+    });
     c
 }
 
@@ -182,7 +199,19 @@ fn backends(c: &[Check]) -> Vec<Backend> {
             why: format!("missing: {}", missing.join(", ")),
         }
     } else {
-        Backend { name: "bwrap", works: true, why: "all checks pass (copy-on-write mounts are refused: bubblewrap cannot mount overlayfs)".into() }
+        // bubblewrap itself mounts no overlayfs; aisb's init mounts them when it may.
+        let cow = if root && ok("overlayfs") {
+            "copy-on-write directories are overlayfs, mounted by aisb's init"
+        } else if root {
+            "a copy-on-write directory is refused: no overlayfs on this kernel"
+        } else {
+            "copy-on-write directories are private copies: an unprivileged bwrap cannot mount overlayfs"
+        };
+        Backend {
+            name: "bwrap",
+            works: true,
+            why: format!("all checks pass ({cow})"),
+        }
     };
     let rootless = if root {
         Ok(())

@@ -9,6 +9,7 @@ mod doctor;
 mod export;
 mod init;
 mod libcontainer_helper;
+mod man;
 mod mask_helper;
 mod plan;
 mod presets;
@@ -48,7 +49,14 @@ Examples:
   aisb rm fix-42                 remove one (refused while it has unsynced commits)
   aisb gc                        remove what old and orphaned sandboxes left
   aisb test                      attack the sandbox from inside: expected vs observed
-  aisb store ls                  the content-addressed store: entries, sizes, users";
+  aisb store ls                  the content-addressed store: entries, sizes, users
+
+Exit status:
+  0    success
+  1    the configuration has errors (`aisb check` says which)
+  2    usage error (a wrong command line)
+  125  aisb could not do it: the sandbox could not start, nothing was run
+  N    `run`, `up` and `exec` exit with their command's own status";
 
 #[derive(Debug, Parser)]
 #[command(name = "aisb", version, about = "Run AI coding agents and any command in a sandbox described by sandbox.kdl",
@@ -101,6 +109,7 @@ pub enum Command {
     Store(store::Args),
     SetupUser(setup_user::Args),
     Completions(completions::Args),
+    Man(man::Args),
     #[command(name = "proxy")]
     ProxyServe(proxy_serve::Args),
     #[command(name = "__attach", hide = true)]
@@ -157,6 +166,7 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
         Command::Stop(a) => sandboxes::stop(&g, a),
         Command::SetupUser(a) => setup_user::run(a),
         Command::Completions(a) => completions::run(a),
+        Command::Man(a) => man::run(a),
         Command::AttachHelper(a) => attach_helper::run(a),
         Command::LibcontainerHelper(a) => libcontainer_helper::run(a),
         Command::Proxy(a) => proxy::run(a),
@@ -182,14 +192,20 @@ pub fn host() -> Result<Host, Error> {
     })?;
     // aisb's own directories: 0700 (the configuration's is made when a trust pin is written).
     let cache = host.cache_home().join("aisb");
-    crate::private::ensure(&cache).map_err(|source| Error::Io {
-        path: cache,
-        source,
+    crate::private::ensure(&cache).map_err(|cause| Error::OwnDir {
+        what: "cache",
+        var: "XDG_CACHE_HOME",
+        default: ".cache",
+        path: cache.display().to_string(),
+        cause,
     })?;
     let config = host.config_home().join("aisb");
-    crate::private::tighten(&config).map_err(|source| Error::Io {
-        path: config,
-        source,
+    crate::private::tighten(&config).map_err(|cause| Error::OwnDir {
+        what: "configuration",
+        var: "XDG_CONFIG_HOME",
+        default: ".config",
+        path: config.display().to_string(),
+        cause,
     })?;
     Ok(host)
 }
@@ -231,6 +247,24 @@ pub fn find_config(start: &Path) -> Option<PathBuf> {
 }
 
 impl Global {
+    /// These options with the configuration file a verb was given as its argument (`aisb check
+    /// FILE`, `aisb plan FILE`); given both ways, which one is meant is unclear: refused.
+    pub fn with_file(&self, file: Option<PathBuf>) -> Result<Global, Error> {
+        if let (Some(flag), Some(arg)) = (&self.file, &file) {
+            return Err(Error::Usage(format!(
+                "two configuration files: `-f {}` and `{}`; give one",
+                flag.display(),
+                arg.display()
+            )));
+        }
+        Ok(Global {
+            file: file.or_else(|| self.file.clone()),
+            no_cache: self.no_cache,
+            trust: self.trust,
+            domains: self.domains,
+        })
+    }
+
     pub fn root(&self, host: &Host, command: &[String]) -> Result<Root, Error> {
         match &self.file {
             Some(f) => {
@@ -363,6 +397,11 @@ pub fn run_plan(
     };
     let pid_file = plan.state_dir.join(crate::runtime::INIT_PID_FILE);
     let _ = std::fs::remove_file(&pid_file);
+    // SIGWINCH is for the session's terminal (`attach` waits for it): blocked before any
+    // thread starts, so that no other thread takes it and drops it (its default is to ignore).
+    let mut winch = nix::sys::signal::SigSet::empty();
+    winch.add(Signal::SIGWINCH);
+    let _ = winch.thread_block();
     let watcher = crate::session::sync::watch(
         s.repo.clone(),
         s.clone.clone(),
@@ -385,21 +424,35 @@ pub fn run_plan(
     }
     let _ = forwarded.thread_block();
     let sandbox = std::thread::spawn(move || crate::runtime::run(&hold, backend, false));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    const START_SECS: u64 = 60;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(START_SECS);
     let pid = loop {
         if let Some(pid) = crate::session::running_init(&plan.state_dir) {
             break pid;
         }
-        if sandbox.is_finished() || std::time::Instant::now() > deadline {
+        if sandbox.is_finished() {
             drop(watcher);
-            return match sandbox.join() {
-                Ok(Err(e)) => Err(e.into()),
-                _ => Err(crate::session::SessionError::Io {
-                    what: format!("sandbox `{name}` did not start"),
-                    source: std::io::ErrorKind::TimedOut.into(),
+            return Err(match sandbox.join() {
+                Ok(Err(e)) => e.into(),
+                Ok(Ok(s)) => crate::session::SessionError::Ended {
+                    name: name.to_string(),
+                    code: s.exit_code,
                 }
-                .into()),
-            };
+                .into(),
+                Err(_) => crate::session::SessionError::Ended {
+                    name: name.to_string(),
+                    code: crate::exit::COULD_NOT_START,
+                }
+                .into(),
+            });
+        }
+        if std::time::Instant::now() > deadline {
+            drop(watcher);
+            return Err(crate::session::SessionError::StartTimeout {
+                name: name.to_string(),
+                secs: START_SECS,
+            }
+            .into());
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     };

@@ -8,9 +8,12 @@ use crate::Error;
 /// Show what the sandbox will be: mounts, masked paths and why, env names, network
 #[derive(Debug, clap::Args)]
 #[command(
-    after_help = "Examples:\n  aisb plan\n  aisb plan --profile investigate\n  aisb plan --sandbox fix-42\n  aisb plan --json | jq '.masks[].path'"
+    after_help = "Examples:\n  aisb plan\n  aisb plan sandbox.kdl.example\n  aisb plan --profile investigate\n  aisb plan --sandbox fix-42\n  aisb plan --json | jq '.masks[].path'"
 )]
 pub struct Args {
+    /// The configuration file (default: sandbox.kdl in this directory or a parent, or `-f`'s)
+    #[arg(value_name = "FILE")]
+    pub config: Option<std::path::PathBuf>,
     #[arg(short, long)]
     pub profile: Option<String>,
     /// The named sandbox's plan (its state, its shared clone)
@@ -22,6 +25,7 @@ pub struct Args {
 }
 
 pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
+    let g = &g.with_file(a.config.clone())?;
     let host = super::host()?;
     let plan = match &a.sandbox {
         None => g.plan(&host, a.profile, vec![])?,

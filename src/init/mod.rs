@@ -18,20 +18,91 @@ use nix::unistd::{fork, ForkResult, Pid};
 
 use crate::vocab::{INIT_BINARY, INIT_PATH};
 
-/// The host binary to mount at [`INIT_PATH`] for the running `aisb`.
-pub fn binary_beside(exe: &std::path::Path) -> std::path::PathBuf {
-    let sibling = exe.with_file_name(INIT_BINARY);
-    if sibling.is_file() {
-        sibling
-    } else {
-        exe.to_path_buf()
+/// The section of every aisb binary that holds [`SOURCE_ID`].
+pub const SOURCE_ID_SECTION: &str = ".aisb_source_id";
+
+const fn source_id() -> [u8; 16] {
+    let hex = env!("AISB_SOURCE_ID").as_bytes();
+    let mut id = [0u8; 16];
+    let mut i = 0;
+    while i < 16 && i < hex.len() {
+        id[i] = hex[i];
+        i += 1;
     }
+    id
+}
+
+/// The identity of the sources this binary was built from (build.rs), in a section of its
+/// own so that `aisb` can read an `aisb-init`'s without running it. Both binaries refer to it
+/// (`keep_source_id`), so that the linker keeps it.
+#[used]
+#[link_section = ".aisb_source_id"]
+pub static SOURCE_ID: [u8; 16] = source_id();
+
+/// A use of [`SOURCE_ID`] the linker cannot drop.
+pub fn keep_source_id() {
+    std::hint::black_box(&SOURCE_ID);
+}
+
+/// Which binary serves as the sandbox's init, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InitChoice {
+    /// `aisb-init` beside `aisb`, built from the same sources.
+    Beside(std::path::PathBuf),
+    /// `aisb` itself: no `aisb-init` beside it.
+    Missing,
+    /// `aisb` itself: the `aisb-init` beside it was built from other sources (or is not one).
+    Other(std::path::PathBuf),
+}
+
+/// Whether `path` is an aisb binary built from the same sources as this one.
+fn same_sources(path: &std::path::Path) -> bool {
+    use object::{Object, ObjectSection};
+    let Ok(file) = std::fs::File::open(path) else {
+        return false;
+    };
+    let cache = object::ReadCache::new(file);
+    let Ok(obj) = object::File::parse(&cache) else {
+        return false;
+    };
+    obj.section_by_name(SOURCE_ID_SECTION)
+        .and_then(|s| s.data().ok())
+        .is_some_and(|d| d == SOURCE_ID)
+}
+
+/// The `aisb-init` beside `exe`, if it is this build's.
+pub fn choose(exe: &std::path::Path) -> InitChoice {
+    let sibling = exe.with_file_name(INIT_BINARY);
+    if !sibling.is_file() {
+        InitChoice::Missing
+    } else if same_sources(&sibling) {
+        InitChoice::Beside(sibling)
+    } else {
+        InitChoice::Other(sibling)
+    }
+}
+
+/// The host binary to mount at [`INIT_PATH`] for the running `aisb`: `aisb-init` beside it
+/// when that was built from the same sources, else `aisb` itself (which serves every verb of
+/// the init as well, only starts slower).
+pub fn binary_beside(exe: &std::path::Path) -> std::path::PathBuf {
+    match choose(exe) {
+        InitChoice::Beside(p) => p,
+        InitChoice::Missing | InitChoice::Other(_) => exe.to_path_buf(),
+    }
+}
+
+/// Whether this process was started through [`INIT_PATH`] (argv\[0\]): inside a sandbox, where
+/// whichever binary serves as the init answers every verb of [`main_from_args`].
+pub fn called_as_init(argv0: Option<&OsString>) -> bool {
+    argv0.is_some_and(|a| a == INIT_PATH)
 }
 
 /// Parse `__init [--loopback] [--rlimit=NAME=SOFT:HARD]... -- COMMAND...` (the arguments the
 /// spec gives the init; argv[0] excluded), run, and return the exit code: 125 when the sandbox
 /// could not be set up, so it never runs the workload with less isolation.
 pub fn main_from_args(args: impl IntoIterator<Item = OsString>) -> i32 {
+    keep_source_id();
     let mut opts = Options::default();
     let mut args = args.into_iter().peekable();
     if args.peek().is_some_and(|a| a == "hold") {

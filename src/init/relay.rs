@@ -12,7 +12,6 @@ use std::os::unix::net::UnixStream;
 
 use crate::vocab::{AGENT_EVENT_MAX, AGENT_METHOD, DIRECT_METHOD, PROXY_SOCKET};
 
-
 /// What a listener relays: everything to the proxy, or one host loopback port through it.
 #[derive(Debug, Clone, Copy)]
 pub enum Target {
@@ -155,7 +154,6 @@ pub fn report_direct(addr: std::net::SocketAddr) {
         let _ = s.read(&mut answer);
     }
 }
-
 
 /// `init agent-event AGENT`: an agent's pre-tool hook. Forwards the hook's JSON (stdin) to the
 /// proxy, which writes it to the audit log; always exits 0 and prints nothing, so it never

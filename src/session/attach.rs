@@ -1,6 +1,7 @@
 //! A second session in a running sandbox, from the caller's side: find the sandbox's init,
 //! give the session a pseudo-terminal when the caller has a terminal (its own, in a new
-//! session, never the caller's), and start the session helper (`aisb __attach`, see
+//! session, never the caller's; from the sandbox's own devpts, which the helper opens and
+//! hands back, so that `tty` names it inside; SIGWINCH resizes it), and start the session helper (`aisb __attach`, see
 //! [`super::join`]) which joins the sandbox, hardens itself as the init hardens the workload
 //! and runs the command there. The caller may run threads (the sync watcher, the sandbox's
 //! own thread): nothing after its fork but the helper's exec happens in it. Works on both
@@ -82,17 +83,18 @@ pub fn attach(pid: i32, command: &[String], cwd: &std::path::Path) -> Result<i32
             source: std::io::ErrorKind::InvalidInput.into(),
         });
     }
+    // With a terminal, the helper opens the session's pseudo-terminal in the sandbox's own
+    // devpts and sends its controlling side back over this socket pair.
     let pty = if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
-        let pty = nix::pty::openpty(None, None).map_err(|e| SessionError::Io {
-            what: "opening a pseudo-terminal for the session".into(),
-            source: e.into(),
-        })?;
-        // Other threads start programs too (git, from the watcher): they get neither side.
-        for fd in [&pty.master, &pty.slave] {
-            fcntl(fd.as_raw_fd(), FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC))
-                .map_err(|e| io("opening a pseudo-terminal for the session")(e.into()))?;
-        }
-        Some(pty)
+        // CLOEXEC on both: other threads start programs too (git, from the watcher).
+        let (ours, theirs) = nix::sys::socket::socketpair(
+            nix::sys::socket::AddressFamily::Unix,
+            nix::sys::socket::SockType::Stream,
+            None,
+            nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        )
+        .map_err(|e| io("making the session's terminal channel")(e.into()))?;
+        Some((ours, theirs))
     } else {
         None
     };
@@ -105,13 +107,13 @@ pub fn attach(pid: i32, command: &[String], cwd: &std::path::Path) -> Result<i32
         .arg(cwd);
     let inherited: Vec<i32> = [
         Some(init.as_raw_fd()),
-        pty.as_ref().map(|p| p.slave.as_raw_fd()),
+        pty.as_ref().map(|p| p.1.as_raw_fd()),
     ]
     .into_iter()
     .flatten()
     .collect();
     if let Some(p) = &pty {
-        cmd.arg(format!("--tty-fd={}", p.slave.as_raw_fd()));
+        cmd.arg(format!("--tty-sock={}", p.1.as_raw_fd()));
     }
     cmd.arg("--").args(command);
     // The sandbox's limits hold for the session too: its cgroups, joined before the helper
@@ -141,8 +143,14 @@ pub fn attach(pid: i32, command: &[String], cwd: &std::path::Path) -> Result<i32
         let status = helper.wait().map_err(io("waiting for the session"))?;
         return Ok(crate::runtime::exit_code(status));
     };
-    drop(pty.slave);
-    let master = pty.master;
+    let (ours, theirs) = pty;
+    drop(theirs);
+    let Some(master) = receive_fd(&ours) else {
+        // The helper could not open one: it said why, and ends.
+        let status = helper.wait().map_err(io("waiting for the session"))?;
+        return Ok(crate::runtime::exit_code(status));
+    };
+    drop(ours);
     let fd = master.as_raw_fd();
     crate::runtime::console::sync_size(fd);
     let raw = crate::runtime::console::RawMode::enter();
@@ -163,4 +171,35 @@ pub fn attach(pid: i32, command: &[String], cwd: &std::path::Path) -> Result<i32
     let _ = output.join();
     drop(raw);
     Ok(crate::runtime::exit_code(status))
+}
+
+/// The one descriptor the session helper sends over `sock` (the controlling side of the
+/// session's pseudo-terminal), or None when it closed the socket without sending one.
+fn receive_fd(sock: &OwnedFd) -> Option<OwnedFd> {
+    let mut byte = [0u8; 1];
+    let mut iov = [std::io::IoSliceMut::new(&mut byte)];
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let msg = loop {
+        match nix::sys::socket::recvmsg::<()>(
+            sock.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            nix::sys::socket::MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Err(nix::Error::EINTR) => continue,
+            r => break r.ok()?,
+        }
+    };
+    let mut fds = msg.cmsgs().ok()?.flat_map(|c| match c {
+        nix::sys::socket::ControlMessageOwned::ScmRights(fds) => fds,
+        _ => Vec::new(),
+    });
+    let fd = fds.next()?;
+    // SAFETY: SCM_RIGHTS gave this process a new descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    for extra in fds {
+        // SAFETY: as above; descriptors beyond the one expected are closed, not leaked.
+        drop(unsafe { OwnedFd::from_raw_fd(extra) });
+    }
+    Some(fd)
 }

@@ -14,6 +14,8 @@
 //!    this order fixes), then mount, network, IPC, UTS, PID and cgroup, then the init's own
 //!    user namespace when it is another one. The caller owns every one of them, so each join
 //!    is allowed, and every capability it gives is dropped in step 3.
+//!    With a terminal, open the session's pseudo-terminal in the sandbox's devpts (now that
+//!    its mount namespace is ours) and send the controlling side back to the caller.
 //! 2. Take the init's resource limits (never above our own), its working directory and
 //!    environment, and find the program along the sandbox's `PATH`.
 //! 3. Harden exactly as the init hardens itself before its workload ([`crate::init::harden`]:
@@ -39,8 +41,9 @@ pub struct Request {
     pub init: OwnedFd,
     pub pid: i32,
     pub cwd: PathBuf,
-    /// The session's pseudo-terminal (the slave side), when it has one.
-    pub tty: Option<OwnedFd>,
+    /// When the session has a terminal: a socket to send the controlling side of its
+    /// pseudo-terminal back over (the pseudo-terminal is the sandbox's own, see [`sandbox_pty`]).
+    pub tty_sock: Option<OwnedFd>,
     pub command: Vec<OsString>,
 }
 
@@ -77,6 +80,11 @@ pub enum JoinError {
     Harden(#[from] crate::init::InitError),
     #[error("cannot start the session: {0}")]
     Fork(nix::Error),
+    #[error("cannot open a terminal in the sandbox ({what}): {source}")]
+    Pty {
+        what: &'static str,
+        source: nix::Error,
+    },
 }
 
 /// The namespaces a session joins besides the user namespaces, in the order joined.
@@ -128,6 +136,11 @@ fn join_and_start(r: Request) -> Result<i32, JoinError> {
         return Err(JoinError::Threads(threads));
     }
     let joined_pid_namespace = join_namespaces(r.init.as_fd())?;
+    let tty = match &r.tty_sock {
+        Some(sock) => Some(sandbox_pty(sock.as_fd())?),
+        None => None,
+    };
+    drop(r.tty_sock);
     // How the child sees this helper while it lives: from inside a joined PID namespace, not
     // at all (pid 0); otherwise by its pid.
     let helper = if joined_pid_namespace {
@@ -157,12 +170,71 @@ fn join_and_start(r: Request) -> Result<i32, JoinError> {
     // SAFETY: this process is single-threaded (checked above), so the child inherits no lock
     // another thread held; it still calls only async-signal-safe functions (`start`).
     match unsafe { fork() }.map_err(JoinError::Fork)? {
-        ForkResult::Child => start(r.tty.as_ref(), helper, &program),
+        ForkResult::Child => start(tty.as_ref(), helper, &program),
         ForkResult::Parent { child } => {
-            drop(r.tty);
+            drop(tty);
             Ok(wait_code(child))
         }
     }
+}
+
+/// A pseudo-terminal from the sandbox's own devpts (this process has joined its mount
+/// namespace), so that inside `tty` names it and `/dev/pts/N` opens it, as for the sandbox's
+/// own workload; one from the host's devpts would be a name that does not exist inside. The
+/// controlling side is sent over `sock` to the aisb that relays the caller's terminal; the
+/// session's side is returned. `/dev/pts` is the sandbox's mount point (its workload cannot
+/// mount, nor replace a mount point), and what is opened is checked to be a devpts ptmx.
+fn sandbox_pty(sock: BorrowedFd<'_>) -> Result<OwnedFd, JoinError> {
+    let err = |what: &'static str| move |source| JoinError::Pty { what, source };
+    // O_NONBLOCK: opening cannot hang on something else at that name.
+    let fd = nix::fcntl::open(
+        "/dev/pts/ptmx",
+        OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK,
+        Mode::empty(),
+    )
+    .map_err(err("/dev/pts/ptmx"))?;
+    // SAFETY: `open` returned a new descriptor that nothing else owns.
+    let master = unsafe { OwnedFd::from_raw_fd(fd) };
+    let fs = nix::sys::statfs::fstatfs(&master).map_err(err("/dev/pts/ptmx"))?;
+    if fs.filesystem_type() != nix::sys::statfs::DEVPTS_SUPER_MAGIC {
+        return Err(JoinError::Pty {
+            what: "/dev/pts is not a devpts",
+            source: nix::Error::ENOTTY,
+        });
+    }
+    nix::fcntl::fcntl(
+        master.as_raw_fd(),
+        nix::fcntl::FcntlArg::F_SETFL(OFlag::O_RDWR),
+    )
+    .map_err(err("blocking mode"))?;
+    let unlock: libc::c_int = 0;
+    // SAFETY: TIOCSPTLCK reads one int through the pointer, which outlives the call.
+    if unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSPTLCK, &unlock) } != 0 {
+        return Err(err("unlocking it")(nix::Error::last()));
+    }
+    // SAFETY: TIOCGPTPEER opens the peer of this master and returns a new descriptor (or -1).
+    let peer = unsafe {
+        libc::ioctl(
+            master.as_raw_fd(),
+            libc::TIOCGPTPEER,
+            libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
+        )
+    };
+    if peer < 0 {
+        return Err(err("opening its peer")(nix::Error::last()));
+    }
+    // SAFETY: the ioctl returned a new descriptor that nothing else owns.
+    let peer = unsafe { OwnedFd::from_raw_fd(peer) };
+    let fds = [master.as_raw_fd()];
+    nix::sys::socket::sendmsg::<()>(
+        sock.as_raw_fd(),
+        &[std::io::IoSlice::new(b"t")],
+        &[nix::sys::socket::ControlMessage::ScmRights(&fds)],
+        nix::sys::socket::MsgFlags::empty(),
+        None,
+    )
+    .map_err(err("handing it to aisb"))?;
+    Ok(peer)
 }
 
 fn open_at(dir: BorrowedFd<'_>, path: &str) -> Result<OwnedFd, JoinError> {

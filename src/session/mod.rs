@@ -60,6 +60,16 @@ pub enum SessionError {
         "merge them from `sandbox-{name}/<branch>` first, or `aisb rm --force {name}` to drop them"
     ))]
     Unsynced { name: String, commits: u64 },
+    #[error("sandbox `{name}` ended before a session could join it (its init exited with {code})")]
+    #[diagnostic(help(
+        "the lines above say why; `aisb run --sandbox {name} -- true` shows the same start alone, `aisb doctor` checks the host"
+    ))]
+    Ended { name: String, code: i32 },
+    #[error("sandbox `{name}` did not start within {secs} s: its init never reported its process")]
+    #[diagnostic(help(
+        "a loaded machine may need longer: try again; `aisb doctor` checks the host, `aisb stop {name}` ends what is left"
+    ))]
+    StartTimeout { name: String, secs: u64 },
     #[error("{what}: {source}")]
     #[diagnostic(help("check that the cache directory is writable"))]
     Io {

@@ -47,7 +47,7 @@ pub fn run(cmd: &mut Command) -> Result<String, Error> {
     let out = cmd.output().map_err(|e| {
         Error::msg(
             format!("cannot run {:?}: {e}", cmd.get_program()),
-            "sh scripts/setup.sh installs what the testbed needs",
+            "sh scripts/setup-tests.sh installs what the testbed needs",
         )
     })?;
     if !out.status.success() {
@@ -145,7 +145,7 @@ fn run_matrix(a: RunArgs) -> Result<i32, Error> {
         which(tool).ok_or_else(|| {
             Error::msg(
                 format!("`{tool}` is not installed"),
-                "sh scripts/setup.sh installs what the testbed needs",
+                "sh scripts/setup-tests.sh installs what the testbed needs",
             )
         })?;
     }
@@ -154,7 +154,7 @@ fn run_matrix(a: RunArgs) -> Result<i32, Error> {
         None => {
             eprintln!("testbed: building aisb (release)");
             run(Command::new(env!("CARGO"))
-                .args(["build", "--release", "-q", "-p", "aisb", "--bins"])
+                .args(["build", "--release", "-q", "-p", "aisb", "--bins", "--features", "test-probe"])
                 .current_dir(&root))?;
             root.join("target/release")
         }
@@ -318,7 +318,7 @@ fn base_layer(k: &kernel::Kernel) -> Result<initramfs::Tree, Error> {
         ("setpriv", "usr/bin/setpriv"),
     ] {
         let host = which(prog)
-            .ok_or_else(|| Error::msg(format!("{prog} is not installed"), "sh scripts/setup.sh"))?;
+            .ok_or_else(|| Error::msg(format!("{prog} is not installed"), "sh scripts/setup-tests.sh"))?;
         t.program(&host, inside)?;
     }
     // The dynamic loader at the path every program names.
@@ -370,7 +370,7 @@ fn run_layer(
         if !host.is_file() {
             return Err(Error::msg(
                 format!("{} is missing", host.display()),
-                "build with `cargo build --release -p aisb --bins` or pass --bin-dir",
+                "build with `cargo build --release -p aisb --bins --features test-probe` or pass --bin-dir",
             ));
         }
         t.program(&host, &format!("usr/local/bin/{b}"))?;

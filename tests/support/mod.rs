@@ -145,15 +145,15 @@ pub fn root_or_skip(suite: &str) -> bool {
 }
 
 /// Whether `tool` runs here; otherwise prints why `what` is skipped. Under CI a missing tool
-/// is a failure: scripts/setup.sh installs every tool the tests use.
+/// is a failure: scripts/setup-tests.sh installs every tool the tests use.
 pub fn tool_or_skip(tool: &str, what: &str) -> bool {
     if Command::new(tool).arg("--version").output().is_ok() {
         return true;
     }
     if std::env::var_os("CI").is_some() {
-        panic!("{what} needs `{tool}`, which scripts/setup.sh installs: it is missing");
+        panic!("{what} needs `{tool}`, which scripts/setup-tests.sh installs: it is missing");
     }
-    eprintln!("SKIPPED: {what} needs `{tool}` (scripts/setup.sh installs it)");
+    eprintln!("SKIPPED: {what} needs `{tool}` (scripts/setup-tests.sh installs it)");
     false
 }
 

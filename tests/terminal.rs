@@ -1,0 +1,199 @@
+//! A named sandbox's sessions get a terminal like the unnamed `aisb up`: inside, `tty` names a
+//! pseudo-terminal that exists there (the sandbox's own devpts), and a resize of the window
+//! reaches it. Tested in real tmux windows, for `aisb up NAME` (which starts the sandbox) and
+//! `aisb exec NAME` (which joins it), on both backends, as root and as an ordinary user.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// A tmux server of the test's own (its own socket directory), run as `user` when given.
+struct Tmux {
+    dir: PathBuf,
+    user: Option<(u32, u32)>,
+}
+
+impl Tmux {
+    fn cmd(&self, args: &[&str]) -> std::process::Output {
+        let mut c = Command::new("tmux");
+        if let Some((uid, gid)) = self.user {
+            std::os::unix::process::CommandExt::uid(&mut c, uid);
+            std::os::unix::process::CommandExt::gid(&mut c, gid);
+        }
+        c.args(["-L", "aisb-test"])
+            .args(args)
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("TMUX_TMPDIR", &self.dir)
+            // tmux runs window commands with $SHELL, else the account's (nologin).
+            .env("SHELL", "/bin/sh")
+            .env("TERM", "xterm")
+            .output()
+            .unwrap()
+    }
+    fn send(&self, window: &str, keys: &str) {
+        let o = self.cmd(&["send-keys", "-t", window, keys, "Enter"]);
+        assert!(o.status.success(), "send-keys: {:?}", o);
+    }
+    fn screen(&self, window: &str) -> String {
+        String::from_utf8_lossy(&self.cmd(&["capture-pane", "-p", "-t", window]).stdout)
+            .into_owned()
+    }
+    /// Waits (at most 60 s) until `window` shows `text`; returns the screen.
+    fn wait_for(&self, window: &str, text: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let s = self.screen(window);
+            if s.contains(text) {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "window {window} never showed `{text}`:\n{s}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.cmd(&["kill-server"]);
+    }
+}
+
+fn session_terminals(backend: &str, user: Option<(u32, u32)>) {
+    let who = format!(
+        "[{backend}, {}]",
+        user.map_or("root".into(), |u| format!("uid {}", u.0))
+    );
+    let t = tempfile::tempdir().unwrap();
+    let repo = t.path().join("repo");
+    for d in ["repo", "home", "tmux"] {
+        std::fs::create_dir_all(t.path().join(d)).unwrap();
+    }
+    std::fs::write(repo.join("README"), "hi\n").unwrap();
+    support::git_in(&repo, &["init", "-q", "-b", "main"]);
+    support::git_in(&repo, &["add", "README"]);
+    support::git_in(
+        &repo,
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-qm",
+            "one",
+        ],
+    );
+    let exe = match user {
+        Some((uid, gid)) => support::hand_to_user(t.path(), uid, gid),
+        None => PathBuf::from(env!("CARGO_BIN_EXE_aisb")),
+    };
+    std::fs::set_permissions(
+        t.path().join("tmux"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let tmux = Tmux {
+        dir: t.path().join("tmux"),
+        user,
+    };
+    let env = |p: &Path| {
+        format!(
+            "cd {} && env -i PATH=/usr/bin:/bin HOME={} XDG_CACHE_HOME={} TERM=xterm SHELL=/bin/sh",
+            repo.display(),
+            p.join("home").display(),
+            p.join("cache").display()
+        )
+    };
+    let up = format!(
+        "{} {} up --backend {backend} term -- /bin/sh; echo SESSION-ENDED; sleep 60",
+        env(t.path()),
+        exe.display()
+    );
+    let o = tmux.cmd(&[
+        "new-session",
+        "-d",
+        "-x",
+        "120",
+        "-y",
+        "30",
+        "-n",
+        "up",
+        &up,
+    ]);
+    assert!(o.status.success(), "{who} tmux new-session: {o:?}");
+    // The shell answers (what is typed before it starts waits in the terminal): it is up.
+    tmux.send("up", "echo UP-$((6*7))");
+    tmux.wait_for("up", "UP-42");
+    let exec = format!(
+        "{} {} exec term -- /bin/sh; echo SESSION-ENDED; sleep 60",
+        env(t.path()),
+        exe.display()
+    );
+    let o = tmux.cmd(&["new-window", "-d", "-n", "exec", &exec]);
+    assert!(o.status.success(), "{who} tmux new-window: {o:?}");
+    tmux.send("exec", "echo EXEC-$((6*7))");
+    tmux.wait_for("exec", "EXEC-42");
+    for (window, (cols, rows)) in [("up", (100, 25)), ("exec", (90, 20))] {
+        // `tty` names a terminal that exists inside, and it is the one stdin is.
+        tmux.send(
+            window,
+            "t=$(tty) && test -c \"$t\" && [ \"$t\" -ef /dev/stdin ] && echo \"TTY-OK $t\"",
+        );
+        let s = tmux.wait_for(window, "TTY-OK /dev/pts/");
+        assert!(!s.contains("not a tty"), "{who} {window}:\n{s}");
+        tmux.send(window, "echo \"SIZE $(stty size)\"");
+        tmux.wait_for(window, "SIZE 30 120");
+        let o = tmux.cmd(&[
+            "resize-window",
+            "-t",
+            window,
+            "-x",
+            &cols.to_string(),
+            "-y",
+            &rows.to_string(),
+        ]);
+        assert!(o.status.success(), "{who} resize-window: {o:?}");
+        // The resize reaches the session (retyped until it does, at most 60 s: tmux applies
+        // it asynchronously).
+        let want = format!("RESIZED {rows} {cols}");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            tmux.send(window, "echo \"RESIZED $(stty size)\"");
+            std::thread::sleep(Duration::from_millis(300));
+            let s = tmux.screen(window);
+            if s.contains(&want) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{who} {window}: the resize to {cols}x{rows} never arrived:\n{s}"
+            );
+        }
+    }
+    tmux.send("exec", "exit");
+    tmux.wait_for("exec", "SESSION-ENDED");
+    tmux.send("up", "exit");
+    tmux.wait_for("up", "SESSION-ENDED");
+}
+
+#[test]
+fn named_sessions_have_the_sandboxs_own_terminal_and_follow_resizes() {
+    if !support::root_or_skip("the terminal test (root and an ordinary user)") {
+        return;
+    }
+    if !support::tool_or_skip("tmux", "the terminal test") {
+        return;
+    }
+    let user = support::test_user();
+    for backend in ["bwrap", "libcontainer"] {
+        for caller in [None, Some(user)] {
+            session_terminals(backend, caller);
+        }
+    }
+}
