@@ -8,6 +8,7 @@ pub mod agents;
 pub mod atomic;
 pub mod audit;
 pub mod beneath;
+pub mod ci;
 pub mod cli;
 pub mod config;
 pub mod eval;
