@@ -30,6 +30,10 @@ command -v fish >/dev/null 2>&1 || need="$need fish"
 command -v npm >/dev/null 2>&1 || need="$need nodejs npm"
 # pytest: the workload tests (tests/workloads.rs) prove a test runner still works in the sandbox.
 /usr/bin/python3 -c 'import pytest' 2>/dev/null || need="$need python3-pytest"
+# jsonschema: tests/editors.rs validates the exported .vscode/tasks.json against the tasks
+# schema; neovim: tests/lsp.rs drives `aisb lsp` from Neovim's built-in LSP client, headless.
+/usr/bin/python3 -c 'import jsonschema' 2>/dev/null || need="$need python3-jsonschema"
+command -v nvim >/dev/null 2>&1 || need="$need neovim"
 command -v cargo >/dev/null 2>&1 || { echo "setup: cargo not found; install Rust (rustup) first" >&2; exit 1; }
 if [ -n "$need" ]; then
     if [ "$(id -u)" -eq 0 ]; then sudo=""; elif command -v sudo >/dev/null 2>&1; then sudo="sudo"; else

@@ -20,6 +20,7 @@ mod setup_user;
 mod spec;
 mod store;
 mod tasks;
+mod tasks_export;
 mod up;
 
 use std::ffi::OsString;
