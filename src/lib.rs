@@ -80,6 +80,9 @@ pub enum Error {
     #[error("{0}")]
     #[diagnostic(help("see `aisb run --help`"))]
     Usage(String),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Devcontainer(#[from] cli::DevcontainerError),
     #[error("unknown preset `{name}`")]
     #[diagnostic(help("{}", hint.as_ref().map_or_else(|| "`aisb presets` lists them".to_string(), |h| format!("did you mean `{h}`?"))))]
     UnknownPreset { name: String, hint: Option<String> },

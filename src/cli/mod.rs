@@ -5,6 +5,7 @@ mod audit;
 mod build;
 mod check;
 mod completions;
+mod devcontainer;
 mod doctor;
 mod export;
 mod init;
@@ -27,6 +28,8 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand};
+
+pub use devcontainer::DevcontainerError;
 
 use crate::eval::{self, Host, Loaded, Request, Root};
 use crate::Error;
