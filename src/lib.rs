@@ -16,6 +16,7 @@ pub mod git;
 pub mod graph;
 pub mod image;
 pub mod init;
+pub mod lsp;
 pub mod presets;
 pub mod private;
 pub mod proxy;

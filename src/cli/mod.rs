@@ -10,6 +10,7 @@ mod doctor;
 mod export;
 mod init;
 mod libcontainer_helper;
+mod lsp;
 mod mask_helper;
 mod plan;
 mod presets;
@@ -104,6 +105,7 @@ pub enum Command {
     Store(store::Args),
     SetupUser(setup_user::Args),
     Completions(completions::Args),
+    Lsp(lsp::Args),
     #[command(name = "__attach", hide = true)]
     AttachHelper(attach_helper::Args),
     #[command(name = "__libcontainer", hide = true)]
@@ -157,6 +159,7 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
         Command::Stop(a) => sandboxes::stop(&g, a),
         Command::SetupUser(a) => setup_user::run(a),
         Command::Completions(a) => completions::run(a),
+        Command::Lsp(a) => lsp::run(a),
         Command::AttachHelper(a) => attach_helper::run(a),
         Command::LibcontainerHelper(a) => libcontainer_helper::run(a),
         Command::Proxy(a) => proxy::run(a),

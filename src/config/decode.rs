@@ -6,6 +6,7 @@ use miette::SourceSpan;
 
 use super::diag::{suggest, Errors, Loc, SourceFile, Spanned};
 use super::model::*;
+use super::schema::*;
 use crate::proxy::domain::DomainRule;
 
 /// Decoding state for one file: where we are and what went wrong so far.
@@ -14,32 +15,6 @@ pub struct Decoder<'a> {
     pub file: usize,
     pub errors: &'a mut Errors,
 }
-
-const TOP_NODES: &[&str] = &[
-    "import",
-    "default-profile",
-    "profile",
-    "task",
-    "domains",
-    "image",
-];
-const SETTINGS_NODES: &[&str] = &[
-    "project",
-    "read-only",
-    "mount",
-    "tmpfs",
-    "home",
-    "xdg",
-    "block",
-    "allow",
-    "secrets",
-    "env",
-    "network",
-    "process",
-    "limits",
-    "backend",
-    "rootfs",
-];
 
 /// Runtime backends `backend` accepts (the runtimes themselves live outside the config).
 pub const BACKENDS: [&str; 2] = ["libcontainer", "bwrap"];
@@ -215,9 +190,9 @@ impl Decoder<'_> {
             "process" => self.process(node, &mut s.process),
             "limits" => self.limits(node, &mut s.limits),
             "rootfs" => {
-                self.only_props(node, &["dockerfile", "image", "from"]);
+                self.only_props(node, ROOTFS_PROPS);
                 let mut network_at = None;
-                for child in self.children(node, &["network"]) {
+                for child in self.children(node, ROOTFS_CHILDREN) {
                     s.build_network = self.build_network(child);
                     network_at = Some(child.span());
                 }
@@ -286,7 +261,7 @@ impl Decoder<'_> {
     }
 
     fn profile(&mut self, node: &KdlNode) -> Option<ProfileDecl> {
-        self.only_props(node, &["extends", "description"]);
+        self.only_props(node, PROFILE_PROPS);
         let name = self
             .args(node, 1, 1, "a profile name")
             .first()
@@ -316,7 +291,7 @@ impl Decoder<'_> {
     }
 
     fn task(&mut self, node: &KdlNode) -> Option<TaskDecl> {
-        self.only_props(node, &["description"]);
+        self.only_props(node, TASK_PROPS);
         let name = self
             .args(node, 1, 1, "a task name")
             .first()
@@ -326,7 +301,7 @@ impl Decoder<'_> {
         let mut profile = None;
         let mut cwd = None;
         let mut env = Vec::new();
-        for child in self.children(node, &["run", "profile", "cwd", "env"]) {
+        for child in self.children(node, TASK_CHILDREN) {
             self.only_props(child, &[]);
             self.no_children(child);
             match child.name().value() {
@@ -414,12 +389,7 @@ impl Decoder<'_> {
         let file = self.sources[self.file].name.clone();
         let mut steps = Vec::new();
         let mut froms = 0;
-        for child in self.children(
-            node,
-            &[
-                "from", "arg", "env", "run", "copy", "add", "workdir", "user", "shell",
-            ],
-        ) {
+        for child in self.children(node, IMAGE_CHILDREN) {
             let kind = child.name().value();
             let (line, _) = self.sources[self.file].line_col(child.span().offset());
             let at = format!("{file}:{line}");
@@ -433,7 +403,7 @@ impl Decoder<'_> {
                     (v.len() == es.len() && v.len() >= min).then_some(v)
                 };
             let props: &[&str] = if matches!(kind, "copy" | "add") {
-                &["chown", "chmod"]
+                COPY_PROPS
             } else {
                 &[]
             };
@@ -533,7 +503,7 @@ impl Decoder<'_> {
     }
 
     fn project(&mut self, node: &KdlNode, p: &mut ProjectCfg) {
-        self.only_props(node, &["access"]);
+        self.only_props(node, PROJECT_PROPS);
         self.no_children(node);
         if let Some(e) = self.args(node, 0, 1, "the project root").first() {
             p.root = self.string(e);
@@ -544,7 +514,7 @@ impl Decoder<'_> {
     }
 
     fn mount(&mut self, node: &KdlNode) -> Option<MountCfg> {
-        self.only_props(node, &["access", "optional"]);
+        self.only_props(node, MOUNT_PROPS);
         self.no_children(node);
         let args = self.args(node, 1, 2, "a host path and an optional target path");
         let source = args.first().and_then(|e| self.string(e))?;
@@ -569,7 +539,7 @@ impl Decoder<'_> {
     }
 
     fn tmpfs(&mut self, node: &KdlNode) -> Option<TmpfsCfg> {
-        self.only_props(node, &["size"]);
+        self.only_props(node, TMPFS_PROPS);
         self.no_children(node);
         let target = self
             .args(node, 1, 1, "a path inside the sandbox")
@@ -589,7 +559,7 @@ impl Decoder<'_> {
     fn secrets(&mut self, node: &KdlNode, s: &mut SecretsCfg) {
         self.only_props(node, &[]);
         self.args(node, 0, 0, "");
-        for child in self.children(node, &["defaults", "gitignored", "git-crypt", "tool-dirs"]) {
+        for child in self.children(node, SECRETS_CHILDREN) {
             self.only_props(child, &[]);
             self.no_children(child);
             match child.name().value() {
@@ -619,18 +589,7 @@ impl Decoder<'_> {
     fn env(&mut self, node: &KdlNode, env: &mut EnvCfg) {
         self.only_props(node, &[]);
         self.args(node, 0, 0, "");
-        for child in self.children(
-            node,
-            &[
-                "inherit",
-                "filter-secrets",
-                "allow",
-                "deny",
-                "pass",
-                "set",
-                "from-file",
-            ],
-        ) {
+        for child in self.children(node, ENV_CHILDREN) {
             self.only_props(child, &[]);
             self.no_children(child);
             match child.name().value() {
@@ -728,7 +687,7 @@ impl Decoder<'_> {
     }
 
     fn network(&mut self, node: &KdlNode, net: &mut NetworkCfg) {
-        self.only_props(node, &["domains"]);
+        self.only_props(node, NETWORK_PROPS);
         if let Some(e) = self.prop(node, "domains") {
             net.domains = self.enumerated(e, &DomainsMode::NAMES, DomainsMode::parse);
         }
@@ -736,7 +695,7 @@ impl Decoder<'_> {
             net.mode = self.enumerated(e, &NetMode::NAMES, NetMode::parse);
         }
         let mut has_rules = false;
-        for child in self.children(node, &["allow", "deny", "group", "localhost-port"]) {
+        for child in self.children(node, NETWORK_CHILDREN) {
             self.only_props(child, &[]);
             self.no_children(child);
             has_rules = true;
@@ -817,10 +776,7 @@ impl Decoder<'_> {
     fn process(&mut self, node: &KdlNode, p: &mut ProcessCfg) {
         self.only_props(node, &[]);
         self.args(node, 0, 0, "");
-        for child in self.children(
-            node,
-            &["command", "cwd", "shell", "user", "rlimit", "hostname"],
-        ) {
+        for child in self.children(node, PROCESS_CHILDREN) {
             match child.name().value() {
                 "command" => {
                     self.only_props(child, &[]);
@@ -848,7 +804,7 @@ impl Decoder<'_> {
                     }
                 }
                 "user" => {
-                    self.only_props(child, &["uid", "gid", "name"]);
+                    self.only_props(child, USER_PROPS);
                     self.no_children(child);
                     self.args(child, 0, 0, "");
                     let uid = self.prop(child, "uid").and_then(|e| self.id(e));
@@ -862,7 +818,7 @@ impl Decoder<'_> {
                     });
                 }
                 "rlimit" => {
-                    self.only_props(child, &["soft", "hard"]);
+                    self.only_props(child, RLIMIT_PROPS);
                     self.no_children(child);
                     let args = self.args(child, 1, 2, "a resource name and a limit");
                     let Some(res) = args.first().and_then(|e| self.string(e)) else {
@@ -919,7 +875,7 @@ impl Decoder<'_> {
     fn limits(&mut self, node: &KdlNode, l: &mut LimitsCfg) {
         self.only_props(node, &[]);
         self.args(node, 0, 0, "");
-        for child in self.children(node, &["pids", "memory", "cpus"]) {
+        for child in self.children(node, LIMITS_CHILDREN) {
             self.only_props(child, &[]);
             self.no_children(child);
             let Some(e) = self.args(child, 1, 1, "a limit").first().copied() else {

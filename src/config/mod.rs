@@ -5,6 +5,7 @@ pub mod decode;
 pub mod depth;
 pub mod diag;
 pub mod model;
+pub mod schema;
 
 pub use diag::{ConfigError, ConfigErrors, Errors, Loc, SourceFile, Spanned};
 pub use model::ConfigFile;
