@@ -374,6 +374,22 @@ pub fn definition(text: &str, path: &Path, pos: Position) -> Option<Location> {
 /// diagnostics say why).
 pub fn format(text: &str) -> Option<Vec<TextEdit>> {
     let mut doc = kdl::KdlDocument::parse_v2(text).ok()?;
+    // Indentation and spacing only: each value keeps how the user wrote it ("x" stays quoted,
+    // 0x1F stays hex), one space before it.
+    fn keep_values(doc: &mut kdl::KdlDocument) {
+        for node in doc.nodes_mut() {
+            for e in node.entries_mut() {
+                e.keep_format();
+                if let Some(f) = e.format_mut() {
+                    f.leading = " ".into();
+                }
+            }
+            if let Some(children) = node.children_mut() {
+                keep_values(children);
+            }
+        }
+    }
+    keep_values(&mut doc);
     doc.autoformat();
     let formatted = doc.to_string();
     if formatted == text {
