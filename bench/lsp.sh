@@ -11,11 +11,15 @@
 #
 #   sh bench/lsp.sh             # builds --release; generates the repo once (bench/plan.sh's)
 #   RUNS=50 sh bench/lsp.sh
+#   AISB=target/debug/aisb sh bench/lsp.sh   # another build, no cargo
 set -eu
 cd "$(dirname "$0")/.."
 RUNS="${RUNS:-20}"
-cargo build --release -q
-AISB="$PWD/target/release/aisb"
+# AISB=path/to/aisb measures that binary instead (say which build it is when you quote it).
+if [ -z "${AISB:-}" ]; then
+    cargo build --release -q
+    AISB="$PWD/target/release/aisb"
+fi
 REPO="$PWD/target/bench/repo-100k"
 export XDG_CACHE_HOME="$PWD/target/bench/cache"
 if [ ! -f "$REPO/.generated" ]; then

@@ -104,13 +104,34 @@ pub fn diagnose(host: &Host, uri: &Uri, text: &str) -> Vec<(Uri, Vec<Diagnostic>
     let mut other = Vec::new();
     if list.is_empty() {
         let profiles = eval::profile_names(&loaded);
-        for p in std::iter::once(None).chain(profiles.into_iter().map(Some)) {
-            let req = EvalRequest {
-                profile: p,
-                use_cache: true,
-                ..EvalRequest::default()
+        // Every profile at once: each evaluation mostly waits on its own reads of the
+        // cached scan, and the slowest one sets when the editor sees its problems.
+        let results: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = std::iter::once(None)
+                .chain(profiles.into_iter().map(Some))
+                .map(|p| {
+                    let loaded = &loaded;
+                    s.spawn(move || {
+                        let req = EvalRequest {
+                            profile: p,
+                            use_cache: true,
+                            ..EvalRequest::default()
+                        };
+                        eval::evaluate(loaded, host, &req)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join()).collect()
+        });
+        for r in results {
+            let Ok(r) = r else {
+                other.push(whole_file(
+                    "the evaluation failed (a bug in aisb)".into(),
+                    None,
+                ));
+                continue;
             };
-            match eval::evaluate(&loaded, host, &req) {
+            match r {
                 Ok(_) => {}
                 Err(eval::EvalError::Config(c)) => {
                     for e in c.errors {
