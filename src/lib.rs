@@ -111,7 +111,9 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> i32 {
         Ok(code) => code,
         // Editors' tasks ask for one `file:line:col: error: …` line per configuration
         // error, which their problem matchers read (`aisb tasks export`).
-        Err(Error::Config(c)) if std::env::var_os("AISB_DIAGNOSTICS").is_some_and(|v| v == "short") => {
+        Err(Error::Config(c))
+            if std::env::var_os("AISB_DIAGNOSTICS").is_some_and(|v| v == "short") =>
+        {
             for e in &c.errors {
                 eprintln!("{}", config::diag::short_of(e));
             }

@@ -88,7 +88,10 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
                     Some(h) => format!("{} ({})\nhelp: {h}", j.message, j.label),
                     None => format!("{} ({})", j.message, j.label),
                 };
-                println!("{}", crate::ci::annotation("error", &at, "aisb check", &message));
+                println!(
+                    "{}",
+                    crate::ci::annotation("error", &at, "aisb check", &message)
+                );
             }
             if errors.is_empty() {
                 let name = sources.get(root).map_or("<none>", |s| s.name.as_str());

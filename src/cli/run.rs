@@ -113,7 +113,11 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
             }
         }
         eprintln!("  help: allow what the command needs in sandbox.kdl's `network` block (`aisb audit --blocked-only` says how), or stop it from asking");
-        return Ok(if summary.exit_code == 0 { 1 } else { summary.exit_code });
+        return Ok(if summary.exit_code == 0 {
+            1
+        } else {
+            summary.exit_code
+        });
     }
     Ok(summary.exit_code)
 }
@@ -159,8 +163,7 @@ fn blocked_since(path: &std::path::Path, from: u64) -> Vec<String> {
     };
     let mut text = String::new();
     // Bounded: a run's own events, never more than 64 MiB of them.
-    if f.seek(SeekFrom::Start(from)).is_err()
-        || f.take(64 << 20).read_to_string(&mut text).is_err()
+    if f.seek(SeekFrom::Start(from)).is_err() || f.take(64 << 20).read_to_string(&mut text).is_err()
     {
         return Vec::new();
     }
