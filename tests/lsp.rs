@@ -426,3 +426,46 @@ vim.cmd("qall!")
     );
     assert!(v["hover"].as_str().unwrap_or("").contains("network"), "{v}");
 }
+
+/// Typing faster than the evaluation: the server diagnoses the newest text, and never
+/// publishes an older version's diagnostics after a newer one's.
+#[test]
+fn a_burst_of_edits_ends_on_the_newest_text() {
+    let (_t, dir) = project();
+    let file = dir.join("sandbox.kdl");
+    std::fs::write(&file, "network \"none\"\n").unwrap();
+    let u = uri(&file);
+    let mut c = Client::start(&dir);
+    c.open(&u, "network \"none\"\n");
+    for v in 2..=30 {
+        // Odd versions are broken, even ones valid; the last (30) is valid.
+        let text = if v % 2 == 1 {
+            format!("netwrk{v} \"none\"\n")
+        } else {
+            format!("network \"none\"\ndomains \"g{v}\" \"a.example\"\n")
+        };
+        c.change(&u, v, &text);
+    }
+    let deadline = Instant::now() + WAIT;
+    let mut seen = Vec::new();
+    loop {
+        let m = c.recv(deadline);
+        if m["method"] != "textDocument/publishDiagnostics" || m["params"]["uri"] != u {
+            continue;
+        }
+        let v = m["params"]["version"].as_i64().unwrap();
+        seen.push(v);
+        if v == 30 {
+            assert!(
+                m["params"]["diagnostics"].as_array().unwrap().is_empty(),
+                "{m}"
+            );
+            break;
+        }
+    }
+    assert!(
+        seen.windows(2).all(|w| w[0] < w[1]),
+        "out of order: {seen:?}"
+    );
+    c.stop();
+}
