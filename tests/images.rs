@@ -1277,3 +1277,83 @@ fn copy_never_writes_through_a_link_an_earlier_source_made() {
         }
     }
 }
+
+/// `aisb build --push`: the built image (base layer, a RUN that writes and one that deletes a
+/// base file, a COPY) goes to a loopback registry; skopeo reads the same digest back, a second
+/// push sends no layer again, the lock file records the push, and aisb itself pulls the pushed
+/// image by digest and runs it: the files, the deletion and the config survived the trip.
+#[test]
+fn a_pushed_image_comes_back_by_digest_with_its_files_and_deletions() {
+    if !root_or_skip("images") {
+        return;
+    }
+    let base = debian_layout();
+    let reg = Registry::start();
+    reg.push(&base, "1");
+    let p = Proj::new();
+    p.write(
+        "sandbox.kdl",
+        &format!("image \"dev\" {{\n    from \"127.0.0.1:{}/base:1\"\n    env \"A\" \"from-kdl\"\n    run \"echo built > /etc/built && rm /etc/debian_version && mkdir -p /opt/d && touch /opt/d/x\"\n    copy \"f\" \"/opt/f\" chmod=\"0640\"\n}}\nrootfs image=\"dev\"\n", reg.port),
+    );
+    p.write("f", "copied\n");
+    let target = format!("127.0.0.1:{}/aisb/dev:v1", reg.port);
+    let o = p.aisb().args(["build", "--json", "--push", &target]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let digest = v["pushed"]["digest"].as_str().expect("a pushed digest").to_string();
+    assert!(err.contains(&format!("pushed {target}@{digest}")), "{err}");
+    // The registry serves that manifest (skopeo: another client's reading of it).
+    let inspect = Command::new("skopeo")
+        .args(["inspect", "--tls-verify=false", "--raw"])
+        .arg(format!("docker://{target}"))
+        .output()
+        .unwrap();
+    assert!(inspect.status.success(), "{}", String::from_utf8_lossy(&inspect.stderr));
+    let raw_digest = format!("sha256:{}", {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(&inspect.stdout))
+    });
+    assert_eq!(raw_digest, digest);
+    let layout = tempfile::tempdir().unwrap();
+    let st = Command::new("skopeo")
+        .args(["copy", "-q", "--src-tls-verify=false"])
+        .arg(format!("docker://{target}"))
+        .arg(format!("oci:{}:x", layout.path().join("l").display()))
+        .status()
+        .unwrap();
+    assert!(st.success(), "skopeo could not pull the pushed image back");
+    // The lock records it.
+    let lock: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(p.proj().join("sandbox.lock")).unwrap()).unwrap();
+    assert_eq!(lock["images"]["dev"]["pushed"][&target], serde_json::json!(digest));
+    // Pushed again: the same bytes, nothing but the manifest sent.
+    let o = p.aisb().args(["build", "--push", &target]).output().unwrap();
+    let err2 = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err2}");
+    assert!(err2.contains(&format!("pushed {target}@{digest}")), "{err2}");
+    assert!(err2.contains(" 0 KiB sent"), "{err2}");
+    // aisb runs it by digest, from the registry, in a new project.
+    let q = Proj::new();
+    q.write(
+        "sandbox.kdl",
+        &format!("rootfs from=\"127.0.0.1:{}/aisb/dev@{digest}\"\n", reg.port),
+    );
+    let out = q.run(
+        "bwrap",
+        "cat /etc/built /opt/f; stat -c %a /opt/f; test -e /etc/debian_version && echo STILL-THERE; test -e /opt/d/x && echo dir-ok; test -e /etc/apt && echo base-ok",
+    );
+    assert_eq!(
+        out.stdout, "built\ncopied\n640\ndir-ok\nbase-ok\n",
+        "{}",
+        out.stderr
+    );
+    // A digest is not a push target.
+    let o = p
+        .aisb()
+        .args(["build", "--push", &format!("127.0.0.1:{}/aisb/dev@{digest}", reg.port)])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("names a tag, not a digest"));
+}

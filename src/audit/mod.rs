@@ -174,6 +174,17 @@ impl Log {
         })
     }
 
+    /// Events as JSON lines on standard output (`aisb proxy serve`: the cluster's logging
+    /// collects a container's stdout).
+    pub fn stdout() -> std::io::Result<Log> {
+        use std::os::fd::AsFd;
+        let fd = std::io::stdout().as_fd().try_clone_to_owned()?;
+        Ok(Log {
+            file: File::from(fd),
+            path: PathBuf::from("/dev/stdout"),
+        })
+    }
+
     /// Write one event as one line (one `write` call). Errors are returned, not hidden: the
     /// caller decides whether a lost audit line is fatal.
     pub fn write(&self, kind: Kind) -> std::io::Result<()> {

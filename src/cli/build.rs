@@ -25,6 +25,7 @@ Examples:
   aisb build --locked                CI: fail if anything differs from sandbox.lock
   aisb build --pull                  ask the registry again where tags point
   aisb build --build-arg DEBIAN=bookworm
+  aisb build --push registry.example/team/app:v1     then: aisb export k8s --image REF@DIGEST
   aisb build --json | jq '.nodes[] | select(.outcome == \"built\")'")]
 pub struct Args {
     #[arg(short, long)]
@@ -43,6 +44,10 @@ pub struct Args {
     /// Machine-readable summary on stdout (progress still on stderr)
     #[arg(long)]
     pub json: bool,
+    /// Push the built image to this registry reference (REGISTRY/REPO:TAG) through the OCI
+    /// distribution API; its digest is printed and recorded in sandbox.lock
+    #[arg(long, value_name = "REF")]
+    pub push: Option<String>,
 }
 
 fn parse_kv(s: &str) -> Result<(String, String), String> {
@@ -118,6 +123,14 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
             }
         }
     }
+    // A bad reference is refused before anything is built.
+    let push_to = match &a.push {
+        Some(text) => Some(
+            oci::reference::Reference::parse(text)
+                .map_err(|e| Error::Usage(format!("--push {text}: {e}")))?,
+        ),
+        None => None,
+    };
     let mut o = sandbox::options(&plan, &def, &lock, &extra, a.pull);
     if a.pull {
         o.pins.clear();
@@ -153,14 +166,48 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
         plan.state_dir.join(crate::graph::store::LOCK_REF_FILE),
         lock_path.as_os_str().as_encoded_bytes(),
     );
+    let pushed = match &push_to {
+        Some(target) => {
+            let scratch = plan
+                .store
+                .join("tmp")
+                .join(format!("push-{}", std::process::id()));
+            let result = crate::image::push::push(&built.config, target, &scratch, &mut |line| {
+                eprintln!("aisb: push: {line}")
+            });
+            let _ = std::fs::remove_dir_all(&scratch);
+            let p = result.map_err(graph::BuildError::from)?;
+            eprintln!(
+                "aisb: pushed {} ({} layers, {} KiB sent, {} already there)",
+                p.reference,
+                p.layers,
+                p.sent / 1024,
+                p.skipped
+            );
+            Some(p)
+        }
+        None => None,
+    };
     let mut wrote = false;
     if !a.locked {
         lock.version = 1;
+        let mut pushes = locked_entry
+            .as_ref()
+            .filter(|l| l.graph == graph.hash)
+            .map(|l| l.pushed.clone())
+            .unwrap_or_default();
+        if let (Some(p), Some(target)) = (&pushed, &push_to) {
+            let mut name = target.clone();
+            name.digest = None;
+            name.tag = Some(name.tag.unwrap_or_else(|| "latest".into()));
+            pushes.insert(name.to_string(), p.digest.clone());
+        }
         lock.images.insert(
             def.name.clone(),
             Locked {
                 graph: graph.hash.clone(),
                 bases: graph.base.iter().cloned().collect(),
+                pushed: pushes,
             },
         );
         wrote = lock.write(&plan.project)?;
@@ -176,6 +223,7 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
         let v = serde_json::json!({
             "image": def.name, "hash": built.hash, "entry": built.entry, "base": graph.base,
             "layers": built.config.layers, "nodes": nodes, "secs": secs, "lock_written": wrote,
+            "pushed": pushed,
         });
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     } else {

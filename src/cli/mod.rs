@@ -15,6 +15,7 @@ mod mask_helper;
 mod plan;
 mod presets;
 mod proxy;
+mod proxy_serve;
 mod run;
 mod sandboxes;
 mod selftest;
@@ -106,6 +107,8 @@ pub enum Command {
     SetupUser(setup_user::Args),
     Completions(completions::Args),
     Lsp(lsp::Args),
+    #[command(name = "proxy")]
+    ProxyServe(proxy_serve::Args),
     #[command(name = "__attach", hide = true)]
     AttachHelper(attach_helper::Args),
     #[command(name = "__libcontainer", hide = true)]
@@ -146,6 +149,7 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
         Command::Build(a) => build::run(&g, a),
         Command::Spec(a) => spec::run(&g, a),
         Command::Export(a) => export::run(&g, a),
+        Command::ProxyServe(a) => proxy_serve::run(&g, a),
         Command::Tasks(a) => tasks::run(&g, a),
         Command::Presets(a) => presets::run(a),
         Command::Store(a) => store::run(a),

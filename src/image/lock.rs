@@ -26,6 +26,10 @@ pub struct Locked {
     pub graph: String,
     /// Base source as written after FROM (variables expanded) -> manifest digest.
     pub bases: BTreeMap<String, String>,
+    /// Where `aisb build --push` put this image (`REGISTRY/REPO:TAG`) -> the manifest digest
+    /// it has there: what a cluster runs (`aisb export k8s --image REF@DIGEST`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pushed: BTreeMap<String, String>,
 }
 
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
@@ -81,6 +85,8 @@ struct RawLocked<'a> {
     /// is no digest anyway, and serde's error names its line.
     #[serde(borrow)]
     bases: BTreeMap<String, &'a str>,
+    #[serde(borrow, default)]
+    pushed: BTreeMap<String, &'a str>,
 }
 
 /// A value (or the JSON itself) that is not what `aisb build` writes, at its place.
@@ -152,11 +158,24 @@ impl Lock {
                 }
                 bases.insert(source, pin.to_string());
             }
+            let mut pushed = BTreeMap::new();
+            for (to, digest) in l.pushed {
+                if crate::image::oci::reference::parse_digest(digest).is_err() {
+                    return Err(invalid(
+                        span_of(text, digest, &to),
+                        format!("`{to}` was pushed as `{digest}`, which is not a sha256 digest"),
+                        "not sha256:<64 lowercase hex digits>",
+                        "it is written by `aisb build --push`; delete the entry and push again",
+                    ));
+                }
+                pushed.insert(to, digest.to_string());
+            }
             images.insert(
                 name,
                 Locked {
                     graph: l.graph.into_owned(),
                     bases,
+                    pushed,
                 },
             );
         }

@@ -12,6 +12,7 @@ pub mod layer;
 pub mod lock;
 pub mod oci;
 pub mod progress;
+pub mod push;
 
 pub mod rootmount;
 pub mod sandbox;

@@ -82,81 +82,84 @@ pub enum SeccompError {
 }
 
 /// Refused with EPERM whatever the arguments (reasons in the module docs).
-const PERMISSION_DENIED: &[i64] = &[
-    libc::SYS_ptrace,
-    libc::SYS_process_vm_readv,
-    libc::SYS_process_vm_writev,
-    libc::SYS_pidfd_getfd,
-    libc::SYS_process_madvise,
-    libc::SYS_kcmp,
-    libc::SYS_setns,
-    libc::SYS_mount,
-    libc::SYS_umount2,
-    libc::SYS_pivot_root,
-    libc::SYS_chroot,
-    libc::SYS_fsopen,
-    libc::SYS_fsconfig,
-    libc::SYS_fsmount,
-    libc::SYS_fspick,
-    libc::SYS_move_mount,
-    libc::SYS_open_tree,
-    SYS_OPEN_TREE_ATTR,
-    libc::SYS_mount_setattr,
-    libc::SYS_bpf,
-    libc::SYS_perf_event_open,
-    libc::SYS_userfaultfd,
-    libc::SYS_fanotify_init,
-    libc::SYS_lookup_dcookie,
-    libc::SYS_keyctl,
-    libc::SYS_add_key,
-    libc::SYS_request_key,
-    libc::SYS_init_module,
-    libc::SYS_finit_module,
-    libc::SYS_delete_module,
-    libc::SYS_kexec_load,
-    libc::SYS_kexec_file_load,
-    libc::SYS_reboot,
-    libc::SYS_swapon,
-    libc::SYS_swapoff,
-    libc::SYS_acct,
-    libc::SYS_syslog,
-    libc::SYS_vhangup,
-    libc::SYS_quotactl,
-    libc::SYS_quotactl_fd,
-    libc::SYS_open_by_handle_at,
-    libc::SYS_name_to_handle_at,
-    libc::SYS_settimeofday,
-    libc::SYS_clock_settime,
-    libc::SYS_sethostname,
-    libc::SYS_setdomainname,
-    libc::SYS_get_mempolicy,
-    libc::SYS_set_mempolicy,
-    libc::SYS_set_mempolicy_home_node,
-    libc::SYS_mbind,
-    libc::SYS_migrate_pages,
-    libc::SYS_move_pages,
-    libc::SYS_vmsplice,
+const PERMISSION_DENIED: &[(i64, &str)] = &[
+    (libc::SYS_ptrace, "ptrace"),
+    (libc::SYS_process_vm_readv, "process_vm_readv"),
+    (libc::SYS_process_vm_writev, "process_vm_writev"),
+    (libc::SYS_pidfd_getfd, "pidfd_getfd"),
+    (libc::SYS_process_madvise, "process_madvise"),
+    (libc::SYS_kcmp, "kcmp"),
+    (libc::SYS_setns, "setns"),
+    (libc::SYS_mount, "mount"),
+    (libc::SYS_umount2, "umount2"),
+    (libc::SYS_pivot_root, "pivot_root"),
+    (libc::SYS_chroot, "chroot"),
+    (libc::SYS_fsopen, "fsopen"),
+    (libc::SYS_fsconfig, "fsconfig"),
+    (libc::SYS_fsmount, "fsmount"),
+    (libc::SYS_fspick, "fspick"),
+    (libc::SYS_move_mount, "move_mount"),
+    (libc::SYS_open_tree, "open_tree"),
+    (SYS_OPEN_TREE_ATTR, "open_tree_attr"),
+    (libc::SYS_mount_setattr, "mount_setattr"),
+    (libc::SYS_bpf, "bpf"),
+    (libc::SYS_perf_event_open, "perf_event_open"),
+    (libc::SYS_userfaultfd, "userfaultfd"),
+    (libc::SYS_fanotify_init, "fanotify_init"),
+    (libc::SYS_lookup_dcookie, "lookup_dcookie"),
+    (libc::SYS_keyctl, "keyctl"),
+    (libc::SYS_add_key, "add_key"),
+    (libc::SYS_request_key, "request_key"),
+    (libc::SYS_init_module, "init_module"),
+    (libc::SYS_finit_module, "finit_module"),
+    (libc::SYS_delete_module, "delete_module"),
+    (libc::SYS_kexec_load, "kexec_load"),
+    (libc::SYS_kexec_file_load, "kexec_file_load"),
+    (libc::SYS_reboot, "reboot"),
+    (libc::SYS_swapon, "swapon"),
+    (libc::SYS_swapoff, "swapoff"),
+    (libc::SYS_acct, "acct"),
+    (libc::SYS_syslog, "syslog"),
+    (libc::SYS_vhangup, "vhangup"),
+    (libc::SYS_quotactl, "quotactl"),
+    (libc::SYS_quotactl_fd, "quotactl_fd"),
+    (libc::SYS_open_by_handle_at, "open_by_handle_at"),
+    (libc::SYS_name_to_handle_at, "name_to_handle_at"),
+    (libc::SYS_settimeofday, "settimeofday"),
+    (libc::SYS_clock_settime, "clock_settime"),
+    (libc::SYS_sethostname, "sethostname"),
+    (libc::SYS_setdomainname, "setdomainname"),
+    (libc::SYS_get_mempolicy, "get_mempolicy"),
+    (libc::SYS_set_mempolicy, "set_mempolicy"),
+    (libc::SYS_set_mempolicy_home_node, "set_mempolicy_home_node"),
+    (libc::SYS_mbind, "mbind"),
+    (libc::SYS_migrate_pages, "migrate_pages"),
+    (libc::SYS_move_pages, "move_pages"),
+    (libc::SYS_vmsplice, "vmsplice"),
 ];
 
 /// x86-only calls (no such numbers on aarch64).
 #[cfg(target_arch = "x86_64")]
-const PERMISSION_DENIED_ON_THIS_ARCH: &[i64] = &[
-    libc::SYS_iopl,
-    libc::SYS_ioperm,
-    libc::SYS_modify_ldt,
-    libc::SYS_uselib,
+const PERMISSION_DENIED_ON_THIS_ARCH: &[(i64, &str)] = &[
+    (libc::SYS_iopl, "iopl"),
+    (libc::SYS_ioperm, "ioperm"),
+    (libc::SYS_modify_ldt, "modify_ldt"),
+    (libc::SYS_uselib, "uselib"),
 ];
 #[cfg(target_arch = "aarch64")]
-const PERMISSION_DENIED_ON_THIS_ARCH: &[i64] = &[];
+const PERMISSION_DENIED_ON_THIS_ARCH: &[(i64, &str)] = &[];
 
 /// Refused with ENOSYS, the answer of a kernel without them: callers fall back.
-const NOT_IMPLEMENTED: &[i64] = &[
-    libc::SYS_clone3,
-    libc::SYS_io_uring_setup,
-    libc::SYS_io_uring_enter,
-    libc::SYS_io_uring_register,
-    libc::SYS_memfd_secret,
+const NOT_IMPLEMENTED: &[(i64, &str)] = &[
+    (libc::SYS_clone3, "clone3"),
+    (libc::SYS_io_uring_setup, "io_uring_setup"),
+    (libc::SYS_io_uring_enter, "io_uring_enter"),
+    (libc::SYS_io_uring_register, "io_uring_register"),
+    (libc::SYS_memfd_secret, "memfd_secret"),
 ];
+
+/// `ioctl` requests refused (`TIOCSTI`, `TIOCLINUX`, `TIOCSETD`).
+const IOCTLS: &[u64] = &[libc::TIOCSTI, libc::TIOCLINUX, libc::TIOCSETD];
 
 /// `clone`'s first argument carries the exit signal in its low byte, so `CLONE_NEWTIME` (0x80)
 /// only exists for `unshare` (and `clone3`, refused whole).
@@ -233,12 +236,11 @@ fn permission_denied() -> Result<BpfProgram, SeccompError> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = PERMISSION_DENIED
         .iter()
         .chain(PERMISSION_DENIED_ON_THIS_ARCH)
-        .map(|&n| (n, vec![]))
+        .map(|&(n, _)| (n, vec![]))
         .collect();
-    let ioctls = [libc::TIOCSTI, libc::TIOCLINUX, libc::TIOCSETD];
     rules.insert(
         libc::SYS_ioctl,
-        ioctls
+        IOCTLS
             .iter()
             .map(|&r| Ok(SeccompRule::new(vec![cond(1, SeccompCmpOp::Eq, r)?])?))
             .collect::<Result<_, SeccompError>>()?,
@@ -256,7 +258,7 @@ fn permission_denied() -> Result<BpfProgram, SeccompError> {
 
 fn not_implemented() -> Result<BpfProgram, SeccompError> {
     program(
-        NOT_IMPLEMENTED.iter().map(|&n| (n, vec![])).collect(),
+        NOT_IMPLEMENTED.iter().map(|&(n, _)| (n, vec![])).collect(),
         libc::ENOSYS,
     )
 }
@@ -341,6 +343,9 @@ pub fn apply() -> Result<(), SeccompError> {
     }
     Ok(())
 }
+
+#[path = "seccomp/oci.rs"]
+pub mod oci;
 
 #[cfg(test)]
 #[path = "seccomp/tests.rs"]

@@ -3,4 +3,5 @@
 
 pub mod policy;
 pub mod request;
+pub mod serve;
 pub mod server;

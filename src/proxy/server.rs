@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpStream, UnixListener, UnixStream};
+use tokio::net::{TcpStream, UnixListener};
 
 use super::policy::{Allowed, Blocked, Policy};
 use super::request::{
@@ -59,7 +59,9 @@ struct Outcome {
 }
 
 impl Proxy {
-    async fn handle(&self, mut client: UnixStream) -> std::io::Result<()> {
+    /// One client connection, whatever carries it (the run's Unix socket, `aisb proxy serve`'s
+    /// TCP).
+    pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(&self, mut client: S) -> std::io::Result<()> {
         let mut buf = Vec::with_capacity(4096);
         if read_more(&mut client, &mut buf).await? == 0 {
             return Ok(());
@@ -174,9 +176,9 @@ impl Proxy {
         }
     }
 
-    async fn http(
+    async fn http<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
-        client: &mut UnixStream,
+        client: &mut S,
         mut buf: Vec<u8>,
     ) -> std::io::Result<Option<Outcome>> {
         let start = Instant::now();
@@ -315,9 +317,9 @@ impl Proxy {
         Ok(Some(o))
     }
 
-    async fn socks5(
+    async fn socks5<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
-        client: &mut UnixStream,
+        client: &mut S,
         mut buf: Vec<u8>,
     ) -> std::io::Result<Option<Outcome>> {
         let start = Instant::now();

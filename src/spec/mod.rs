@@ -7,6 +7,7 @@
 //! mounted later can uncover a masked path.
 
 pub mod bundle;
+pub mod k8s;
 
 use std::path::{Path, PathBuf};
 

@@ -12,7 +12,7 @@
 mod blobs;
 mod manifest;
 pub mod reference;
-mod registry;
+pub mod registry;
 
 use oci_spec::image::{Descriptor, ImageIndex};
 use serde::Deserialize;

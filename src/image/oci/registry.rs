@@ -260,6 +260,178 @@ impl Registry {
     pub(super) fn blob(&self, digest: &str) -> Result<Box<dyn Read + '_>, FetchError> {
         Ok(self.get(&format!("blobs/{digest}"), "*/*")?.into_reader())
     }
+
+    /// A request that writes to the registry (`aisb build --push`): `method` on `url` (the
+    /// repository's own API, or an upload location it answered with), no redirect followed.
+    /// The token goes to the registry's own origin only; any other URL is checked by
+    /// [`Egress`] first. On a 401 an anonymous token for the challenge's scope (push) is asked
+    /// for once.
+    fn write(
+        &self,
+        method: &str,
+        url: &url::Url,
+        content_type: &str,
+        body: Body<'_>,
+    ) -> Result<ureq::Response, FetchError> {
+        let own = url::Url::parse(&self.base).map(|b| b.origin() == url.origin());
+        if own != Ok(true) {
+            if let Some(why) = self.egress.refuse(url) {
+                return Err(fail(
+                    format!("{}: refusing the upload location {url}: {why}", self.what),
+                    "the registry sent the upload elsewhere; nothing was sent there",
+                ));
+            }
+        }
+        for attempt in 0..2 {
+            let mut req = self
+                .agent
+                .request_url(method, url)
+                .set("Content-Type", content_type);
+            if own == Ok(true) {
+                if let Some(t) = self.token.borrow().as_ref() {
+                    req = req.set("Authorization", &format!("Bearer {t}"));
+                }
+            }
+            let sent = match body {
+                Body::Empty => req.set("Content-Length", "0").call(),
+                Body::Bytes(b) => req.send_bytes(b),
+                Body::File(path, len) => match std::fs::File::open(path) {
+                    Ok(f) => req.set("Content-Length", &len.to_string()).send(f),
+                    Err(e) => {
+                        return Err(fail(
+                            format!("{}: {}: {e}", self.what, path.display()),
+                            "the layer written for the push is gone; run the build again",
+                        ))
+                    }
+                },
+            };
+            match sent {
+                Ok(r) => return Ok(r),
+                Err(ureq::Error::Status(401, r)) if attempt == 0 && own == Ok(true) => {
+                    let challenges = r.all("www-authenticate").join(", ");
+                    *self.token.borrow_mut() = Some(self.token_for(&challenges)?);
+                }
+                // A blob that is not there yet: the answer, not a failure.
+                Err(ureq::Error::Status(404, r)) if method == "HEAD" => return Ok(r),
+                Err(ureq::Error::Status(code, r)) => {
+                    return Err(fail(
+                        format!(
+                            "{}: {method} {url} answered {code}{}",
+                            self.what,
+                            registry_message(r)
+                        ),
+                        if code == 401 || code == 403 {
+                            "aisb pushes anonymously: the registry must accept anonymous pushes to this repository (a CI registry with a token service that grants push)"
+                        } else {
+                            "is the registry reachable and the repository name right?"
+                        },
+                    ))
+                }
+                Err(e) => {
+                    return Err(fail(
+                        format!("{}: {method} {url}: {e}", self.what),
+                        "is the registry reachable from this machine?",
+                    ))
+                }
+            }
+        }
+        Err(fail(
+            format!("{}: unauthorized", self.what),
+            "aisb pushes anonymously",
+        ))
+    }
+
+    fn url(&self, path: &str) -> Result<url::Url, FetchError> {
+        url::Url::parse(&format!("{}/{path}", self.base))
+            .map_err(|e| fail(format!("{}: {e}", self.what), "check the image reference"))
+    }
+
+    /// Whether the repository already holds the blob `digest`.
+    pub fn has_blob(&self, digest: &str) -> Result<bool, FetchError> {
+        let r = self.write(
+            "HEAD",
+            &self.url(&format!("blobs/{digest}"))?,
+            "*/*",
+            Body::Empty,
+        )?;
+        Ok(r.status() == 200)
+    }
+
+    /// Upload the file `path` (`len` bytes) as the blob `digest`: POST for a session, then one
+    /// PUT of the whole blob to the location the registry gave (monolithic upload).
+    pub fn upload_blob(
+        &self,
+        digest: &str,
+        path: &std::path::Path,
+        len: u64,
+    ) -> Result<(), FetchError> {
+        let start = self.write(
+            "POST",
+            &self.url("blobs/uploads/")?,
+            "application/octet-stream",
+            Body::Empty,
+        )?;
+        let Some(location) = start.header("location").map(str::to_string) else {
+            return Err(fail(
+                format!(
+                    "{}: the registry started an upload without a Location",
+                    self.what
+                ),
+                "the registry's answer is malformed",
+            ));
+        };
+        let mut at = self.url("blobs/uploads/")?.join(&location).map_err(|e| {
+            fail(
+                format!("{}: upload location `{location}`: {e}", self.what),
+                "the registry's answer is malformed",
+            )
+        })?;
+        at.query_pairs_mut().append_pair("digest", digest);
+        self.write(
+            "PUT",
+            &at,
+            "application/octet-stream",
+            Body::File(path, len),
+        )?;
+        Ok(())
+    }
+
+    /// Put the manifest `bytes` (of `media_type`) under `tag`; the registry's digest for it
+    /// must be ours.
+    pub fn put_manifest(
+        &self,
+        tag: &str,
+        bytes: &[u8],
+        media_type: &str,
+    ) -> Result<String, FetchError> {
+        let digest = sha256_hex(bytes);
+        let resp = self.write(
+            "PUT",
+            &self.url(&format!("manifests/{tag}"))?,
+            media_type,
+            Body::Bytes(bytes),
+        )?;
+        if let Some(theirs) = resp.header("docker-content-digest") {
+            if theirs != digest {
+                return Err(fail(
+                    format!(
+                        "{}: the registry stored the manifest as {theirs}, not {digest}",
+                        self.what
+                    ),
+                    "the registry changed the manifest; do not use this push",
+                ));
+            }
+        }
+        Ok(digest)
+    }
+}
+
+/// What a write request sends.
+#[derive(Clone, Copy)]
+enum Body<'a> {
+    Empty,
+    Bytes(&'a [u8]),
+    File(&'a std::path::Path, u64),
 }
 
 /// The distribution API's error body (`{"errors":[{"code":…,"message":…}]}`) as
