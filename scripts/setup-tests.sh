@@ -30,6 +30,12 @@ command -v fish >/dev/null 2>&1 || need="$need fish"
 command -v npm >/dev/null 2>&1 || need="$need nodejs npm"
 # pytest: the workload tests (tests/workloads.rs) prove a test runner still works in the sandbox.
 /usr/bin/python3 -c 'import pytest' 2>/dev/null || need="$need python3-pytest"
+# jsonschema: tests/editors.rs validates the exported .vscode/tasks.json against the tasks
+# schema (and tests/k8s.rs the agent-sandbox CRDs); neovim: tests/lsp.rs drives `aisb lsp` from
+# Neovim's built-in LSP client, headless.
+/usr/bin/python3 -c 'import jsonschema' 2>/dev/null || need="$need python3-jsonschema"
+command -v nvim >/dev/null 2>&1 || need="$need neovim"
+/usr/bin/python3 -c 'import ensurepip' 2>/dev/null || need="$need python3-venv"
 if [ -n "$need" ]; then
     if [ "$(id -u)" -eq 0 ]; then sudo=""; elif command -v sudo >/dev/null 2>&1; then sudo="sudo"; else
         echo "setup-tests: missing:$need — install them (as root: apt-get install$need)" >&2; exit 1
@@ -70,4 +76,14 @@ if ! [ -x /opt/aider-venv/bin/aider ]; then
 fi
 [ -x /opt/aider-venv/bin/aider ] && ! command -v aider >/dev/null 2>&1 &&
     $sudo ln -sf /opt/aider-venv/bin/aider /usr/local/bin/aider
+# kubernetes-validate (PyPI): tests/k8s.rs checks `aisb export k8s` against Kubernetes' own
+# OpenAPI schemas, strictly, for the version named there.
+if ! command -v kubernetes-validate >/dev/null 2>&1; then
+    echo "setup-tests: installing kubernetes-validate (PyPI, /opt/k8s-validate-venv)" >&2
+    $sudo rm -rf /opt/k8s-validate-venv
+    { $sudo /usr/bin/python3 -m venv /opt/k8s-validate-venv &&
+        $sudo /opt/k8s-validate-venv/bin/pip install -q kubernetes-validate==1.34.1 >/dev/null 2>&1 &&
+        $sudo ln -sf /opt/k8s-validate-venv/bin/kubernetes-validate /usr/local/bin/kubernetes-validate; } ||
+        echo "setup-tests: pip could not install kubernetes-validate; tests/k8s.rs will fail in CI" >&2
+fi
 exit 0

@@ -9,6 +9,7 @@
 pub mod atomic;
 pub mod audit;
 pub mod beneath;
+pub mod ci;
 pub mod cli;
 pub mod config;
 pub mod eval;
@@ -16,6 +17,7 @@ pub mod git;
 pub mod graph;
 pub mod image;
 pub mod init;
+pub mod lsp;
 pub mod presets;
 pub mod private;
 pub mod proxy;
@@ -94,6 +96,9 @@ pub enum Error {
     Usage(String),
     #[error(transparent)]
     #[diagnostic(transparent)]
+    Devcontainer(#[from] cli::DevcontainerError),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
     K8s(#[from] spec::k8s::K8sError),
     #[error("unknown preset `{name}`")]
     #[diagnostic(help("{}", hint.as_ref().map_or_else(|| "`aisb presets` lists them".to_string(), |h| format!("did you mean `{h}`?"))))]
@@ -123,6 +128,16 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> i32 {
     }
     match cli::run(args) {
         Ok(code) => code,
+        // Editors' tasks ask for one `file:line:col: error: …` line per configuration
+        // error, which their problem matchers read (`aisb tasks export`).
+        Err(Error::Config(c))
+            if std::env::var_os("AISB_DIAGNOSTICS").is_some_and(|v| v == "short") =>
+        {
+            for e in &c.errors {
+                eprintln!("{}", config::diag::short_of(e));
+            }
+            1
+        }
         Err(e) => {
             let code = e.exit_code();
             eprintln!("{:?}", miette::Report::new(e));

@@ -3,7 +3,8 @@
 //! allowlist or host network, host paths, a visible home, secret-looking variables passed
 //! in), aisb shows what it loosens and asks once. The answer is pinned to the exact text of
 //! the configuration (every file read from disk) in `$XDG_CONFIG_HOME/aisb/trust/`; a changed
-//! file asks again. Without a terminal it refuses, unless `--trust` says yes (CI).
+//! file asks again. Without a terminal, or in CI (`CI` set), it refuses, unless `--trust` says
+//! yes.
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
@@ -149,7 +150,8 @@ pub fn check(
         .map_or_else(String::new, |f| f.display().to_string());
     let listed: String = list.iter().map(|l| format!("  - {l}\n")).collect();
     let stdin = std::io::stdin();
-    if !stdin.is_terminal() {
+    // In CI nobody answers: refuse with the list even on a terminal (a CI runner's pty).
+    if !stdin.is_terminal() || crate::ci::is_ci() {
         return Err(TrustError::Untrusted {
             file,
             list: listed.trim_end().to_string(),

@@ -6,7 +6,7 @@ use crate::Error;
 /// Validate sandbox.kdl: syntax, every profile, every task
 #[derive(Debug, clap::Args)]
 #[command(
-    after_help = "Examples:\n  aisb check\n  aisb check sandbox.kdl.example other.kdl\n  aisb check --format short     # file:line:col: error: … for problem matchers\n  aisb check --format json\n\nExit status: 0 when every file is valid, 1 when one has errors, 2 on a usage error."
+    after_help = "Examples:\n  aisb check\n  aisb check sandbox.kdl.example other.kdl\n  aisb check --format short     # file:line:col: error: … for problem matchers\n  aisb check --format json\n  aisb check --format github    # GitHub Actions annotations on the file's lines\n\nExit status: 0 when every file is valid, 1 when one has errors, 2 on a usage error."
 )]
 pub struct Args {
     /// The files to check (default: sandbox.kdl in this directory or a parent, or `-f`'s)
@@ -24,6 +24,9 @@ pub enum Format {
     Short,
     /// A JSON array of diagnostics
     Json,
+    /// GitHub Actions workflow commands (`::error file=…,line=…,col=…::message`), shown as
+    /// annotations on the pull request's lines
+    Github,
 }
 
 /// Evaluate the top level and every profile, collecting every configuration error once.
@@ -75,6 +78,31 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
             Format::Short => {
                 for e in &errors {
                     println!("{}", e.to_short(&sources));
+                }
+            }
+            Format::Github => {
+                for e in &errors {
+                    let j = e.to_json(&sources);
+                    let file = crate::ci::repo_relative(&j.file);
+                    let at = crate::ci::At {
+                        file: Some(&file),
+                        line: Some(j.line),
+                        col: Some(j.column),
+                        end_line: Some(j.end_line),
+                        end_col: Some(j.end_column),
+                    };
+                    let message = match &j.help {
+                        Some(h) => format!("{} ({})\nhelp: {h}", j.message, j.label),
+                        None => format!("{} ({})", j.message, j.label),
+                    };
+                    println!(
+                        "{}",
+                        crate::ci::annotation("error", &at, "aisb check", &message)
+                    );
+                }
+                if errors.is_empty() {
+                    let name = sources.get(root).map_or("<none>", |s| s.name.as_str());
+                    println!("{name}: ok ({n_profiles} profiles)");
                 }
             }
             Format::Human if errors.is_empty() => {

@@ -5,11 +5,13 @@ mod audit;
 mod build;
 mod check;
 mod completions;
+mod devcontainer;
 mod doctor;
 mod export;
 mod init;
 mod libcontainer_helper;
 mod man;
+mod lsp;
 mod mask_helper;
 mod plan;
 mod presets;
@@ -22,12 +24,15 @@ mod setup_user;
 mod spec;
 mod store;
 mod tasks;
+mod tasks_export;
 mod up;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand};
+
+pub use devcontainer::DevcontainerError;
 
 use crate::eval::{self, Host, Loaded, Request, Root};
 use crate::Error;
@@ -110,6 +115,7 @@ pub enum Command {
     SetupUser(setup_user::Args),
     Completions(completions::Args),
     Man(man::Args),
+    Lsp(lsp::Args),
     #[command(name = "proxy")]
     ProxyServe(proxy_serve::Args),
     #[command(name = "__attach", hide = true)]
@@ -167,6 +173,7 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
         Command::SetupUser(a) => setup_user::run(a),
         Command::Completions(a) => completions::run(a),
         Command::Man(a) => man::run(a),
+        Command::Lsp(a) => lsp::run(a),
         Command::AttachHelper(a) => attach_helper::run(a),
         Command::LibcontainerHelper(a) => libcontainer_helper::run(a),
         Command::Proxy(a) => proxy::run(a),

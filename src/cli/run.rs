@@ -12,9 +12,15 @@ Examples:
   aisb run test                      # the task named `test` in sandbox.kdl
   aisb run --json -- true            # a JSON summary on stderr after the exit
   aisb run --sandbox fix-42 -- make  # in the named sandbox `fix-42` (its own clone)
+  aisb run --strict-audit test       # fail when the sandbox refused any network request
+
+CI mode (`CI` set, as GitHub Actions and GitLab CI do): no prompt ever (a sandbox.kdl that
+loosens the defaults is refused with the list unless `--trust`), the image must match
+sandbox.lock (`--locked`), and a JSON summary is printed on stderr after every run.
 
 The exit code is the command's own (128+N when a signal N ended it); 125 means the sandbox
-could not start.")]
+could not start; with --strict-audit, a command that succeeded but was refused network
+access exits 1.")]
 pub struct Args {
     /// A task defined in sandbox.kdl (`aisb tasks` lists them)
     pub task: Option<String>,
@@ -26,6 +32,14 @@ pub struct Args {
     /// Print a JSON summary (exit code, duration, profile) to stderr when done
     #[arg(long)]
     pub json: bool,
+    /// Refuse to run when the image (`rootfs`) differs from sandbox.lock, or has no entry
+    /// there (always on in CI)
+    #[arg(long)]
+    pub locked: bool,
+    /// Exit non-zero when the sandbox refused any network request during this run, listing
+    /// them (the audit log has the details)
+    #[arg(long)]
+    pub strict_audit: bool,
     /// Run in this named sandbox (its own shared clone of the repository; see `aisb up NAME`)
     #[arg(long, value_name = "NAME")]
     pub sandbox: Option<String>,
@@ -66,9 +80,105 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
         ));
     }
     let plan = eval::evaluate(&loaded, &host, &req)?;
+    let ci = crate::ci::is_ci();
+    if a.locked || ci {
+        locked(&plan)?;
+    }
+    let audit_path = plan.state_dir.join("audit.jsonl");
+    let audit_from = std::fs::metadata(&audit_path).map_or(0, |m| m.len());
     let summary = super::run_plan(g, &host, plan, a.sandbox.as_deref(), a.backend, false)?;
-    if a.json {
-        eprintln!("{}", serde_json::to_string(&summary).unwrap_or_default());
+    let blocked = blocked_since(&audit_path, audit_from);
+    if a.json || ci {
+        let mut v = serde_json::to_value(&summary).unwrap_or_default();
+        v["blocked"] = serde_json::Value::from(blocked.clone());
+        eprintln!("{}", serde_json::to_string(&v).unwrap_or_default());
+    }
+    if a.strict_audit && !blocked.is_empty() {
+        eprintln!(
+            "aisb: --strict-audit: the sandbox refused {} network request(s):",
+            blocked.len()
+        );
+        for b in &blocked {
+            eprintln!("  - {b}");
+            if crate::ci::is_github_actions() {
+                println!(
+                    "{}",
+                    crate::ci::annotation(
+                        "error",
+                        &crate::ci::At::default(),
+                        "aisb: blocked network request",
+                        b
+                    )
+                );
+            }
+        }
+        eprintln!("  help: allow what the command needs in sandbox.kdl's `network` block (`aisb audit --blocked-only` says how), or stop it from asking");
+        return Ok(if summary.exit_code == 0 {
+            1
+        } else {
+            summary.exit_code
+        });
     }
     Ok(summary.exit_code)
+}
+
+/// `--locked`: the plan's image must be the one sandbox.lock pins (its graph hash: the steps,
+/// their inputs and the pinned bases). Nothing is built or resolved here; a base that moved is
+/// `aisb build --locked`'s to find.
+fn locked(plan: &eval::Plan) -> Result<(), Error> {
+    use crate::image::lock::{Lock, LockError, FILE};
+    use crate::image::sandbox;
+    let Some(def) = sandbox::def_of(plan)? else {
+        return Ok(());
+    };
+    let path = plan.project.join(FILE);
+    let lock = Lock::read(&plan.project)?;
+    let Some(entry) = lock.images.get(&def.name) else {
+        return Err(LockError::Missing {
+            path,
+            image: def.name,
+        }
+        .into());
+    };
+    let o = sandbox::options(plan, &def, &lock, &Default::default(), false);
+    let graph = crate::image::graph::plan(&def, &o)?;
+    if graph.hash != entry.graph {
+        return Err(LockError::Graph {
+            path,
+            image: def.name,
+            pinned: entry.graph.clone(),
+            now: graph.hash,
+        }
+        .into());
+    }
+    Ok(())
+}
+
+/// The network requests the proxy refused in events appended to the audit log after `from`
+/// (its length before this run): `host:port (proto): rule`.
+fn blocked_since(path: &std::path::Path, from: u64) -> Vec<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return Vec::new();
+    };
+    let mut text = String::new();
+    // Bounded: a run's own events, never more than 64 MiB of them.
+    if f.seek(SeekFrom::Start(from)).is_err() || f.take(64 << 20).read_to_string(&mut text).is_err()
+    {
+        return Vec::new();
+    }
+    crate::audit::parse(&text)
+        .into_iter()
+        .filter_map(|e| match e.kind {
+            crate::audit::Kind::Net {
+                action,
+                proto,
+                host,
+                port,
+                rule,
+                ..
+            } if action == "block" => Some(format!("{host}:{port} ({proto}): {rule}")),
+            _ => None,
+        })
+        .collect()
 }

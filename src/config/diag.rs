@@ -227,6 +227,23 @@ impl ConfigError {
     }
 }
 
+/// [`ConfigError::to_short`] from the error alone (its own source): for callers that no longer
+/// hold the source list.
+pub fn short_of(e: &ConfigError) -> String {
+    use miette::SourceCode;
+    let (line, col) = e
+        .src
+        .read_span(&e.span, 0, 0)
+        .map_or((0, 0), |c| (c.line() + 1, c.column() + 1));
+    let mut out = format!("{}:{line}:{col}: error: {}", e.src.name(), e.message);
+    if let Some(help) = &e.help {
+        out.push_str(" (help: ");
+        out.push_str(help);
+        out.push(')');
+    }
+    out
+}
+
 /// "did you mean" for a misspelt name among the known ones.
 pub fn suggest<'a>(word: &str, known: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
     known

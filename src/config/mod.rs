@@ -8,6 +8,7 @@ pub mod domain;
 pub mod instr;
 pub mod model;
 pub mod pattern;
+pub mod schema;
 
 pub use diag::{ConfigError, ConfigErrors, Errors, Loc, SourceFile, Spanned};
 pub use model::ConfigFile;

@@ -5,6 +5,7 @@ use kdl::KdlNode;
 
 use super::Decoder;
 use crate::config::model::*;
+use crate::config::schema::*;
 
 impl Decoder<'_> {
     /// `image "NAME" { from "…"; arg "K" "default"; env "K" "V"; run "…"; copy "SRC"… "DEST"
@@ -19,12 +20,7 @@ impl Decoder<'_> {
         let file = self.sources[self.file].name.clone();
         let mut steps = Vec::new();
         let mut froms = 0;
-        for child in self.children(
-            node,
-            &[
-                "from", "arg", "env", "run", "copy", "add", "workdir", "user", "shell",
-            ],
-        ) {
+        for child in self.children(node, IMAGE_CHILDREN) {
             let kind = child.name().value();
             let (line, _) = self.sources[self.file].line_col(child.span().offset());
             let at = format!("{file}:{line}");
@@ -38,7 +34,7 @@ impl Decoder<'_> {
                     (v.len() == es.len() && v.len() >= min).then_some(v)
                 };
             let props: &[&str] = if matches!(kind, "copy" | "add") {
-                &["chown", "chmod"]
+                COPY_PROPS
             } else {
                 &[]
             };

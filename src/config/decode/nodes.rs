@@ -7,32 +7,7 @@ use super::Decoder;
 use super::BACKENDS;
 use crate::config::diag::{suggest, Spanned};
 use crate::config::model::*;
-
-const TOP_NODES: &[&str] = &[
-    "import",
-    "default-profile",
-    "profile",
-    "task",
-    "domains",
-    "image",
-];
-const SETTINGS_NODES: &[&str] = &[
-    "project",
-    "read-only",
-    "mount",
-    "tmpfs",
-    "home",
-    "xdg",
-    "block",
-    "allow",
-    "secrets",
-    "env",
-    "network",
-    "process",
-    "limits",
-    "backend",
-    "rootfs",
-];
+use crate::config::schema::*;
 
 impl Decoder<'_> {
     /// Decode a whole file.
@@ -177,9 +152,9 @@ impl Decoder<'_> {
             "process" => self.process(node, &mut s.process),
             "limits" => self.limits(node, &mut s.limits),
             "rootfs" => {
-                self.only_props(node, &["dockerfile", "image", "from"]);
+                self.only_props(node, ROOTFS_PROPS);
                 let mut network_at = None;
-                for child in self.children(node, &["network"]) {
+                for child in self.children(node, ROOTFS_CHILDREN) {
                     s.build_network = self.build_network(child);
                     network_at = Some(child.span());
                 }
@@ -248,7 +223,7 @@ impl Decoder<'_> {
     }
 
     pub(super) fn profile(&mut self, node: &KdlNode) -> Option<ProfileDecl> {
-        self.only_props(node, &["extends", "description"]);
+        self.only_props(node, PROFILE_PROPS);
         let name = self
             .args(node, 1, 1, "a profile name")
             .first()
@@ -278,7 +253,7 @@ impl Decoder<'_> {
     }
 
     pub(super) fn task(&mut self, node: &KdlNode) -> Option<TaskDecl> {
-        self.only_props(node, &["description"]);
+        self.only_props(node, TASK_PROPS);
         let name = self
             .args(node, 1, 1, "a task name")
             .first()
@@ -288,7 +263,7 @@ impl Decoder<'_> {
         let mut profile = None;
         let mut cwd = None;
         let mut env = Vec::new();
-        for child in self.children(node, &["run", "profile", "cwd", "env"]) {
+        for child in self.children(node, TASK_CHILDREN) {
             self.only_props(child, &[]);
             self.no_children(child);
             match child.name().value() {
@@ -365,7 +340,7 @@ impl Decoder<'_> {
     }
 
     pub(super) fn project(&mut self, node: &KdlNode, p: &mut ProjectCfg) {
-        self.only_props(node, &["access"]);
+        self.only_props(node, PROJECT_PROPS);
         self.no_children(node);
         if let Some(e) = self.args(node, 0, 1, "the project root").first() {
             p.root = self.string(e);
@@ -376,7 +351,7 @@ impl Decoder<'_> {
     }
 
     pub(super) fn mount(&mut self, node: &KdlNode) -> Option<MountCfg> {
-        self.only_props(node, &["access", "optional"]);
+        self.only_props(node, MOUNT_PROPS);
         self.no_children(node);
         let args = self.args(node, 1, 2, "a host path and an optional target path");
         let source = args.first().and_then(|e| self.string(e))?;
@@ -401,7 +376,7 @@ impl Decoder<'_> {
     }
 
     pub(super) fn tmpfs(&mut self, node: &KdlNode) -> Option<TmpfsCfg> {
-        self.only_props(node, &["size"]);
+        self.only_props(node, TMPFS_PROPS);
         self.no_children(node);
         let target = self
             .args(node, 1, 1, "a path inside the sandbox")
@@ -421,7 +396,7 @@ impl Decoder<'_> {
     pub(super) fn secrets(&mut self, node: &KdlNode, s: &mut SecretsCfg) {
         self.only_props(node, &[]);
         self.args(node, 0, 0, "");
-        for child in self.children(node, &["defaults", "gitignored", "git-crypt", "tool-dirs"]) {
+        for child in self.children(node, SECRETS_CHILDREN) {
             self.only_props(child, &[]);
             self.no_children(child);
             match child.name().value() {
@@ -451,18 +426,7 @@ impl Decoder<'_> {
     pub(super) fn env(&mut self, node: &KdlNode, env: &mut EnvCfg) {
         self.only_props(node, &[]);
         self.args(node, 0, 0, "");
-        for child in self.children(
-            node,
-            &[
-                "inherit",
-                "filter-secrets",
-                "allow",
-                "deny",
-                "pass",
-                "set",
-                "from-file",
-            ],
-        ) {
+        for child in self.children(node, ENV_CHILDREN) {
             self.only_props(child, &[]);
             self.no_children(child);
             match child.name().value() {
@@ -560,7 +524,7 @@ impl Decoder<'_> {
     }
 
     pub(super) fn network(&mut self, node: &KdlNode, net: &mut NetworkCfg) {
-        self.only_props(node, &["domains"]);
+        self.only_props(node, NETWORK_PROPS);
         if let Some(e) = self.prop(node, "domains") {
             net.domains = self.enumerated(e, &DomainsMode::NAMES, DomainsMode::parse);
         }
@@ -568,7 +532,7 @@ impl Decoder<'_> {
             net.mode = self.enumerated(e, &NetMode::NAMES, NetMode::parse);
         }
         let mut has_rules = false;
-        for child in self.children(node, &["allow", "deny", "group", "localhost-port"]) {
+        for child in self.children(node, NETWORK_CHILDREN) {
             self.only_props(child, &[]);
             self.no_children(child);
             has_rules = true;
@@ -649,10 +613,7 @@ impl Decoder<'_> {
     pub(super) fn process(&mut self, node: &KdlNode, p: &mut ProcessCfg) {
         self.only_props(node, &[]);
         self.args(node, 0, 0, "");
-        for child in self.children(
-            node,
-            &["command", "cwd", "shell", "user", "rlimit", "hostname"],
-        ) {
+        for child in self.children(node, PROCESS_CHILDREN) {
             match child.name().value() {
                 "command" => {
                     self.only_props(child, &[]);
@@ -680,7 +641,7 @@ impl Decoder<'_> {
                     }
                 }
                 "user" => {
-                    self.only_props(child, &["uid", "gid", "name"]);
+                    self.only_props(child, USER_PROPS);
                     self.no_children(child);
                     self.args(child, 0, 0, "");
                     let uid = self.prop(child, "uid").and_then(|e| self.id(e));
@@ -694,7 +655,7 @@ impl Decoder<'_> {
                     });
                 }
                 "rlimit" => {
-                    self.only_props(child, &["soft", "hard"]);
+                    self.only_props(child, RLIMIT_PROPS);
                     self.no_children(child);
                     let args = self.args(child, 1, 2, "a resource name and a limit");
                     let Some(res) = args.first().and_then(|e| self.string(e)) else {
@@ -751,7 +712,7 @@ impl Decoder<'_> {
     pub(super) fn limits(&mut self, node: &KdlNode, l: &mut LimitsCfg) {
         self.only_props(node, &[]);
         self.args(node, 0, 0, "");
-        for child in self.children(node, &["pids", "memory", "cpus"]) {
+        for child in self.children(node, LIMITS_CHILDREN) {
             self.only_props(child, &[]);
             self.no_children(child);
             let Some(e) = self.args(child, 1, 1, "a limit").first().copied() else {
