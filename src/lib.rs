@@ -21,6 +21,7 @@ pub mod proxy;
 pub mod runtime;
 pub mod session;
 pub mod spec;
+pub mod tools;
 pub mod trust;
 
 use std::ffi::OsString;
