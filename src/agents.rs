@@ -38,6 +38,7 @@ use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
 use crate::eval::plan::{GeneratedFile, Mount, MountKind, NetMode, Plan};
+use crate::tools::Policy;
 
 /// Where Claude Code reads its managed (highest-precedence) settings.
 pub const CLAUDE_MANAGED_DIR: &str = "/etc/claude-code";
@@ -76,6 +77,7 @@ const MIRRORS: [(&str, &str, &str, &str, Builder, &str); 2] = [
 
 /// Add what the agents in `agents` (preset names) need to mirror `plan`.
 pub fn mirror(plan: &mut Plan, agents: &[&str]) {
+    plan.tools.agents = agents.iter().map(|a| a.to_string()).collect();
     for (agent, dir, file, name, build, why) in MIRRORS {
         if agents.contains(&agent) {
             // The host's own file (an enterprise policy) is kept under aisb's rules.
@@ -84,6 +86,112 @@ pub fn mirror(plan: &mut Plan, agents: &[&str]) {
             add(plan, dir, file, name, &settings, why);
         }
     }
+    if agents.is_empty() || plan.tools.is_empty() {
+        return;
+    }
+    // What aisb's own pre-tool hook decides from (`init agent-event`).
+    let policy = serde_json::to_value(&plan.tools).unwrap_or_default();
+    add(
+        plan,
+        crate::tools::POLICY_DIR,
+        crate::tools::POLICY_FILE,
+        "tool-policy",
+        &policy,
+        "the tool policy aisb's pre-tool hook enforces (tools)",
+    );
+    if agents.contains(&"opencode") {
+        let host = read_json(&Path::new(OPENCODE_MANAGED_DIR).join(OPENCODE_MANAGED_FILE));
+        let settings = opencode_settings(plan, host);
+        add(
+            plan,
+            OPENCODE_MANAGED_DIR,
+            OPENCODE_MANAGED_FILE,
+            "opencode-managed",
+            &settings,
+            "OpenCode's managed config, the sandbox's tool policy as `permission` (preset:opencode)",
+        );
+    }
+    if agents.contains(&"codex") {
+        if let Some(toml) = codex_requirements(plan) {
+            add_text(
+                plan,
+                CODEX_SYSTEM_DIR,
+                CODEX_REQUIREMENTS_FILE,
+                "codex-requirements",
+                toml,
+                "Codex's requirements, what its format can say of the tool policy (preset:codex)",
+            );
+        }
+    }
+}
+
+/// OpenCode's managed (highest-precedence) config directory on Linux.
+pub const OPENCODE_MANAGED_DIR: &str = "/etc/opencode";
+pub const OPENCODE_MANAGED_FILE: &str = "opencode.json";
+/// Codex's system directory; `requirements.toml` there constrains every other config layer.
+pub const CODEX_SYSTEM_DIR: &str = "/etc/codex";
+pub const CODEX_REQUIREMENTS_FILE: &str = "requirements.toml";
+
+/// OpenCode's `permission` from the tool policy: a bare rule sets the tool's action, a
+/// `Bash(prefix:*)` rule a command pattern (`"git push *": "deny"`); with an allow list, the
+/// tools it does not name are denied. Path specifiers have no OpenCode form (the hook-less
+/// client then relies on the sandbox).
+pub fn opencode_settings(plan: &Plan, host_policy: Option<Value>) -> Value {
+    let mut perm = Map::new();
+    let mut set = |key: &str, pattern: Option<&str>, action: &str| match pattern {
+        None => {
+            perm.insert(key.into(), json!(action));
+        }
+        Some(p) => {
+            let entry = perm.entry(key.to_string()).or_insert_with(|| json!({}));
+            if !entry.is_object() {
+                return; // a bare rule for the tool already decided it
+            }
+            entry[p] = json!(action);
+        }
+    };
+    let tools = &plan.tools;
+    if !tools.allow.is_empty() {
+        for key in ["read", "edit", "bash", "webfetch", "websearch", "glob", "grep", "list"] {
+            let allowed = Policy::for_agent(&tools.allow, "opencode");
+            if !allowed.iter().any(|r| r.split('(').next() == Some(key)) {
+                set(key, None, "deny");
+            }
+        }
+    }
+    for (list, action) in [(&tools.allow, "allow"), (&tools.deny, "deny")] {
+        for r in Policy::for_agent(list, "opencode") {
+            let Ok((name, spec)) = crate::tools::parse(&r) else {
+                continue;
+            };
+            match spec {
+                None => set(name, None, action),
+                Some(s) if name == "bash" => {
+                    let p = s.strip_suffix(":*").map_or(s.to_string(), |p| format!("{p} *"));
+                    set(name, Some(&p), action);
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    // Denials last, so a bare deny overrides an allow pattern for the same tool.
+    for r in Policy::for_agent(&tools.deny, "opencode") {
+        if let Ok((name, None)) = crate::tools::parse(&r) {
+            set(name, None, "deny");
+        }
+    }
+    merge_settings(host_policy, &json!({ "permission": perm }))
+}
+
+/// Codex's `requirements.toml`, when the policy says something Codex can be held to: a denied
+/// `WebSearch` allows only the `disabled` web search mode. Codex has no per-tool switches for
+/// shell or edits (its own sandbox modes cannot start inside aisb's); those rest on the sandbox.
+pub fn codex_requirements(plan: &Plan) -> Option<String> {
+    let denied = Policy::for_agent(&plan.tools.deny, "claude");
+    let allow = Policy::for_agent(&plan.tools.allow, "claude");
+    let no_search = denied.iter().any(|r| r == "WebSearch")
+        || (!allow.is_empty() && !allow.iter().any(|r| r == "WebSearch"));
+    no_search.then(|| "allowed_web_search_modes = [\"disabled\"]\n".to_string())
 }
 
 fn read_json(path: &Path) -> Option<Value> {
@@ -93,6 +201,10 @@ fn read_json(path: &Path) -> Option<Value> {
 /// Mount `settings` as `dir/file` inside, from a store entry named by its content.
 fn add(plan: &mut Plan, dir: &str, file: &str, name: &str, settings: &Value, why: &str) {
     let content = serde_json::to_string_pretty(settings).unwrap_or_default() + "\n";
+    add_text(plan, dir, file, name, content, why);
+}
+
+fn add_text(plan: &mut Plan, dir: &str, file: &str, name: &str, content: String, why: &str) {
     let hash = format!("{:x}", Sha256::digest(content.as_bytes()));
     plan.mounts.push(Mount {
         target: PathBuf::from(dir),
@@ -118,7 +230,49 @@ pub fn gemini_settings(plan: &Plan, host_policy: Option<Value>) -> Value {
     if plan.network.mode == NetMode::None {
         exclude.extend(["web_fetch", "google_web_search"]);
     }
-    merge_settings(host_policy, &json!({ "tools": { "exclude": exclude } }))
+    let mut exclude: Vec<String> = exclude.into_iter().map(String::from).collect();
+    // The tool policy: Gemini's own syntax for a command prefix is `run_shell_command(git push)`;
+    // a path specifier has no Gemini form (the hook decides those).
+    let gemini_rule = |r: String| match crate::tools::parse(&r) {
+        Ok((name, Some(spec))) if name == "run_shell_command" => spec
+            .strip_suffix(":*")
+            .map(|p| format!("{name}({p})")),
+        Ok((_, Some(_))) | Err(_) => None,
+        Ok((_, None)) => Some(r),
+    };
+    for r in Policy::for_agent(&plan.tools.deny, "gemini")
+        .into_iter()
+        .filter_map(gemini_rule)
+    {
+        if !exclude.contains(&r) {
+            exclude.push(r);
+        }
+    }
+    let mut tools = json!({ "exclude": exclude });
+    if !plan.tools.allow.is_empty() {
+        let core: Vec<String> = Policy::for_agent(&plan.tools.allow, "gemini")
+            .into_iter()
+            .filter_map(gemini_rule)
+            .collect();
+        tools["core"] = json!(core);
+    }
+    let mut ours = json!({ "tools": tools });
+    if !plan.tools.is_empty() {
+        ours["hooks"] = json!({ "BeforeTool": [hook("gemini")] });
+    }
+    merge_settings(host_policy, &ours)
+}
+
+/// aisb's pre-tool hook for `agent`, in the form Claude Code and Gemini CLI share.
+fn hook(agent: &str) -> Value {
+    json!({
+        "matcher": "*",
+        "hooks": [{
+            "type": "command",
+            "command": format!("{} agent-event {agent}", crate::init::INIT_PATH),
+            "timeout": 5
+        }]
+    })
 }
 
 /// Claude Code settings that say what `plan` enforces, on top of `host_policy`.
@@ -144,6 +298,31 @@ pub fn claude_settings(plan: &Plan, host_policy: Option<Value>) -> Value {
     } else {
         deny.extend(["Edit(**)".into(), "Write(**)".into(), "NotebookEdit".into()]);
     }
+    // The tool policy, as Claude Code names it. A tool the policy refuses is not pre-approved
+    // by the sandbox's own rules above; the denials go in as written so Claude Code refuses
+    // them itself, and the hook refuses (and logs) whatever reaches it.
+    let refused = |t: &str| {
+        plan.tools
+            .decide(&crate::tools::Call {
+                agent: "claude",
+                tool: t,
+                input: &Value::Null,
+                cwd: Path::new("/"),
+                home: Path::new("/"),
+            })
+            .is_some()
+    };
+    allow.retain(|a| !refused(a));
+    for r in Policy::for_agent(&plan.tools.allow, "claude") {
+        if !allow.contains(&r) {
+            allow.push(r);
+        }
+    }
+    for r in Policy::for_agent(&plan.tools.deny, "claude") {
+        if !deny.contains(&r) {
+            deny.push(r);
+        }
+    }
     let domains: Vec<String> = match plan.network.mode {
         NetMode::Allow => plan
             .network
@@ -159,15 +338,10 @@ pub fn claude_settings(plan: &Plan, host_policy: Option<Value>) -> Value {
         }
         NetMode::Host => vec![],
     };
-    allow.extend(domains.iter().map(|d| format!("WebFetch(domain:{d})")));
-    let hook = json!({
-        "matcher": "*",
-        "hooks": [{
-            "type": "command",
-            "command": format!("{} agent-event claude", crate::init::INIT_PATH),
-            "timeout": 5
-        }]
-    });
+    if !refused("WebFetch") {
+        allow.extend(domains.iter().map(|d| format!("WebFetch(domain:{d})")));
+    }
+    let hook = hook("claude");
 
     let ours = json!({
         "permissions": { "allow": allow, "deny": deny },
@@ -224,6 +398,15 @@ pub fn summarise_tool_call(body: &[u8]) -> (String, String) {
         .or_else(|| field("pattern"))
         .unwrap_or_else(|| input.to_string());
     (tool, shorten(&text))
+}
+
+/// The rule and its place, when the hook's event says the call was refused (see
+/// `init agent-event`), each cut to one bounded log line.
+pub fn blocked_by(body: &[u8]) -> Option<(String, String)> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    let b = v.get("blocked")?;
+    let field = |k: &str| shorten(b.get(k).and_then(Value::as_str).unwrap_or("?"));
+    Some((field("rule"), field("at")))
 }
 
 /// At most [`MAX_INPUT`] characters, control characters shown as spaces (one log line).

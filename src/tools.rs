@@ -36,6 +36,9 @@ pub const MAX_RULES: usize = 500;
 pub struct Policy {
     pub allow: Vec<Rule>,
     pub deny: Vec<Rule>,
+    /// The agent presets the sandbox imports (their layers mirror the policy).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub agents: Vec<String>,
 }
 
 /// One rule as written, and where (`sandbox.kdl:12`, `preset:claude:3`).
@@ -226,6 +229,50 @@ impl Policy {
     }
 }
 
+/// How each agent is held to the policy (the README's table, in one line each).
+pub fn enforcement(agent: &str) -> &'static str {
+    match agent {
+        "claude" => "managed settings permissions.allow/deny + aisb's PreToolUse hook (refuses and logs, --dangerously-skip-permissions too)",
+        "gemini" => "system settings tools.exclude/core + aisb's BeforeTool hook (refuses and logs, --yolo too)",
+        "opencode" => "managed config `permission` (no hook: refusals are not in the audit log)",
+        "codex" => "requirements.toml: web search off when denied; shell and edits only by the sandbox",
+        "aider" => "no tool switches: only the sandbox (read-only project, network policy)",
+        _ => "not an agent aisb knows",
+    }
+}
+
+impl Policy {
+    /// The effective lists per agent preset, for `aisb plan` and `aisb test`: one line per
+    /// list, then how that agent is held to them.
+    pub fn describe(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (name, list) in [("allow", &self.allow), ("deny", &self.deny)] {
+            for r in list {
+                out.push(format!("{name:<6} {:<30} [{}]", r.rule, r.at));
+            }
+        }
+        if self.allow.is_empty() {
+            out.push("allow  (no list: every tool not denied)".into());
+        }
+        for agent in &self.agents {
+            out.push(format!("{agent}:"));
+            for (name, list) in [("allow", &self.allow), ("deny", &self.deny)] {
+                let names = Policy::for_agent(list, agent);
+                if !list.is_empty() {
+                    let shown = if names.is_empty() {
+                        "(nothing this agent can name)".to_string()
+                    } else {
+                        names.join(" ")
+                    };
+                    out.push(format!("  {name:<6} {shown}"));
+                }
+            }
+            out.push(format!("  by     {}", enforcement(agent)));
+        }
+        out
+    }
+}
+
 /// Whether `rule` covers `call`. `deny` decides how a compound shell command is read: a deny
 /// matches when any of its parts does, an allow only when all do.
 fn matches(rule: &str, call: &Call<'_>, deny: bool) -> bool {
@@ -369,6 +416,7 @@ mod tests {
         Policy {
             allow: allow.iter().map(rule).collect(),
             deny: deny.iter().map(rule).collect(),
+            agents: vec![],
         }
     }
 

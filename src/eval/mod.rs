@@ -1453,6 +1453,7 @@ fn tool_policy(cx: &mut Ctx<'_>, t: &crate::config::model::ToolsCfg) -> crate::t
     crate::tools::Policy {
         allow: rules(&t.allow),
         deny: rules(&t.deny),
+        agents: vec![],
     }
 }
 
