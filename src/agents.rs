@@ -298,9 +298,11 @@ pub fn claude_settings(plan: &Plan, host_policy: Option<Value>) -> Value {
     } else {
         deny.extend(["Edit(**)".into(), "Write(**)".into(), "NotebookEdit".into()]);
     }
-    // The tool policy, as Claude Code names it. A tool the policy refuses is not pre-approved
-    // by the sandbox's own rules above; the denials go in as written so Claude Code refuses
-    // them itself, and the hook refuses (and logs) whatever reaches it.
+    // The tool policy, as Claude Code names it: its allow rules pre-approve, and a tool it
+    // refuses is not pre-approved by the sandbox's own rules above. Its denials are the
+    // managed PreToolUse hook's to enforce, not `permissions.deny`: Claude Code checks its own
+    // rules before any hook runs (a bare name even takes the tool from the model), so the
+    // attempt would be refused without a trace in the audit log.
     let refused = |t: &str| {
         plan.tools
             .decide(&crate::tools::Call {
@@ -318,11 +320,7 @@ pub fn claude_settings(plan: &Plan, host_policy: Option<Value>) -> Value {
             allow.push(r);
         }
     }
-    for r in Policy::for_agent(&plan.tools.deny, "claude") {
-        if !deny.contains(&r) {
-            deny.push(r);
-        }
-    }
+
     let domains: Vec<String> = match plan.network.mode {
         NetMode::Allow => plan
             .network

@@ -43,6 +43,10 @@ struct Mock {
 
 impl Mock {
     fn start(dir: &Path, script: &[&str]) -> Mock {
+        Mock::start_raw(dir, &serde_json::to_string(script).unwrap())
+    }
+    /// `script`: the JSON list of steps (commands, or `{"tool": …, "input": …}`).
+    fn start_raw(dir: &Path, script: &str) -> Mock {
         let (port_file, log) = (dir.join("mock.port"), dir.join("mock.jsonl"));
         let _ = std::fs::remove_file(&port_file);
         let _ = std::fs::remove_file(&log);
@@ -53,7 +57,7 @@ impl Mock {
             ))
             .arg(&port_file)
             .arg(&log)
-            .arg(serde_json::to_string(script).unwrap())
+            .arg(script)
             .spawn()
             .expect("python3");
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
@@ -494,4 +498,125 @@ fn gemini_is_not_offered_tools_the_sandbox_refuses() {
             );
         }
     }
+}
+
+/// The tool results a client sent back to the mock, in order (the longest conversation).
+fn tool_results(mock: &Mock) -> Vec<serde_json::Value> {
+    mock.requests()
+        .iter()
+        .filter_map(|r| r["tool_results"].as_array().cloned())
+        .max_by_key(Vec::len)
+        .unwrap_or_default()
+}
+
+/// Issue 23: a profile denying `Write` and `Edit`. The (scripted) model reads README, then
+/// asks Claude Code to overwrite and to edit it, then cats it: both changes come back refused
+/// with the rule and where it was written, the file is untouched, Read and Bash still work,
+/// and the audit log has one agent-block event per refused call, shown by `--blocked-only`.
+/// The same with Claude Code's permission layer bypassed: aisb's hook refuses them anyway.
+#[test]
+fn claude_denied_tools_are_refused_and_logged_even_with_permissions_bypassed() {
+    if !needs("claude") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let config = "import \"preset:claude\"\ntools {\n    deny \"Write\" \"Edit\"\n}\n";
+    let (home, proj) = project(t.path(), config);
+    let readme = proj.join("README");
+    let file = readme.to_str().unwrap();
+    let script = serde_json::json!([
+        {"tool": "Read", "input": {"file_path": file}},
+        {"tool": "Write", "input": {"file_path": file, "content": "overwritten\n"}},
+        {"tool": "Edit", "input": {"file_path": file, "old_string": "hello", "new_string": "pwned"}},
+        "cat README",
+    ]);
+    // Each backend once: the hook is the same binary either way.
+    for (bypass, backend) in [(false, "libcontainer"), (true, "bwrap")] {
+        let tag = if bypass { "[bypassed, bwrap]" } else { "[managed, libcontainer]" };
+        let mock = Mock::start_raw(t.path(), &serde_json::to_string(&script).unwrap());
+        let mut args = vec![
+            "--trust",
+            "run",
+            "--backend",
+            backend,
+            "--",
+            "claude",
+            "-p",
+            "do the task",
+            "--output-format",
+            "json",
+        ];
+        if bypass {
+            args.push("--dangerously-skip-permissions");
+        }
+        let out = Out::from(
+            aisb(t.path(), &home, &proj)
+                .args(&args)
+                .env("ANTHROPIC_API_KEY", "sk-ant-test")
+                .env("ANTHROPIC_BASE_URL", "http://api.anthropic.com")
+                .env("AISB_PROXY_PIN", mock.pins())
+                .output()
+                .unwrap(),
+        );
+        assert_eq!(out.code, 0, "{tag} {}\n{}", out.stdout, out.stderr);
+        assert!(out.stdout.contains("MOCK-DONE"), "{tag} {}", out.stdout);
+        let results = tool_results(&mock);
+        assert_eq!(results.len(), 4, "{tag} {results:#?}");
+        let text = |i: usize| results[i]["content"].as_str().unwrap_or("").to_string();
+        assert_eq!(results[0]["is_error"], false, "{tag} Read: {results:#?}");
+        assert!(text(0).contains("hello"), "{tag} Read: {}", text(0));
+        for (i, tool) in [(1, "Write"), (2, "Edit")] {
+            assert_eq!(results[i]["is_error"], true, "{tag} {tool}: {results:#?}");
+            assert!(
+                text(i).contains(&format!("deny \"{tool}\", sandbox.kdl:3")),
+                "{tag} {tool}: {}",
+                text(i)
+            );
+        }
+        assert_eq!(results[3]["is_error"], false, "{tag} Bash: {results:#?}");
+        assert!(text(3).contains("hello"), "{tag} Bash: {}", text(3));
+        assert_eq!(std::fs::read_to_string(&readme).unwrap(), "hello\n", "{tag}");
+    }
+    let events = audit(t.path(), &home, &proj);
+    let blocks = |tool: &str| {
+        events
+            .iter()
+            .filter(|e| {
+                e["event"] == "agent-block"
+                    && e["agent"] == "claude"
+                    && e["tool"] == tool
+                    && e["input"] == file
+                    && e["rule"] == format!("deny \"{tool}\"")
+                    && e["at"] == "sandbox.kdl:3"
+            })
+            .count()
+    };
+    assert_eq!(blocks("Write"), 2, "{events:#?}");
+    assert_eq!(blocks("Edit"), 2, "{events:#?}");
+    assert_eq!(
+        events.iter().filter(|e| e["event"] == "agent-block").count(),
+        4,
+        "only the refused calls are blocks: {events:#?}"
+    );
+    let o = Out::from(
+        aisb(t.path(), &home, &proj)
+            .args(["audit", "--blocked-only"])
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let lines: Vec<&str> = o.stdout.lines().collect();
+    assert_eq!(lines.len(), 4, "{}", o.stdout);
+    assert!(
+        lines.iter().all(|l| l.contains("AGENT-BLOCK claude ")),
+        "{}",
+        o.stdout
+    );
+    assert!(
+        o.stdout.contains(&format!(
+            "AGENT-BLOCK claude Write: {file} (rule deny \"Write\", sandbox.kdl:3)"
+        )),
+        "{}",
+        o.stdout
+    );
 }

@@ -178,7 +178,10 @@ pub fn agent_event_main(agent: &str) -> i32 {
     // its one-line summary only, so a large Write keeps its name.
     let mut raw = Vec::new();
     let _ = std::io::stdin().take(64 << 20).read_to_end(&mut raw);
-    let refusal = decide(agent, &raw);
+    // A hook that fails is not a refusal to the agent (only exit 2 is): a panic in deciding
+    // refuses the call rather than letting it through.
+    let refusal = std::panic::catch_unwind(|| decide(agent, &raw))
+        .unwrap_or_else(|_| Some(broken("the hook failed deciding".into())));
     let (tool, summary) = crate::agents::summarise_tool_call(&raw);
     let mut event = serde_json::json!({"tool_name": tool, "tool_input": {"summary": summary}});
     if let Some(r) = &refusal {
@@ -187,8 +190,9 @@ pub fn agent_event_main(agent: &str) -> i32 {
     let mut input = event.to_string().into_bytes();
     input.truncate(AGENT_EVENT_MAX);
     if let Ok(mut s) = UnixStream::connect(PROXY_SOCKET) {
-        let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(2)));
-        let _ = s.set_write_timeout(Some(std::time::Duration::from_secs(2)));
+        // Well inside the agents' 5 s hook timeout (a timed-out hook lets the call through).
+        let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(1)));
+        let _ = s.set_write_timeout(Some(std::time::Duration::from_secs(1)));
         let head = format!(
             "{AGENT_METHOD} {agent} HTTP/1.1\r\nContent-Length: {}\r\n\r\n",
             input.len()

@@ -6,9 +6,11 @@ usage: mock_llm.py PORT_FILE LOG_FILE [SCRIPT_JSON]
 
 Binds 127.0.0.1 on a free port and writes it to PORT_FILE. Every request is appended to
 LOG_FILE as one JSON line (method, path, Host header, and for Anthropic the tool results the
-client sent back). SCRIPT_JSON is a list of shell commands: while an Anthropic request that
-offers tools has fewer tool results than the script has commands, the answer is a Bash
-tool_use running the next one; then a final text "MOCK-DONE". Exits after 300 s at most.
+client sent back). SCRIPT_JSON is a list of steps, each a shell command (a Bash call) or
+{"tool": NAME, "input": {...}} (any tool, offered or not: a model that insists): while an
+Anthropic request that offers tools has fewer tool results than the script has steps, the
+answer is a tool_use for the next one; then a final text "MOCK-DONE". Exits after 300 s at
+most.
 """
 import json
 import sys
@@ -49,16 +51,16 @@ def anthropic(body):
     results = tool_results(body.get("messages", []))
     tools = [t.get("name") for t in body.get("tools", []) if isinstance(t, dict)]
     step = len(results)
-    if "Bash" in tools and step < len(SCRIPT):
-        block = {"type": "tool_use", "id": f"toolu_{step}", "name": "Bash", "input": {}}
-        delta = {
-            "type": "input_json_delta",
-            "partial_json": json.dumps(
-                {"command": SCRIPT[step], "description": "scripted step"}
-            ),
-        }
+    if tools and step < len(SCRIPT):
+        entry = SCRIPT[step]
+        if isinstance(entry, str):
+            name, args = "Bash", {"command": entry, "description": "scripted step"}
+        else:
+            name, args = entry["tool"], entry["input"]
+        block = {"type": "tool_use", "id": f"toolu_{step}", "name": name, "input": {}}
+        delta = {"type": "input_json_delta", "partial_json": json.dumps(args)}
         stop = "tool_use"
-        full = dict(block, input={"command": SCRIPT[step], "description": "scripted step"})
+        full = dict(block, input=args)
     else:
         block = {"type": "text", "text": ""}
         delta = {"type": "text_delta", "text": "MOCK-DONE"}
@@ -177,6 +179,9 @@ class Handler(BaseHTTPRequestHandler):
         if path.endswith("/messages"):
             ctype, data, results = anthropic(body)
             entry["tools"] = len(body.get("tools", []))
+            entry["tool_names"] = [
+                t.get("name") for t in body.get("tools", []) if isinstance(t, dict)
+            ]
             entry["tool_results"] = results
         elif path.endswith("/chat/completions"):
             ctype, data = openai_chat(body)
