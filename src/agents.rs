@@ -263,14 +263,15 @@ pub fn gemini_settings(plan: &Plan, host_policy: Option<Value>) -> Value {
     merge_settings(host_policy, &ours)
 }
 
-/// aisb's pre-tool hook for `agent`, in the form Claude Code and Gemini CLI share.
+/// aisb's pre-tool hook for `agent`, in the form Claude Code and Gemini CLI share (Claude
+/// Code counts the timeout in seconds, Gemini CLI in milliseconds).
 fn hook(agent: &str) -> Value {
     json!({
         "matcher": "*",
         "hooks": [{
             "type": "command",
             "command": format!("{} agent-event {agent}", crate::init::INIT_PATH),
-            "timeout": 5
+            "timeout": if agent == "gemini" { 5000 } else { 5 }
         }]
     })
 }

@@ -620,3 +620,146 @@ fn claude_denied_tools_are_refused_and_logged_even_with_permissions_bypassed() {
         o.stdout
     );
 }
+
+/// Issue 23 for Gemini CLI: denied tools are not offered to the model (its system settings'
+/// `tools.exclude`), a call the model forces anyway is refused, and a rule Gemini's settings
+/// cannot say (a path) is enforced by aisb's BeforeTool hook, refused with the rule and logged.
+#[test]
+fn gemini_denied_tools_are_not_offered_and_forced_calls_are_refused() {
+    if !needs("gemini") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let config = "import \"preset:gemini\"\ntools {\n    deny \"Write\" \"Edit\"\n    deny \"Read(private.txt)\"\n}\n";
+    let (home, proj) = project(t.path(), config);
+    std::fs::write(proj.join("private.txt"), "PRIVATE NOTES\n").unwrap();
+    std::fs::create_dir_all(home.join(".gemini")).unwrap();
+    std::fs::write(
+        home.join(".gemini/settings.json"),
+        "{\"security\": {\"auth\": {\"selectedType\": \"gemini-api-key\"}}}\n",
+    )
+    .unwrap();
+    let (readme, private) = (proj.join("README"), proj.join("private.txt"));
+    let script = serde_json::json!([
+        {"tool": "write_file", "input": {"file_path": readme, "content": "overwritten\n"}},
+        {"tool": "read_file", "input": {"file_path": private}},
+        {"tool": "read_file", "input": {"file_path": readme}},
+    ]);
+    let mock = Mock::start_raw(t.path(), &script.to_string());
+    let out = Out::from(
+        aisb(t.path(), &home, &proj)
+            .args(["--trust", "run", "--backend", "bwrap", "--", "gemini"])
+            .args(["--skip-trust", "--yolo", "-m", "gemini-2.5-flash", "-p", "do the task"])
+            .env("GEMINI_API_KEY", "test")
+            .env(
+                "GOOGLE_GEMINI_BASE_URL",
+                "http://generativelanguage.googleapis.com",
+            )
+            .env("AISB_PROXY_PIN", mock.pins())
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("MOCK-DONE"), "{}", out.stdout);
+    let requests = mock.requests();
+    let offered: Vec<String> = requests
+        .iter()
+        .filter_map(|r| r["tools"].as_array().cloned())
+        .flatten()
+        .filter_map(|v| v.as_str().map(str::to_string))
+        .collect();
+    assert!(offered.iter().any(|t| t == "read_file"), "{offered:?}");
+    for tool in ["write_file", "replace"] {
+        assert!(!offered.iter().any(|t| t == tool), "{tool}: {offered:?}");
+    }
+    let results: Vec<String> = requests
+        .iter()
+        .filter_map(|r| r["gemini_results"].as_array().cloned())
+        .max_by_key(Vec::len)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|v| v.as_str().map(str::to_string))
+        .collect();
+    assert_eq!(results.len(), 3, "{results:#?}");
+    assert!(results[0].contains("not found"), "forced write_file: {}", results[0]);
+    assert!(
+        results[1].contains("deny \\\"Read(private.txt)\\\", sandbox.kdl:4"),
+        "read_file private.txt: {}",
+        results[1]
+    );
+    assert!(!results[1].contains("PRIVATE NOTES"), "{}", results[1]);
+    assert!(results[2].contains("hello"), "read_file README: {}", results[2]);
+    assert_eq!(std::fs::read_to_string(&readme).unwrap(), "hello\n");
+    let events = audit(t.path(), &home, &proj);
+    let blocks: Vec<_> = events
+        .iter()
+        .filter(|e| e["event"] == "agent-block")
+        .collect();
+    assert_eq!(blocks.len(), 1, "{events:#?}");
+    assert_eq!(blocks[0]["agent"], "gemini");
+    assert_eq!(blocks[0]["tool"], "read_file");
+    assert_eq!(blocks[0]["input"], private.to_str().unwrap());
+    assert_eq!(blocks[0]["rule"], "deny \"Read(private.txt)\"");
+}
+
+/// Issue 23, seed 001's investigate run without a shell: a profile extending `investigate`
+/// denies `Bash`. Claude Code's Bash calls are refused and logged, with the permission layer
+/// bypassed too; Read still works.
+#[test]
+fn claude_investigate_without_bash_refuses_bash_and_still_reads() {
+    if !needs("claude") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let config = "import \"preset:claude\"\nprofile \"look\" extends=\"investigate\" {\n    tools { deny \"Bash\"; }\n}\n";
+    let (home, proj) = project(t.path(), config);
+    let readme = proj.join("README");
+    let script = serde_json::json!([
+        {"tool": "Read", "input": {"file_path": readme}},
+        "cat README",
+        "curl -sS https://blocked.test/",
+    ]);
+    let mock = Mock::start_raw(t.path(), &script.to_string());
+    let out = Out::from(
+        aisb(t.path(), &home, &proj)
+            .args(["--trust", "run", "--profile", "look", "--", "claude"])
+            .args(["-p", "do the task", "--output-format", "json"])
+            .arg("--dangerously-skip-permissions")
+            .env("ANTHROPIC_API_KEY", "sk-ant-test")
+            .env("ANTHROPIC_BASE_URL", "http://api.anthropic.com")
+            .env("AISB_PROXY_PIN", mock.pins())
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    let results = tool_results(&mock);
+    assert_eq!(results.len(), 3, "{results:#?}");
+    let text = |i: usize| results[i]["content"].as_str().unwrap_or("").to_string();
+    assert_eq!(results[0]["is_error"], false, "{results:#?}");
+    assert!(text(0).contains("hello"), "{}", text(0));
+    for i in [1, 2] {
+        assert_eq!(results[i]["is_error"], true, "{results:#?}");
+        assert!(
+            text(i).contains("deny \"Bash\", sandbox.kdl:3"),
+            "{}",
+            text(i)
+        );
+    }
+    let events = audit(t.path(), &home, &proj);
+    let bash_blocks = events
+        .iter()
+        .filter(|e| e["event"] == "agent-block" && e["tool"] == "Bash")
+        .count();
+    assert_eq!(bash_blocks, 2, "{events:#?}");
+    // Refused before it ran: the proxy never saw the curl.
+    assert!(
+        !events.iter().any(|e| e["event"] == "net" && e["host"] == "blocked.test"),
+        "{events:#?}"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| e["event"] == "agent" && e["tool"] == "Read"),
+        "{events:#?}"
+    );
+}

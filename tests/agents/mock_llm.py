@@ -9,7 +9,8 @@ LOG_FILE as one JSON line (method, path, Host header, and for Anthropic the tool
 client sent back). SCRIPT_JSON is a list of steps, each a shell command (a Bash call) or
 {"tool": NAME, "input": {...}} (any tool, offered or not: a model that insists): while an
 Anthropic request that offers tools has fewer tool results than the script has steps, the
-answer is a tool_use for the next one; then a final text "MOCK-DONE". Exits after 300 s at
+answer is a tool_use for the next one (for Gemini, a functionCall while it has fewer function
+responses than steps, tool steps only); then a final text "MOCK-DONE". Exits after 300 s at
 most.
 """
 import json
@@ -133,9 +134,23 @@ def openai_responses():
     return "text/event-stream", sse(events)
 
 
-def gemini():
-    return "application/json", json.dumps({
-        "candidates": [{"content": {"role": "model", "parts": [{"text": "MOCK-DONE"}]},
+def gemini_results(body):
+    out = []
+    for c in body.get("contents", []):
+        for part in c.get("parts", []) if isinstance(c, dict) else []:
+            if isinstance(part, dict) and "functionResponse" in part:
+                out.append(json.dumps(part["functionResponse"].get("response")))
+    return out
+
+
+def gemini(body, offered):
+    results = gemini_results(body)
+    step = len(results)
+    part = {"text": "MOCK-DONE"}
+    if offered and step < len(SCRIPT) and isinstance(SCRIPT[step], dict):
+        part = {"functionCall": {"name": SCRIPT[step]["tool"], "args": SCRIPT[step]["input"]}}
+    return results, "application/json", json.dumps({
+        "candidates": [{"content": {"role": "model", "parts": [part]},
                         "finishReason": "STOP", "index": 0}],
         "usageMetadata": {"promptTokenCount": 1, "candidatesTokenCount": 1,
                           "totalTokenCount": 2},
@@ -188,12 +203,12 @@ class Handler(BaseHTTPRequestHandler):
         elif path.endswith("/responses"):
             ctype, data = openai_responses()
         elif ":generateContent" in path or ":streamGenerateContent" in path:
-            ctype, data = gemini()
             entry["tools"] = [
                 f.get("name")
                 for t in body.get("tools", []) if isinstance(t, dict)
                 for f in t.get("functionDeclarations", []) if isinstance(f, dict)
             ]
+            entry["gemini_results"], ctype, data = gemini(body, entry["tools"])
             if ":streamGenerateContent" in path:
                 ctype, data = "text/event-stream", b"data: " + data + b"\r\n\r\n"
         else:
