@@ -232,7 +232,7 @@ impl Policy {
 /// How each agent is held to the policy (the README's table, in one line each).
 pub fn enforcement(agent: &str) -> &'static str {
     match agent {
-        "claude" => "managed settings permissions.allow/deny + aisb's PreToolUse hook (refuses and logs, --dangerously-skip-permissions too)",
+        "claude" => "managed settings: allow rules, and aisb's PreToolUse hook refusing and logging the denials (--dangerously-skip-permissions too)",
         "gemini" => "system settings tools.exclude/core + aisb's BeforeTool hook (refuses and logs, --yolo too)",
         "opencode" => "managed config `permission` (no hook: refusals are not in the audit log)",
         "codex" => "requirements.toml: web search off when denied; shell and edits only by the sandbox",
