@@ -876,3 +876,56 @@ fn build_steps_network_defaults_to_the_registries_and_is_set_under_rootfs() {
     // The sandbox's own network is not the build's.
     assert!(wide.network.allow.is_empty());
 }
+
+/// Issue 23: `tools` rules carry where they were written; profiles append to both lists, so a
+/// child adds denials and never loses one; a repeated rule is cited where it was first said.
+#[test]
+fn tool_rules_merge_through_profiles_and_keep_their_place() {
+    let f = Fixture::new();
+    let text = "tools {\n    deny \"Write\"\n}\nprofile \"look\" {\n    tools {\n        deny \"Bash\" \"Write\"\n        allow \"Read\"\n    }\n}\nprofile \"looser\" extends=\"look\" {\n    tools {\n        allow \"Write\"\n    }\n}\n";
+    let rules = |p: &aisb::tools::Policy| {
+        (
+            p.allow
+                .iter()
+                .map(|r| format!("{} {}", r.rule, r.at))
+                .collect::<Vec<_>>(),
+            p.deny
+                .iter()
+                .map(|r| format!("{} {}", r.rule, r.at))
+                .collect::<Vec<_>>(),
+        )
+    };
+    assert!(f.plan("", None).tools.is_empty());
+    let top = f.plan(text, None).tools;
+    assert_eq!(
+        rules(&top),
+        (vec![], vec!["Write sandbox.kdl:2".to_string()])
+    );
+    let looser = f.plan(text, Some("looser")).tools;
+    assert_eq!(
+        rules(&looser),
+        (
+            vec!["Read sandbox.kdl:7".into(), "Write sandbox.kdl:12".into()],
+            vec!["Write sandbox.kdl:2".into(), "Bash sandbox.kdl:6".into()]
+        )
+    );
+    // Allowing it again does not lift the denial.
+    let call = aisb::tools::Call {
+        agent: "claude",
+        tool: "Write",
+        input: &serde_json::json!({"file_path": "/p/x"}),
+        cwd: Path::new("/p"),
+        home: Path::new("/home/u"),
+    };
+    let refusal = looser.decide(&call).expect("Write stays denied");
+    assert_eq!(
+        (refusal.rule.as_str(), refusal.at.as_str()),
+        ("deny \"Write\"", "sandbox.kdl:2")
+    );
+}
+
+/// A rule that is not one is an error at its span, saying what is wrong and what a rule is.
+#[test]
+fn bad_tool_rules() {
+    insta::assert_snapshot!(err("tools {\n    deny \"Bash(git push\" \"Read()\" 3\n    allow \"two words\"\n    block \"Write\"\n}\ntools \"x\"\n"));
+}
