@@ -763,3 +763,53 @@ fn claude_investigate_without_bash_refuses_bash_and_still_reads() {
         "{events:#?}"
     );
 }
+
+/// Issue 23 for the clients without a hook aisb can use: OpenCode resolves its `permission`
+/// from the managed config aisb writes (a project's `opencode.json` and the caller's
+/// `OPENCODE_PERMISSION` cannot loosen it), and Codex holds its web search to the
+/// `requirements.toml` aisb writes, whatever the command line asks.
+#[test]
+fn opencode_and_codex_hold_to_the_tool_policy_in_their_own_config() {
+    if !needs("opencode") || !needs("codex") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let config = "import \"preset:opencode\"\nimport \"preset:codex\"\ntools {\n    deny \"Edit\" \"Bash(git push:*)\" \"WebSearch\"\n}\n";
+    let (home, proj) = project(t.path(), config);
+    std::fs::write(
+        proj.join("opencode.json"),
+        "{\"permission\": {\"edit\": \"allow\", \"bash\": \"allow\", \"websearch\": \"allow\"}}\n",
+    )
+    .unwrap();
+    let codex = &CLIENTS.iter().find(|c| c.preset == "codex").unwrap().home[0];
+    std::fs::create_dir_all(home.join(".codex")).unwrap();
+    std::fs::write(home.join(codex.0), codex.1).unwrap();
+    let mock = Mock::start(t.path(), &[]);
+    let out = Out::from(
+        aisb(t.path(), &home, &proj)
+            .args(["--trust", "run", "--", "sh", "-c"])
+            .arg(
+                "opencode debug config > /tmp/oc.json 2>&1; \
+                 python3 -c 'import json; print(\"permission=\" + json.dumps(json.load(open(\"/tmp/oc.json\"))[\"permission\"], sort_keys=True))'; \
+                 timeout 90 codex exec --skip-git-repo-check -c 'web_search=\"live\"' 'say hi' </dev/null > /tmp/codex 2>&1; \
+                 grep -q MOCK-DONE /tmp/codex && echo codex=ok; \
+                 grep -c 'disallowed by requirements.*set by /etc/codex/requirements.toml' /tmp/codex | sed 's/^/refused=/'",
+            )
+            .env("OPENAI_API_KEY", "sk-test")
+            .env("OPENCODE_PERMISSION", "{\"edit\": \"allow\"}")
+            .env("AISB_PROXY_PIN", mock.pins())
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    out.expect(
+        "permission",
+        r#"{"bash": {"git push *": "deny"}, "edit": "deny", "websearch": "deny"}"#,
+    );
+    out.expect("codex", "ok");
+    assert!(
+        out.value("refused").is_some_and(|n| n != "0"),
+        "{}",
+        out.stdout
+    );
+}
