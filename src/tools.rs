@@ -313,7 +313,21 @@ fn matches(rule: &str, call: &Call<'_>, deny: bool) -> bool {
     .iter()
     .find_map(|k| field(k));
     if let Some(path) = path {
-        return path_matches(spec, path, call.cwd, call.home);
+        // Both the path as named and where its links lead: a link the model made
+        // (`ln -s /etc e`) does not step around `Read(//etc/**)`.
+        let p = Path::new(path);
+        let p = normal(&if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            call.cwd.join(p)
+        });
+        let forms = [resolved(&p), p];
+        let hit = |f: &PathBuf| path_matches(spec, f, call.cwd, call.home);
+        return if deny {
+            forms.iter().any(hit)
+        } else {
+            forms.iter().all(hit)
+        };
     }
     // Any other input: the specifier as a glob over the input's JSON text.
     glob(spec).is_some_and(|g| g.is_match(call.input.to_string()))
@@ -353,8 +367,9 @@ fn host_of(url: &str) -> Option<String> {
     Some(host.trim_end_matches('.').to_ascii_lowercase())
 }
 
-/// Claude Code's path rule forms: `//abs`, `~/below-home`, `/below-cwd` and `below-cwd`.
-fn path_matches(spec: &str, path: &str, cwd: &Path, home: &Path) -> bool {
+/// Claude Code's path rule forms: `//abs`, `~/below-home`, `/below-cwd` and `below-cwd`;
+/// `path` is absolute and normal.
+fn path_matches(spec: &str, path: &Path, cwd: &Path, home: &Path) -> bool {
     let pattern = if let Some(abs) = spec.strip_prefix("//") {
         PathBuf::from("/").join(abs)
     } else if let Some(h) = spec.strip_prefix("~/") {
@@ -362,13 +377,26 @@ fn path_matches(spec: &str, path: &str, cwd: &Path, home: &Path) -> bool {
     } else {
         cwd.join(spec.trim_start_matches('/'))
     };
-    let p = Path::new(path);
-    let p = if p.is_absolute() {
-        p.to_path_buf()
-    } else {
-        cwd.join(p)
-    };
-    glob(&pattern.to_string_lossy()).is_some_and(|g| g.is_match(normal(&p)))
+    glob(&pattern.to_string_lossy()).is_some_and(|g| g.is_match(path))
+}
+
+/// `p` with the links of its longest existing ancestor resolved (the rest may not exist yet:
+/// a file about to be written). The hook runs inside the sandbox, so this is the agent's view.
+fn resolved(p: &Path) -> PathBuf {
+    let mut rest: Vec<&std::ffi::OsStr> = Vec::new();
+    let mut cur = p;
+    loop {
+        if let Ok(real) = std::fs::canonicalize(cur) {
+            return rest.iter().rev().fold(real, |acc, c| acc.join(c));
+        }
+        match (cur.parent(), cur.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name);
+                cur = parent;
+            }
+            _ => return p.to_path_buf(),
+        }
+    }
 }
 
 /// `..` and `.` resolved by text (the path names a file the agent is about to touch, which may
@@ -539,6 +567,40 @@ mod tests {
         let bash = |c: &str| decide(&p, "claude", "Bash", json!({"command": c}));
         assert!(bash("git status -s").is_none());
         assert!(bash("git status; rm -rf /").is_some());
+    }
+
+    /// A link planted below the working directory does not step around a path denial, and
+    /// does not smuggle a denied target into an allowed path.
+    #[test]
+    fn links_are_followed_for_path_rules() {
+        let t = tempfile::tempdir().unwrap();
+        let secret = t.path().join("secret");
+        std::fs::create_dir(&secret).unwrap();
+        std::fs::write(secret.join("key"), "k").unwrap();
+        let work = t.path().join("work");
+        std::fs::create_dir(&work).unwrap();
+        std::os::unix::fs::symlink(&secret, work.join("innocent")).unwrap();
+        let deny = format!("Read(/{}/**)", secret.display());
+        let p = policy(&[], &[&deny]);
+        let call = |p: &Policy, file: &str| {
+            p.decide(&Call {
+                agent: "claude",
+                tool: "Read",
+                input: &json!({ "file_path": file }),
+                cwd: &work,
+                home: Path::new("/home/u"),
+            })
+        };
+        assert!(call(&p, "innocent/key").is_some());
+        assert!(call(&p, "innocent/not-yet").is_some());
+        assert!(call(&p, "other").is_none());
+        let allow = format!("Read(/{}/**)", work.display());
+        let p = policy(&[&allow], &[]);
+        assert!(call(&p, "other").is_none());
+        assert!(
+            call(&p, "innocent/key").is_some(),
+            "the link leads out of the allowed tree"
+        );
     }
 
     #[test]
