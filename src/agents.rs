@@ -90,7 +90,15 @@ pub fn mirror(plan: &mut Plan, agents: &[&str]) {
         return;
     }
     // What aisb's own pre-tool hook decides from (`init agent-event`).
-    let policy = serde_json::to_value(&plan.tools).unwrap_or_default();
+    let mut policy = plan.tools.clone();
+    let env = crate::eval::BREAK_ISOLATION_ENV;
+    if std::env::var(env).as_deref() == Ok("tools") {
+        // A hook that refuses nothing, so `aisb test` can prove it notices (a test of the tests).
+        eprintln!("aisb: WARNING: {env}=tools: the tool policy is not enforced in this sandbox (a test of the tests)");
+        policy.allow.clear();
+        policy.deny.clear();
+    }
+    let policy = serde_json::to_value(&policy).unwrap_or_default();
     add(
         plan,
         crate::tools::POLICY_DIR,

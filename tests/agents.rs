@@ -813,3 +813,73 @@ fn opencode_and_codex_hold_to_the_tool_policy_in_their_own_config() {
         out.stdout
     );
 }
+
+/// Issue 23: `aisb test` hands each tool denial to aisb's hook inside, as each agent preset
+/// with a hook would call it, on both backends: refused, and reported per agent. A sandbox
+/// whose hook refuses nothing is reported (exit 1).
+#[test]
+fn aisb_test_reports_the_tool_policy_per_agent_preset() {
+    if !support::root_or_skip("aisb test with agent presets") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let config = "import \"preset:claude\"\nimport \"preset:gemini\"\ntools {\n    deny \"Write\" \"Bash(git push:*)\"\n}\n";
+    let (home, proj) = project(t.path(), config);
+    for backend in ["libcontainer", "bwrap"] {
+        let out = Out::from(
+            aisb(t.path(), &home, &proj)
+                .args(["--trust", "test", "--json", "--backend", backend])
+                .output()
+                .unwrap(),
+        );
+        assert_eq!(out.code, 0, "[{backend}] {}\n{}", out.stdout, out.stderr);
+        let checks: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+        let tool_checks: Vec<(String, String)> = checks
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["check"].as_str().unwrap().contains("(tools deny"))
+            .map(|c| {
+                (
+                    c["check"].as_str().unwrap().to_string(),
+                    c["observed"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        let want = |s: &str| (s.to_string(), "refused (2)".to_string());
+        assert_eq!(
+            tool_checks,
+            [
+                want("claude calls Write (tools deny \"Write\", sandbox.kdl:4)"),
+                want("claude calls Bash (tools deny \"Bash(git push:*)\", sandbox.kdl:4)"),
+                want("gemini calls write_file (tools deny \"Write\", sandbox.kdl:4)"),
+                want("gemini calls run_shell_command (tools deny \"Bash(git push:*)\", sandbox.kdl:4)"),
+            ],
+            "[{backend}]"
+        );
+        let broken = Out::from(
+            aisb(t.path(), &home, &proj)
+                .args(["--trust", "test", "--backend", backend])
+                .env("AISB_TEST_BREAK_ISOLATION", "tools")
+                .output()
+                .unwrap(),
+        );
+        assert_eq!(broken.code, 1, "[{backend}] {}", broken.stdout);
+        let failed: Vec<&str> = broken
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with("FAIL"))
+            .collect();
+        assert_eq!(failed.len(), 4, "[{backend}] {}", broken.stdout);
+        assert!(
+            failed.iter().all(|l| l.contains("(tools deny") && l.ends_with("SUCCEEDED")),
+            "[{backend}] {}",
+            broken.stdout
+        );
+        assert!(
+            broken.stdout.contains("tool policy (`tools`), per agent preset:"),
+            "{}",
+            broken.stdout
+        );
+    }
+}
