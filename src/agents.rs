@@ -152,8 +152,9 @@ pub fn opencode_settings(plan: &Plan, host_policy: Option<Value>) -> Value {
         }
         Some(p) => {
             let entry = perm.entry(key.to_string()).or_insert_with(|| json!({}));
-            if !entry.is_object() {
-                return; // a bare rule for the tool already decided it
+            if let Value::String(before) = entry {
+                // The tool's bare action becomes the default its patterns refine.
+                *entry = json!({ "*": before.clone() });
             }
             entry[p] = json!(action);
         }

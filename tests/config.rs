@@ -929,3 +929,68 @@ fn tool_rules_merge_through_profiles_and_keep_their_place() {
 fn bad_tool_rules() {
     insta::assert_snapshot!(err("tools {\n    deny \"Bash(git push\" \"Read()\" 3\n    allow \"two words\"\n    block \"Write\"\n}\ntools \"x\"\n"));
 }
+
+/// Issue 23: the policy as each agent's own layer says it, in the formats the installed
+/// clients read (checked against Claude Code 2.1, Gemini CLI 0.61, OpenCode 1.18, Codex 0.169).
+#[test]
+fn tool_policy_is_mirrored_into_each_agents_layer() {
+    let f = Fixture::new();
+    let text = "import \"preset:claude\"\nimport \"preset:gemini\"\nimport \"preset:opencode\"\nimport \"preset:codex\"\ntools {\n    allow \"Read\" \"Bash\" \"Write\"\n    deny \"Write\" \"Bash(git push:*)\" \"Read(//etc/**)\"\n}\n";
+    let plan = f.plan(text, None);
+    let file = |dir: &str| -> String {
+        let m = plan
+            .mounts
+            .iter()
+            .find(|m| m.target == Path::new(dir))
+            .unwrap_or_else(|| panic!("no {dir}"));
+        match &m.kind {
+            MountKind::Generated { files, .. } => files[0].content.clone(),
+            other => panic!("{dir}: {other:?}"),
+        }
+    };
+    let json = |dir: &str| serde_json::from_str::<serde_json::Value>(&file(dir)).unwrap();
+    let claude = json("/etc/claude-code");
+    let allow = claude["permissions"]["allow"].as_array().unwrap();
+    // Write is allowed and denied: the sandbox's own pre-approval of it is dropped.
+    for a in ["\"Read\"", "\"Bash\""] {
+        assert!(allow.iter().any(|v| v.to_string() == a), "{allow:?}");
+    }
+    assert!(!allow.iter().any(|v| v == "Edit"), "not in the allow list: {allow:?}");
+    // Denials are the hook's (Claude Code's own deny would refuse before it, unlogged).
+    let deny = claude["permissions"]["deny"].as_array().unwrap();
+    assert!(!deny.iter().any(|v| v == "Write"), "{deny:?}");
+    assert_eq!(
+        claude["hooks"]["PreToolUse"][0]["hooks"][0]["command"],
+        "/run/aisb/init agent-event claude"
+    );
+    let gemini = json("/etc/gemini-cli");
+    assert_eq!(
+        gemini["tools"]["exclude"],
+        serde_json::json!(["write_file", "run_shell_command(git push)"])
+    );
+    assert_eq!(
+        gemini["tools"]["core"],
+        serde_json::json!(["read_file", "read_many_files", "run_shell_command", "write_file"])
+    );
+    assert_eq!(
+        gemini["hooks"]["BeforeTool"][0]["hooks"][0],
+        serde_json::json!({"type": "command", "command": "/run/aisb/init agent-event gemini", "timeout": 5000})
+    );
+    assert_eq!(
+        json("/etc/opencode")["permission"],
+        serde_json::json!({
+            "bash": {"*": "allow", "git push *": "deny"},
+            "edit": "deny",
+            "read": "allow",
+            "webfetch": "deny",
+            "websearch": "deny",
+            "glob": "deny",
+            "grep": "deny",
+            "list": "deny",
+        })
+    );
+    assert_eq!(file("/etc/codex"), "allowed_web_search_modes = [\"disabled\"]\n");
+    let policy: aisb::tools::Policy = serde_json::from_str(&file("/etc/aisb")).unwrap();
+    assert_eq!(policy.deny.len(), 3);
+    assert_eq!(policy.deny[2].at, "sandbox.kdl:7");
+}
