@@ -353,7 +353,7 @@ fn command_matches(spec: &str, command: &str) -> bool {
 /// command prefix is best effort (deny `Bash` to be sure), which the README says.
 fn shell_parts(command: &str) -> Vec<&str> {
     command
-        .split(|c| matches!(c, ';' | '&' | '|' | '\n' | '`' | '(' | ')'))
+        .split([';', '&', '|', '\n', '`', '(', ')'])
         .map(|p| p.trim().trim_start_matches('$').trim())
         .filter(|p| !p.is_empty())
         .collect()
