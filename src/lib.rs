@@ -23,6 +23,7 @@ pub mod session;
 pub mod spec;
 pub mod tools;
 pub mod trust;
+pub mod vocab;
 
 use std::ffi::OsString;
 use std::path::PathBuf;

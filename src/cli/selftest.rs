@@ -149,7 +149,7 @@ fn script(plan: &Plan, max_masks: usize) -> (String, Vec<(String, String, bool)>
                 q(&format!(
                     "printf %s {} | {} agent-event {agent}",
                     q(&call.to_string()),
-                    crate::init::INIT_PATH
+                    crate::vocab::INIT_PATH
                 ))
             ));
             checks.push((
@@ -270,7 +270,7 @@ fn script(plan: &Plan, max_masks: usize) -> (String, Vec<(String, String, bool)>
     ] {
         s.push_str(&format!(
             "t {key} {} probe {probe}\n",
-            crate::init::INIT_PATH
+            crate::vocab::INIT_PATH
         ));
         checks.push((key.into(), what.into(), true));
     }

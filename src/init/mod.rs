@@ -16,12 +16,7 @@ use nix::sys::signal::{kill, SigSet, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
 
-/// Where the init binary appears inside every sandbox.
-pub const INIT_PATH: &str = "/run/aisb/init";
-
-/// The init's own binary, installed beside `aisb`: it links only what the init needs, so it
-/// starts in a fraction of the time the full `aisb` takes. `aisb __init` is the fallback.
-pub const INIT_BINARY: &str = "aisb-init";
+use crate::vocab::{INIT_BINARY, INIT_PATH};
 
 /// The host binary to mount at [`INIT_PATH`] for the running `aisb`.
 pub fn binary_beside(exe: &std::path::Path) -> std::path::PathBuf {
@@ -182,7 +177,7 @@ pub struct Options {
     pub loopback: bool,
     /// (`RLIMIT_NOFILE`, soft, hard)
     pub rlimits: Vec<(String, u64, u64)>,
-    /// Relay 127.0.0.1:[`relay::PROXY_PORT`] (and [::1]) to the host's proxy.
+    /// Relay 127.0.0.1:[`crate::vocab::PROXY_PORT`] (and [::1]) to the host's proxy.
     pub relay_proxy: bool,
     /// Relay these loopback ports to the host's own 127.0.0.1:PORT, through the proxy.
     pub relay_ports: Vec<u16>,
@@ -251,7 +246,7 @@ pub fn harden(opts: &Options) -> Result<Vec<(std::net::TcpListener, relay::Targe
     let mut listeners = Vec::new();
     let ports = opts
         .relay_proxy
-        .then_some((relay::PROXY_PORT, relay::Target::Proxy))
+        .then_some((crate::vocab::PROXY_PORT, relay::Target::Proxy))
         .into_iter()
         .chain(
             opts.relay_ports

@@ -216,7 +216,7 @@ fn report(addr: SocketAddr, proxied: bool) {
     let how = if proxied {
         format!(
             "the network goes through the proxy only (HTTPS_PROXY=http://127.0.0.1:{})",
-            super::relay::PROXY_PORT
+            crate::vocab::PROXY_PORT
         )
     } else {
         "this sandbox has no network".to_string()

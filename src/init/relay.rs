@@ -1,5 +1,5 @@
 //! The in-sandbox end of the network: listeners on 127.0.0.1 and [::1] that relay to the
-//! host-side proxy's Unix socket (bind-mounted at [`PROXY_SOCKET`]).
+//! host-side proxy's Unix socket (bind-mounted at [`PROXY_SOCKET`](crate::vocab::PROXY_SOCKET)).
 //!
 //! The init binds them before the workload starts and keeps them: they are close-on-exec, so
 //! the workload cannot accept on them, and the init is PID 1, which nothing inside can kill or
@@ -10,11 +10,8 @@ use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
 
-/// Where the proxy's socket appears inside the sandbox.
-pub const PROXY_DIR: &str = "/run/aisb/net";
-pub const PROXY_SOCKET: &str = "/run/aisb/net/proxy.sock";
-/// The loopback port the workload's `HTTP(S)_PROXY` points at.
-pub const PROXY_PORT: u16 = 3128;
+use crate::vocab::{AGENT_EVENT_MAX, AGENT_METHOD, DIRECT_METHOD, PROXY_SOCKET};
+
 
 /// What a listener relays: everything to the proxy, or one host loopback port through it.
 #[derive(Debug, Clone, Copy)]
@@ -159,12 +156,6 @@ pub fn report_direct(addr: std::net::SocketAddr) {
     }
 }
 
-/// The request method the init uses to report a direct connection attempt to the proxy.
-pub const DIRECT_METHOD: &str = "AISB-DIRECT-CONNECT";
-/// The request method an agent's tool hook uses to put a tool call into the audit log.
-pub const AGENT_METHOD: &str = "AISB-AGENT-EVENT";
-/// The most of a hook's input forwarded (a Write tool's input holds the whole file).
-pub const AGENT_EVENT_MAX: usize = 16 * 1024;
 
 /// `init agent-event AGENT`: an agent's pre-tool hook. Decides the call from the sandbox's
 /// tool policy ([`crate::tools`], mounted read-only at `/etc/aisb/tools.json`) and forwards
@@ -182,7 +173,7 @@ pub fn agent_event_main(agent: &str) -> i32 {
     // refuses the call rather than letting it through.
     let refusal = std::panic::catch_unwind(|| decide(agent, &raw))
         .unwrap_or_else(|_| Some(broken("the hook failed deciding".into())));
-    let (tool, summary) = crate::agents::summarise_tool_call(&raw);
+    let (tool, summary) = crate::vocab::summarise_tool_call(&raw);
     let mut event = serde_json::json!({"tool_name": tool, "tool_input": {"summary": summary}});
     if let Some(r) = &refusal {
         event["blocked"] = serde_json::json!({"rule": r.rule, "at": r.at});

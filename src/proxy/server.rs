@@ -240,9 +240,9 @@ impl Proxy {
                 body.truncate(body_len);
                 client.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await?;
                 if let Some(log) = self.audit.as_ref().filter(|l| self.may_report(l)) {
-                    let (tool, input) = crate::agents::summarise_tool_call(&body);
-                    let agent = crate::agents::clean_label(&target);
-                    let _ = log.write(match crate::agents::blocked_by(&body) {
+                    let (tool, input) = crate::vocab::summarise_tool_call(&body);
+                    let agent = crate::vocab::clean_label(&target);
+                    let _ = log.write(match crate::vocab::blocked_by(&body) {
                         Some((rule, at)) => Kind::AgentBlock {
                             agent,
                             tool,
