@@ -883,3 +883,95 @@ fn aisb_test_reports_the_tool_policy_per_agent_preset() {
         );
     }
 }
+
+/// Issue 23, from inside as the attacker: on both backends, as root and as an ordinary user,
+/// aisb's hook refuses a denied call with the rule's reason and logs it, and the workload can
+/// neither rewrite the policy the hook reads nor hide it with a file of its own.
+#[test]
+fn the_hook_holds_for_root_and_an_ordinary_user_on_both_backends() {
+    if !support::root_or_skip("the tool policy hook suite") {
+        return;
+    }
+    let user = support::test_user();
+    for (backend, as_user) in ["libcontainer", "bwrap"]
+        .iter()
+        .flat_map(|b| [(*b, None), (*b, Some(user))])
+    {
+        let tag = format!("[{backend} {}]", if as_user.is_some() { "user" } else { "root" });
+        let t = tempfile::tempdir().unwrap();
+        let config = "import \"preset:claude\"\ntools {\n    deny \"Write\"\n}\n";
+        let (home, proj) = project(t.path(), config);
+        let mut cmd = match as_user {
+            Some((uid, gid)) => {
+                let exe = support::hand_to_user(t.path(), uid, gid);
+                let mut u = Command::new(exe);
+                std::os::unix::process::CommandExt::uid(&mut u, uid);
+                std::os::unix::process::CommandExt::gid(&mut u, gid);
+                u.current_dir(&proj)
+                    .env_clear()
+                    .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+                    .env("HOME", &home)
+                    .env("XDG_CACHE_HOME", t.path().join("cache"))
+                    .env("XDG_CONFIG_HOME", t.path().join("config"))
+                    .stdin(std::process::Stdio::null());
+                u
+            }
+            None => aisb(t.path(), &home, &proj),
+        };
+        let call = r#"{"tool_name":"Write","tool_input":{"file_path":"README","content":"x"}}"#;
+        let script = format!(
+            "printf '%s' '{call}' | /run/aisb/init agent-event claude 2>/tmp/why; echo hook=$?; \
+             sed 's/^/why=/' /tmp/why; \
+             echo '{{\"allow\":[],\"deny\":[]}}' > /etc/aisb/tools.json 2>/dev/null; echo rewrite=$?; \
+             rm -f /etc/aisb/tools.json 2>/dev/null; echo remove=$?; \
+             mv /etc/aisb /etc/aisb2 2>/dev/null; echo rename=$?; \
+             printf '%s' '{call}' | /run/aisb/init agent-event claude 2>/dev/null; echo again=$?"
+        );
+        let out = Out::from(
+            cmd.args(["--trust", "run", "--backend", backend, "--", "/bin/sh", "-c", &script])
+                .output()
+                .unwrap(),
+        );
+        assert_eq!(out.code, 0, "{tag} {}\n{}", out.stdout, out.stderr);
+        out.expect("hook", "2");
+        out.expect(
+            "why",
+            "aisb: this tool call is refused by the sandbox's tool policy (deny \"Write\", sandbox.kdl:3)",
+        );
+        for attempt in ["rewrite", "remove", "rename"] {
+            out.expect_failed(attempt, "change the policy the hook reads");
+        }
+        out.expect("again", "2");
+        let mut audit_cmd = match as_user {
+            Some((uid, gid)) => {
+                let mut u = Command::new(t.path().join("bin/aisb"));
+                std::os::unix::process::CommandExt::uid(&mut u, uid);
+                std::os::unix::process::CommandExt::gid(&mut u, gid);
+                u.current_dir(&proj)
+                    .env_clear()
+                    .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+                    .env("HOME", &home)
+                    .env("XDG_CACHE_HOME", t.path().join("cache"))
+                    .env("XDG_CONFIG_HOME", t.path().join("config"));
+                u
+            }
+            None => aisb(t.path(), &home, &proj),
+        };
+        let o = Out::from(
+            audit_cmd
+                .args(["audit", "--blocked-only"])
+                .output()
+                .unwrap(),
+        );
+        assert_eq!(o.code, 0, "{tag} {}", o.stderr);
+        assert_eq!(
+            o.stdout
+                .lines()
+                .filter(|l| l.ends_with("AGENT-BLOCK claude Write: README (rule deny \"Write\", sandbox.kdl:3)"))
+                .count(),
+            2,
+            "{tag} {}",
+            o.stdout
+        );
+    }
+}
