@@ -7,7 +7,7 @@
 #![no_main]
 
 use aisb::image::oci::Reference;
-use aisb::image::reference::{is_loopback_host, split_authority};
+use aisb::image::oci::reference::{is_loopback_host, split_authority};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

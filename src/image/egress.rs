@@ -12,7 +12,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 
 use crate::proxy::policy::is_internal;
 
-use super::reference::{is_loopback_host, split_authority, Reference};
+use super::oci::reference::{is_loopback_host, split_authority, Reference};
 
 /// The registry's own authority, lowercase, and whether it is this machine's loopback.
 #[derive(Debug, Clone)]

@@ -10,7 +10,7 @@ use std::borrow::Cow;
 use miette::{NamedSource, SourceSpan};
 use serde::{Deserialize, Serialize};
 
-use super::reference::is_digest;
+use super::oci::reference::is_digest;
 
 pub const FILE: &str = "sandbox.lock";
 

@@ -12,7 +12,7 @@ pub mod layer;
 pub mod lock;
 pub mod oci;
 pub mod progress;
-pub mod reference;
+
 pub mod rootmount;
 pub mod sandbox;
 pub mod statcache;
