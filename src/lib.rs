@@ -24,6 +24,7 @@ pub mod proxy;
 pub mod runtime;
 pub mod session;
 pub mod spec;
+pub mod tools;
 pub mod trust;
 pub mod vocab;
 

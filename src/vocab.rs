@@ -97,6 +97,15 @@ fn shorten(s: &str) -> String {
     out
 }
 
+/// The rule and its place, when the hook's event says the call was refused (see
+/// `init agent-event` and `crate::tools`), each cut to one bounded log line.
+pub fn blocked_by(body: &[u8]) -> Option<(String, String)> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    let b = v.get("blocked")?;
+    let field = |k: &str| shorten(b.get(k).and_then(Value::as_str).unwrap_or("?"));
+    Some((field("rule"), field("at")))
+}
+
 /// A name from inside the sandbox, safe to log: letters, digits, `-`, `_`, at most 40.
 pub fn clean_label(s: &str) -> String {
     s.chars()

@@ -43,6 +43,10 @@ struct Mock {
 
 impl Mock {
     fn start(dir: &Path, script: &[&str]) -> Mock {
+        Mock::start_raw(dir, &serde_json::to_string(script).unwrap())
+    }
+    /// `script`: the JSON list of steps (commands, or `{"tool": …, "input": …}`).
+    fn start_raw(dir: &Path, script: &str) -> Mock {
         let (port_file, log) = (dir.join("mock.port"), dir.join("mock.jsonl"));
         let _ = std::fs::remove_file(&port_file);
         let _ = std::fs::remove_file(&log);
@@ -53,7 +57,7 @@ impl Mock {
             ))
             .arg(&port_file)
             .arg(&log)
-            .arg(serde_json::to_string(script).unwrap())
+            .arg(script)
             .spawn()
             .expect("python3");
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
@@ -493,5 +497,481 @@ fn gemini_is_not_offered_tools_the_sandbox_refuses() {
                 "[{profile}] {tool}: {offered:?}"
             );
         }
+    }
+}
+
+/// The tool results a client sent back to the mock, in order (the longest conversation).
+fn tool_results(mock: &Mock) -> Vec<serde_json::Value> {
+    mock.requests()
+        .iter()
+        .filter_map(|r| r["tool_results"].as_array().cloned())
+        .max_by_key(Vec::len)
+        .unwrap_or_default()
+}
+
+/// Issue 23: a profile denying `Write` and `Edit`. The (scripted) model reads README, then
+/// asks Claude Code to overwrite and to edit it, then cats it: both changes come back refused
+/// with the rule and where it was written, the file is untouched, Read and Bash still work,
+/// and the audit log has one agent-block event per refused call, shown by `--blocked-only`.
+/// The same with Claude Code's permission layer bypassed: aisb's hook refuses them anyway.
+#[test]
+fn claude_denied_tools_are_refused_and_logged_even_with_permissions_bypassed() {
+    if !needs("claude") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let config = "import \"preset:claude\"\ntools {\n    deny \"Write\" \"Edit\"\n}\n";
+    let (home, proj) = project(t.path(), config);
+    let readme = proj.join("README");
+    let file = readme.to_str().unwrap();
+    let script = serde_json::json!([
+        {"tool": "Read", "input": {"file_path": file}},
+        {"tool": "Write", "input": {"file_path": file, "content": "overwritten\n"}},
+        {"tool": "Edit", "input": {"file_path": file, "old_string": "hello", "new_string": "pwned"}},
+        "cat README",
+    ]);
+    // Each backend once: the hook is the same binary either way.
+    for (bypass, backend) in [(false, "libcontainer"), (true, "bwrap")] {
+        let tag = if bypass { "[bypassed, bwrap]" } else { "[managed, libcontainer]" };
+        let mock = Mock::start_raw(t.path(), &serde_json::to_string(&script).unwrap());
+        let mut args = vec![
+            "--trust",
+            "run",
+            "--backend",
+            backend,
+            "--",
+            "claude",
+            "-p",
+            "do the task",
+            "--output-format",
+            "json",
+        ];
+        if bypass {
+            args.push("--dangerously-skip-permissions");
+        }
+        let out = Out::from(
+            aisb(t.path(), &home, &proj)
+                .args(&args)
+                .env("ANTHROPIC_API_KEY", "sk-ant-test")
+                .env("ANTHROPIC_BASE_URL", "http://api.anthropic.com")
+                .env("AISB_PROXY_PIN", mock.pins())
+                .output()
+                .unwrap(),
+        );
+        assert_eq!(out.code, 0, "{tag} {}\n{}", out.stdout, out.stderr);
+        assert!(out.stdout.contains("MOCK-DONE"), "{tag} {}", out.stdout);
+        let results = tool_results(&mock);
+        assert_eq!(results.len(), 4, "{tag} {results:#?}");
+        let text = |i: usize| results[i]["content"].as_str().unwrap_or("").to_string();
+        assert_eq!(results[0]["is_error"], false, "{tag} Read: {results:#?}");
+        assert!(text(0).contains("hello"), "{tag} Read: {}", text(0));
+        for (i, tool) in [(1, "Write"), (2, "Edit")] {
+            assert_eq!(results[i]["is_error"], true, "{tag} {tool}: {results:#?}");
+            assert!(
+                text(i).contains(&format!("deny \"{tool}\", sandbox.kdl:3")),
+                "{tag} {tool}: {}",
+                text(i)
+            );
+        }
+        assert_eq!(results[3]["is_error"], false, "{tag} Bash: {results:#?}");
+        assert!(text(3).contains("hello"), "{tag} Bash: {}", text(3));
+        assert_eq!(std::fs::read_to_string(&readme).unwrap(), "hello\n", "{tag}");
+    }
+    let events = audit(t.path(), &home, &proj);
+    let blocks = |tool: &str| {
+        events
+            .iter()
+            .filter(|e| {
+                e["event"] == "agent-block"
+                    && e["agent"] == "claude"
+                    && e["tool"] == tool
+                    && e["input"] == file
+                    && e["rule"] == format!("deny \"{tool}\"")
+                    && e["at"] == "sandbox.kdl:3"
+            })
+            .count()
+    };
+    assert_eq!(blocks("Write"), 2, "{events:#?}");
+    assert_eq!(blocks("Edit"), 2, "{events:#?}");
+    assert_eq!(
+        events.iter().filter(|e| e["event"] == "agent-block").count(),
+        4,
+        "only the refused calls are blocks: {events:#?}"
+    );
+    let o = Out::from(
+        aisb(t.path(), &home, &proj)
+            .args(["audit", "--blocked-only"])
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let lines: Vec<&str> = o.stdout.lines().collect();
+    assert_eq!(lines.len(), 4, "{}", o.stdout);
+    assert!(
+        lines.iter().all(|l| l.contains("AGENT-BLOCK claude ")),
+        "{}",
+        o.stdout
+    );
+    assert!(
+        o.stdout.contains(&format!(
+            "AGENT-BLOCK claude Write: {file} (rule deny \"Write\", sandbox.kdl:3)"
+        )),
+        "{}",
+        o.stdout
+    );
+}
+
+/// Issue 23 for Gemini CLI: denied tools are not offered to the model (its system settings'
+/// `tools.exclude`), a call the model forces anyway is refused, and a rule Gemini's settings
+/// cannot say (a path) is enforced by aisb's BeforeTool hook, refused with the rule and logged.
+#[test]
+fn gemini_denied_tools_are_not_offered_and_forced_calls_are_refused() {
+    if !needs("gemini") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let config = "import \"preset:gemini\"\ntools {\n    deny \"Write\" \"Edit\"\n    deny \"Read(private.txt)\"\n}\n";
+    let (home, proj) = project(t.path(), config);
+    std::fs::write(proj.join("private.txt"), "PRIVATE NOTES\n").unwrap();
+    std::fs::create_dir_all(home.join(".gemini")).unwrap();
+    std::fs::write(
+        home.join(".gemini/settings.json"),
+        "{\"security\": {\"auth\": {\"selectedType\": \"gemini-api-key\"}}}\n",
+    )
+    .unwrap();
+    let (readme, private) = (proj.join("README"), proj.join("private.txt"));
+    let script = serde_json::json!([
+        {"tool": "write_file", "input": {"file_path": readme, "content": "overwritten\n"}},
+        {"tool": "read_file", "input": {"file_path": private}},
+        {"tool": "read_file", "input": {"file_path": readme}},
+    ]);
+    let mock = Mock::start_raw(t.path(), &script.to_string());
+    let out = Out::from(
+        aisb(t.path(), &home, &proj)
+            .args(["--trust", "run", "--backend", "bwrap", "--", "gemini"])
+            .args(["--skip-trust", "--yolo", "-m", "gemini-2.5-flash", "-p", "do the task"])
+            .env("GEMINI_API_KEY", "test")
+            .env(
+                "GOOGLE_GEMINI_BASE_URL",
+                "http://generativelanguage.googleapis.com",
+            )
+            .env("AISB_PROXY_PIN", mock.pins())
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("MOCK-DONE"), "{}", out.stdout);
+    let requests = mock.requests();
+    let offered: Vec<String> = requests
+        .iter()
+        .filter_map(|r| r["tools"].as_array().cloned())
+        .flatten()
+        .filter_map(|v| v.as_str().map(str::to_string))
+        .collect();
+    assert!(offered.iter().any(|t| t == "read_file"), "{offered:?}");
+    for tool in ["write_file", "replace"] {
+        assert!(!offered.iter().any(|t| t == tool), "{tool}: {offered:?}");
+    }
+    let results: Vec<String> = requests
+        .iter()
+        .filter_map(|r| r["gemini_results"].as_array().cloned())
+        .max_by_key(Vec::len)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|v| v.as_str().map(str::to_string))
+        .collect();
+    assert_eq!(results.len(), 3, "{results:#?}");
+    assert!(results[0].contains("not found"), "forced write_file: {}", results[0]);
+    assert!(
+        results[1].contains("deny \\\"Read(private.txt)\\\", sandbox.kdl:4"),
+        "read_file private.txt: {}",
+        results[1]
+    );
+    assert!(!results[1].contains("PRIVATE NOTES"), "{}", results[1]);
+    assert!(results[2].contains("hello"), "read_file README: {}", results[2]);
+    assert_eq!(std::fs::read_to_string(&readme).unwrap(), "hello\n");
+    let events = audit(t.path(), &home, &proj);
+    let blocks: Vec<_> = events
+        .iter()
+        .filter(|e| e["event"] == "agent-block")
+        .collect();
+    assert_eq!(blocks.len(), 1, "{events:#?}");
+    assert_eq!(blocks[0]["agent"], "gemini");
+    assert_eq!(blocks[0]["tool"], "read_file");
+    assert_eq!(blocks[0]["input"], private.to_str().unwrap());
+    assert_eq!(blocks[0]["rule"], "deny \"Read(private.txt)\"");
+}
+
+/// Issue 23, seed 001's investigate run without a shell: a profile extending `investigate`
+/// denies `Bash`. Claude Code's Bash calls are refused and logged, with the permission layer
+/// bypassed too; Read still works.
+#[test]
+fn claude_investigate_without_bash_refuses_bash_and_still_reads() {
+    if !needs("claude") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let config = "import \"preset:claude\"\nprofile \"look\" extends=\"investigate\" {\n    tools { deny \"Bash\"; }\n}\n";
+    let (home, proj) = project(t.path(), config);
+    let readme = proj.join("README");
+    let script = serde_json::json!([
+        {"tool": "Read", "input": {"file_path": readme}},
+        "cat README",
+        "curl -sS https://blocked.test/",
+    ]);
+    let mock = Mock::start_raw(t.path(), &script.to_string());
+    let out = Out::from(
+        aisb(t.path(), &home, &proj)
+            .args(["--trust", "run", "--profile", "look", "--", "claude"])
+            .args(["-p", "do the task", "--output-format", "json"])
+            .arg("--dangerously-skip-permissions")
+            .env("ANTHROPIC_API_KEY", "sk-ant-test")
+            .env("ANTHROPIC_BASE_URL", "http://api.anthropic.com")
+            .env("AISB_PROXY_PIN", mock.pins())
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    let results = tool_results(&mock);
+    assert_eq!(results.len(), 3, "{results:#?}");
+    let text = |i: usize| results[i]["content"].as_str().unwrap_or("").to_string();
+    assert_eq!(results[0]["is_error"], false, "{results:#?}");
+    assert!(text(0).contains("hello"), "{}", text(0));
+    for i in [1, 2] {
+        assert_eq!(results[i]["is_error"], true, "{results:#?}");
+        assert!(
+            text(i).contains("deny \"Bash\", sandbox.kdl:3"),
+            "{}",
+            text(i)
+        );
+    }
+    let events = audit(t.path(), &home, &proj);
+    let bash_blocks = events
+        .iter()
+        .filter(|e| e["event"] == "agent-block" && e["tool"] == "Bash")
+        .count();
+    assert_eq!(bash_blocks, 2, "{events:#?}");
+    // Refused before it ran: the proxy never saw the curl.
+    assert!(
+        !events.iter().any(|e| e["event"] == "net" && e["host"] == "blocked.test"),
+        "{events:#?}"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| e["event"] == "agent" && e["tool"] == "Read"),
+        "{events:#?}"
+    );
+}
+
+/// Issue 23 for the clients without a hook aisb can use: OpenCode resolves its `permission`
+/// from the managed config aisb writes (a project's `opencode.json` and the caller's
+/// `OPENCODE_PERMISSION` cannot loosen it), and Codex holds its web search to the
+/// `requirements.toml` aisb writes, whatever the command line asks.
+#[test]
+fn opencode_and_codex_hold_to_the_tool_policy_in_their_own_config() {
+    if !needs("opencode") || !needs("codex") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let config = "import \"preset:opencode\"\nimport \"preset:codex\"\ntools {\n    deny \"Edit\" \"Bash(git push:*)\" \"WebSearch\"\n}\n";
+    let (home, proj) = project(t.path(), config);
+    std::fs::write(
+        proj.join("opencode.json"),
+        "{\"permission\": {\"edit\": \"allow\", \"bash\": \"allow\", \"websearch\": \"allow\"}}\n",
+    )
+    .unwrap();
+    let codex = &CLIENTS.iter().find(|c| c.preset == "codex").unwrap().home[0];
+    std::fs::create_dir_all(home.join(".codex")).unwrap();
+    std::fs::write(home.join(codex.0), codex.1).unwrap();
+    let mock = Mock::start(t.path(), &[]);
+    let out = Out::from(
+        aisb(t.path(), &home, &proj)
+            .args(["--trust", "run", "--", "sh", "-c"])
+            .arg(
+                "opencode debug config > /tmp/oc.json 2>&1; \
+                 python3 -c 'import json; print(\"permission=\" + json.dumps(json.load(open(\"/tmp/oc.json\"))[\"permission\"], sort_keys=True))'; \
+                 timeout 90 codex exec --skip-git-repo-check -c 'web_search=\"live\"' 'say hi' </dev/null > /tmp/codex 2>&1; \
+                 grep -q MOCK-DONE /tmp/codex && echo codex=ok; \
+                 grep -c 'disallowed by requirements.*set by /etc/codex/requirements.toml' /tmp/codex | sed 's/^/refused=/'",
+            )
+            .env("OPENAI_API_KEY", "sk-test")
+            .env("OPENCODE_PERMISSION", "{\"edit\": \"allow\"}")
+            .env("AISB_PROXY_PIN", mock.pins())
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    out.expect(
+        "permission",
+        r#"{"bash": {"git push *": "deny"}, "edit": "deny", "websearch": "deny"}"#,
+    );
+    out.expect("codex", "ok");
+    assert!(
+        out.value("refused").is_some_and(|n| n != "0"),
+        "{}",
+        out.stdout
+    );
+}
+
+/// Issue 23: `aisb test` hands each tool denial to aisb's hook inside, as each agent preset
+/// with a hook would call it, on both backends: refused, and reported per agent. A sandbox
+/// whose hook refuses nothing is reported (exit 1).
+#[test]
+fn aisb_test_reports_the_tool_policy_per_agent_preset() {
+    if !support::root_or_skip("aisb test with agent presets") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let config = "import \"preset:claude\"\nimport \"preset:gemini\"\ntools {\n    deny \"Write\" \"Bash(git push:*)\"\n}\n";
+    let (home, proj) = project(t.path(), config);
+    for backend in ["libcontainer", "bwrap"] {
+        let out = Out::from(
+            aisb(t.path(), &home, &proj)
+                .args(["--trust", "test", "--json", "--backend", backend])
+                .output()
+                .unwrap(),
+        );
+        assert_eq!(out.code, 0, "[{backend}] {}\n{}", out.stdout, out.stderr);
+        let checks: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+        let tool_checks: Vec<(String, String)> = checks
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["check"].as_str().unwrap().contains("(tools deny"))
+            .map(|c| {
+                (
+                    c["check"].as_str().unwrap().to_string(),
+                    c["observed"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        let want = |s: &str| (s.to_string(), "refused (2)".to_string());
+        assert_eq!(
+            tool_checks,
+            [
+                want("claude calls Write (tools deny \"Write\", sandbox.kdl:4)"),
+                want("claude calls Bash (tools deny \"Bash(git push:*)\", sandbox.kdl:4)"),
+                want("gemini calls write_file (tools deny \"Write\", sandbox.kdl:4)"),
+                want("gemini calls run_shell_command (tools deny \"Bash(git push:*)\", sandbox.kdl:4)"),
+            ],
+            "[{backend}]"
+        );
+        let broken = Out::from(
+            aisb(t.path(), &home, &proj)
+                .args(["--trust", "test", "--backend", backend])
+                .env("AISB_TEST_BREAK_ISOLATION", "tools")
+                .output()
+                .unwrap(),
+        );
+        assert_eq!(broken.code, 1, "[{backend}] {}", broken.stdout);
+        let failed: Vec<&str> = broken
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with("FAIL"))
+            .collect();
+        assert_eq!(failed.len(), 4, "[{backend}] {}", broken.stdout);
+        assert!(
+            failed.iter().all(|l| l.contains("(tools deny") && l.ends_with("SUCCEEDED")),
+            "[{backend}] {}",
+            broken.stdout
+        );
+        assert!(
+            broken.stdout.contains("tool policy (`tools`), per agent preset:"),
+            "{}",
+            broken.stdout
+        );
+    }
+}
+
+/// Issue 23, from inside as the attacker: on both backends, as root and as an ordinary user,
+/// aisb's hook refuses a denied call with the rule's reason and logs it, and the workload can
+/// neither rewrite the policy the hook reads nor hide it with a file of its own.
+#[test]
+fn the_hook_holds_for_root_and_an_ordinary_user_on_both_backends() {
+    if !support::root_or_skip("the tool policy hook suite") {
+        return;
+    }
+    let user = support::test_user();
+    for (backend, as_user) in ["libcontainer", "bwrap"]
+        .iter()
+        .flat_map(|b| [(*b, None), (*b, Some(user))])
+    {
+        let tag = format!("[{backend} {}]", if as_user.is_some() { "user" } else { "root" });
+        let t = tempfile::tempdir().unwrap();
+        let config = "import \"preset:claude\"\ntools {\n    deny \"Write\"\n}\n";
+        let (home, proj) = project(t.path(), config);
+        let mut cmd = match as_user {
+            Some((uid, gid)) => {
+                let exe = support::hand_to_user(t.path(), uid, gid);
+                let mut u = Command::new(exe);
+                std::os::unix::process::CommandExt::uid(&mut u, uid);
+                std::os::unix::process::CommandExt::gid(&mut u, gid);
+                u.current_dir(&proj)
+                    .env_clear()
+                    .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+                    .env("HOME", &home)
+                    .env("XDG_CACHE_HOME", t.path().join("cache"))
+                    .env("XDG_CONFIG_HOME", t.path().join("config"))
+                    .stdin(std::process::Stdio::null());
+                u
+            }
+            None => aisb(t.path(), &home, &proj),
+        };
+        let call = r#"{"tool_name":"Write","tool_input":{"file_path":"README","content":"x"}}"#;
+        let script = format!(
+            "printf '%s' '{call}' | /run/aisb/init agent-event claude 2>/tmp/why; echo hook=$?; \
+             sed 's/^/why=/' /tmp/why; \
+             echo '{{\"allow\":[],\"deny\":[]}}' > /etc/aisb/tools.json 2>/dev/null; echo rewrite=$?; \
+             rm -f /etc/aisb/tools.json 2>/dev/null; echo remove=$?; \
+             mv /etc/aisb /etc/aisb2 2>/dev/null; echo rename=$?; \
+             printf '%s' '{call}' | /run/aisb/init agent-event claude 2>/dev/null; echo again=$?"
+        );
+        let out = Out::from(
+            cmd.args(["--trust", "run", "--backend", backend, "--", "/bin/sh", "-c", &script])
+                .output()
+                .unwrap(),
+        );
+        assert_eq!(out.code, 0, "{tag} {}\n{}", out.stdout, out.stderr);
+        out.expect("hook", "2");
+        out.expect(
+            "why",
+            "aisb: this tool call is refused by the sandbox's tool policy (deny \"Write\", sandbox.kdl:3)",
+        );
+        for attempt in ["rewrite", "remove", "rename"] {
+            out.expect_failed(attempt, "change the policy the hook reads");
+        }
+        out.expect("again", "2");
+        let mut audit_cmd = match as_user {
+            Some((uid, gid)) => {
+                let mut u = Command::new(t.path().join("bin/aisb"));
+                std::os::unix::process::CommandExt::uid(&mut u, uid);
+                std::os::unix::process::CommandExt::gid(&mut u, gid);
+                u.current_dir(&proj)
+                    .env_clear()
+                    .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+                    .env("HOME", &home)
+                    .env("XDG_CACHE_HOME", t.path().join("cache"))
+                    .env("XDG_CONFIG_HOME", t.path().join("config"));
+                u
+            }
+            None => aisb(t.path(), &home, &proj),
+        };
+        let o = Out::from(
+            audit_cmd
+                .args(["audit", "--blocked-only"])
+                .output()
+                .unwrap(),
+        );
+        assert_eq!(o.code, 0, "{tag} {}", o.stderr);
+        assert_eq!(
+            o.stdout
+                .lines()
+                .filter(|l| l.ends_with("AGENT-BLOCK claude Write: README (rule deny \"Write\", sandbox.kdl:3)"))
+                .count(),
+            2,
+            "{tag} {}",
+            o.stdout
+        );
     }
 }

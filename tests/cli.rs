@@ -607,3 +607,51 @@ fn aisb_directories_are_private() {
         o.stderr
     );
 }
+
+/// Issue 23: `aisb plan` shows the tool rules with their places, then each agent preset's own
+/// names for them and how that agent is held to them; `--json` has the same lists.
+#[test]
+fn plan_shows_the_tool_policy_per_agent() {
+    let t = Test::new().file(
+        "sandbox.kdl",
+        "import \"preset:claude\"\nimport \"preset:gemini\"\ntools {\n    deny \"Write\" \"Bash(git push:*)\"\n}\n",
+    );
+    let o = t.with(&["plan"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let section: Vec<&str> = o
+        .stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("tools "))
+        .take_while(|l| !l.is_empty())
+        .collect();
+    assert_eq!(
+        section,
+        [
+            "tools (`tools { allow …; deny … }`, per agent preset)",
+            "  deny   Write                          [sandbox.kdl:4]",
+            "  deny   Bash(git push:*)               [sandbox.kdl:4]",
+            "  allow  (no list: every tool not denied)",
+            "  claude:",
+            "    deny   Write Bash(git push:*)",
+            "    by     managed settings: allow rules, and aisb's PreToolUse hook refusing and logging the denials (--dangerously-skip-permissions too)",
+            "  gemini:",
+            "    deny   write_file run_shell_command(git push:*)",
+            "    by     system settings tools.exclude/core + aisb's BeforeTool hook (refuses and logs, --yolo too)",
+        ],
+        "{}",
+        o.stdout
+    );
+    let o = t.with(&["plan", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+    assert_eq!(
+        v["tools"],
+        serde_json::json!({
+            "allow": [],
+            "deny": [
+                {"rule": "Write", "at": "sandbox.kdl:4"},
+                {"rule": "Bash(git push:*)", "at": "sandbox.kdl:4"},
+            ],
+            "agents": ["claude", "gemini"],
+        })
+    );
+}

@@ -876,3 +876,121 @@ fn build_steps_network_defaults_to_the_registries_and_is_set_under_rootfs() {
     // The sandbox's own network is not the build's.
     assert!(wide.network.allow.is_empty());
 }
+
+/// Issue 23: `tools` rules carry where they were written; profiles append to both lists, so a
+/// child adds denials and never loses one; a repeated rule is cited where it was first said.
+#[test]
+fn tool_rules_merge_through_profiles_and_keep_their_place() {
+    let f = Fixture::new();
+    let text = "tools {\n    deny \"Write\"\n}\nprofile \"look\" {\n    tools {\n        deny \"Bash\" \"Write\"\n        allow \"Read\"\n    }\n}\nprofile \"looser\" extends=\"look\" {\n    tools {\n        allow \"Write\"\n    }\n}\n";
+    let rules = |p: &aisb::tools::Policy| {
+        (
+            p.allow
+                .iter()
+                .map(|r| format!("{} {}", r.rule, r.at))
+                .collect::<Vec<_>>(),
+            p.deny
+                .iter()
+                .map(|r| format!("{} {}", r.rule, r.at))
+                .collect::<Vec<_>>(),
+        )
+    };
+    assert!(f.plan("", None).tools.is_empty());
+    let top = f.plan(text, None).tools;
+    assert_eq!(
+        rules(&top),
+        (vec![], vec!["Write sandbox.kdl:2".to_string()])
+    );
+    let looser = f.plan(text, Some("looser")).tools;
+    assert_eq!(
+        rules(&looser),
+        (
+            vec!["Read sandbox.kdl:7".into(), "Write sandbox.kdl:12".into()],
+            vec!["Write sandbox.kdl:2".into(), "Bash sandbox.kdl:6".into()]
+        )
+    );
+    // Allowing it again does not lift the denial.
+    let call = aisb::tools::Call {
+        agent: "claude",
+        tool: "Write",
+        input: &serde_json::json!({"file_path": "/p/x"}),
+        cwd: Path::new("/p"),
+        home: Path::new("/home/u"),
+    };
+    let refusal = looser.decide(&call).expect("Write stays denied");
+    assert_eq!(
+        (refusal.rule.as_str(), refusal.at.as_str()),
+        ("deny \"Write\"", "sandbox.kdl:2")
+    );
+}
+
+/// A rule that is not one is an error at its span, saying what is wrong and what a rule is.
+#[test]
+fn bad_tool_rules() {
+    insta::assert_snapshot!(err("tools {\n    deny \"Bash(git push\" \"Read()\" 3\n    allow \"two words\"\n    block \"Write\"\n}\ntools \"x\"\n"));
+}
+
+/// Issue 23: the policy as each agent's own layer says it, in the formats the installed
+/// clients read (checked against Claude Code 2.1, Gemini CLI 0.61, OpenCode 1.18, Codex 0.169).
+#[test]
+fn tool_policy_is_mirrored_into_each_agents_layer() {
+    let f = Fixture::new();
+    let text = "import \"preset:claude\"\nimport \"preset:gemini\"\nimport \"preset:opencode\"\nimport \"preset:codex\"\ntools {\n    allow \"Read\" \"Bash\" \"Write\"\n    deny \"Write\" \"Bash(git push:*)\" \"Read(//etc/**)\"\n}\n";
+    let plan = f.plan(text, None);
+    let file = |dir: &str| -> String {
+        let m = plan
+            .mounts
+            .iter()
+            .find(|m| m.target == Path::new(dir))
+            .unwrap_or_else(|| panic!("no {dir}"));
+        match &m.kind {
+            MountKind::Generated { files, .. } => files[0].content.clone(),
+            other => panic!("{dir}: {other:?}"),
+        }
+    };
+    let json = |dir: &str| serde_json::from_str::<serde_json::Value>(&file(dir)).unwrap();
+    let claude = json("/etc/claude-code");
+    let allow = claude["permissions"]["allow"].as_array().unwrap();
+    // Write is allowed and denied: the sandbox's own pre-approval of it is dropped.
+    for a in ["\"Read\"", "\"Bash\""] {
+        assert!(allow.iter().any(|v| v.to_string() == a), "{allow:?}");
+    }
+    assert!(!allow.iter().any(|v| v == "Edit"), "not in the allow list: {allow:?}");
+    // Denials are the hook's (Claude Code's own deny would refuse before it, unlogged).
+    let deny = claude["permissions"]["deny"].as_array().unwrap();
+    assert!(!deny.iter().any(|v| v == "Write"), "{deny:?}");
+    assert_eq!(
+        claude["hooks"]["PreToolUse"][0]["hooks"][0]["command"],
+        "/run/aisb/init agent-event claude"
+    );
+    let gemini = json("/etc/gemini-cli");
+    assert_eq!(
+        gemini["tools"]["exclude"],
+        serde_json::json!(["write_file", "run_shell_command(git push)"])
+    );
+    assert_eq!(
+        gemini["tools"]["core"],
+        serde_json::json!(["read_file", "read_many_files", "run_shell_command", "write_file"])
+    );
+    assert_eq!(
+        gemini["hooks"]["BeforeTool"][0]["hooks"][0],
+        serde_json::json!({"type": "command", "command": "/run/aisb/init agent-event gemini", "timeout": 5000})
+    );
+    assert_eq!(
+        json("/etc/opencode")["permission"],
+        serde_json::json!({
+            "bash": {"*": "allow", "git push *": "deny"},
+            "edit": "deny",
+            "read": "allow",
+            "webfetch": "deny",
+            "websearch": "deny",
+            "glob": "deny",
+            "grep": "deny",
+            "list": "deny",
+        })
+    );
+    assert_eq!(file("/etc/codex"), "allowed_web_search_modes = [\"disabled\"]\n");
+    let policy: aisb::tools::Policy = serde_json::from_str(&file("/etc/aisb")).unwrap();
+    assert_eq!(policy.deny.len(), 3);
+    assert_eq!(policy.deny[2].at, "sandbox.kdl:7");
+}

@@ -15,6 +15,7 @@ fn sample_plan() -> Plan {
     Plan {
         rootfs: aisb::eval::plan::Rootfs::Host,
         build_network: Vec::new(),
+        tools: Default::default(),
         config_digest: None,
         config_file: Some("/src/p/sandbox.kdl".into()),
         profile: "default".into(),

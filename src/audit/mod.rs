@@ -75,6 +75,16 @@ pub enum Kind {
         /// The command, path or (shortened) input of the call.
         input: String,
     },
+    /// A tool call aisb's pre-tool hook refused by the sandbox's tool policy (`tools`): the
+    /// agent was told no, with `rule` and where it was written (`at`, `file:line`). Reported
+    /// from inside, like [`Kind::Agent`].
+    AgentBlock {
+        agent: String,
+        tool: String,
+        input: String,
+        rule: String,
+        at: String,
+    },
 }
 
 impl Event {
@@ -87,6 +97,7 @@ impl Event {
 
     pub fn is_blocked(&self) -> bool {
         matches!(&self.kind, Kind::Net { action, .. } if action == "block")
+            || matches!(self.kind, Kind::AgentBlock { .. })
     }
 
     /// One line for people: `12:03:04.512  BLOCK connect evil.com:443  not in the allowlist`.
@@ -142,6 +153,13 @@ impl Event {
             Kind::Agent { agent, tool, input } => {
                 format!("{t}  AGENT  {agent} {tool}: {input}  (reported from inside)")
             }
+            Kind::AgentBlock {
+                agent,
+                tool,
+                input,
+                rule,
+                at,
+            } => format!("{t}  AGENT-BLOCK {agent} {tool}: {input} (rule {rule}, {at})"),
             Kind::Quarantine {
                 path,
                 moved_to,
@@ -233,6 +251,17 @@ mod tests {
         assert!(events[0].is_blocked());
         assert!(events[0].human().contains("BLOCK  connect evil.test:443"));
         assert!(text.lines().next().unwrap().contains("\"event\":\"net\""));
+        let block = Event::now(Kind::AgentBlock {
+            agent: "claude".into(),
+            tool: "Write".into(),
+            input: "/p/README".into(),
+            rule: "deny \"Write\"".into(),
+            at: "sandbox.kdl:3".into(),
+        });
+        assert!(block.is_blocked());
+        assert!(block.human().ends_with(
+            "AGENT-BLOCK claude Write: /p/README (rule deny \"Write\", sandbox.kdl:3)"
+        ));
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&log.path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);

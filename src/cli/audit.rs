@@ -9,13 +9,13 @@ use crate::Error;
 #[command(after_help = "\
 Examples:
   aisb audit                    this project's sandbox: what it did, what was blocked
-  aisb audit --blocked-only     only the refusals, with the rule and how to allow it
+  aisb audit --blocked-only     only the refusals (network, agent tools), with the rule
   aisb audit --json             one JSON object per line, for programs
   aisb audit --follow           keep printing new events as they happen")]
 pub struct Args {
     /// The named sandbox (default: `default`, the one `aisb run` uses)
     pub name: Option<String>,
-    /// Only blocked network requests
+    /// Only what was refused: blocked network requests and agent tool calls
     #[arg(long)]
     pub blocked_only: bool,
     /// JSON lines instead of text

@@ -373,6 +373,12 @@ pub fn render(plan: &Plan, _cwd: &Path, named: bool) -> String {
             .map_or("unlimited".into(), |c| format!("{}", c as f64 / 1000.0)),
         at("cpus")
     );
+    if !plan.tools.is_empty() {
+        let _ = writeln!(o, "\ntools (`tools {{ allow …; deny … }}`, per agent preset)");
+        for line in plan.tools.describe() {
+            let _ = writeln!(o, "  {line}");
+        }
+    }
     if !plan.tasks.is_empty() {
         let names: Vec<&str> = plan.tasks.iter().map(|t| t.name.as_str()).collect();
         let _ = writeln!(o, "\ntasks     {}", names.join(" "));

@@ -11,7 +11,7 @@ use crate::runtime::Backend;
 use crate::Error;
 
 /// Check the sandbox's protections from inside: masked paths, writes outside, secrets in the
-/// environment, the network, capabilities, seccomp and the pids limit
+/// environment, the network, agent tool denials, capabilities, seccomp and the pids limit
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
 Examples:
@@ -39,6 +39,9 @@ struct Check {
     observed: String,
     ok: bool,
 }
+
+/// The agents whose pre-tool hook is aisb's (the others' policy is their own settings).
+const HOOKED: [&str; 2] = ["claude", "gemini"];
 
 /// Single-quote for sh.
 fn q(s: &str) -> String {
@@ -113,6 +116,47 @@ fn script(plan: &Plan, max_masks: usize) -> (String, Vec<(String, String, bool)>
             let key = format!("generated{i}");
             s.push_str(&format!("t {key} sh -c {}\n", q(&cmd)));
             checks.push((key, format!("change or remove {dir} ({})", m.why), true));
+        }
+    }
+    // The tool policy, per agent preset with a hook: each denial handed to aisb's hook inside
+    // as that agent would call it must come back refused (exit 2). Rules whose calls cannot be
+    // made up without guessing (a path glob) are shown by `aisb plan`, not tried.
+    let mut n = 0;
+    for agent in plan.tools.agents.iter().filter(|a| HOOKED.contains(&a.as_str())) {
+        for r in &plan.tools.deny {
+            let Ok((name, spec)) = crate::tools::parse(&r.rule) else {
+                continue;
+            };
+            let input = match spec {
+                None => serde_json::json!({}),
+                Some(p) if p.ends_with(":*") => {
+                    serde_json::json!({"command": p.trim_end_matches(":*")})
+                }
+                Some(_) => continue,
+            };
+            let Some(tool) = crate::tools::names_for(agent, name).into_iter().next() else {
+                continue;
+            };
+            let call = serde_json::json!({
+                "tool_name": tool,
+                "tool_input": input,
+                "cwd": plan.project,
+            });
+            let key = format!("tool{n}");
+            n += 1;
+            s.push_str(&format!(
+                "t {key} sh -c {}\n",
+                q(&format!(
+                    "printf %s {} | {} agent-event {agent}",
+                    q(&call.to_string()),
+                    crate::vocab::INIT_PATH
+                ))
+            ));
+            checks.push((
+                key,
+                format!("{agent} calls {tool} (tools deny {:?}, {})", r.rule, r.at),
+                true,
+            ));
         }
     }
     // In a writable project, what git on the host would run (config, hooks, info) must not be
@@ -325,6 +369,13 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
                 c.expected,
                 c.observed
             );
+        }
+        if !plan.tools.is_empty() {
+            println!("\ntool policy (`tools`), per agent preset:");
+            for line in plan.tools.describe() {
+                println!("  {line}");
+            }
+            println!();
         }
         println!(
             "{} checks, {failed} failed (profile {}, {} masked paths)",

@@ -239,6 +239,16 @@ pub struct Settings {
     pub network: NetworkCfg,
     pub process: ProcessCfg,
     pub limits: LimitsCfg,
+    /// `tools { allow …; deny … }`: the agent tools the workload may call (see `crate::tools`).
+    #[serde(default)]
+    pub tools: ToolsCfg,
+}
+
+/// `tools { allow "Read"; deny "Write" "Bash(git push:*)" }`, rules as written.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct ToolsCfg {
+    pub allow: Vec<S<String>>,
+    pub deny: Vec<S<String>>,
 }
 
 /// `limits { pids 4096; memory "8G"; cpus 2 }`: the sandbox's share of the host, enforced by

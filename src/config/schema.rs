@@ -30,6 +30,7 @@ pub const SETTINGS_NODES: &[&str] = &[
     "network",
     "process",
     "limits",
+    "tools",
     "backend",
     "rootfs",
 ];
@@ -61,6 +62,7 @@ pub const PROCESS_CHILDREN: &[&str] = &["command", "cwd", "shell", "user", "rlim
 pub const USER_PROPS: &[&str] = &["uid", "gid", "name"];
 pub const RLIMIT_PROPS: &[&str] = &["soft", "hard"];
 pub const LIMITS_CHILDREN: &[&str] = &["pids", "memory", "cpus"];
+pub const TOOLS_CHILDREN: &[&str] = &["allow", "deny"];
 const BOOLS: &[&str] = &["#true", "#false"];
 
 /// What may appear on a node, found by its path of node names from the top of the file
@@ -138,6 +140,7 @@ pub fn shape(path: &[&str]) -> Option<Shape> {
         "user" => s(USER_PROPS, &[], &[]),
         "rlimit" => s(RLIMIT_PROPS, &[], &[]),
         "limits" => s(&[], LIMITS_CHILDREN, &[]),
+        "tools" => s(&[], TOOLS_CHILDREN, &[]),
         _ => Shape::default(),
     })
 }

@@ -40,6 +40,7 @@ use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 
 use super::plan::{GeneratedFile, Mount, MountKind, NetMode, Plan};
+use crate::tools::Policy;
 
 /// Where Claude Code reads its managed (highest-precedence) settings.
 pub const CLAUDE_MANAGED_DIR: &str = "/etc/claude-code";
@@ -88,12 +89,128 @@ pub fn host_policies() -> BTreeMap<String, Value> {
 /// Add what the agents in `agents` (preset names) need to mirror `plan`; `host_policies`
 /// (from [`host_policies`]) are kept under aisb's rules.
 pub fn mirror(plan: &mut Plan, agents: &[&str], host_policies: &BTreeMap<String, Value>) {
+    plan.tools.agents = agents.iter().map(|a| a.to_string()).collect();
     for (agent, dir, file, name, build, why) in MIRRORS {
         if agents.contains(&agent) {
             let settings = build(plan, host_policies.get(agent).cloned());
             add(plan, dir, file, name, &settings, why);
         }
     }
+    if agents.is_empty() || plan.tools.is_empty() {
+        return;
+    }
+    // What aisb's own pre-tool hook decides from (`init agent-event`).
+    let mut policy = plan.tools.clone();
+    let env = crate::eval::BREAK_ISOLATION_ENV;
+    if std::env::var(env).as_deref() == Ok("tools") {
+        // A hook that refuses nothing, so `aisb test` can prove it notices (a test of the tests).
+        eprintln!("aisb: WARNING: {env}=tools: the tool policy is not enforced in this sandbox (a test of the tests)");
+        policy.allow.clear();
+        policy.deny.clear();
+    }
+    let policy = serde_json::to_value(&policy).unwrap_or_default();
+    add(
+        plan,
+        crate::tools::POLICY_DIR,
+        crate::tools::POLICY_FILE,
+        "tool-policy",
+        &policy,
+        "the tool policy aisb's pre-tool hook enforces (tools)",
+    );
+    if agents.contains(&"opencode") {
+        let host = read_json(&Path::new(OPENCODE_MANAGED_DIR).join(OPENCODE_MANAGED_FILE));
+        let settings = opencode_settings(plan, host);
+        add(
+            plan,
+            OPENCODE_MANAGED_DIR,
+            OPENCODE_MANAGED_FILE,
+            "opencode-managed",
+            &settings,
+            "OpenCode's managed config, the sandbox's tool policy as `permission` (preset:opencode)",
+        );
+    }
+    if agents.contains(&"codex") {
+        if let Some(toml) = codex_requirements(plan) {
+            add_text(
+                plan,
+                CODEX_SYSTEM_DIR,
+                CODEX_REQUIREMENTS_FILE,
+                "codex-requirements",
+                toml,
+                "Codex's requirements, what its format can say of the tool policy (preset:codex)",
+            );
+        }
+    }
+}
+
+/// OpenCode's managed (highest-precedence) config directory on Linux.
+pub const OPENCODE_MANAGED_DIR: &str = "/etc/opencode";
+pub const OPENCODE_MANAGED_FILE: &str = "opencode.json";
+/// Codex's system directory; `requirements.toml` there constrains every other config layer.
+pub const CODEX_SYSTEM_DIR: &str = "/etc/codex";
+pub const CODEX_REQUIREMENTS_FILE: &str = "requirements.toml";
+
+/// OpenCode's `permission` from the tool policy: a bare rule sets the tool's action, a
+/// `Bash(prefix:*)` rule a command pattern (`"git push *": "deny"`); with an allow list, the
+/// tools it does not name are denied. Path specifiers have no OpenCode form (the hook-less
+/// client then relies on the sandbox).
+pub fn opencode_settings(plan: &Plan, host_policy: Option<Value>) -> Value {
+    let mut perm = Map::new();
+    let mut set = |key: &str, pattern: Option<&str>, action: &str| match pattern {
+        None => {
+            perm.insert(key.into(), json!(action));
+        }
+        Some(p) => {
+            let entry = perm.entry(key.to_string()).or_insert_with(|| json!({}));
+            if let Value::String(before) = entry {
+                // The tool's bare action becomes the default its patterns refine.
+                *entry = json!({ "*": before.clone() });
+            }
+            entry[p] = json!(action);
+        }
+    };
+    let tools = &plan.tools;
+    if !tools.allow.is_empty() {
+        for key in ["read", "edit", "bash", "webfetch", "websearch", "glob", "grep", "list"] {
+            let allowed = Policy::for_agent(&tools.allow, "opencode");
+            if !allowed.iter().any(|r| r.split('(').next() == Some(key)) {
+                set(key, None, "deny");
+            }
+        }
+    }
+    for (list, action) in [(&tools.allow, "allow"), (&tools.deny, "deny")] {
+        for r in Policy::for_agent(list, "opencode") {
+            let Ok((name, spec)) = crate::tools::parse(&r) else {
+                continue;
+            };
+            match spec {
+                None => set(name, None, action),
+                Some(s) if name == "bash" => {
+                    let p = s.strip_suffix(":*").map_or(s.to_string(), |p| format!("{p} *"));
+                    set(name, Some(&p), action);
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    // Denials last, so a bare deny overrides an allow pattern for the same tool.
+    for r in Policy::for_agent(&tools.deny, "opencode") {
+        if let Ok((name, None)) = crate::tools::parse(&r) {
+            set(name, None, "deny");
+        }
+    }
+    merge_settings(host_policy, &json!({ "permission": perm }))
+}
+
+/// Codex's `requirements.toml`, when the policy says something Codex can be held to: a denied
+/// `WebSearch` allows only the `disabled` web search mode. Codex has no per-tool switches for
+/// shell or edits (its own sandbox modes cannot start inside aisb's); those rest on the sandbox.
+pub fn codex_requirements(plan: &Plan) -> Option<String> {
+    let denied = Policy::for_agent(&plan.tools.deny, "claude");
+    let allow = Policy::for_agent(&plan.tools.allow, "claude");
+    let no_search = denied.iter().any(|r| r == "WebSearch")
+        || (!allow.is_empty() && !allow.iter().any(|r| r == "WebSearch"));
+    no_search.then(|| "allowed_web_search_modes = [\"disabled\"]\n".to_string())
 }
 
 fn read_json(path: &Path) -> Option<Value> {
@@ -103,6 +220,10 @@ fn read_json(path: &Path) -> Option<Value> {
 /// Mount `settings` as `dir/file` inside, from a store entry named by its content.
 fn add(plan: &mut Plan, dir: &str, file: &str, name: &str, settings: &Value, why: &str) {
     let content = serde_json::to_string_pretty(settings).unwrap_or_default() + "\n";
+    add_text(plan, dir, file, name, content, why);
+}
+
+fn add_text(plan: &mut Plan, dir: &str, file: &str, name: &str, content: String, why: &str) {
     let hash = format!("{:x}", Sha256::digest(content.as_bytes()));
     plan.mounts.push(Mount {
         target: PathBuf::from(dir),
@@ -128,7 +249,50 @@ pub fn gemini_settings(plan: &Plan, host_policy: Option<Value>) -> Value {
     if plan.network.mode == NetMode::None {
         exclude.extend(["web_fetch", "google_web_search"]);
     }
-    merge_settings(host_policy, &json!({ "tools": { "exclude": exclude } }))
+    let mut exclude: Vec<String> = exclude.into_iter().map(String::from).collect();
+    // The tool policy: Gemini's own syntax for a command prefix is `run_shell_command(git push)`;
+    // a path specifier has no Gemini form (the hook decides those).
+    let gemini_rule = |r: String| match crate::tools::parse(&r) {
+        Ok((name, Some(spec))) if name == "run_shell_command" => spec
+            .strip_suffix(":*")
+            .map(|p| format!("{name}({p})")),
+        Ok((_, Some(_))) | Err(_) => None,
+        Ok((_, None)) => Some(r),
+    };
+    for r in Policy::for_agent(&plan.tools.deny, "gemini")
+        .into_iter()
+        .filter_map(gemini_rule)
+    {
+        if !exclude.contains(&r) {
+            exclude.push(r);
+        }
+    }
+    let mut tools = json!({ "exclude": exclude });
+    if !plan.tools.allow.is_empty() {
+        let core: Vec<String> = Policy::for_agent(&plan.tools.allow, "gemini")
+            .into_iter()
+            .filter_map(gemini_rule)
+            .collect();
+        tools["core"] = json!(core);
+    }
+    let mut ours = json!({ "tools": tools });
+    if !plan.tools.is_empty() {
+        ours["hooks"] = json!({ "BeforeTool": [hook("gemini")] });
+    }
+    merge_settings(host_policy, &ours)
+}
+
+/// aisb's pre-tool hook for `agent`, in the form Claude Code and Gemini CLI share (Claude
+/// Code counts the timeout in seconds, Gemini CLI in milliseconds).
+fn hook(agent: &str) -> Value {
+    json!({
+        "matcher": "*",
+        "hooks": [{
+            "type": "command",
+            "command": format!("{} agent-event {agent}", crate::vocab::INIT_PATH),
+            "timeout": if agent == "gemini" { 5000 } else { 5 }
+        }]
+    })
 }
 
 /// Claude Code settings that say what `plan` enforces, on top of `host_policy`.
@@ -154,6 +318,29 @@ pub fn claude_settings(plan: &Plan, host_policy: Option<Value>) -> Value {
     } else {
         deny.extend(["Edit(**)".into(), "Write(**)".into(), "NotebookEdit".into()]);
     }
+    // The tool policy, as Claude Code names it: its allow rules pre-approve, and a tool it
+    // refuses is not pre-approved by the sandbox's own rules above. Its denials are the
+    // managed PreToolUse hook's to enforce, not `permissions.deny`: Claude Code checks its own
+    // rules before any hook runs (a bare name even takes the tool from the model), so the
+    // attempt would be refused without a trace in the audit log.
+    let refused = |t: &str| {
+        plan.tools
+            .decide(&crate::tools::Call {
+                agent: "claude",
+                tool: t,
+                input: &Value::Null,
+                cwd: Path::new("/"),
+                home: Path::new("/"),
+            })
+            .is_some()
+    };
+    allow.retain(|a| !refused(a));
+    for r in Policy::for_agent(&plan.tools.allow, "claude") {
+        if !allow.contains(&r) {
+            allow.push(r);
+        }
+    }
+
     let domains: Vec<String> = match plan.network.mode {
         NetMode::Allow => plan
             .network
@@ -169,15 +356,10 @@ pub fn claude_settings(plan: &Plan, host_policy: Option<Value>) -> Value {
         }
         NetMode::Host => vec![],
     };
-    allow.extend(domains.iter().map(|d| format!("WebFetch(domain:{d})")));
-    let hook = json!({
-        "matcher": "*",
-        "hooks": [{
-            "type": "command",
-            "command": format!("{} agent-event claude", crate::vocab::INIT_PATH),
-            "timeout": 5
-        }]
-    });
+    if !refused("WebFetch") {
+        allow.extend(domains.iter().map(|d| format!("WebFetch(domain:{d})")));
+    }
+    let hook = hook("claude");
 
     let ours = json!({
         "permissions": { "allow": allow, "deny": deny },

@@ -5,9 +5,9 @@
 //!   each of `limits`' `pids`, `memory`, `cpus`):
 //!   the child's value replaces the parent's;
 //! - lists (`mount`, `tmpfs`, `block`, `allow`, `tool-dirs`, env `allow`/`deny`/`pass`/`set`,
-//!   network `allow`/`deny`/`group`/`localhost-port`, `rlimit`): the child's entries are
-//!   appended; for mounts, env `set` and rlimits a later entry for the same target/name wins;
-//! - `block` can never be removed, and the masking layers (`secrets defaults`, `gitignored`,
+//!   network `allow`/`deny`/`group`/`localhost-port`, `rlimit`, `tools` `allow`/`deny`): the
+//!   child's entries are appended; for mounts, env `set` and rlimits a later entry for the same target/name wins;
+//! - `block` and `tools deny` can never be removed, and the masking layers (`secrets defaults`, `gitignored`,
 //!   `git-crypt`) can only be turned off in the top-level settings, never by a profile.
 
 use crate::config::model::Settings;
@@ -108,4 +108,8 @@ pub fn merge(
     scalar(&mut base.limits.pids, &over.limits.pids);
     scalar(&mut base.limits.memory, &over.limits.memory);
     scalar(&mut base.limits.cpus, &over.limits.cpus);
+
+    // Tool rules append: a child profile adds denials and allowances, never removes a denial.
+    base.tools.allow.extend(over.tools.allow.iter().cloned());
+    base.tools.deny.extend(over.tools.deny.iter().cloned());
 }

@@ -293,6 +293,7 @@ fn resolve(
     } = masks::resolve(cx, &sc, home_mode)?;
     let rootfs = rootfs::resolve(cx, &sc);
     let build_network = network::build(cx, s, groups);
+    let tools = tool_policy(cx, &s.tools);
     if !cx.errors.is_empty() {
         return Err(ConfigErrors::new(std::mem::take(&mut cx.errors.list)).into());
     }
@@ -371,9 +372,42 @@ fn resolve(
         network,
         process,
         limits: process::limits(cx, &s.limits),
+        tools,
         tasks,
         profiles: profile_list,
     })
+}
+
+/// The merged `tools` rules, each with its `file:line` (the reason a refusal gives).
+fn tool_policy(cx: &mut Ctx<'_>, t: &crate::config::model::ToolsCfg) -> crate::tools::Policy {
+    let mut rules = |list: &[crate::config::Spanned<String>]| {
+        let mut out: Vec<crate::tools::Rule> = Vec::new();
+        for r in list {
+            if out.iter().any(|o| o.rule == r.value) {
+                continue; // the first place it was said is the one cited
+            }
+            if out.len() == crate::tools::MAX_RULES {
+                cx.err(
+                    r.loc,
+                    format!("more than {} tool rules in one list", crate::tools::MAX_RULES),
+                    "one too many",
+                    Some("deny a tool by its bare name (`Bash`) rather than listing its commands".into()),
+                );
+                break;
+            }
+            let (file, line) = loc_line(cx, r.loc);
+            out.push(crate::tools::Rule {
+                rule: r.value.clone(),
+                at: format!("{file}:{line}"),
+            });
+        }
+        out
+    };
+    crate::tools::Policy {
+        allow: rules(&t.allow),
+        deny: rules(&t.deny),
+        agents: vec![],
+    }
 }
 
 fn loc_line(cx: &Ctx<'_>, loc: Loc) -> (String, usize) {

@@ -45,6 +45,8 @@ pub struct Plan {
     pub network: Network,
     pub process: Process,
     pub limits: Limits,
+    /// The agent tools the workload may call (`tools`), each rule with where it was written.
+    pub tools: crate::tools::Policy,
     pub tasks: Vec<Task>,
     pub profiles: Vec<String>,
 }

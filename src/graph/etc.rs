@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 
 /// Directories every snapshot has (mount points for files aisb writes, see `agents`).
 /// Part of the snapshot's key: changing the list names new snapshots.
-pub const ALWAYS_DIRS: &[&str] = &["claude-code", "gemini-cli"];
+pub const ALWAYS_DIRS: &[&str] = &["claude-code", "gemini-cli", "aisb", "opencode", "codex"];
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Kind {
@@ -118,6 +118,9 @@ struct Index {
     /// missing or unreadable then).
     checked: Vec<(PathBuf, Option<Entry>)>,
     key: String,
+    /// [`ALWAYS_DIRS`] when the key was made (it is part of the key).
+    #[serde(default)]
+    always: Vec<String>,
 }
 
 /// Stamps this close to now may still change within the same timestamp tick: an index
@@ -138,7 +141,7 @@ pub fn plan(source: &Path, names: &[&str], store: &Path) -> Snapshot {
     let remembered = fs::read(&index_path)
         .ok()
         .and_then(|b| serde_json::from_slice::<Index>(&b).ok())
-        .filter(|i| i.source == source && i.names == names)
+        .filter(|i| i.source == source && i.names == names && i.always == ALWAYS_DIRS)
         .filter(|i| {
             i.checked
                 .iter()
@@ -184,6 +187,7 @@ fn remember(source: &Path, names: &[String], stamps: &[Entry], key: &str, path: 
         names: names.to_vec(),
         checked: top.chain(below).collect(),
         key: key.to_string(),
+        always: ALWAYS_DIRS.iter().map(|d| d.to_string()).collect(),
     };
     let Ok(bytes) = serde_json::to_vec(&index) else {
         return;

@@ -155,22 +155,34 @@ pub fn report_direct(addr: std::net::SocketAddr) {
     }
 }
 
-/// `init agent-event AGENT`: an agent's pre-tool hook. Forwards the hook's JSON (stdin) to the
-/// proxy, which writes it to the audit log; always exits 0 and prints nothing, so it never
-/// changes what the agent does. Without a proxy (network "none") there is nowhere to log.
+
+/// `init agent-event AGENT`: an agent's pre-tool hook. Decides the call from the sandbox's
+/// tool policy ([`crate::tools`], mounted read-only at `/etc/aisb/tools.json`) and forwards
+/// the call and the decision to the proxy, which writes them to the audit log. A refused call
+/// exits 2 with the reason on stderr (Claude Code and Gemini CLI both read that as "block this
+/// call, tell the model why"), whatever the agent's own permission mode; an allowed one exits
+/// 0 printing nothing, so the agent goes on as it would have. Without a proxy (network
+/// "none") there is nowhere to log, and the decision still holds.
 pub fn agent_event_main(agent: &str) -> i32 {
     // Read it all (the agent must not see a broken pipe), at most 64 MiB; forward the tool and
     // its one-line summary only, so a large Write keeps its name.
     let mut raw = Vec::new();
     let _ = std::io::stdin().take(64 << 20).read_to_end(&mut raw);
+    // A hook that fails is not a refusal to the agent (only exit 2 is): a panic in deciding
+    // refuses the call rather than letting it through.
+    let refusal = std::panic::catch_unwind(|| decide(agent, &raw))
+        .unwrap_or_else(|_| Some(broken("the hook failed deciding".into())));
     let (tool, summary) = crate::vocab::summarise_tool_call(&raw);
-    let mut input = serde_json::json!({"tool_name": tool, "tool_input": {"summary": summary}})
-        .to_string()
-        .into_bytes();
+    let mut event = serde_json::json!({"tool_name": tool, "tool_input": {"summary": summary}});
+    if let Some(r) = &refusal {
+        event["blocked"] = serde_json::json!({"rule": r.rule, "at": r.at});
+    }
+    let mut input = event.to_string().into_bytes();
     input.truncate(AGENT_EVENT_MAX);
     if let Ok(mut s) = UnixStream::connect(PROXY_SOCKET) {
-        let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(2)));
-        let _ = s.set_write_timeout(Some(std::time::Duration::from_secs(2)));
+        // Well inside the agents' 5 s hook timeout (a timed-out hook lets the call through).
+        let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(1)));
+        let _ = s.set_write_timeout(Some(std::time::Duration::from_secs(1)));
         let head = format!(
             "{AGENT_METHOD} {agent} HTTP/1.1\r\nContent-Length: {}\r\n\r\n",
             input.len()
@@ -180,5 +192,57 @@ pub fn agent_event_main(agent: &str) -> i32 {
             let _ = s.read(&mut answer);
         }
     }
-    0
+    match refusal {
+        Some(r) => {
+            eprintln!("{}", r.reason());
+            2
+        }
+        None => 0,
+    }
+}
+
+/// The policy's decision on the hook's input `raw`. No policy file: nothing to refuse. A
+/// policy file that cannot be read, or a call that cannot be parsed, is refused (fail closed:
+/// the file is aisb's own, so either means something is wrong).
+fn decide(agent: &str, raw: &[u8]) -> Option<crate::tools::Refusal> {
+    let path = std::path::Path::new(crate::tools::POLICY_DIR).join(crate::tools::POLICY_FILE);
+    let policy: crate::tools::Policy = match std::fs::read(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => return Some(broken(format!("cannot read {}: {e}", path.display()))),
+        Ok(bytes) => match serde_json::from_slice(&bytes) {
+            Ok(p) => p,
+            Err(e) => return Some(broken(format!("{} is not a policy: {e}", path.display()))),
+        },
+    };
+    if policy.is_empty() {
+        return None;
+    }
+    let Ok(call) = serde_json::from_slice::<serde_json::Value>(raw) else {
+        return Some(broken("the hook's input is not JSON".into()));
+    };
+    let Some(tool) = call.get("tool_name").and_then(serde_json::Value::as_str) else {
+        return Some(broken("the hook's input names no tool".into()));
+    };
+    let cwd = call
+        .get("cwd")
+        .and_then(serde_json::Value::as_str)
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::current_dir().ok())
+        .unwrap_or_else(|| "/".into());
+    let home = std::env::var_os("HOME").map_or_else(|| "/".into(), std::path::PathBuf::from);
+    let input = call.get("tool_input").cloned().unwrap_or_default();
+    policy.decide(&crate::tools::Call {
+        agent,
+        tool,
+        input: &input,
+        cwd: &cwd,
+        home: &home,
+    })
+}
+
+fn broken(why: String) -> crate::tools::Refusal {
+    crate::tools::Refusal {
+        rule: "policy unreadable".into(),
+        at: why,
+    }
 }

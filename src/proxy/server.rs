@@ -243,10 +243,16 @@ impl Proxy {
                 client.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await?;
                 if let Some(log) = self.audit.as_ref().filter(|l| self.may_report(l)) {
                     let (tool, input) = crate::vocab::summarise_tool_call(&body);
-                    let _ = log.write(Kind::Agent {
-                        agent: crate::vocab::clean_label(&target),
-                        tool,
-                        input,
+                    let agent = crate::vocab::clean_label(&target);
+                    let _ = log.write(match crate::vocab::blocked_by(&body) {
+                        Some((rule, at)) => Kind::AgentBlock {
+                            agent,
+                            tool,
+                            input,
+                            rule,
+                            at,
+                        },
+                        None => Kind::Agent { agent, tool, input },
                     });
                 }
                 return Ok(None);

@@ -6,9 +6,12 @@ usage: mock_llm.py PORT_FILE LOG_FILE [SCRIPT_JSON]
 
 Binds 127.0.0.1 on a free port and writes it to PORT_FILE. Every request is appended to
 LOG_FILE as one JSON line (method, path, Host header, and for Anthropic the tool results the
-client sent back). SCRIPT_JSON is a list of shell commands: while an Anthropic request that
-offers tools has fewer tool results than the script has commands, the answer is a Bash
-tool_use running the next one; then a final text "MOCK-DONE". Exits after 300 s at most.
+client sent back). SCRIPT_JSON is a list of steps, each a shell command (a Bash call) or
+{"tool": NAME, "input": {...}} (any tool, offered or not: a model that insists): while an
+Anthropic request that offers tools has fewer tool results than the script has steps, the
+answer is a tool_use for the next one (for Gemini, a functionCall while it has fewer function
+responses than steps, tool steps only); then a final text "MOCK-DONE". Exits after 300 s at
+most.
 """
 import json
 import sys
@@ -49,16 +52,16 @@ def anthropic(body):
     results = tool_results(body.get("messages", []))
     tools = [t.get("name") for t in body.get("tools", []) if isinstance(t, dict)]
     step = len(results)
-    if "Bash" in tools and step < len(SCRIPT):
-        block = {"type": "tool_use", "id": f"toolu_{step}", "name": "Bash", "input": {}}
-        delta = {
-            "type": "input_json_delta",
-            "partial_json": json.dumps(
-                {"command": SCRIPT[step], "description": "scripted step"}
-            ),
-        }
+    if tools and step < len(SCRIPT):
+        entry = SCRIPT[step]
+        if isinstance(entry, str):
+            name, args = "Bash", {"command": entry, "description": "scripted step"}
+        else:
+            name, args = entry["tool"], entry["input"]
+        block = {"type": "tool_use", "id": f"toolu_{step}", "name": name, "input": {}}
+        delta = {"type": "input_json_delta", "partial_json": json.dumps(args)}
         stop = "tool_use"
-        full = dict(block, input={"command": SCRIPT[step], "description": "scripted step"})
+        full = dict(block, input=args)
     else:
         block = {"type": "text", "text": ""}
         delta = {"type": "text_delta", "text": "MOCK-DONE"}
@@ -131,9 +134,23 @@ def openai_responses():
     return "text/event-stream", sse(events)
 
 
-def gemini():
-    return "application/json", json.dumps({
-        "candidates": [{"content": {"role": "model", "parts": [{"text": "MOCK-DONE"}]},
+def gemini_results(body):
+    out = []
+    for c in body.get("contents", []):
+        for part in c.get("parts", []) if isinstance(c, dict) else []:
+            if isinstance(part, dict) and "functionResponse" in part:
+                out.append(json.dumps(part["functionResponse"].get("response")))
+    return out
+
+
+def gemini(body, offered):
+    results = gemini_results(body)
+    step = len(results)
+    part = {"text": "MOCK-DONE"}
+    if offered and step < len(SCRIPT) and isinstance(SCRIPT[step], dict):
+        part = {"functionCall": {"name": SCRIPT[step]["tool"], "args": SCRIPT[step]["input"]}}
+    return results, "application/json", json.dumps({
+        "candidates": [{"content": {"role": "model", "parts": [part]},
                         "finishReason": "STOP", "index": 0}],
         "usageMetadata": {"promptTokenCount": 1, "candidatesTokenCount": 1,
                           "totalTokenCount": 2},
@@ -177,18 +194,21 @@ class Handler(BaseHTTPRequestHandler):
         if path.endswith("/messages"):
             ctype, data, results = anthropic(body)
             entry["tools"] = len(body.get("tools", []))
+            entry["tool_names"] = [
+                t.get("name") for t in body.get("tools", []) if isinstance(t, dict)
+            ]
             entry["tool_results"] = results
         elif path.endswith("/chat/completions"):
             ctype, data = openai_chat(body)
         elif path.endswith("/responses"):
             ctype, data = openai_responses()
         elif ":generateContent" in path or ":streamGenerateContent" in path:
-            ctype, data = gemini()
             entry["tools"] = [
                 f.get("name")
                 for t in body.get("tools", []) if isinstance(t, dict)
                 for f in t.get("functionDeclarations", []) if isinstance(f, dict)
             ]
+            entry["gemini_results"], ctype, data = gemini(body, entry["tools"])
             if ":streamGenerateContent" in path:
                 ctype, data = "text/event-stream", b"data: " + data + b"\r\n\r\n"
         else:

@@ -151,6 +151,7 @@ impl Decoder<'_> {
             "network" => self.network(node, &mut s.network),
             "process" => self.process(node, &mut s.process),
             "limits" => self.limits(node, &mut s.limits),
+            "tools" => self.tools(node, &mut s.tools),
             "rootfs" => {
                 self.only_props(node, ROOTFS_PROPS);
                 let mut network_at = None;
@@ -519,6 +520,33 @@ impl Decoder<'_> {
                     }
                 }
                 _ => {}
+            }
+        }
+    }
+
+    /// `tools { allow …; deny … }` (issue 23): tool rules, checked by `crate::tools::parse`.
+    fn tools(&mut self, node: &KdlNode, tools: &mut ToolsCfg) {
+        self.only_props(node, &[]);
+        self.args(node, 0, 0, "");
+        for child in self.children(node, TOOLS_CHILDREN) {
+            self.only_props(child, &[]);
+            self.no_children(child);
+            for e in self.args(child, 1, usize::MAX, "tool names or rules") {
+                let Some(rule) = self.string(e) else { continue };
+                if let Err(why) = crate::tools::parse(&rule.value) {
+                    self.err(
+                        e.span(),
+                        format!("`{}` is not a tool rule: {why}", rule.value.escape_debug()),
+                        "bad tool rule",
+                        Some("write a tool name (`Read`, `Write`, `Edit`, `Bash`, `WebFetch`, … or an agent's own), optionally with a specifier: `Bash(git push:*)`, `Read(//etc/**)`, `WebFetch(domain:example.com)`".into()),
+                    );
+                    continue;
+                }
+                if child.name().value() == "allow" {
+                    tools.allow.push(rule);
+                } else {
+                    tools.deny.push(rule);
+                }
             }
         }
     }
