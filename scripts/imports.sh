@@ -3,8 +3,8 @@
 # `crate::NAME` path (`use crate::{a, b::c}` groups included) outside comments, in every file
 # below src/NAME (or src/NAME.rs). Prints one `from -> to` line per arrow, then checks:
 #   - no forbidden arrow (the stages only look back; see docs/ARCHITECTURE.md):
-#       vocab   -> anything
-#       config  -> anything but vocab
+#       vocab   -> anything;  tools -> anything
+#       config  -> anything but vocab and tools
 #       eval    -> graph, spec, runtime, session, image, cli
 #       spec    -> runtime, image, session, cli
 #       runtime -> image, session, cli
@@ -78,8 +78,9 @@ for line in $(echo "$arrows" | tr ' ' ':'); do
 	why=""
 	case "$a:$b" in
 	vocab:*) why="vocab imports nothing of aisb" ;;
-	config:vocab) ;;
-	config:*) why="config imports nothing of aisb but vocab" ;;
+	tools:*) why="tools (the tool-rule language) imports nothing of aisb" ;;
+	config:vocab | config:tools) ;;
+	config:*) why="config imports nothing of aisb but vocab and tools" ;;
 	eval:graph | eval:spec | eval:runtime | eval:session | eval:image | eval:cli) why="eval is pure: it describes, later stages realise and run" ;;
 	spec:runtime | spec:image | spec:session | spec:cli) why="spec is a function of the realised plan" ;;
 	runtime:image | runtime:session | runtime:cli) why="runtime only runs a spec" ;;

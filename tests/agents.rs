@@ -532,7 +532,11 @@ fn claude_denied_tools_are_refused_and_logged_even_with_permissions_bypassed() {
     ]);
     // Each backend once: the hook is the same binary either way.
     for (bypass, backend) in [(false, "libcontainer"), (true, "bwrap")] {
-        let tag = if bypass { "[bypassed, bwrap]" } else { "[managed, libcontainer]" };
+        let tag = if bypass {
+            "[bypassed, bwrap]"
+        } else {
+            "[managed, libcontainer]"
+        };
         let mock = Mock::start_raw(t.path(), &serde_json::to_string(&script).unwrap());
         let mut args = vec![
             "--trust",
@@ -575,7 +579,11 @@ fn claude_denied_tools_are_refused_and_logged_even_with_permissions_bypassed() {
         }
         assert_eq!(results[3]["is_error"], false, "{tag} Bash: {results:#?}");
         assert!(text(3).contains("hello"), "{tag} Bash: {}", text(3));
-        assert_eq!(std::fs::read_to_string(&readme).unwrap(), "hello\n", "{tag}");
+        assert_eq!(
+            std::fs::read_to_string(&readme).unwrap(),
+            "hello\n",
+            "{tag}"
+        );
     }
     let events = audit(t.path(), &home, &proj);
     let blocks = |tool: &str| {
@@ -594,7 +602,10 @@ fn claude_denied_tools_are_refused_and_logged_even_with_permissions_bypassed() {
     assert_eq!(blocks("Write"), 2, "{events:#?}");
     assert_eq!(blocks("Edit"), 2, "{events:#?}");
     assert_eq!(
-        events.iter().filter(|e| e["event"] == "agent-block").count(),
+        events
+            .iter()
+            .filter(|e| e["event"] == "agent-block")
+            .count(),
         4,
         "only the refused calls are blocks: {events:#?}"
     );
@@ -649,7 +660,14 @@ fn gemini_denied_tools_are_not_offered_and_forced_calls_are_refused() {
     let out = Out::from(
         aisb(t.path(), &home, &proj)
             .args(["--trust", "run", "--backend", "bwrap", "--", "gemini"])
-            .args(["--skip-trust", "--yolo", "-m", "gemini-2.5-flash", "-p", "do the task"])
+            .args([
+                "--skip-trust",
+                "--yolo",
+                "-m",
+                "gemini-2.5-flash",
+                "-p",
+                "do the task",
+            ])
             .env("GEMINI_API_KEY", "test")
             .env(
                 "GOOGLE_GEMINI_BASE_URL",
@@ -681,14 +699,22 @@ fn gemini_denied_tools_are_not_offered_and_forced_calls_are_refused() {
         .filter_map(|v| v.as_str().map(str::to_string))
         .collect();
     assert_eq!(results.len(), 3, "{results:#?}");
-    assert!(results[0].contains("not found"), "forced write_file: {}", results[0]);
+    assert!(
+        results[0].contains("not found"),
+        "forced write_file: {}",
+        results[0]
+    );
     assert!(
         results[1].contains("deny \\\"Read(private.txt)\\\", sandbox.kdl:4"),
         "read_file private.txt: {}",
         results[1]
     );
     assert!(!results[1].contains("PRIVATE NOTES"), "{}", results[1]);
-    assert!(results[2].contains("hello"), "read_file README: {}", results[2]);
+    assert!(
+        results[2].contains("hello"),
+        "read_file README: {}",
+        results[2]
+    );
     assert_eq!(std::fs::read_to_string(&readme).unwrap(), "hello\n");
     let events = audit(t.path(), &home, &proj);
     let blocks: Vec<_> = events
@@ -753,7 +779,9 @@ fn claude_investigate_without_bash_refuses_bash_and_still_reads() {
     assert_eq!(bash_blocks, 2, "{events:#?}");
     // Refused before it ran: the proxy never saw the curl.
     assert!(
-        !events.iter().any(|e| e["event"] == "net" && e["host"] == "blocked.test"),
+        !events
+            .iter()
+            .any(|e| e["event"] == "net" && e["host"] == "blocked.test"),
         "{events:#?}"
     );
     assert!(
@@ -872,12 +900,16 @@ fn aisb_test_reports_the_tool_policy_per_agent_preset() {
             .collect();
         assert_eq!(failed.len(), 4, "[{backend}] {}", broken.stdout);
         assert!(
-            failed.iter().all(|l| l.contains("(tools deny") && l.ends_with("SUCCEEDED")),
+            failed
+                .iter()
+                .all(|l| l.contains("(tools deny") && l.ends_with("SUCCEEDED")),
             "[{backend}] {}",
             broken.stdout
         );
         assert!(
-            broken.stdout.contains("tool policy (`tools`), per agent preset:"),
+            broken
+                .stdout
+                .contains("tool policy (`tools`), per agent preset:"),
             "{}",
             broken.stdout
         );
@@ -897,7 +929,10 @@ fn the_hook_holds_for_root_and_an_ordinary_user_on_both_backends() {
         .iter()
         .flat_map(|b| [(*b, None), (*b, Some(user))])
     {
-        let tag = format!("[{backend} {}]", if as_user.is_some() { "user" } else { "root" });
+        let tag = format!(
+            "[{backend} {}]",
+            if as_user.is_some() { "user" } else { "root" }
+        );
         let t = tempfile::tempdir().unwrap();
         let config = "import \"preset:claude\"\ntools {\n    deny \"Write\"\n}\n";
         let (home, proj) = project(t.path(), config);
@@ -928,9 +963,18 @@ fn the_hook_holds_for_root_and_an_ordinary_user_on_both_backends() {
              printf '%s' '{call}' | /run/aisb/init agent-event claude 2>/dev/null; echo again=$?"
         );
         let out = Out::from(
-            cmd.args(["--trust", "run", "--backend", backend, "--", "/bin/sh", "-c", &script])
-                .output()
-                .unwrap(),
+            cmd.args([
+                "--trust",
+                "run",
+                "--backend",
+                backend,
+                "--",
+                "/bin/sh",
+                "-c",
+                &script,
+            ])
+            .output()
+            .unwrap(),
         );
         assert_eq!(out.code, 0, "{tag} {}\n{}", out.stdout, out.stderr);
         out.expect("hook", "2");
@@ -967,7 +1011,9 @@ fn the_hook_holds_for_root_and_an_ordinary_user_on_both_backends() {
         assert_eq!(
             o.stdout
                 .lines()
-                .filter(|l| l.ends_with("AGENT-BLOCK claude Write: README (rule deny \"Write\", sandbox.kdl:3)"))
+                .filter(|l| l.ends_with(
+                    "AGENT-BLOCK claude Write: README (rule deny \"Write\", sandbox.kdl:3)"
+                ))
                 .count(),
             2,
             "{tag} {}",

@@ -265,7 +265,7 @@ fn ci_mode_refuses_an_untrusted_loosening_with_the_list() {
     let c = Checkout::new(BLOCKING);
     let o = c.aisb(&["run", "fetch"]);
     let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(o.status.code(), Some(125), "{err}");
     assert!(err.contains("loosens the sandbox"), "{err}");
     assert!(err.contains("good.test"), "{err}");
     assert!(!err.contains("fetched"), "{err}");
@@ -339,7 +339,7 @@ fn ci_mode_runs_an_image_only_as_sandbox_lock_pins_it() {
     std::fs::write(c.proj().join("Dockerfile"), "FROM scratch\n").unwrap();
     let o = c.aisb(&["run", "--", "true"]);
     let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(o.status.code(), Some(125), "{err}");
     assert!(err.contains("--locked"), "{err}");
     assert!(err.contains("has no entry for image"), "{err}");
     assert!(err.contains("run `aisb build`"), "{err}");

@@ -955,7 +955,10 @@ fn tool_policy_is_mirrored_into_each_agents_layer() {
     for a in ["\"Read\"", "\"Bash\""] {
         assert!(allow.iter().any(|v| v.to_string() == a), "{allow:?}");
     }
-    assert!(!allow.iter().any(|v| v == "Edit"), "not in the allow list: {allow:?}");
+    assert!(
+        !allow.iter().any(|v| v == "Edit"),
+        "not in the allow list: {allow:?}"
+    );
     // Denials are the hook's (Claude Code's own deny would refuse before it, unlogged).
     let deny = claude["permissions"]["deny"].as_array().unwrap();
     assert!(!deny.iter().any(|v| v == "Write"), "{deny:?}");
@@ -970,7 +973,12 @@ fn tool_policy_is_mirrored_into_each_agents_layer() {
     );
     assert_eq!(
         gemini["tools"]["core"],
-        serde_json::json!(["read_file", "read_many_files", "run_shell_command", "write_file"])
+        serde_json::json!([
+            "read_file",
+            "read_many_files",
+            "run_shell_command",
+            "write_file"
+        ])
     );
     assert_eq!(
         gemini["hooks"]["BeforeTool"][0]["hooks"][0],
@@ -989,7 +997,10 @@ fn tool_policy_is_mirrored_into_each_agents_layer() {
             "list": "deny",
         })
     );
-    assert_eq!(file("/etc/codex"), "allowed_web_search_modes = [\"disabled\"]\n");
+    assert_eq!(
+        file("/etc/codex"),
+        "allowed_web_search_modes = [\"disabled\"]\n"
+    );
     let policy: aisb::tools::Policy = serde_json::from_str(&file("/etc/aisb")).unwrap();
     assert_eq!(policy.deny.len(), 3);
     assert_eq!(policy.deny[2].at, "sandbox.kdl:7");

@@ -139,12 +139,22 @@ fn exported_seccomp_profile_refuses_what_the_init_refuses_under_runc() {
         .filter(|(_, r)| r == "0" || r.starts_with("0 "))
         .map(|(n, _)| n.as_str())
         .collect();
-    for must in ["io-uring", "personality", "userns", "vsock", "keyctl", "netlink-audit"] {
+    for must in [
+        "io-uring",
+        "personality",
+        "userns",
+        "vsock",
+        "keyctl",
+        "netlink-audit",
+    ] {
         assert!(
             succeeded.contains(&must),
             "`{must}` should succeed with no filter at all: {without:?}"
         );
     }
     let query = init.iter().find(|(n, _)| n == "personality-query").unwrap();
-    assert!(query.1.starts_with("0 "), "the persona query stays allowed: {query:?}");
+    assert!(
+        query.1.starts_with("0 "),
+        "the persona query stays allowed: {query:?}"
+    );
 }

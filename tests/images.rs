@@ -1297,11 +1297,18 @@ fn a_pushed_image_comes_back_by_digest_with_its_files_and_deletions() {
     );
     p.write("f", "copied\n");
     let target = format!("127.0.0.1:{}/aisb/dev:v1", reg.port);
-    let o = p.aisb().args(["build", "--json", "--push", &target]).output().unwrap();
+    let o = p
+        .aisb()
+        .args(["build", "--json", "--push", &target])
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let digest = v["pushed"]["digest"].as_str().expect("a pushed digest").to_string();
+    let digest = v["pushed"]["digest"]
+        .as_str()
+        .expect("a pushed digest")
+        .to_string();
     assert!(err.contains(&format!("pushed {target}@{digest}")), "{err}");
     // The registry serves that manifest (skopeo: another client's reading of it).
     let inspect = Command::new("skopeo")
@@ -1309,7 +1316,11 @@ fn a_pushed_image_comes_back_by_digest_with_its_files_and_deletions() {
         .arg(format!("docker://{target}"))
         .output()
         .unwrap();
-    assert!(inspect.status.success(), "{}", String::from_utf8_lossy(&inspect.stderr));
+    assert!(
+        inspect.status.success(),
+        "{}",
+        String::from_utf8_lossy(&inspect.stderr)
+    );
     let raw_digest = format!("sha256:{}", {
         use sha2::Digest;
         hex::encode(sha2::Sha256::digest(&inspect.stdout))
@@ -1326,12 +1337,22 @@ fn a_pushed_image_comes_back_by_digest_with_its_files_and_deletions() {
     // The lock records it.
     let lock: serde_json::Value =
         serde_json::from_slice(&std::fs::read(p.proj().join("sandbox.lock")).unwrap()).unwrap();
-    assert_eq!(lock["images"]["dev"]["pushed"][&target], serde_json::json!(digest));
+    assert_eq!(
+        lock["images"]["dev"]["pushed"][&target],
+        serde_json::json!(digest)
+    );
     // Pushed again: the same bytes, nothing but the manifest sent.
-    let o = p.aisb().args(["build", "--push", &target]).output().unwrap();
+    let o = p
+        .aisb()
+        .args(["build", "--push", &target])
+        .output()
+        .unwrap();
     let err2 = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err2}");
-    assert!(err2.contains(&format!("pushed {target}@{digest}")), "{err2}");
+    assert!(
+        err2.contains(&format!("pushed {target}@{digest}")),
+        "{err2}"
+    );
     assert!(err2.contains(" 0 KiB sent"), "{err2}");
     // aisb runs it by digest, from the registry, in a new project.
     let q = Proj::new();
@@ -1351,7 +1372,11 @@ fn a_pushed_image_comes_back_by_digest_with_its_files_and_deletions() {
     // A digest is not a push target.
     let o = p
         .aisb()
-        .args(["build", "--push", &format!("127.0.0.1:{}/aisb/dev@{digest}", reg.port)])
+        .args([
+            "build",
+            "--push",
+            &format!("127.0.0.1:{}/aisb/dev@{digest}", reg.port),
+        ])
         .output()
         .unwrap();
     assert!(!o.status.success());

@@ -11,7 +11,8 @@ use std::process::{Command, Output};
 
 use support::Fixture;
 
-const DIGEST: &str = "registry.example/app@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+const DIGEST: &str =
+    "registry.example/app@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 const COMMIT: &str = "4b825dc642cb6eb9a060e54bf8d69288fbee4904";
 
 const KDL: &str = r#"
@@ -58,7 +59,14 @@ fn export(f: &Fixture, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_aisb"))
         .arg("-C")
         .arg(f.project())
-        .args(["export", "k8s", "--repo", "https://github.com/example/app.git", "--commit", COMMIT])
+        .args([
+            "export",
+            "k8s",
+            "--repo",
+            "https://github.com/example/app.git",
+            "--commit",
+            COMMIT,
+        ])
         .args(args)
         .env("HOME", f.home())
         .env("XDG_CACHE_HOME", f.root().join("cache"))
@@ -120,12 +128,35 @@ fn every_flavor_validates_against_the_kubernetes_and_crd_schemas() {
     }
     let f = fixture();
     for flavor in ["pod", "job", "agent-sandbox"] {
-        let text = yaml(&f, &["--flavor", flavor, "--image", DIGEST, "--runtime-class", "gvisor"]);
+        let text = yaml(
+            &f,
+            &[
+                "--flavor",
+                flavor,
+                "--image",
+                DIGEST,
+                "--runtime-class",
+                "gvisor",
+            ],
+        );
         validate(&f, &format!("{flavor}.yaml"), &text);
     }
-    let text = yaml(&f, &["--profile", "offline", "--image", DIGEST, "--seccomp-localhost", "profiles/aisb.json"]);
+    let text = yaml(
+        &f,
+        &[
+            "--profile",
+            "offline",
+            "--image",
+            DIGEST,
+            "--seccomp-localhost",
+            "profiles/aisb.json",
+        ],
+    );
     validate(&f, "offline.yaml", &text);
-    assert!(text.contains("localhostProfile: profiles/aisb.json"), "{text}");
+    assert!(
+        text.contains("localhostProfile: profiles/aisb.json"),
+        "{text}"
+    );
     // No network: no proxy at all, and the workload may reach nothing.
     assert!(!text.contains("kind: Deployment"), "{text}");
     assert!(text.contains("egress: []"), "{text}");
@@ -138,7 +169,8 @@ fn validators_reject_a_misspelt_field() {
         return;
     }
     let f = fixture();
-    let pod = yaml(&f, &["--image", DIGEST]).replace("readOnlyRootFilesystem", "readOnlyRootFilesytem");
+    let pod =
+        yaml(&f, &["--image", DIGEST]).replace("readOnlyRootFilesystem", "readOnlyRootFilesytem");
     let file = f.root().join("bad.yaml");
     std::fs::write(&file, pod).unwrap();
     let out = Command::new("kubernetes-validate")
@@ -177,7 +209,11 @@ fn secrets_are_references_never_values() {
     let f = fixture();
     for flavor in ["pod", "job", "agent-sandbox"] {
         let text = yaml(&f, &["--flavor", flavor, "--image", DIGEST]);
-        for value in ["hunter2-secret-value", "deploy-key-value-from-the-host", "ghp_host_token_value"] {
+        for value in [
+            "hunter2-secret-value",
+            "deploy-key-value-from-the-host",
+            "ghp_host_token_value",
+        ] {
             assert!(!text.contains(value), "{flavor}: {value} leaked:\n{text}");
         }
         for key in ["DATABASE_PASSWORD", "DEPLOY_KEY"] {
@@ -188,7 +224,10 @@ fn secrets_are_references_never_values() {
         }
         // A secret the configuration never passes is not referenced either.
         assert!(!text.contains("GITHUB_TOKEN"), "{flavor}:\n{text}");
-        assert!(text.contains("kubectl create secret generic aisb-"), "{text}");
+        assert!(
+            text.contains("kubectl create secret generic aisb-"),
+            "{text}"
+        );
     }
 }
 
@@ -214,20 +253,31 @@ fn the_workload_is_locked_down_and_masked_files_are_removed_before_it_starts() {
     // The workload reaches only the proxy; the proxy only the workload's pods reach.
     let policy = docs
         .iter()
-        .find(|d| d["kind"] == "NetworkPolicy" && d["metadata"]["name"].as_str().unwrap().ends_with("-workload"))
+        .find(|d| {
+            d["kind"] == "NetworkPolicy"
+                && d["metadata"]["name"]
+                    .as_str()
+                    .unwrap()
+                    .ends_with("-workload")
+        })
         .unwrap();
     assert_eq!(policy["spec"]["egress"].as_sequence().unwrap().len(), 1);
     assert_eq!(policy["spec"]["egress"][0]["ports"][0]["port"], v(3128));
     let proxy_env = c["env"].as_sequence().unwrap();
-    assert!(proxy_env.iter().any(|e| e["name"] == "HTTPS_PROXY"
-        && e["value"].as_str().unwrap().starts_with("http://aisb-")));
+    assert!(proxy_env
+        .iter()
+        .any(|e| e["name"] == "HTTPS_PROXY"
+            && e["value"].as_str().unwrap().starts_with("http://aisb-")));
     // The clone removes what the sandbox masks (.env, credentials) before the workload runs.
     let clone = spec["initContainers"][0]["command"][2].as_str().unwrap();
     assert!(clone.contains(COMMIT), "{clone}");
     assert!(clone.contains("'.env'"), "{clone}");
     assert!(clone.contains("'config/credentials.json'"), "{clone}");
     // The host path mount is not exported, and the YAML says so.
-    assert!(text.contains("/cache") && text.contains("not exported"), "{text}");
+    assert!(
+        text.contains("/cache") && text.contains("not exported"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -236,10 +286,16 @@ fn errors_name_the_cause_and_the_fix() {
     let out = export(&f, &["--image", "registry.example/app:latest"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("by digest") && err.contains("--image REF@sha256"), "{err}");
+    assert!(
+        err.contains("by digest") && err.contains("--image REF@sha256"),
+        "{err}"
+    );
     f.write("sandbox.kdl", "network \"none\"\n");
     let out = export(&f, &["--image", DIGEST]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("host's own system directories") && err.contains("aisb build --push"), "{err}");
+    assert!(
+        err.contains("host's own system directories") && err.contains("aisb build --push"),
+        "{err}"
+    );
 }

@@ -72,7 +72,10 @@ fn start(dir: &std::path::Path, extra: &[&str]) -> Server {
         .args(["proxy", "serve", "--listen", "127.0.0.1:0"])
         .args(extra)
         .current_dir(dir)
-        .env("AISB_PROXY_RESOLVE", "good.test=127.0.0.1,a.sub.test=127.0.0.1,bad.sub.test=127.0.0.1,rebind.test=127.0.0.1")
+        .env(
+            "AISB_PROXY_RESOLVE",
+            "good.test=127.0.0.1,a.sub.test=127.0.0.1,bad.sub.test=127.0.0.1,rebind.test=127.0.0.1",
+        )
         .env("XDG_CACHE_HOME", dir.join("cache"))
         .env("XDG_CONFIG_HOME", dir.join("config"))
         .stdin(Stdio::null())
@@ -103,7 +106,11 @@ fn start(dir: &std::path::Path, extra: &[&str]) -> Server {
             l.clear();
         }
     });
-    Server { child, port, stdout }
+    Server {
+        child,
+        port,
+        stdout,
+    }
 }
 
 fn curl(args: &[&str]) -> String {
@@ -144,16 +151,50 @@ fn the_run_proxys_cases_hold_on_tcp() {
     assert_eq!(curl(&["-x", &socks, &good]), "hello\n", "SOCKS5");
     assert_eq!(code(&["-x", &p, "http://evil.test/"]), "403");
     let head = curl(&["-x", &p, "-D", "-", "-o", "/dev/null", "http://evil.test/"]);
-    assert!(head.to_ascii_lowercase().contains("x-aisb-blocked: not in the allowlist"), "{head}");
-    assert_eq!(code(&["-x", &p, &format!("http://bad.sub.test:{o}/")]), "403", "deny first");
-    assert_eq!(code(&["-x", &p, &format!("http://127.0.0.1:{o}/")]), "403", "IP literal");
-    assert_eq!(code(&["-x", &p, &format!("http://rebind.test:{o}/")]), "403", "internal answer");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("x-aisb-blocked: not in the allowlist"),
+        "{head}"
+    );
     assert_eq!(
-        curl(&["-x", &p, "-H", "Host: evil.test", &format!("http://good.test:{o}/echo")]),
+        code(&["-x", &p, &format!("http://bad.sub.test:{o}/")]),
+        "403",
+        "deny first"
+    );
+    assert_eq!(
+        code(&["-x", &p, &format!("http://127.0.0.1:{o}/")]),
+        "403",
+        "IP literal"
+    );
+    assert_eq!(
+        code(&["-x", &p, &format!("http://rebind.test:{o}/")]),
+        "403",
+        "internal answer"
+    );
+    assert_eq!(
+        curl(&[
+            "-x",
+            &p,
+            "-H",
+            "Host: evil.test",
+            &format!("http://good.test:{o}/echo")
+        ]),
         format!("host=good.test:{o}\n"),
         "Host header smuggling"
     );
-    assert_ne!(curl(&["-x", &p, "-p", "http://127.0.0.1:22/", "-o", "/dev/null", "-w", "%{http_code}"]), "200");
+    assert_ne!(
+        curl(&[
+            "-x",
+            &p,
+            "-p",
+            "http://127.0.0.1:22/",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}"
+        ]),
+        "200"
+    );
     // Audit events are JSON lines on stdout.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -163,12 +204,17 @@ fn the_run_proxys_cases_hold_on_tcp() {
             .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
             .collect();
         let has = |action: &str, host: &str| {
-            lines.iter().any(|l| l["action"] == action && l["host"] == host)
+            lines
+                .iter()
+                .any(|l| l["action"] == action && l["host"] == host)
         };
         if has("allow", "good.test") && has("block", "evil.test") && has("block", "bad.sub.test") {
             break;
         }
-        assert!(Instant::now() < deadline, "audit on stdout lacks decisions:\n{out}");
+        assert!(
+            Instant::now() < deadline,
+            "audit on stdout lacks decisions:\n{out}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -177,7 +223,17 @@ fn the_run_proxys_cases_hold_on_tcp() {
 fn health_bound_idle_timeout_and_graceful_shutdown() {
     let o = origin();
     let t = project(o);
-    let mut s = start(t.path(), &["--max-connections", "2", "--idle-timeout", "1", "--drain", "5"]);
+    let mut s = start(
+        t.path(),
+        &[
+            "--max-connections",
+            "2",
+            "--idle-timeout",
+            "1",
+            "--drain",
+            "5",
+        ],
+    );
     let addr = format!("127.0.0.1:{}", s.port);
     assert_eq!(curl(&[&format!("http://{addr}/healthz")]), "ok\n");
     // Two idle connections take both slots: a third is answered 503 at once.
@@ -191,13 +247,23 @@ fn health_bound_idle_timeout_and_graceful_shutdown() {
     assert!(answer.starts_with("HTTP/1.1 503"), "{answer:?}");
     // Idle ones are closed (1 s here): the server ends them, a read sees the end.
     for mut idle in [a, b] {
-        idle.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        idle.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
         let mut buf = [0u8; 16];
-        let n = idle.read(&mut buf).expect("closed by the server, not by our timeout");
+        let n = idle
+            .read(&mut buf)
+            .expect("closed by the server, not by our timeout");
         assert_eq!(n, 0);
     }
     // The slots are free again.
-    assert_eq!(curl(&["-x", &format!("http://{addr}"), &format!("http://good.test:{o}/x")]), "hello\n");
+    assert_eq!(
+        curl(&[
+            "-x",
+            &format!("http://{addr}"),
+            &format!("http://good.test:{o}/x")
+        ]),
+        "hello\n"
+    );
     // SIGTERM: it stops accepting and exits 0 once its connections are done.
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(s.child.id() as i32),
@@ -209,11 +275,17 @@ fn health_bound_idle_timeout_and_graceful_shutdown() {
         if let Some(st) = s.child.try_wait().unwrap() {
             break st;
         }
-        assert!(Instant::now() < deadline, "still running 10 s after SIGTERM");
+        assert!(
+            Instant::now() < deadline,
+            "still running 10 s after SIGTERM"
+        );
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(status.success(), "{status}");
-    assert!(TcpStream::connect(&addr).is_err(), "still accepting after shutdown");
+    assert!(
+        TcpStream::connect(&addr).is_err(),
+        "still accepting after shutdown"
+    );
 }
 
 #[test]
@@ -222,7 +294,10 @@ fn policy_files_are_checked() {
     for (text, why) in [
         ("{\"alow\": [\"a.test\"]}", "unknown field"),
         ("{\"allow\": [\"*.*\"]}", "*.*"),
-        ("{\"allow\": [], \"pins\": [[\"a.test\", \"10.0.0.1:80\"]]}", "AISB_PROXY_PIN"),
+        (
+            "{\"allow\": [], \"pins\": [[\"a.test\", \"10.0.0.1:80\"]]}",
+            "AISB_PROXY_PIN",
+        ),
     ] {
         let file = t.path().join("policy.json");
         std::fs::write(&file, text).unwrap();
@@ -238,7 +313,9 @@ fn policy_files_are_checked() {
 }
 
 fn fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
 }
 
 #[test]
@@ -248,10 +325,20 @@ fn two_hundred_clients_for_thirty_seconds_lose_nothing_and_leak_nothing() {
     let s = start(t.path(), &[]);
     let addr = format!("127.0.0.1:{}", s.port);
     // Warm up the runtime's threads, then take the baseline.
-    assert_eq!(curl(&["-x", &format!("http://{addr}"), &format!("http://good.test:{o}/x")]), "hello\n");
+    assert_eq!(
+        curl(&[
+            "-x",
+            &format!("http://{addr}"),
+            &format!("http://good.test:{o}/x")
+        ]),
+        "hello\n"
+    );
     std::thread::sleep(Duration::from_millis(300));
     let before = fds(s.child.id());
-    let secs: u64 = std::env::var("AISB_SOAK_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(30);
+    let secs: u64 = std::env::var("AISB_SOAK_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(30);
     let until = Instant::now() + Duration::from_secs(secs);
     let ok = Arc::new(AtomicU64::new(0));
     let failed = Arc::new(AtomicU64::new(0));
@@ -290,7 +377,10 @@ fn two_hundred_clients_for_thirty_seconds_lose_nothing_and_leak_nothing() {
         if now <= before + 2 {
             break;
         }
-        assert!(Instant::now() < deadline, "descriptors: {before} before, {now} after");
+        assert!(
+            Instant::now() < deadline,
+            "descriptors: {before} before, {now} after"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }

@@ -267,7 +267,9 @@ fn pytest_runs_a_suite() {
             std::env::var("CI").as_deref() != Ok("true"),
             "pytest is not installed: scripts/setup-tests.sh installs python3-pytest"
         );
-        eprintln!("skipped: pytest is not installed (scripts/setup-tests.sh installs python3-pytest)");
+        eprintln!(
+            "skipped: pytest is not installed (scripts/setup-tests.sh installs python3-pytest)"
+        );
         return;
     }
     for backend in BACKENDS {

@@ -259,9 +259,9 @@ mod tests {
             at: "sandbox.kdl:3".into(),
         });
         assert!(block.is_blocked());
-        assert!(block.human().ends_with(
-            "AGENT-BLOCK claude Write: /p/README (rule deny \"Write\", sandbox.kdl:3)"
-        ));
+        assert!(block
+            .human()
+            .ends_with("AGENT-BLOCK claude Write: /p/README (rule deny \"Write\", sandbox.kdl:3)"));
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&log.path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);

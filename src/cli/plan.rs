@@ -374,7 +374,10 @@ pub fn render(plan: &Plan, _cwd: &Path, named: bool) -> String {
         at("cpus")
     );
     if !plan.tools.is_empty() {
-        let _ = writeln!(o, "\ntools (`tools {{ allow …; deny … }}`, per agent preset)");
+        let _ = writeln!(
+            o,
+            "\ntools (`tools {{ allow …; deny … }}`, per agent preset)"
+        );
         for line in plan.tools.describe() {
             let _ = writeln!(o, "  {line}");
         }

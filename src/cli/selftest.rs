@@ -122,7 +122,12 @@ fn script(plan: &Plan, max_masks: usize) -> (String, Vec<(String, String, bool)>
     // as that agent would call it must come back refused (exit 2). Rules whose calls cannot be
     // made up without guessing (a path glob) are shown by `aisb plan`, not tried.
     let mut n = 0;
-    for agent in plan.tools.agents.iter().filter(|a| HOOKED.contains(&a.as_str())) {
+    for agent in plan
+        .tools
+        .agents
+        .iter()
+        .filter(|a| HOOKED.contains(&a.as_str()))
+    {
         for r in &plan.tools.deny {
             let Ok((name, spec)) = crate::tools::parse(&r.rule) else {
                 continue;

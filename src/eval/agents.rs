@@ -171,7 +171,16 @@ pub fn opencode_settings(plan: &Plan, host_policy: Option<Value>) -> Value {
     };
     let tools = &plan.tools;
     if !tools.allow.is_empty() {
-        for key in ["read", "edit", "bash", "webfetch", "websearch", "glob", "grep", "list"] {
+        for key in [
+            "read",
+            "edit",
+            "bash",
+            "webfetch",
+            "websearch",
+            "glob",
+            "grep",
+            "list",
+        ] {
             let allowed = Policy::for_agent(&tools.allow, "opencode");
             if !allowed.iter().any(|r| r.split('(').next() == Some(key)) {
                 set(key, None, "deny");
@@ -186,7 +195,9 @@ pub fn opencode_settings(plan: &Plan, host_policy: Option<Value>) -> Value {
             match spec {
                 None => set(name, None, action),
                 Some(s) if name == "bash" => {
-                    let p = s.strip_suffix(":*").map_or(s.to_string(), |p| format!("{p} *"));
+                    let p = s
+                        .strip_suffix(":*")
+                        .map_or(s.to_string(), |p| format!("{p} *"));
                     set(name, Some(&p), action);
                 }
                 Some(_) => {}
@@ -253,9 +264,9 @@ pub fn gemini_settings(plan: &Plan, host_policy: Option<Value>) -> Value {
     // The tool policy: Gemini's own syntax for a command prefix is `run_shell_command(git push)`;
     // a path specifier has no Gemini form (the hook decides those).
     let gemini_rule = |r: String| match crate::tools::parse(&r) {
-        Ok((name, Some(spec))) if name == "run_shell_command" => spec
-            .strip_suffix(":*")
-            .map(|p| format!("{name}({p})")),
+        Ok((name, Some(spec))) if name == "run_shell_command" => {
+            spec.strip_suffix(":*").map(|p| format!("{name}({p})"))
+        }
         Ok((_, Some(_))) | Err(_) => None,
         Ok((_, None)) => Some(r),
     };

@@ -389,9 +389,15 @@ fn tool_policy(cx: &mut Ctx<'_>, t: &crate::config::model::ToolsCfg) -> crate::t
             if out.len() == crate::tools::MAX_RULES {
                 cx.err(
                     r.loc,
-                    format!("more than {} tool rules in one list", crate::tools::MAX_RULES),
+                    format!(
+                        "more than {} tool rules in one list",
+                        crate::tools::MAX_RULES
+                    ),
                     "one too many",
-                    Some("deny a tool by its bare name (`Bash`) rather than listing its commands".into()),
+                    Some(
+                        "deny a tool by its bare name (`Bash`) rather than listing its commands"
+                            .into(),
+                    ),
                 );
                 break;
             }

@@ -155,7 +155,6 @@ pub fn report_direct(addr: std::net::SocketAddr) {
     }
 }
 
-
 /// `init agent-event AGENT`: an agent's pre-tool hook. Decides the call from the sandbox's
 /// tool policy ([`crate::tools`], mounted read-only at `/etc/aisb/tools.json`) and forwards
 /// the call and the decision to the proxy, which writes them to the audit log. A refused call

@@ -61,7 +61,10 @@ struct Outcome {
 impl Proxy {
     /// One client connection, whatever carries it (the run's Unix socket, `aisb proxy serve`'s
     /// TCP).
-    pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(&self, mut client: S) -> std::io::Result<()> {
+    pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        mut client: S,
+    ) -> std::io::Result<()> {
         let mut buf = Vec::with_capacity(4096);
         if read_more(&mut client, &mut buf).await? == 0 {
             return Ok(());

@@ -154,7 +154,16 @@ fn run_matrix(a: RunArgs) -> Result<i32, Error> {
         None => {
             eprintln!("testbed: building aisb (release)");
             run(Command::new(env!("CARGO"))
-                .args(["build", "--release", "-q", "-p", "aisb", "--bins", "--features", "test-probe"])
+                .args([
+                    "build",
+                    "--release",
+                    "-q",
+                    "-p",
+                    "aisb",
+                    "--bins",
+                    "--features",
+                    "test-probe",
+                ])
                 .current_dir(&root))?;
             root.join("target/release")
         }
@@ -317,8 +326,12 @@ fn base_layer(k: &kernel::Kernel) -> Result<initramfs::Tree, Error> {
         ("newgidmap", "usr/bin/newgidmap"),
         ("setpriv", "usr/bin/setpriv"),
     ] {
-        let host = which(prog)
-            .ok_or_else(|| Error::msg(format!("{prog} is not installed"), "sh scripts/setup-tests.sh"))?;
+        let host = which(prog).ok_or_else(|| {
+            Error::msg(
+                format!("{prog} is not installed"),
+                "sh scripts/setup-tests.sh",
+            )
+        })?;
         t.program(&host, inside)?;
     }
     // The dynamic loader at the path every program names.

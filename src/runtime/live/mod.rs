@@ -50,7 +50,6 @@ pub use crate::vocab::MASK_SOURCE;
 use masker::{Masker, Outcome};
 use tree::{Request, Tree};
 
-
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
 pub enum LiveError {
     #[error(
