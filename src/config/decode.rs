@@ -728,9 +728,12 @@ impl Decoder<'_> {
     }
 
     fn network(&mut self, node: &KdlNode, net: &mut NetworkCfg) {
-        self.only_props(node, &["domains"]);
+        self.only_props(node, &["domains", "transparent"]);
         if let Some(e) = self.prop(node, "domains") {
             net.domains = self.enumerated(e, &DomainsMode::NAMES, DomainsMode::parse);
+        }
+        if let Some(e) = self.prop(node, "transparent") {
+            net.transparent = self.boolean(e);
         }
         if let Some(e) = self.args(node, 0, 1, "one of: none, allow, host").first() {
             net.mode = self.enumerated(e, &NetMode::NAMES, NetMode::parse);

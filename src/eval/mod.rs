@@ -490,6 +490,21 @@ pub fn evaluate(loaded: &Loaded, host: &Host, req: &Request) -> Result<Plan, Eva
         })
         .collect();
     crate::agents::mirror(&mut plan, &agents);
+    if !plan.network.transparent_ports.is_empty() {
+        let content = crate::init::dns::RESOLV_CONF.to_string();
+        let hash = format!("{:x}", Sha256::digest(content.as_bytes()));
+        plan.mounts.push(Mount {
+            target: PathBuf::from(crate::init::dns::RESOLV_DIR),
+            kind: MountKind::Generated {
+                dir: plan.store.join(format!("{}-resolv", &hash[..32])),
+                files: vec![GeneratedFile {
+                    name: "resolv.conf".into(),
+                    content,
+                }],
+            },
+            why: "transparent egress: names are answered by the sandbox's DNS stub (also bound at /etc/resolv.conf)".into(),
+        });
+    }
     Ok(plan)
 }
 
@@ -1055,6 +1070,11 @@ fn resolve(
     } else {
         mode
     };
+    let transparent_ports = if s.network.transparent.as_ref().is_none_or(|t| t.value) {
+        crate::init::transparent::ports_for(&allow_rules, &ports)
+    } else {
+        vec![]
+    };
     let network = match mode {
         NetMode::Allow => Network {
             mode,
@@ -1062,6 +1082,7 @@ fn resolve(
             ignored,
             allow: allow_rules.into_iter().collect(),
             deny: deny_rules.into_iter().collect(),
+            transparent_ports,
             localhost_ports: ports,
         },
         _ => Network {
@@ -1071,6 +1092,7 @@ fn resolve(
             allow: vec![],
             deny: vec![],
             localhost_ports: vec![],
+            transparent_ports: vec![],
         },
     };
 

@@ -65,6 +65,19 @@ fn relay(tcp: TcpStream, target: Target) -> std::io::Result<()> {
 /// Send CONNECT for `authority` and read the answer's head: Ok when the proxy said 200.
 fn tunnel(s: &mut UnixStream, authority: &str) -> std::io::Result<()> {
     s.write_all(format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n").as_bytes())?;
+    tunnel_answer(s)
+}
+
+/// [`tunnel`] for the transparent relay, saying how it learned the name (for the audit log).
+pub fn tunnel_learned(s: &mut UnixStream, authority: &str, how: &str) -> std::io::Result<()> {
+    s.write_all(
+        format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n{LEARNED_HEADER}: {how}\r\n\r\n")
+            .as_bytes(),
+    )?;
+    tunnel_answer(s)
+}
+
+fn tunnel_answer(s: &mut UnixStream) -> std::io::Result<()> {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
@@ -84,7 +97,7 @@ fn tunnel(s: &mut UnixStream, authority: &str) -> std::io::Result<()> {
 }
 
 /// Copy both ways until each side ends; 256 KiB at a time.
-fn pipe(tcp: TcpStream, unix: UnixStream) -> std::io::Result<()> {
+pub fn pipe(tcp: TcpStream, unix: UnixStream) -> std::io::Result<()> {
     let (mut tcp_r, mut unix_w) = (tcp.try_clone()?, unix.try_clone()?);
     let up = std::thread::spawn(move || {
         let _ = copy(&mut tcp_r, &mut unix_w);
@@ -97,7 +110,7 @@ fn pipe(tcp: TcpStream, unix: UnixStream) -> std::io::Result<()> {
     Ok(())
 }
 
-fn copy(r: &mut impl Read, w: &mut impl Write) -> std::io::Result<u64> {
+pub fn copy(r: &mut impl Read, w: &mut impl Write) -> std::io::Result<u64> {
     let mut buf = vec![0u8; 256 * 1024];
     let mut total = 0;
     loop {
@@ -161,6 +174,13 @@ pub fn report_direct(addr: std::net::SocketAddr) {
 
 /// The request method the init uses to report a direct connection attempt to the proxy.
 pub const DIRECT_METHOD: &str = "AISB-DIRECT-CONNECT";
+/// The request method the init's DNS stub uses to ask whether a name may be answered.
+pub const RESOLVE_METHOD: &str = "AISB-RESOLVE";
+/// On a `CONNECT` from the transparent relay: how it learned the name (`dns`, `sni`, `host`,
+/// `ip`), for the audit log.
+pub const LEARNED_HEADER: &str = "X-Aisb-Learned";
+/// On a direct-connection report from the transparent relay: why it refused.
+pub const REASON_HEADER: &str = "X-Aisb-Reason";
 /// The request method an agent's tool hook uses to put a tool call into the audit log.
 pub const AGENT_METHOD: &str = "AISB-AGENT-EVENT";
 /// The most of a hook's input forwarded (a Write tool's input holds the whole file).
