@@ -150,7 +150,12 @@ mod tests {
 
     #[test]
     fn allowed_names_get_a_synthetic_a_record_others_nxdomain() {
-        let r = answer(&query("Api.Dns-Allowed.Test.", TYPE::A), allow_dns_test, 512).unwrap();
+        let r = answer(
+            &query("Api.Dns-Allowed.Test.", TYPE::A),
+            allow_dns_test,
+            512,
+        )
+        .unwrap();
         let p = Packet::parse(&r).unwrap();
         assert_eq!(p.id(), 7);
         assert_eq!(p.rcode(), RCODE::NoError);
@@ -159,7 +164,12 @@ mod tests {
         };
         assert!(transparent::is_synthetic(Ipv4Addr::from(a.address).into()));
 
-        let r = answer(&query("api.dns-allowed.test", TYPE::AAAA), allow_dns_test, 512).unwrap();
+        let r = answer(
+            &query("api.dns-allowed.test", TYPE::AAAA),
+            allow_dns_test,
+            512,
+        )
+        .unwrap();
         let p = Packet::parse(&r).unwrap();
         assert_eq!((p.rcode(), p.answers.len()), (RCODE::NoError, 0), "NODATA");
 

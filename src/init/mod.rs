@@ -280,11 +280,30 @@ pub fn harden(opts: &Options) -> Result<Bound, InitError> {
         listeners.extend(bound.into_iter().map(|l| (l, target)));
     }
     let mut transparent = Vec::new();
+    let mut transparent_ports = Vec::new();
     let mut dns = None;
-    if !opts.transparent_ports.is_empty() {
+    let routed = match opts.transparent_ports.is_empty() {
+        true => false,
+        false => match transparent::local_routes() {
+            Ok(()) => true,
+            // The namespace belongs to a parent user namespace (bwrap run by an ordinary user
+            // nests one more): no routes can be added here. Nothing leaks either way; say so.
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                eprintln!("aisb: transparent egress is unavailable in this sandbox (routes on lo: {e}; this backend gives the sandbox no control of its network namespace): only clients that use the proxy variables get out\n  help: `--backend libcontainer` has it; `network transparent=#false` silences this");
+                false
+            }
+            Err(source) => {
+                return Err(InitError::Transparent {
+                    what: "local routes on lo",
+                    source,
+                })
+            }
+        },
+    };
+    if routed {
         let err = |what| move |source| InitError::Transparent { what, source };
-        transparent::local_routes().map_err(err("local routes on lo"))?;
         dns = Some(dns::bind().map_err(err("the DNS stub on 127.0.0.53:53"))?);
+        transparent_ports = opts.transparent_ports.clone();
         for &port in &opts.transparent_ports {
             // A port relayed to the host's own loopback (`localhost-port`) keeps that meaning.
             if port == relay::PROXY_PORT || opts.relay_ports.contains(&port) {
@@ -320,6 +339,7 @@ pub fn harden(opts: &Options) -> Result<Bound, InitError> {
     Ok(Bound {
         relays: listeners,
         transparent,
+        transparent_ports,
         dns,
     })
 }
@@ -328,6 +348,8 @@ pub fn harden(opts: &Options) -> Result<Bound, InitError> {
 pub struct Bound {
     pub relays: Vec<(std::net::TcpListener, relay::Target)>,
     pub transparent: Vec<std::net::TcpListener>,
+    /// The ports transparent egress serves (empty when it is off or unavailable).
+    pub transparent_ports: Vec<u16>,
     pub dns: Option<dns::Stub>,
 }
 
@@ -364,6 +386,7 @@ pub fn run(opts: &Options) -> Result<i32, InitError> {
     set.add(Signal::SIGCHLD);
     set.thread_block().map_err(InitError::Fork)?;
     // Relay threads start with every forwarded signal blocked, so signals reach `supervise`.
+    let transparent_ports = listeners.transparent_ports.clone();
     relay::start(listeners.relays);
     transparent::start(listeners.transparent);
     if let Some(stub) = listeners.dns {
@@ -397,7 +420,7 @@ pub fn run(opts: &Options) -> Result<i32, InitError> {
         ForkResult::Parent { child } => {
             drop(program);
             if let Some(fd) = notify.and_then(notify::receive) {
-                notify::serve(fd, opts.relay_proxy, opts.transparent_ports.clone());
+                notify::serve(fd, opts.relay_proxy, transparent_ports);
             }
             Ok(supervise(child, &set))
         }

@@ -504,7 +504,8 @@ impl<'a> Reader<'a> {
         self.take(1).map(|b| b[0] as usize)
     }
     fn u16(&mut self) -> Option<usize> {
-        self.take(2).map(|b| u16::from_be_bytes([b[0], b[1]]) as usize)
+        self.take(2)
+            .map(|b| u16::from_be_bytes([b[0], b[1]]) as usize)
     }
     fn u24(&mut self) -> Option<usize> {
         self.take(3)
