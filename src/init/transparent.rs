@@ -632,7 +632,7 @@ mod tests {
         }
         // A record whose inner lengths lie: no name, no panic.
         let mut bad = rec.clone();
-        bad[9] = 0xff;
+        bad[6] = 0xff; // the handshake claims more than its record holds
         assert_eq!(name_in(&bad), Found::None);
         // An IP literal in SNI names nothing.
         assert_eq!(name_in(&client_hello("1.2.3.4")), Found::None);
@@ -650,6 +650,15 @@ mod tests {
         assert_eq!(name_in(two), Found::None);
         assert_eq!(name_in(b"SSH-2.0-OpenSSH\r\n"), Found::None);
         assert_eq!(name_in(b"\x00\x0agit-upload-pack"), Found::None);
+    }
+
+    #[test]
+    fn ports_are_the_defaults_and_the_allowlists_minus_host_loopback_ones() {
+        let allow: Vec<String> = ["a.test:8443", "git.test:9418", "b.test", "c.test:53"]
+            .map(String::from)
+            .to_vec();
+        assert_eq!(ports_for(&allow, &[80]), [22, 443, 8443, 9418]);
+        assert_eq!(ports_for(&[], &[]), [22, 80, 443]);
     }
 
     #[test]

@@ -352,6 +352,29 @@ mod tests {
         assert!(p.check("bad host!", 80).is_err());
     }
 
+    /// What the sandbox's DNS stub may answer: a name some rule allows on some port; a name
+    /// denied outright, an unlisted name, an IP literal or garbage gets NXDOMAIN.
+    #[test]
+    fn names_for_the_dns_stub() {
+        let p = policy(
+            &["git.test:9418", "*.sub.test", "api.test"],
+            &["bad.sub.test", "api.test:8443"],
+        );
+        assert_eq!(p.check_name("GIT.test.").unwrap().host, "git.test");
+        assert!(p.check_name("a.sub.test").is_ok());
+        assert!(p.check_name("sub.test").is_err());
+        assert_eq!(
+            p.check_name("bad.sub.test").unwrap_err().rule,
+            "deny \"bad.sub.test\""
+        );
+        // A deny on one port leaves the name (its other ports are decided on CONNECT).
+        assert!(p.check_name("api.test").is_ok());
+        assert!(p.check("api.test", 8443).is_err());
+        assert!(p.check_name("other.test").is_err());
+        assert!(p.check_name("10.1.2.3").is_err());
+        assert!(p.check_name("bad name!").is_err());
+    }
+
     #[test]
     fn internal_addresses_need_an_exact_rule() {
         let p = policy(&["rebind.test", "public.test", "*.corp.test"], &[]);
