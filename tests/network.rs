@@ -488,6 +488,16 @@ fn transparent_egress_reaches_allowed_names_only() {
     )
     .unwrap();
     let ca = t.path().join("proj/good-test-ca.crt").display().to_string();
+    // A JVM client (HttpURLConnection, no proxy), when Debian's JRE is installed.
+    let java = Command::new("java").arg("-version").output().is_ok();
+    std::fs::write(
+        t.path().join("proj/Fetch.java"),
+        "public class Fetch { public static void main(String[] a) throws Exception {\n\
+         var c = (java.net.HttpURLConnection) new java.net.URL(a[0]).openConnection(java.net.Proxy.NO_PROXY);\n\
+         c.setConnectTimeout(10000); c.setReadTimeout(10000);\n\
+         System.out.println(new String(c.getInputStream().readAllBytes()).trim()); } }\n",
+    )
+    .unwrap();
     let pins = format!(
         "allowed.test=127.0.0.1:{http},good.test=127.0.0.1:{tls},git.test=127.0.0.1:{git},ssh.test=127.0.0.1:{ssh}"
     );
@@ -507,6 +517,7 @@ echo "sni_raw_ip=$(c --cacert {ca} --resolve good.test:443:192.0.2.7 https://goo
 echo "host_raw_ip=$(c -H 'Host: allowed.test' http://192.0.2.7/hello.txt)"
 echo "python=$(python3 -c 'import urllib.request as u; print(u.build_opener(u.ProxyHandler({{}})).open("http://allowed.test/hello.txt", timeout=10).read().decode().strip())' 2>&1)"
 echo "node=$(node -e 'fetch("http://allowed.test/hello.txt").then(r => r.text()).then(t => console.log(t.trim()), e => console.log("error", e.cause && e.cause.code))')"
+[ {java} = true ] && echo "java=$(java Fetch.java http://allowed.test/hello.txt 2>&1 | tail -1)"
 rm -rf /tmp/g; git clone -q git://git.test/repo.git /tmp/g 2>/tmp/git.err; echo "git=$?"
 echo "cloned=$(cat /tmp/g/README 2>/dev/null)"
 echo "ssh=$(ssh -v -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o ConnectTimeout=10 ssh.test true 2>&1 | grep -o 'remote software version [a-z_]*' | head -1)"
@@ -587,6 +598,9 @@ echo "after_burst=$(getent hosts allowed.test | cut -d' ' -f1)"
         o.expect("resolv", "nameserver 127.0.0.53");
         for key in ["http", "https", "sni_raw_ip", "host_raw_ip", "python", "node"] {
             o.expect(key, "hello from the host");
+        }
+        if java {
+            o.expect("java", "hello from the host");
         }
         o.expect("git", "0");
         o.expect("cloned", "cloned over git://");

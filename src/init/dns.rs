@@ -52,7 +52,8 @@ pub fn start(stub: Stub, ask: fn(&str) -> Option<bool>) {
     });
     std::thread::spawn(move || {
         for conn in tcp.incoming().flatten() {
-            std::thread::spawn(move || serve_tcp(conn, ask));
+            // Out of threads: this connection is dropped, the listener keeps serving.
+            let _ = std::thread::Builder::new().spawn(move || serve_tcp(conn, ask));
         }
     });
 }

@@ -250,7 +250,9 @@ pub fn start(listeners: Vec<TcpListener>) {
     for listener in listeners {
         std::thread::spawn(move || {
             for conn in listener.incoming().flatten() {
-                std::thread::spawn(move || handle(conn));
+                // Out of threads (the sandbox's pids limit): this connection is dropped, the
+                // listener keeps serving (`thread::spawn` would panic and end it).
+                let _ = std::thread::Builder::new().spawn(move || handle(conn));
             }
         });
     }
