@@ -265,6 +265,8 @@ pub fn harden(opts: &Options) -> Result<Bound, InitError> {
     if opts.loopback {
         loopback_up().map_err(InitError::Loopback)?;
     }
+    // Routes first: a namespace of our own, when we need one, must come before any listener.
+    let routed = !opts.transparent_ports.is_empty() && route_everything_to_lo()?;
     let mut listeners = Vec::new();
     let ports = opts
         .relay_proxy
@@ -282,24 +284,6 @@ pub fn harden(opts: &Options) -> Result<Bound, InitError> {
     let mut transparent = Vec::new();
     let mut transparent_ports = Vec::new();
     let mut dns = None;
-    let routed = match opts.transparent_ports.is_empty() {
-        true => false,
-        false => match transparent::local_routes() {
-            Ok(()) => true,
-            // The namespace belongs to a parent user namespace (bwrap run by an ordinary user
-            // nests one more): no routes can be added here. Nothing leaks either way; say so.
-            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
-                eprintln!("aisb: transparent egress is unavailable in this sandbox (routes on lo: {e}; this backend gives the sandbox no control of its network namespace): only clients that use the proxy variables get out\n  help: `--backend libcontainer` has it; `network transparent=#false` silences this");
-                false
-            }
-            Err(source) => {
-                return Err(InitError::Transparent {
-                    what: "local routes on lo",
-                    source,
-                })
-            }
-        },
-    };
     if routed {
         let err = |what| move |source| InitError::Transparent { what, source };
         dns = Some(dns::bind().map_err(err("the DNS stub on 127.0.0.53:53"))?);
@@ -351,6 +335,33 @@ pub struct Bound {
     /// The ports transparent egress serves (empty when it is off or unavailable).
     pub transparent_ports: Vec<u16>,
     pub dns: Option<dns::Stub>,
+}
+
+/// Transparent egress's routes (see [`transparent`]): true when in place, false when this
+/// sandbox cannot have them (said on stderr; nothing gets out without the proxy either way).
+///
+/// bwrap run by an ordinary user nests one more user namespace below the one that owns the
+/// network namespace, so the init's CAP_NET_ADMIN does not reach it (EPERM). The init then
+/// makes a network namespace of its own, owned by its user namespace: loopback only, like the
+/// one it leaves (the proxy is reached through a Unix socket on the filesystem, which does not
+/// depend on the network namespace).
+fn route_everything_to_lo() -> Result<bool, InitError> {
+    let err = |source| InitError::Transparent {
+        what: "local routes on lo",
+        source,
+    };
+    match transparent::local_routes() {
+        Ok(()) => return Ok(true),
+        Err(e) if e.raw_os_error() != Some(libc::EPERM) => return Err(err(e)),
+        Err(_) => {}
+    }
+    if let Err(e) = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET) {
+        eprintln!("aisb: transparent egress is unavailable in this sandbox (no network namespace of its own: {e}): only clients that use the proxy variables get out\n  help: `network transparent=#false` silences this");
+        return Ok(false);
+    }
+    loopback_up().map_err(InitError::Loopback)?;
+    transparent::local_routes().map_err(err)?;
+    Ok(true)
 }
 
 /// Run as the sandbox's init; returns the exit code for the caller to exit with.

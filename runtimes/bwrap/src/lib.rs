@@ -37,9 +37,16 @@ pub enum BwrapError {
 pub const OVERLAY_STAGE: &str = "/run/aisb/overlay";
 
 /// The capabilities the init gets for transparent egress (its init argument `--transparent=`):
-/// routes on `lo`, and the DNS stub and relays on ports below 1024. It drops them all (and
-/// empties the bounding set, hence CAP_SETPCAP) before the workload starts.
-pub const TRANSPARENT_CAPS: [&str; 3] = ["CAP_NET_ADMIN", "CAP_NET_BIND_SERVICE", "CAP_SETPCAP"];
+/// routes on `lo`, and the DNS stub and relays on ports below 1024; CAP_SYS_ADMIN for a
+/// network namespace of its own when bwrap, run by an ordinary user, leaves the sandbox's in a
+/// parent user namespace. It drops them all (and empties the bounding set, hence CAP_SETPCAP)
+/// before the workload starts.
+pub const TRANSPARENT_CAPS: [&str; 4] = [
+    "CAP_NET_ADMIN",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_ADMIN",
+    "CAP_SETPCAP",
+];
 
 /// The capabilities the init gets to mount overlays (see [`OVERLAY_STAGE`]).
 /// CAP_SETPCAP lets the init empty the bounding set again afterwards.
