@@ -23,22 +23,33 @@ pub const RESOLV_DIR: &str = "/run/aisb/dns";
 /// How long an answer may be cached: the addresses are stable for the whole run.
 const TTL: u32 = 300;
 
-/// The stub's sockets, bound while the init may still bind port 53.
+/// The stub's sockets, bound while the init may still bind port 53: on [`STUB_ADDR`], and on
+/// 127.0.0.1, which resolvers ask when the sandbox has no `/etc/resolv.conf` at all.
 pub struct Stub {
-    udp: UdpSocket,
-    tcp: TcpListener,
+    sockets: Vec<(UdpSocket, TcpListener)>,
 }
 
 pub fn bind() -> std::io::Result<Stub> {
-    Ok(Stub {
-        udp: UdpSocket::bind((STUB_ADDR, 53))?,
-        tcp: TcpListener::bind((STUB_ADDR, 53))?,
-    })
+    let mut sockets = vec![(
+        UdpSocket::bind((STUB_ADDR, 53))?,
+        TcpListener::bind((STUB_ADDR, 53))?,
+    )];
+    // Best effort: `localhost-port 53` (a DNS server on the host's loopback) keeps 127.0.0.1.
+    let local = Ipv4Addr::LOCALHOST;
+    if let (Ok(u), Ok(t)) = (UdpSocket::bind((local, 53)), TcpListener::bind((local, 53))) {
+        sockets.push((u, t));
+    }
+    Ok(Stub { sockets })
 }
 
-/// Serve both sockets on their own threads for as long as the init lives.
+/// Serve every socket on its own thread for as long as the init lives.
 pub fn start(stub: Stub, ask: fn(&str) -> Option<bool>) {
-    let Stub { udp, tcp } = stub;
+    for (udp, tcp) in stub.sockets {
+        serve(udp, tcp, ask);
+    }
+}
+
+fn serve(udp: UdpSocket, tcp: TcpListener, ask: fn(&str) -> Option<bool>) {
     std::thread::spawn(move || {
         let mut buf = [0u8; 4096];
         loop {

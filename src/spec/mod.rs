@@ -345,7 +345,22 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
         _ => None,
     });
     let transparent = proxied && !plan.network.transparent_ports.is_empty();
-    if let (true, Some(file)) = (transparent, &resolv) {
+    // Bound only over a file the sandbox's /etc has (a bind target cannot be made in a
+    // read-only /etc); without one, resolvers ask 127.0.0.1, where the stub answers too.
+    let etc_has_resolv = plan.system.iter().any(|sp| match sp {
+        SystemPath::Snapshot { path, snapshot } if path == Path::new("/etc") => {
+            let src = snapshot.source.join("resolv.conf");
+            snapshot.dir.join("resolv.conf").exists() || src.exists()
+        }
+        SystemPath::Image { path, source } if path == Path::new("/etc") => {
+            source.join("resolv.conf").exists()
+        }
+        SystemPath::Bind { path } if path == Path::new("/etc") => {
+            path.join("resolv.conf").exists()
+        }
+        _ => false,
+    });
+    if let (true, true, Some(file)) = (transparent, etc_has_resolv, &resolv) {
         mounts.push(mount(
             Path::new("/etc/resolv.conf"),
             "bind",
