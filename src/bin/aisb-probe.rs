@@ -106,8 +106,10 @@ fn main() {
         // plain HTTP GET to NAME:PORT that ignores every proxy variable: 0 on a 200.
         "resolve" => {
             let Some(name) = args.get(1) else { exit(127) };
-            ok(std::net::ToSocketAddrs::to_socket_addrs(&(name.as_str(), 80))
-                .is_ok_and(|mut a| a.next().is_some()))
+            ok(
+                std::net::ToSocketAddrs::to_socket_addrs(&(name.as_str(), 80))
+                    .is_ok_and(|mut a| a.next().is_some()),
+            )
         }
         "http-get" => {
             use std::io::{Read, Write};
