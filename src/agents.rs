@@ -45,8 +45,6 @@ pub const CLAUDE_MANAGED_FILE: &str = "managed-settings.json";
 /// Deny rules written per masked path, at most (a project with more masked paths gets the
 /// first ones; the sandbox hides them all regardless).
 const MAX_PATH_RULES: usize = 2000;
-/// The most of a tool call's input kept in the audit log.
-const MAX_INPUT: usize = 500;
 
 /// Gemini CLI's system settings (they override the user's and the workspace's).
 pub const GEMINI_SYSTEM_DIR: &str = "/etc/gemini-cli";
@@ -164,7 +162,7 @@ pub fn claude_settings(plan: &Plan, host_policy: Option<Value>) -> Value {
         "matcher": "*",
         "hooks": [{
             "type": "command",
-            "command": format!("{} agent-event claude", crate::init::INIT_PATH),
+            "command": format!("{} agent-event claude", crate::vocab::INIT_PATH),
             "timeout": 5
         }]
     });
@@ -205,71 +203,4 @@ fn merge_settings(base: Option<Value>, ours: &Value) -> Value {
         merge(&mut root, o);
     }
     Value::Object(root)
-}
-
-/// The tool and a one-line summary of its input, from a Claude Code hook's JSON input.
-pub fn summarise_tool_call(body: &[u8]) -> (String, String) {
-    let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-    let tool = v
-        .get("tool_name")
-        .and_then(Value::as_str)
-        .map_or_else(|| "unknown".to_string(), clean_label);
-    let input = v.get("tool_input").cloned().unwrap_or(Value::Null);
-    let field = |k: &str| input.get(k).and_then(Value::as_str).map(str::to_string);
-    let text = field("summary")
-        .or_else(|| field("command"))
-        .or_else(|| field("file_path"))
-        .or_else(|| field("notebook_path"))
-        .or_else(|| field("url"))
-        .or_else(|| field("pattern"))
-        .unwrap_or_else(|| input.to_string());
-    (tool, shorten(&text))
-}
-
-/// At most [`MAX_INPUT`] characters, control characters shown as spaces (one log line).
-fn shorten(s: &str) -> String {
-    let mut out: String = s
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .take(MAX_INPUT)
-        .collect();
-    if s.chars().count() > MAX_INPUT {
-        out.push('…');
-    }
-    out
-}
-
-/// A name from inside the sandbox, safe to log: letters, digits, `-`, `_`, at most 40.
-pub fn clean_label(s: &str) -> String {
-    s.chars()
-        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
-        .take(40)
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tool_calls_are_summarised_on_one_bounded_line() {
-        let (tool, input) = summarise_tool_call(
-            br#"{"tool_name":"Bash","tool_input":{"command":"cat ~/.ssh/id\nrm -rf /"}}"#,
-        );
-        assert_eq!(
-            (tool.as_str(), input.as_str()),
-            ("Bash", "cat ~/.ssh/id rm -rf /")
-        );
-        let (tool, input) =
-            summarise_tool_call(br#"{"tool_name":"Read","tool_input":{"file_path":"/p/.env"}}"#);
-        assert_eq!((tool.as_str(), input.as_str()), ("Read", "/p/.env"));
-        let long = format!(
-            r#"{{"tool_name":"Wr\u001bite","tool_input":{{"content":"{}"}}}}"#,
-            "x".repeat(2000)
-        );
-        let (tool, input) = summarise_tool_call(long.as_bytes());
-        assert_eq!(tool, "Write");
-        assert_eq!(input.chars().count(), MAX_INPUT + 1);
-        assert_eq!(summarise_tool_call(b"not json").0, "unknown");
-    }
 }

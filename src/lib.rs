@@ -22,6 +22,7 @@ pub mod runtime;
 pub mod session;
 pub mod spec;
 pub mod trust;
+pub mod vocab;
 
 use std::ffi::OsString;
 use std::path::PathBuf;

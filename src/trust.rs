@@ -98,7 +98,7 @@ pub fn loosenings(plan: &Plan) -> Vec<String> {
             crate::eval::plan::Limits::DEFAULT_PIDS
         ));
     }
-    let proxy_vars = crate::proxy::sandbox_env();
+    let proxy_vars = crate::vocab::sandbox_env();
     let secrets: Vec<&str> = plan
         .env
         .vars

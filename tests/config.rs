@@ -742,7 +742,7 @@ fn claude_managed_settings_mirror_the_sandbox() {
 
 #[test]
 fn images_in_kdl_decode_with_their_lines_and_errors_point_at_the_node() {
-    use aisb::image::{Cmd, Instr};
+    use aisb::config::instr::{Cmd, Instr};
     let f = Fixture::new();
     let plan = f.plan(
         "image \"dev\" {\n    from \"oci:base:1\"\n    arg \"USER_ID\" \"1000\"\n    run \"echo $USER_ID\"\n    run \"/bin/echo\" \"exec form\"\n    copy \"a\" \"b\" \"/dst/\" chown=\"1000:1000\" chmod=\"0640\"\n    env \"K\" \"V\"\n    workdir \"/w\"\n    user \"1000\"\n    shell \"/bin/bash\" \"-c\"\n}\nrootfs image=\"dev\"\n",

@@ -97,11 +97,11 @@ fn http(bytes: &[u8]) {
             let _ = check(&host, port);
         }
         HttpRequest::AgentEvent { target, body_len } => {
-            assert!(body_len <= aisb::init::relay::AGENT_EVENT_MAX);
+            assert!(body_len <= aisb::vocab::AGENT_EVENT_MAX);
             let body = &buf[n..];
             let (tool, input) =
-                aisb::agents::summarise_tool_call(&body[..body.len().min(body_len)]);
-            let label = aisb::agents::clean_label(&target);
+                aisb::vocab::summarise_tool_call(&body[..body.len().min(body_len)]);
+            let label = aisb::vocab::clean_label(&target);
             for l in [&tool, &label] {
                 assert!(l.chars().count() <= 40 || l == "unknown");
                 assert!(

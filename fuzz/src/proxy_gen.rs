@@ -163,8 +163,8 @@ impl Request {
                     Method::Get => "GET".into(),
                     Method::Post => "POST".into(),
                     Method::Connect => "CONNECT".into(),
-                    Method::Direct => aisb::init::relay::DIRECT_METHOD.into(),
-                    Method::Agent => aisb::init::relay::AGENT_METHOD.into(),
+                    Method::Direct => aisb::vocab::DIRECT_METHOD.into(),
+                    Method::Agent => aisb::vocab::AGENT_METHOD.into(),
                     Method::Any(s) => s.clone(),
                 };
                 let target = match target {

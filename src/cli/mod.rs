@@ -369,7 +369,7 @@ pub fn run_plan(
     // SIGHUP are blocked here first, so they reach that thread, which passes them on to the
     // sandbox: it ends, and with it every session.
     let mut hold = plan.clone();
-    hold.process.args = vec![crate::init::INIT_PATH.into(), "hold".into()];
+    hold.process.args = vec![crate::vocab::INIT_PATH.into(), "hold".into()];
     let mut forwarded = nix::sys::signal::SigSet::empty();
     for sig in [
         Signal::SIGTERM,

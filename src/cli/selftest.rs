@@ -226,7 +226,7 @@ fn script(plan: &Plan, max_masks: usize) -> (String, Vec<(String, String, bool)>
     ] {
         s.push_str(&format!(
             "t {key} {} probe {probe}\n",
-            crate::init::INIT_PATH
+            crate::vocab::INIT_PATH
         ));
         checks.push((key.into(), what.into(), true));
     }

@@ -22,7 +22,7 @@ pub struct ConfigFile {
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct ImageDecl {
     pub name: S<String>,
-    pub steps: Vec<crate::image::Step>,
+    pub steps: Vec<super::instr::Step>,
 }
 
 /// `rootfs`: what the sandbox's root filesystem is.

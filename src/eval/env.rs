@@ -12,11 +12,15 @@
 //! forced to the sandbox's identity.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use globset::{Glob, GlobSet, GlobSetBuilder};
 
+use super::host::Scope;
 use super::plan::{Dropped, Env};
+use super::Ctx;
 use crate::config::model::Inherit;
+use crate::config::Spanned;
 
 pub const SECRET_PATTERNS: &[&str] = &[
     "*_KEY",
@@ -237,6 +241,103 @@ pub fn filter(host_env: &BTreeMap<String, String>, p: &EnvPolicy<'_>) -> Env {
         vars: vars.into_iter().collect(),
         dropped,
     }
+}
+
+/// The sandbox's environment: the configured dotenv keys and `set` values, the forced
+/// identity and XDG variables, filtered from the caller's by the configured policy.
+pub(super) fn resolve(
+    cx: &mut Ctx<'_>,
+    sc: &Scope<'_>,
+    shell: &Path,
+    xdg_env: Vec<(&'static str, String)>,
+) -> Env {
+    let (s, host, project, identity) = (sc.s, sc.host, &sc.project, &sc.identity);
+    let home = &host.home;
+    let expand = |cx: &mut Ctx<'_>, v: &Spanned<String>| sc.expand(cx, v);
+    let path = |cx: &mut Ctx<'_>, v: &Spanned<String>| sc.path(cx, v);
+    let mut set: Vec<(String, String)> = Vec::new();
+    // Seed 003's pass-list: only the named keys of a dotenv file the user names enter.
+    for (file, keys) in &s.env.from_file {
+        let Some(p) = path(cx, file) else { continue };
+        match read_dotenv(project, &p) {
+            Ok(text) => {
+                let values = parse_dotenv(&text);
+                for k in keys {
+                    match dotenv_value(&values, &k.value) {
+                        Some(v) => set.push((k.value.clone(), v.to_string())),
+                        None => cx.err(
+                            k.loc,
+                            format!("`{}` is not in {}", k.value, p.display()),
+                            "no such key",
+                            Some("name keys the file defines (`KEY=value` lines)".into()),
+                        ),
+                    }
+                }
+            }
+            Err(e) => cx.err(
+                file.loc,
+                format!("cannot read {}: {e}", p.display()),
+                "this file",
+                Some("the path is relative to the project root".into()),
+            ),
+        }
+    }
+    set.extend(
+        s.env
+            .set
+            .iter()
+            .filter_map(|(k, v)| Some((k.value.clone(), expand(cx, v)?))),
+    );
+    let mut forced = vec![
+        ("HOME", home.to_string_lossy().into_owned()),
+        ("USER", identity.name.clone()),
+        ("LOGNAME", identity.name.clone()),
+        ("SHELL", shell.to_string_lossy().into_owned()),
+    ];
+    forced.extend(xdg_env);
+    let strings = |v: &[Spanned<String>]| v.iter().map(|x| x.value.clone()).collect::<Vec<_>>();
+    let (allow, deny, pass) = (
+        strings(&s.env.allow),
+        strings(&s.env.deny),
+        strings(&s.env.pass),
+    );
+    let mut env = filter(
+        &host.env,
+        &EnvPolicy {
+            inherit: s.env.inherit.as_ref().map_or(Inherit::Safe, |i| i.value),
+            filter_secrets: s.env.filter_secrets.as_ref().is_none_or(|b| b.value),
+            allow: &allow,
+            deny: &deny,
+            pass: &pass,
+            set: &set,
+            forced: &forced,
+        },
+    );
+    if !env.vars.iter().any(|(k, _)| k == "PATH") {
+        env.vars.push((
+            "PATH".into(),
+            "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin".into(),
+        ));
+        env.vars.sort();
+    }
+    env
+}
+
+/// Larger than any dotenv file: past it, reading stops with an error.
+const MAX_DOTENV: u64 = 1 << 20;
+
+/// A dotenv file `from-file` names. The project is the sandbox's to write, so one below it is
+/// read without following any link there (a planted `.env.agent -> ~/.aws/credentials` would
+/// hand the sandbox values from that host file); one outside it is the user's own path.
+fn read_dotenv(project: &Path, p: &Path) -> std::io::Result<String> {
+    let bytes = match p.strip_prefix(project) {
+        Ok(rel) if !rel.as_os_str().is_empty() => {
+            crate::beneath::read(project, rel, MAX_DOTENV)?
+                .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))?
+        }
+        _ => return std::fs::read_to_string(p),
+    };
+    String::from_utf8(bytes).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
 #[cfg(test)]

@@ -1,14 +1,18 @@
 //! Path patterns for `block`, `allow` and `secrets tool-dirs`, and the built-in sensitive sets.
 //!
-//! Pattern syntax (close to .gitignore): relative to the project root; a pattern without `/`
-//! matches a name at any depth (`.env`, `*.pem`); a pattern with `/` inside is anchored at the
-//! project root (`config/prod.yml`, `./secrets.txt`); a trailing `/` matches directories only;
-//! `*` and `?` never cross `/`, `**` does. Patterns starting with `/` or `~/` name paths outside
-//! the project literally (no wildcards: we never walk outside the project).
+//! The pattern syntax is the configuration's: see [`crate::config::pattern`].
 
-use std::path::Path;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
 
-use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
+use globset::{GlobSet, GlobSetBuilder};
+
+use super::host::Scope;
+use super::plan::{LiveRules, Mask};
+use super::{scan, sha_hex, Ctx, EvalError};
+use crate::config::model::HomeMode;
+use crate::config::pattern::{glob_for, is_outside};
+use crate::config::{ConfigErrors, Spanned};
 
 /// Seed 000 / seed 002: never readable inside, wherever they are in the project.
 pub const DEFAULT_SENSITIVE: &[&str] = &[
@@ -85,44 +89,6 @@ pub const HOME_SENSITIVE: &[&str] = &[
     ".codex/auth.json",
 ];
 
-/// Is this pattern acceptable? Returns a short reason when not.
-pub fn validate_pattern(p: &str) -> Result<(), String> {
-    if p.is_empty() {
-        return Err("empty pattern".into());
-    }
-    if is_outside(p) {
-        if p.contains(['*', '?', '[', '{']) {
-            return Err("wildcards are only allowed in project-relative patterns".into());
-        }
-        return Ok(());
-    }
-    if p.split('/').any(|c| c == "..") {
-        return Err("`..` may not appear in a pattern".into());
-    }
-    glob_for(p).map(|_| ()).map_err(|e| e.kind().to_string())
-}
-
-/// Patterns naming a path outside the project: `/abs/path`, `~/x`, `$HOME/x`, `${…}`.
-pub fn is_outside(p: &str) -> bool {
-    p.starts_with('/') || p.starts_with("~/") || p == "~" || p.starts_with('$')
-}
-
-fn glob_for(p: &str) -> Result<Glob, globset::Error> {
-    let body = p.trim_end_matches('/');
-    // A `/` anywhere but at the end anchors the pattern at the project root (`./x` too).
-    let anchored = body.contains('/');
-    let body = body.strip_prefix("./").unwrap_or(body);
-    let full = if anchored {
-        body.to_string()
-    } else {
-        format!("**/{body}")
-    };
-    GlobBuilder::new(&full)
-        .literal_separator(true)
-        .backslash_escape(true)
-        .build()
-}
-
 /// A compiled set of project-relative patterns that remembers which pattern matched.
 #[derive(Debug, Clone)]
 pub struct PatternSet {
@@ -135,7 +101,7 @@ pub struct PatternSet {
 
 impl PatternSet {
     /// Outside-the-project patterns are skipped here (they are resolved as literal paths by
-    /// the evaluator). Patterns must have passed `validate_pattern`.
+    /// the evaluator). Patterns must have passed [`crate::config::pattern::validate`].
     pub fn new<'a>(patterns: impl IntoIterator<Item = &'a str>) -> PatternSet {
         let mut kept = Vec::new();
         let mut dir_only = Vec::new();
@@ -198,6 +164,128 @@ impl PatternSet {
     }
 }
 
+/// What the masks section resolves: the masks, the live layer's rules, the project scan.
+pub(super) struct Resolved {
+    pub masks: Vec<Mask>,
+    pub live: LiveRules,
+    pub scanned: scan::ScanResult,
+}
+
+/// The masks: the project scanned by the block/allow/tool-dir patterns (and, by default,
+/// gitignored and git-crypt files), the home's sensitive paths, the paths `block` names outside
+/// the project; the rules the live layer keeps applying while the sandbox runs.
+pub(super) fn resolve(
+    cx: &mut Ctx<'_>,
+    sc: &Scope<'_>,
+    home_mode: HomeMode,
+) -> Result<Resolved, EvalError> {
+    let (s, host, req, project) = (sc.s, sc.host, sc.req, &sc.project);
+    let home = &host.home;
+    let path = |cx: &mut Ctx<'_>, v: &Spanned<String>| sc.path(cx, v);
+    let defaults = s.secrets.defaults.as_ref().is_none_or(|b| b.value);
+    let mut block_patterns: Vec<String> = Vec::new();
+    let mut explicit: BTreeSet<String> = BTreeSet::new();
+    let mut outside: Vec<(PathBuf, String)> = Vec::new();
+    for b in &s.block {
+        if crate::config::pattern::is_outside(&b.value) {
+            if let Some(p) = path(cx, b) {
+                outside.push((p, format!("block \"{}\"", b.value)));
+            }
+        } else {
+            block_patterns.push(b.value.clone());
+            explicit.insert(b.value.clone());
+        }
+    }
+    if defaults {
+        block_patterns.extend(DEFAULT_SENSITIVE.iter().map(|s| s.to_string()));
+    }
+    let allow_patterns: Vec<&str> = s.allow.iter().map(|a| a.value.as_str()).collect();
+    let tool_patterns: Vec<&str> = DEFAULT_TOOL_DIRS
+        .iter()
+        .copied()
+        .chain(s.secrets.tool_dirs.iter().map(|t| t.value.as_str()))
+        .collect();
+    if !cx.errors.is_empty() {
+        return Err(ConfigErrors::new(std::mem::take(&mut cx.errors.list)).into());
+    }
+    let live = LiveRules {
+        block: PatternSet::new(block_patterns.iter().map(String::as_str)),
+        allow: PatternSet::new(allow_patterns.iter().copied()),
+        explicit,
+        since: std::time::SystemTime::now(),
+    };
+    let tool_set = PatternSet::new(tool_patterns.iter().copied());
+    let gitignored = s.secrets.gitignored.as_ref().is_none_or(|b| b.value);
+    let git_crypt = s.secrets.git_crypt.as_ref().is_none_or(|b| b.value);
+    let block_rule = |p: &str| live.rule_name(p);
+    let key = sha_hex(
+        serde_json::to_string(&(
+            &block_patterns,
+            &allow_patterns,
+            &tool_patterns,
+            gitignored,
+            git_crypt,
+            "v1",
+        ))
+        .unwrap_or_default()
+        .as_bytes(),
+    );
+    let rules = scan::ScanRules {
+        block: &live.block,
+        block_rule: &block_rule,
+        allow: &live.allow,
+        tool_dirs: &tool_set,
+        gitignored,
+        git_crypt,
+        key,
+    };
+    let cache_dir = req
+        .use_cache
+        .then(|| host.cache_home().join("aisb").join("scan"));
+    let scanned = scan::scan(project, &rules, cache_dir.as_deref())?;
+    let mut mask_list: Vec<Mask> = scanned
+        .masks
+        .iter()
+        .map(|m| Mask {
+            path: project
+                .join(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&m.rel)),
+            dir: m.dir,
+            rule: m.rule.clone(),
+        })
+        .collect();
+    let home_visible = home_mode != HomeMode::Empty;
+    if home_visible && defaults {
+        for rel in HOME_SENSITIVE {
+            let p = home.join(rel);
+            if let Ok(m) = std::fs::symlink_metadata(&p) {
+                mask_list.push(Mask {
+                    dir: m.is_dir(),
+                    path: p,
+                    rule: format!("home \"~/{rel}\""),
+                });
+            }
+        }
+    }
+    for (p, rule) in outside {
+        if let Ok(m) = std::fs::symlink_metadata(&p) {
+            mask_list.push(Mask {
+                dir: m.is_dir(),
+                path: p,
+                rule,
+            });
+        }
+    }
+    // A mask only matters where something is mounted; it must also never hide a mount's root
+    // parent chain in a way that breaks it, so keep the list sorted and free of duplicates.
+    mask_list.sort_by(|a, b| a.path.cmp(&b.path));
+    mask_list.dedup_by(|a, b| a.path == b.path);
+    Ok(Resolved {
+        masks: mask_list,
+        live,
+        scanned,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -240,15 +328,5 @@ mod tests {
         let s = PatternSet::new([".ssh/"]);
         assert_eq!(s.covers("home/.ssh/id_ed25519", false), Some(".ssh/"));
         assert_eq!(s.covers("home/ssh/id", false), None);
-    }
-
-    #[test]
-    fn validation() {
-        assert!(validate_pattern("*.pem").is_ok());
-        assert!(validate_pattern("~/.config/gcloud").is_ok());
-        assert!(validate_pattern("~/.config/*").is_err());
-        assert!(validate_pattern("../x").is_err());
-        assert!(validate_pattern("a/[b").is_err());
-        assert!(validate_pattern("").is_err());
     }
 }

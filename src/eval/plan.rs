@@ -67,7 +67,7 @@ pub enum Rootfs {
     /// An `image` declared in KDL (the project is the build context).
     Image {
         name: String,
-        steps: Vec<crate::image::Step>,
+        steps: Vec<crate::config::instr::Step>,
     },
     /// An image used as it is.
     From { source: String },

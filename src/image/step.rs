@@ -81,7 +81,7 @@ pub fn run(step: &StepRun, on_line: &mut dyn FnMut(&str)) -> Result<i32, StepErr
     };
     let mut env = step.env.clone();
     if proxy.is_some() {
-        let url = format!("http://127.0.0.1:{}", crate::init::relay::PROXY_PORT);
+        let url = format!("http://127.0.0.1:{}", crate::vocab::PROXY_PORT);
         for k in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
             env.push(format!("{k}={url}"));
         }

@@ -116,7 +116,7 @@ pub fn answer(query: &[u8], ask: fn(&str) -> Option<bool>, limit: usize) -> Opti
     ));
     let shown = question.qname.to_string();
     let name = shown.trim_end_matches('.').to_ascii_lowercase();
-    match crate::proxy::domain::normalise_name(&name) {
+    match crate::config::domain::normalise_name(&name) {
         Err(_) => *reply.rcode_mut() = RCODE::NameError,
         Ok(name) => match transparent::lookup(&name, ask) {
             Answer::Address(ip) => {

@@ -18,12 +18,7 @@ use nix::sys::signal::{kill, SigSet, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
 
-/// Where the init binary appears inside every sandbox.
-pub const INIT_PATH: &str = "/run/aisb/init";
-
-/// The init's own binary, installed beside `aisb`: it links only what the init needs, so it
-/// starts in a fraction of the time the full `aisb` takes. `aisb __init` is the fallback.
-pub const INIT_BINARY: &str = "aisb-init";
+use crate::vocab::{INIT_BINARY, INIT_PATH};
 
 /// The host binary to mount at [`INIT_PATH`] for the running `aisb`.
 pub fn binary_beside(exe: &std::path::Path) -> std::path::PathBuf {
@@ -196,7 +191,7 @@ pub struct Options {
     pub loopback: bool,
     /// (`RLIMIT_NOFILE`, soft, hard)
     pub rlimits: Vec<(String, u64, u64)>,
-    /// Relay 127.0.0.1:[`relay::PROXY_PORT`] (and [::1]) to the host's proxy.
+    /// Relay 127.0.0.1:[`crate::vocab::PROXY_PORT`] (and [::1]) to the host's proxy.
     pub relay_proxy: bool,
     /// Relay these loopback ports to the host's own 127.0.0.1:PORT, through the proxy.
     pub relay_ports: Vec<u16>,
@@ -270,7 +265,7 @@ pub fn harden(opts: &Options) -> Result<Bound, InitError> {
     let mut listeners = Vec::new();
     let ports = opts
         .relay_proxy
-        .then_some((relay::PROXY_PORT, relay::Target::Proxy))
+        .then_some((crate::vocab::PROXY_PORT, relay::Target::Proxy))
         .into_iter()
         .chain(
             opts.relay_ports
@@ -290,7 +285,7 @@ pub fn harden(opts: &Options) -> Result<Bound, InitError> {
         transparent_ports = opts.transparent_ports.clone();
         for &port in &opts.transparent_ports {
             // A port relayed to the host's own loopback (`localhost-port`) keeps that meaning.
-            if port == relay::PROXY_PORT || opts.relay_ports.contains(&port) {
+            if port == crate::vocab::PROXY_PORT || opts.relay_ports.contains(&port) {
                 continue;
             }
             transparent.push(

@@ -221,13 +221,13 @@ fn report(addr: SocketAddr, proxied: bool, transparent: &[u16]) {
         let ports: Vec<String> = transparent.iter().map(u16::to_string).collect();
         format!(
             "outside the proxy (HTTPS_PROXY=http://127.0.0.1:{}), only ports {} reach allowed names",
-            super::relay::PROXY_PORT,
+            crate::vocab::PROXY_PORT,
             ports.join(", ")
         )
     } else if proxied {
         format!(
             "the network goes through the proxy only (HTTPS_PROXY=http://127.0.0.1:{})",
-            super::relay::PROXY_PORT
+            crate::vocab::PROXY_PORT
         )
     } else {
         "this sandbox has no network".to_string()

@@ -1,5 +1,5 @@
 //! The in-sandbox end of the network: listeners on 127.0.0.1 and [::1] that relay to the
-//! host-side proxy's Unix socket (bind-mounted at [`PROXY_SOCKET`]).
+//! host-side proxy's Unix socket (bind-mounted at [`PROXY_SOCKET`](crate::vocab::PROXY_SOCKET)).
 //!
 //! The init binds them before the workload starts and keeps them: they are close-on-exec, so
 //! the workload cannot accept on them, and the init is PID 1, which nothing inside can kill or
@@ -11,11 +11,9 @@ use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 
-/// Where the proxy's socket appears inside the sandbox.
-pub const PROXY_DIR: &str = "/run/aisb/net";
-pub const PROXY_SOCKET: &str = "/run/aisb/net/proxy.sock";
-/// The loopback port the workload's `HTTP(S)_PROXY` points at.
-pub const PROXY_PORT: u16 = 3128;
+use crate::vocab::{
+    AGENT_EVENT_MAX, AGENT_METHOD, DIRECT_METHOD, LEARNED_HEADER, PROXY_SOCKET,
+};
 
 /// What a listener relays: everything to the proxy, or one host loopback port through it.
 #[derive(Debug, Clone, Copy)]
@@ -235,19 +233,6 @@ pub fn report_direct(addr: std::net::SocketAddr) {
     }
 }
 
-/// The request method the init uses to report a direct connection attempt to the proxy.
-pub const DIRECT_METHOD: &str = "AISB-DIRECT-CONNECT";
-/// The request method the init's DNS stub uses to ask whether a name may be answered.
-pub const RESOLVE_METHOD: &str = "AISB-RESOLVE";
-/// On a `CONNECT` from the transparent relay: how it learned the name (`dns`, `sni`, `host`,
-/// `ip`), for the audit log.
-pub const LEARNED_HEADER: &str = "X-Aisb-Learned";
-/// On a direct-connection report from the transparent relay: why it refused.
-pub const REASON_HEADER: &str = "X-Aisb-Reason";
-/// The request method an agent's tool hook uses to put a tool call into the audit log.
-pub const AGENT_METHOD: &str = "AISB-AGENT-EVENT";
-/// The most of a hook's input forwarded (a Write tool's input holds the whole file).
-pub const AGENT_EVENT_MAX: usize = 16 * 1024;
 
 /// `init agent-event AGENT`: an agent's pre-tool hook. Forwards the hook's JSON (stdin) to the
 /// proxy, which writes it to the audit log; always exits 0 and prints nothing, so it never
@@ -257,7 +242,7 @@ pub fn agent_event_main(agent: &str) -> i32 {
     // its one-line summary only, so a large Write keeps its name.
     let mut raw = Vec::new();
     let _ = std::io::stdin().take(64 << 20).read_to_end(&mut raw);
-    let (tool, summary) = crate::agents::summarise_tool_call(&raw);
+    let (tool, summary) = crate::vocab::summarise_tool_call(&raw);
     let mut input = serde_json::json!({"tool_name": tool, "tool_input": {"summary": summary}})
         .to_string()
         .into_bytes();

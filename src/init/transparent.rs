@@ -25,7 +25,8 @@ use std::os::unix::net::UnixStream;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::relay::{self, PROXY_SOCKET};
+use super::relay;
+use crate::vocab::PROXY_SOCKET;
 
 /// The synthetic pool: 198.18.0.0/15 (RFC 2544 benchmarking, never routed on the internet,
 /// and internal to the proxy's policy, so a synthetic address is never a real destination).
@@ -53,11 +54,11 @@ const MAX_PORTS: usize = 64;
 pub fn ports_for<'a>(allow: impl IntoIterator<Item = &'a String>, localhost: &[u16]) -> Vec<u16> {
     let named = allow
         .into_iter()
-        .filter_map(|r| crate::proxy::domain::DomainRule::parse(r).ok()?.port);
+        .filter_map(|r| crate::config::domain::DomainRule::parse(r).ok()?.port);
     let mut ports: Vec<u16> = DEFAULT_PORTS
         .into_iter()
         .chain(named)
-        .filter(|p| !localhost.contains(p) && *p != 53 && *p != relay::PROXY_PORT)
+        .filter(|p| !localhost.contains(p) && *p != 53 && *p != crate::vocab::PROXY_PORT)
         .collect();
     ports.sort_unstable();
     ports.dedup();
@@ -151,7 +152,7 @@ pub fn lookup(name: &str, ask: impl FnOnce(&str) -> Option<bool>) -> Answer {
 pub fn ask_proxy(name: &str) -> Option<bool> {
     let mut s = UnixStream::connect(PROXY_SOCKET).ok()?;
     let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-    s.write_all(format!("{} {name} HTTP/1.1\r\n\r\n", relay::RESOLVE_METHOD).as_bytes())
+    s.write_all(format!("{} {name} HTTP/1.1\r\n\r\n", crate::vocab::RESOLVE_METHOD).as_bytes())
         .ok()?;
     let mut head = [0u8; 12];
     s.read_exact(&mut head).ok()?;
@@ -467,7 +468,7 @@ fn normalised(name: &str, how: Learned) -> Found {
     if bare.parse::<IpAddr>().is_ok() {
         return Found::None;
     }
-    match crate::proxy::domain::normalise_name(bare) {
+    match crate::config::domain::normalise_name(bare) {
         Ok(n) => Found::Name(n, how),
         Err(_) => Found::None,
     }
@@ -560,8 +561,8 @@ fn refuse(dest: SocketAddr, reason: &str) {
         let _ = s.write_all(
             format!(
                 "{} {dest} HTTP/1.1\r\n{}: {reason}\r\n\r\n",
-                relay::DIRECT_METHOD,
-                relay::REASON_HEADER
+                crate::vocab::DIRECT_METHOD,
+                crate::vocab::REASON_HEADER
             )
             .as_bytes(),
         );

@@ -12,7 +12,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use serde::{Deserialize, Serialize};
 
-use super::domain::{normalise_name, DomainRule, Host};
+use crate::config::domain::{normalise_name, DomainRule, Host};
 
 /// Everything the proxy enforces, as the host-side `aisb` hands it over.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

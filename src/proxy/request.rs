@@ -4,7 +4,7 @@
 //! answer; the bytes come from the sandbox, so every parser here is fuzzed
 //! (fuzz/fuzz_targets/proxy_request.rs) and none may panic.
 
-use crate::init::relay::{AGENT_EVENT_MAX, AGENT_METHOD, DIRECT_METHOD};
+use crate::vocab::{AGENT_EVENT_MAX, AGENT_METHOD, DIRECT_METHOD};
 
 /// Largest request head accepted (request line and headers).
 pub const MAX_HEAD: usize = 64 * 1024;

@@ -20,7 +20,7 @@ use super::request::{
     Socks5Request, MAX_HEAD,
 };
 use crate::audit::{Kind, Log};
-use crate::init::relay::{LEARNED_HEADER, REASON_HEADER, RESOLVE_METHOD};
+use crate::vocab::{LEARNED_HEADER, REASON_HEADER, RESOLVE_METHOD};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Copy buffer per direction: tokio's default 8 KiB halves loopback throughput.
@@ -246,9 +246,9 @@ impl Proxy {
                 body.truncate(body_len);
                 client.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await?;
                 if let Some(log) = self.audit.as_ref().filter(|l| self.may_report(l)) {
-                    let (tool, input) = crate::agents::summarise_tool_call(&body);
+                    let (tool, input) = crate::vocab::summarise_tool_call(&body);
                     let _ = log.write(Kind::Agent {
-                        agent: crate::agents::clean_label(&target),
+                        agent: crate::vocab::clean_label(&target),
                         tool,
                         input,
                     });

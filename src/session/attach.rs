@@ -54,8 +54,8 @@ fn read_at(dir: &OwnedFd, path: &str) -> Option<Vec<u8>> {
 
 fn ready_at(dir: &OwnedFd, pid: i32) -> bool {
     let cmdline = read_at(dir, "cmdline").unwrap_or_default();
-    let is_init = cmdline.starts_with(crate::init::INIT_PATH.as_bytes())
-        && cmdline.get(crate::init::INIT_PATH.len()) == Some(&0);
+    let is_init = cmdline.starts_with(crate::vocab::INIT_PATH.as_bytes())
+        && cmdline.get(crate::vocab::INIT_PATH.len()) == Some(&0);
     // Without CONFIG_PROC_CHILDREN (no such file), the exec of the init is the best sign.
     is_init
         && read_at(dir, &format!("task/{pid}/children"))

@@ -14,7 +14,7 @@ use oci_spec::runtime::Spec;
 use serde_json::{json, Value};
 
 use crate::eval::plan::{MountKind, NetMode, Plan, SystemPath};
-use crate::init::INIT_PATH;
+use crate::vocab::INIT_PATH;
 
 /// Where the bundle's own files are. Absolute paths, except `rootfs` (relative to the bundle).
 #[derive(Debug, Clone)]
@@ -331,7 +331,7 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
     let proxied = netns && plan.network.mode == NetMode::Allow;
     if let (true, Some(dir)) = (proxied, &paths.proxy_dir) {
         mounts.push(mount(
-            Path::new(crate::init::relay::PROXY_DIR),
+            Path::new(crate::vocab::PROXY_DIR),
             "bind",
             &s(dir),
             &opts(&["bind", "ro", "nosuid", "nodev", "noexec"]),
@@ -550,7 +550,7 @@ pub fn build_step(step: &StepSpec) -> Result<Spec, SpecError> {
     }
     if let Some(dir) = step.proxy_dir {
         mounts.push(mount(
-            Path::new(crate::init::relay::PROXY_DIR),
+            Path::new(crate::vocab::PROXY_DIR),
             "bind",
             &s(dir),
             &opts(&["bind", "ro", "nosuid", "nodev", "noexec"]),

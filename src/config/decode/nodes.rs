@@ -1,19 +1,12 @@
-//! KDL -> raw model. One small function per node; every unknown node, property or value is an
-//! error at its own span, and decoding goes on so that all errors are reported at once.
+//! One function per node of the configuration (the `image` block's are in `image`).
 
-use kdl::{KdlDocument, KdlEntry, KdlNode, KdlValue};
-use miette::SourceSpan;
+use kdl::{KdlDocument, KdlNode, KdlValue};
 
-use super::diag::{suggest, Errors, Loc, SourceFile, Spanned};
-use super::model::*;
-use crate::proxy::domain::DomainRule;
-
-/// Decoding state for one file: where we are and what went wrong so far.
-pub struct Decoder<'a> {
-    pub sources: &'a [SourceFile],
-    pub file: usize,
-    pub errors: &'a mut Errors,
-}
+use super::values::{is_env_glob, is_env_name, kind_of, parse_size};
+use super::Decoder;
+use super::BACKENDS;
+use crate::config::diag::{suggest, Spanned};
+use crate::config::model::*;
 
 const TOP_NODES: &[&str] = &[
     "import",
@@ -41,38 +34,7 @@ const SETTINGS_NODES: &[&str] = &[
     "rootfs",
 ];
 
-/// Runtime backends `backend` accepts (the runtimes themselves live outside the config).
-pub const BACKENDS: [&str; 2] = ["libcontainer", "bwrap"];
-
-fn kind_of(v: &KdlValue) -> &'static str {
-    match v {
-        KdlValue::String(_) => "a string",
-        KdlValue::Integer(_) => "an integer",
-        KdlValue::Float(_) => "a number",
-        KdlValue::Bool(_) => "a boolean",
-        KdlValue::Null => "#null",
-    }
-}
-
 impl Decoder<'_> {
-    fn loc(&self, span: SourceSpan) -> Loc {
-        Loc {
-            file: self.file,
-            span,
-        }
-    }
-
-    fn err(
-        &mut self,
-        span: SourceSpan,
-        message: impl Into<String>,
-        label: &str,
-        help: Option<String>,
-    ) {
-        let loc = self.loc(span);
-        self.errors.push(self.sources, loc, message, label, help);
-    }
-
     /// Decode a whole file.
     pub fn file(&mut self, doc: &KdlDocument) -> ConfigFile {
         let mut cfg = ConfigFile::default();
@@ -153,7 +115,7 @@ impl Decoder<'_> {
 
     /// A settings node (valid at the top level and inside `profile`). Unknown names are
     /// reported with the closest of `known` as a suggestion.
-    fn setting<'k>(
+    pub(super) fn setting<'k>(
         &mut self,
         node: &KdlNode,
         s: &mut Settings,
@@ -200,7 +162,7 @@ impl Decoder<'_> {
                 };
                 for e in self.args(node, 1, usize::MAX, "path globs") {
                     if let Some(g) = self.string(e) {
-                        if let Err(msg) = crate::eval::masks::validate_pattern(&g.value) {
+                        if let Err(msg) = crate::config::pattern::validate(&g.value) {
                             self.err(e.span(), format!("invalid glob `{}`: {msg}", g.value), "bad glob", Some(
                                 "globs are relative to the project (`*.pem`, `config/*.yml`, `.aws/`); paths outside it start with `/` or `~/` and may not contain wildcards".into()));
                         } else {
@@ -285,7 +247,7 @@ impl Decoder<'_> {
         }
     }
 
-    fn profile(&mut self, node: &KdlNode) -> Option<ProfileDecl> {
+    pub(super) fn profile(&mut self, node: &KdlNode) -> Option<ProfileDecl> {
         self.only_props(node, &["extends", "description"]);
         let name = self
             .args(node, 1, 1, "a profile name")
@@ -315,7 +277,7 @@ impl Decoder<'_> {
         })
     }
 
-    fn task(&mut self, node: &KdlNode) -> Option<TaskDecl> {
+    pub(super) fn task(&mut self, node: &KdlNode) -> Option<TaskDecl> {
         self.only_props(node, &["description"]);
         let name = self
             .args(node, 1, 1, "a task name")
@@ -388,7 +350,7 @@ impl Decoder<'_> {
         })
     }
 
-    fn group(&mut self, node: &KdlNode) -> Option<GroupDecl> {
+    pub(super) fn group(&mut self, node: &KdlNode) -> Option<GroupDecl> {
         self.only_props(node, &[]);
         self.no_children(node);
         let args = self.args(node, 2, usize::MAX, "a group name followed by domains");
@@ -402,137 +364,7 @@ impl Decoder<'_> {
         Some(GroupDecl { name, domains })
     }
 
-    /// `image "NAME" { from "…"; arg "K" "default"; env "K" "V"; run "…"; copy "SRC"… "DEST"
-    /// chown=… chmod="0644"; add …; workdir "…"; user "…"; shell "…"… }`
-    fn image(&mut self, node: &KdlNode) -> Option<ImageDecl> {
-        use crate::image::{Cmd, Instr, Step};
-        self.only_props(node, &[]);
-        let name = self
-            .args(node, 1, 1, "the image's name")
-            .first()
-            .and_then(|e| self.string(e))?;
-        let file = self.sources[self.file].name.clone();
-        let mut steps = Vec::new();
-        let mut froms = 0;
-        for child in self.children(
-            node,
-            &[
-                "from", "arg", "env", "run", "copy", "add", "workdir", "user", "shell",
-            ],
-        ) {
-            let kind = child.name().value();
-            let (line, _) = self.sources[self.file].line_col(child.span().offset());
-            let at = format!("{file}:{line}");
-            let strings =
-                |d: &mut Self, min: usize, max: usize, what: &str| -> Option<Vec<String>> {
-                    let es = d.args(child, min, max, what);
-                    let v: Vec<String> = es
-                        .iter()
-                        .filter_map(|e| d.string(e).map(|s| s.value))
-                        .collect();
-                    (v.len() == es.len() && v.len() >= min).then_some(v)
-                };
-            let props: &[&str] = if matches!(kind, "copy" | "add") {
-                &["chown", "chmod"]
-            } else {
-                &[]
-            };
-            self.only_props(child, props);
-            self.no_children(child);
-            let instr = match kind {
-                "from" => {
-                    froms += 1;
-                    if froms > 1 {
-                        self.err(
-                            child.span(),
-                            "an image has one `from`",
-                            "second from",
-                            Some("copy artefacts in with `copy` instead".into()),
-                        );
-                    }
-                    strings(
-                        self,
-                        1,
-                        1,
-                        "an image: oci:DIR[:TAG], oci-archive:FILE, REF or scratch",
-                    )
-                    .map(|v| Instr::From(v[0].clone()))
-                }
-                "arg" => strings(self, 1, 2, "a name and an optional default")
-                    .map(|v| Instr::Arg(v[0].clone(), v.get(1).cloned())),
-                "env" => strings(self, 2, 2, "a name and a value")
-                    .map(|v| Instr::Env(vec![(v[0].clone(), v[1].clone())])),
-                "run" => strings(
-                    self,
-                    1,
-                    usize::MAX,
-                    "a shell command, or several strings for an argv",
-                )
-                .map(|v| {
-                    Instr::Run(if v.len() == 1 {
-                        Cmd::Shell(v[0].clone())
-                    } else {
-                        Cmd::Exec(v)
-                    })
-                }),
-                "copy" | "add" => {
-                    strings(self, 2, usize::MAX, "sources and a destination").map(|mut v| {
-                        let dest = v.pop().unwrap_or_default();
-                        let chown = self.prop_string(child, "chown").map(|s| s.value);
-                        let chmod = self.prop(child, "chmod").and_then(|e| {
-                            let m = self.string(e)?;
-                            let parsed = u32::from_str_radix(&m.value, 8)
-                                .ok()
-                                .filter(|m| *m <= 0o7777);
-                            if parsed.is_none() {
-                                self.err(
-                                    e.span(),
-                                    format!("`{}` is not an octal mode", m.value),
-                                    "bad mode",
-                                    Some("e.g. chmod=\"0755\"".into()),
-                                );
-                            }
-                            parsed
-                        });
-                        Instr::Copy {
-                            srcs: v,
-                            dest,
-                            chown,
-                            chmod,
-                            add: kind == "add",
-                        }
-                    })
-                }
-                "workdir" => {
-                    strings(self, 1, 1, "a directory").map(|v| Instr::Workdir(v[0].clone()))
-                }
-                "user" => strings(self, 1, 1, "USER[:GROUP]").map(|v| Instr::User(v[0].clone())),
-                _ => strings(self, 1, usize::MAX, "the shell's argv").map(Instr::Shell),
-            };
-            if let Some(instr) = instr {
-                if froms == 0 && !matches!(instr, Instr::Arg(..) | Instr::From(_)) {
-                    self.err(
-                        child.span(),
-                        format!("`{kind}` before `from`"),
-                        "no base yet",
-                        Some("start the image with `from \"…\"`".into()),
-                    );
-                }
-                steps.push(Step { instr, at });
-            }
-        }
-        if froms == 0 {
-            self.err(
-                node.name().span(),
-                format!("image `{}` has no `from`", name.value),
-                "no base",
-                Some("add `from \"oci:DIR\"`, `from \"REF\"` or `from \"scratch\"`".into()),
-            );
-        }
-        Some(ImageDecl { name, steps })
-    }
-
-    fn project(&mut self, node: &KdlNode, p: &mut ProjectCfg) {
+    pub(super) fn project(&mut self, node: &KdlNode, p: &mut ProjectCfg) {
         self.only_props(node, &["access"]);
         self.no_children(node);
         if let Some(e) = self.args(node, 0, 1, "the project root").first() {
@@ -543,7 +375,7 @@ impl Decoder<'_> {
         }
     }
 
-    fn mount(&mut self, node: &KdlNode) -> Option<MountCfg> {
+    pub(super) fn mount(&mut self, node: &KdlNode) -> Option<MountCfg> {
         self.only_props(node, &["access", "optional"]);
         self.no_children(node);
         let args = self.args(node, 1, 2, "a host path and an optional target path");
@@ -568,7 +400,7 @@ impl Decoder<'_> {
         })
     }
 
-    fn tmpfs(&mut self, node: &KdlNode) -> Option<TmpfsCfg> {
+    pub(super) fn tmpfs(&mut self, node: &KdlNode) -> Option<TmpfsCfg> {
         self.only_props(node, &["size"]);
         self.no_children(node);
         let target = self
@@ -586,7 +418,7 @@ impl Decoder<'_> {
         })
     }
 
-    fn secrets(&mut self, node: &KdlNode, s: &mut SecretsCfg) {
+    pub(super) fn secrets(&mut self, node: &KdlNode, s: &mut SecretsCfg) {
         self.only_props(node, &[]);
         self.args(node, 0, 0, "");
         for child in self.children(node, &["defaults", "gitignored", "git-crypt", "tool-dirs"]) {
@@ -599,7 +431,7 @@ impl Decoder<'_> {
                 "tool-dirs" => {
                     for e in self.args(child, 1, usize::MAX, "directory globs") {
                         if let Some(g) = self.string(e) {
-                            match crate::eval::masks::validate_pattern(&g.value) {
+                            match crate::config::pattern::validate(&g.value) {
                                 Ok(()) => s.tool_dirs.push(g),
                                 Err(msg) => self.err(
                                     e.span(),
@@ -616,7 +448,7 @@ impl Decoder<'_> {
         }
     }
 
-    fn env(&mut self, node: &KdlNode, env: &mut EnvCfg) {
+    pub(super) fn env(&mut self, node: &KdlNode, env: &mut EnvCfg) {
         self.only_props(node, &[]);
         self.args(node, 0, 0, "");
         for child in self.children(
@@ -727,7 +559,7 @@ impl Decoder<'_> {
         }
     }
 
-    fn network(&mut self, node: &KdlNode, net: &mut NetworkCfg) {
+    pub(super) fn network(&mut self, node: &KdlNode, net: &mut NetworkCfg) {
         self.only_props(node, &["domains", "transparent"]);
         if let Some(e) = self.prop(node, "domains") {
             net.domains = self.enumerated(e, &DomainsMode::NAMES, DomainsMode::parse);
@@ -793,7 +625,7 @@ impl Decoder<'_> {
     /// `rootfs … { network "none" }` or `{ network { group …; allow … } }`: what RUN steps may
     /// reach. Only names to allow: steps never get the host's network, its loopback ports,
     /// or a domain mode (there is no preset list to merge with).
-    fn build_network(&mut self, node: &KdlNode) -> Option<NetworkCfg> {
+    pub(super) fn build_network(&mut self, node: &KdlNode) -> Option<NetworkCfg> {
         let mut net = NetworkCfg::default();
         self.network(node, &mut net);
         let host = net.mode.as_ref().filter(|m| m.value == NetMode::Host);
@@ -817,7 +649,7 @@ impl Decoder<'_> {
         None
     }
 
-    fn process(&mut self, node: &KdlNode, p: &mut ProcessCfg) {
+    pub(super) fn process(&mut self, node: &KdlNode, p: &mut ProcessCfg) {
         self.only_props(node, &[]);
         self.args(node, 0, 0, "");
         for child in self.children(
@@ -919,7 +751,7 @@ impl Decoder<'_> {
         }
     }
 
-    fn limits(&mut self, node: &KdlNode, l: &mut LimitsCfg) {
+    pub(super) fn limits(&mut self, node: &KdlNode, l: &mut LimitsCfg) {
         self.only_props(node, &[]);
         self.args(node, 0, 0, "");
         for child in self.children(node, &["pids", "memory", "cpus"]) {
@@ -1024,301 +856,4 @@ impl Decoder<'_> {
             }
         }
     }
-
-    // ---- helpers ----------------------------------------------------------------------------
-
-    fn args<'n>(
-        &mut self,
-        node: &'n KdlNode,
-        min: usize,
-        max: usize,
-        what: &str,
-    ) -> Vec<&'n KdlEntry> {
-        let args: Vec<&KdlEntry> = node
-            .entries()
-            .iter()
-            .filter(|e| e.name().is_none())
-            .collect();
-        let name = node.name().value();
-        if args.len() < min {
-            self.err(
-                node.span(),
-                format!("`{name}` needs {what}"),
-                "missing argument",
-                Some(format!("write `{name}` followed by {what}")),
-            );
-        } else if args.len() > max {
-            let extra = args[max];
-            let message = if max == 0 {
-                format!("`{name}` takes no arguments")
-            } else {
-                format!(
-                    "`{name}` takes at most {max} argument{}",
-                    if max == 1 { "" } else { "s" }
-                )
-            };
-            self.err(
-                extra.span(),
-                message,
-                "unexpected argument",
-                (!what.is_empty()).then(|| format!("`{name}` expects {what}")),
-            );
-            return args[..max].to_vec();
-        }
-        args
-    }
-
-    fn prop<'n>(&mut self, node: &'n KdlNode, key: &str) -> Option<&'n KdlEntry> {
-        node.entries()
-            .iter()
-            .rev()
-            .find(|e| e.name().is_some_and(|n| n.value() == key))
-    }
-
-    fn prop_string(&mut self, node: &KdlNode, key: &str) -> Option<Spanned<String>> {
-        let e = self.prop(node, key)?;
-        self.string(e)
-    }
-
-    fn only_props(&mut self, node: &KdlNode, allowed: &[&str]) {
-        for e in node.entries() {
-            if let Some(n) = e.name() {
-                if !allowed.contains(&n.value()) {
-                    let help = match suggest(n.value(), allowed.iter().copied()) {
-                        Some(s) => format!("did you mean `{s}`?"),
-                        None if allowed.is_empty() => {
-                            format!("`{}` takes no properties", node.name().value())
-                        }
-                        None => format!("known properties: {}", allowed.join(", ")),
-                    };
-                    self.err(
-                        n.span(),
-                        format!(
-                            "unknown property `{}` on `{}`",
-                            n.value(),
-                            node.name().value()
-                        ),
-                        "unknown property",
-                        Some(help),
-                    );
-                }
-            }
-        }
-    }
-
-    fn no_children(&mut self, node: &KdlNode) {
-        if let Some(c) = node.children() {
-            self.err(
-                c.span(),
-                format!("`{}` takes no children block", node.name().value()),
-                "unexpected block",
-                Some("remove the braces and put the values on the node's line".into()),
-            );
-        }
-    }
-
-    /// Children of a block node, with unknown names reported.
-    fn children<'n>(&mut self, node: &'n KdlNode, known: &[&str]) -> Vec<&'n KdlNode> {
-        let mut out = Vec::new();
-        let Some(doc) = node.children() else {
-            return out;
-        };
-        for child in doc.nodes() {
-            let name = child.name().value();
-            if known.contains(&name) {
-                out.push(child);
-            } else {
-                let help = match suggest(name, known.iter().copied()) {
-                    Some(s) => format!("did you mean `{s}`?"),
-                    None => format!("`{}` accepts: {}", node.name().value(), known.join(", ")),
-                };
-                self.err(
-                    child.name().span(),
-                    format!("unknown node `{name}` in `{}`", node.name().value()),
-                    "unknown node",
-                    Some(help),
-                );
-            }
-        }
-        out
-    }
-
-    fn string(&mut self, e: &KdlEntry) -> Option<Spanned<String>> {
-        match e.value() {
-            KdlValue::String(s) => Some(Spanned::new(s.clone(), self.loc(e.span()))),
-            other => {
-                self.err(
-                    e.span(),
-                    format!("expected a string, found {}", kind_of(other)),
-                    "not a string",
-                    Some("quote the value: \"…\"".into()),
-                );
-                None
-            }
-        }
-    }
-
-    fn boolean(&mut self, e: &KdlEntry) -> Option<Spanned<bool>> {
-        match e.value() {
-            KdlValue::Bool(b) => Some(Spanned::new(*b, self.loc(e.span()))),
-            other => {
-                self.err(
-                    e.span(),
-                    format!("expected a boolean, found {}", kind_of(other)),
-                    "not a boolean",
-                    Some("write #true or #false".into()),
-                );
-                None
-            }
-        }
-    }
-
-    /// `read-only` alone means `read-only #true`.
-    fn bool_arg_default_true(&mut self, node: &KdlNode) -> Option<Spanned<bool>> {
-        match self.args(node, 0, 1, "#true or #false").first() {
-            Some(e) => self.boolean(e),
-            None => Some(Spanned::new(true, self.loc(node.span()))),
-        }
-    }
-
-    fn enumerated<T>(
-        &mut self,
-        e: &KdlEntry,
-        names: &[&str],
-        parse: fn(&str) -> Option<T>,
-    ) -> Option<Spanned<T>> {
-        let s = self.string(e)?;
-        match parse(&s.value) {
-            Some(v) => Some(Spanned::new(v, s.loc)),
-            None => {
-                let help = match suggest(&s.value, names.iter().copied()) {
-                    Some(h) => format!("did you mean `{h}`?"),
-                    None => format!("expected one of: {}", names.join(", ")),
-                };
-                self.err(
-                    e.span(),
-                    format!("unknown value `{}`", s.value),
-                    "unknown value",
-                    Some(help),
-                );
-                None
-            }
-        }
-    }
-
-    fn integer(&mut self, e: &KdlEntry, what: &str, min: i128, max: i128) -> Option<i128> {
-        match e.value() {
-            KdlValue::Integer(i) if (min..=max).contains(i) => Some(*i),
-            KdlValue::Integer(i) => {
-                self.err(
-                    e.span(),
-                    format!("{i} is out of range for {what}"),
-                    "out of range",
-                    Some(format!("use a value between {min} and {max}")),
-                );
-                None
-            }
-            other => {
-                self.err(
-                    e.span(),
-                    format!("expected {what}, found {}", kind_of(other)),
-                    "not an integer",
-                    None,
-                );
-                None
-            }
-        }
-    }
-
-    fn port(&mut self, e: &KdlEntry) -> Option<Spanned<u16>> {
-        let p = self.integer(e, "a port", 1, 65535)?;
-        Some(Spanned::new(p as u16, self.loc(e.span())))
-    }
-
-    fn id(&mut self, e: &KdlEntry) -> Option<Spanned<u32>> {
-        let v = self.integer(e, "an id", 0, u32::MAX as i128 - 1)?;
-        Some(Spanned::new(v as u32, self.loc(e.span())))
-    }
-
-    fn limit(&mut self, e: &KdlEntry) -> Option<u64> {
-        if let KdlValue::String(s) = e.value() {
-            if s == "unlimited" {
-                return Some(u64::MAX);
-            }
-        }
-        self.integer(e, "a limit", 0, u64::MAX as i128)
-            .map(|v| v as u64)
-    }
-
-    /// A size: bytes as an integer or a string with a K/M/G suffix.
-    fn size(&mut self, e: &KdlEntry) -> Option<u64> {
-        if let KdlValue::String(s) = e.value() {
-            if let Some(v) = parse_size(s) {
-                return Some(v);
-            }
-            self.err(
-                e.span(),
-                format!("invalid size `{s}`"),
-                "bad size",
-                Some("write a number of bytes, or e.g. \"512M\", \"2G\"".into()),
-            );
-            return None;
-        }
-        self.integer(e, "a size", 1, u64::MAX as i128)
-            .map(|v| v as u64)
-    }
-
-    fn domain(&mut self, e: &KdlEntry) -> Option<Spanned<String>> {
-        let s = self.string(e)?;
-        match DomainRule::parse(&s.value) {
-            Ok(_) => Some(s),
-            Err(err) => {
-                self.err(
-                    e.span(),
-                    format!("invalid domain `{}`: {err}", s.value),
-                    "bad domain",
-                    Some(err.help().into()),
-                );
-                None
-            }
-        }
-    }
-}
-
-pub fn parse_size(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let (num, mult) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
-        None => (s, 1u64),
-        Some((i, _)) => {
-            let mult = match s[i..]
-                .to_ascii_uppercase()
-                .trim_end_matches("IB")
-                .trim_end_matches('B')
-            {
-                "" => 1,
-                "K" => 1 << 10,
-                "M" => 1 << 20,
-                "G" => 1 << 30,
-                "T" => 1 << 40,
-                _ => return None,
-            };
-            (&s[..i], mult)
-        }
-    };
-    num.parse::<u64>()
-        .ok()?
-        .checked_mul(mult)
-        .filter(|v| *v > 0)
-}
-
-pub fn is_env_name(s: &str) -> bool {
-    let mut chars = s.chars();
-    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-}
-
-fn is_env_glob(s: &str) -> bool {
-    !s.is_empty()
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '*' || c == '?')
 }
