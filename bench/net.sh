@@ -14,12 +14,16 @@
 set -eu
 cd "$(dirname "$0")/.."
 ROUNDS="${ROUNDS:-3}"
+#   DEBUG=1 sh bench/net.sh      # full sizes on the debug build (ratios only: no release)
 if [ -n "${SHORT:-}" ]; then
     ROUNDS=1 MB=10 REQS=100 STARTS=5 QUERIES=500
+else
+    MB=100 REQS=1000 STARTS=20 QUERIES=5000
+fi
+if [ -n "${SHORT:-}${DEBUG:-}" ]; then
     cargo build -q --bin aisb --bin aisb-init
     AISB="$PWD/target/debug/aisb"
 else
-    MB=100 REQS=1000 STARTS=20 QUERIES=5000
     cargo build --release -q
     AISB="$PWD/target/release/aisb"
 fi
