@@ -14,6 +14,9 @@ PROPTEST_CASES="${PROPTEST_CASES:-1000}" cargo test --workspace --locked 2>&1 | 
 # `cargo test` exits non-zero on any failure; the pipe hides that, so read it back.
 grep -q '^test result: FAILED' "$log" && status=1
 grep -q '^error' "$log" && status=1
+# The network benchmark, short (debug build, one small round): it must keep working.
+echo "== bench/net.sh (short)" >&2
+SHORT=1 sh bench/net.sh || status=1
 # The cargo-fuzz targets (fuzz/): hostile layers, proxy requests, dotenv files, generated
 # sandbox.kdl projects, OCI documents; 30 s each by default, a crash fails the run.
 echo "== fuzz" >&2

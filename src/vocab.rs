@@ -23,6 +23,13 @@ pub const MASK_SOURCE: &str = "/run/aisb/masked";
 
 /// The request method the init uses to report a direct connection attempt to the proxy.
 pub const DIRECT_METHOD: &str = "AISB-DIRECT-CONNECT";
+/// The request method the init's DNS stub uses to ask whether a name may be answered.
+pub const RESOLVE_METHOD: &str = "AISB-RESOLVE";
+/// On a `CONNECT` from the transparent relay: how it learned the name (`dns`, `sni`, `host`,
+/// `ip`), for the audit log.
+pub const LEARNED_HEADER: &str = "X-Aisb-Learned";
+/// On a direct-connection report from the transparent relay: why it refused.
+pub const REASON_HEADER: &str = "X-Aisb-Reason";
 /// The request method an agent's tool hook uses to put a tool call into the audit log.
 pub const AGENT_METHOD: &str = "AISB-AGENT-EVENT";
 /// The most of a hook's input forwarded (a Write tool's input holds the whole file).

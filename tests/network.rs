@@ -140,6 +140,23 @@ fn serve_tls(www: &Path, dir: &Path) -> (u16, Killed) {
 /// Run `script` in the project's sandbox as root (`user` None) or as that (uid, gid), each
 /// caller with a cache of its own.
 fn run(dir: &Path, backend: &str, user: Option<(u32, u32)>, resolve: &str, script: &str) -> Out {
+    run_with(
+        dir,
+        backend,
+        user,
+        &[("AISB_PROXY_RESOLVE", resolve)],
+        script,
+    )
+}
+
+/// [`run`] with the caller's environment for the proxy (`AISB_PROXY_RESOLVE`, `AISB_PROXY_PIN`).
+fn run_with(
+    dir: &Path,
+    backend: &str,
+    user: Option<(u32, u32)>,
+    names: &[(&str, &str)],
+    script: &str,
+) -> Out {
     let who = user.map_or("root".to_string(), |(uid, _)| uid.to_string());
     let mut cmd = match user {
         // Their own copy of aisb: the build tree may not be reachable for them.
@@ -174,7 +191,7 @@ fn run(dir: &Path, backend: &str, user: Option<(u32, u32)>, resolve: &str, scrip
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
         .env("HOME", dir.join("home"))
         .env("XDG_CACHE_HOME", dir.join(format!("cache-{who}")))
-        .env("AISB_PROXY_RESOLVE", resolve)
+        .envs(names.iter().copied())
         .stdin(std::process::Stdio::null())
         .output()
         .unwrap();
@@ -217,7 +234,7 @@ fn only_the_allowlist_goes_out_and_every_decision_is_logged() {
     std::fs::write(
         t.path().join("proj/sandbox.kdl"),
         format!(
-            "network {{\n    allow \"good.test:{port}\" \"good.test:{tls}\" \"*.sub.test\" \"rebind.test\"\n    deny \"bad.sub.test\"\n    localhost-port {db}\n}}\n"
+            "network transparent=#false {{\n    allow \"good.test:{port}\" \"good.test:{tls}\" \"*.sub.test\" \"rebind.test\"\n    deny \"bad.sub.test\"\n    localhost-port {db}\n}}\n"
         ),
     )
     .unwrap();
@@ -386,4 +403,268 @@ fn walk(dir: &Path, name: &str) -> Vec<PathBuf> {
         }
     }
     out
+}
+
+/// A server that speaks first, as sshd does: its banner, then it reads a little and closes.
+fn serve_banner(limit: usize) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().take(limit).flatten() {
+            let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+            let _ = conn.write_all(b"SSH-2.0-aisb_banner\r\n");
+            let mut buf = [0u8; 256];
+            let _ = conn.read(&mut buf);
+        }
+    });
+    port
+}
+
+/// `git daemon` on the host's loopback serving `base` (killed with the guard).
+fn serve_git(base: &Path) -> (u16, Killed) {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = Command::new("timeout")
+        .args(["300", "git", "daemon", "--reuseaddr", "--export-all"])
+        .arg("--listen=127.0.0.1")
+        .arg(format!("--port={port}"))
+        .arg(format!("--base-path={}", base.display()))
+        .arg(base)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let guard = Killed(child);
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return (port, guard);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("git daemon did not start");
+}
+
+/// Transparent egress: tools that ignore the proxy variables (curl --noproxy, python's urllib
+/// without proxies, Node's fetch, git://, plain ssh) reach allowed names through the same
+/// proxy and audit log, learning the name from the stub's synthetic address, SNI or Host; the
+/// attacks on it (a name fronted through another's address, a smuggled Host, raw IPs, other
+/// ports, loopback, UDP, IPv6, a burst of unlisted names) are refused with a reason.
+#[test]
+fn transparent_egress_reaches_allowed_names_only() {
+    if !privileged() {
+        return;
+    }
+    for tool in ["python3", "node", "ssh", "openssl"] {
+        if !support::tool_or_skip(tool, "the transparent egress test") {
+            return;
+        }
+    }
+    let t = tempfile::tempdir().unwrap();
+    let www = t.path().join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    std::fs::write(www.join("hello.txt"), "hello from the host\n").unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    support::git_in(&src, &["init", "-q"]);
+    std::fs::write(src.join("README"), "cloned over git://\n").unwrap();
+    support::git_in(&src, &["add", "-A"]);
+    support::git_in(&src, &["commit", "-qm", "one"]);
+    std::fs::create_dir_all(t.path().join("git")).unwrap();
+    support::git_in(t.path(), &["clone", "-q", "--bare", "src", "git/repo.git"]);
+
+    let http = serve(www.clone(), 400);
+    let (tls, _tls_server) = serve_tls(&www, t.path());
+    let (git, _git_daemon) = serve_git(&t.path().join("git"));
+    let ssh = serve_banner(50);
+    for d in ["home", "proj"] {
+        std::fs::create_dir_all(t.path().join(d)).unwrap();
+    }
+    support::git_in(&t.path().join("proj"), &["init", "-q"]);
+    std::fs::write(
+        t.path().join("proj/sandbox.kdl"),
+        "network {\n    allow \"allowed.test\" \"good.test\" \"git.test:9418\" \"ssh.test\"\n}\n",
+    )
+    .unwrap();
+    std::fs::copy(
+        t.path().join("www/cert.pem"),
+        t.path().join("proj/good-test-ca.crt"),
+    )
+    .unwrap();
+    let ca = t.path().join("proj/good-test-ca.crt").display().to_string();
+    // A JVM client (HttpURLConnection, no proxy), when Debian's JRE is installed.
+    let java = Command::new("java").arg("-version").output().is_ok();
+    std::fs::write(
+        t.path().join("proj/Fetch.java"),
+        "public class Fetch { public static void main(String[] a) throws Exception {\n\
+         var c = (java.net.HttpURLConnection) new java.net.URL(a[0]).openConnection(java.net.Proxy.NO_PROXY);\n\
+         c.setConnectTimeout(10000); c.setReadTimeout(10000);\n\
+         System.out.println(new String(c.getInputStream().readAllBytes()).trim()); } }\n",
+    )
+    .unwrap();
+    let pins = format!(
+        "allowed.test=127.0.0.1:{http},good.test=127.0.0.1:{tls},git.test=127.0.0.1:{git},ssh.test=127.0.0.1:{ssh}"
+    );
+    let script = |burst: usize| {
+        format!(
+            r#"
+unset HTTP_PROXY HTTPS_PROXY ALL_PROXY http_proxy https_proxy all_proxy NODE_USE_ENV_PROXY GIT_SSH_COMMAND
+c() {{ curl -s -m 10 --noproxy '*' "$@"; }}
+syn=$(getent hosts allowed.test | cut -d' ' -f1)
+echo "synthetic=${{syn%.*.*}}"
+echo "stable=$(test "$(getent hosts allowed.test | cut -d' ' -f1)" = "$syn"; echo $?)"
+echo "getent_other=$(getent hosts other.test >/dev/null; echo $?)"
+echo "resolv=$(grep nameserver /etc/resolv.conf)"
+echo "http=$(c http://allowed.test/hello.txt)"
+echo "https=$(c --cacert {ca} https://good.test/hello.txt)"
+echo "sni_raw_ip=$(c --cacert {ca} --resolve good.test:443:192.0.2.7 https://good.test/hello.txt)"
+echo "host_raw_ip=$(c -H 'Host: allowed.test' http://192.0.2.7/hello.txt)"
+echo "python=$(python3 -c 'import urllib.request as u; print(u.build_opener(u.ProxyHandler({{}})).open("http://allowed.test/hello.txt", timeout=10).read().decode().strip())' 2>&1)"
+echo "node=$(node -e 'fetch("http://allowed.test/hello.txt").then(r => r.text()).then(t => console.log(t.trim()), e => console.log("error", e.cause && e.cause.code))')"
+[ {java} = true ] && echo "java=$(java Fetch.java http://allowed.test/hello.txt 2>&1 | tail -1)"
+rm -rf /tmp/g; git clone -q git://git.test/repo.git /tmp/g 2>/tmp/git.err; echo "git=$?"
+echo "cloned=$(cat /tmp/g/README 2>/dev/null)"
+echo "ssh=$(ssh -v -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o ConnectTimeout=10 ssh.test true 2>&1 | grep -o 'remote software version [a-z_]*' | head -1)"
+echo "http_other=$(c http://other.test/ >/dev/null; echo $?)"
+echo "ssh_other=$(ssh -o BatchMode=yes -o ConnectTimeout=5 other.test true 2>&1 | grep -c 'Could not resolve')"
+echo "sni_mismatch=$(c --cacert {ca} --resolve good.test:443:$syn https://good.test/hello.txt >/dev/null; echo $?)"
+echo "smuggle=$(c -H 'Host: other.test' http://allowed.test/echo >/dev/null; echo $?)"
+echo "unassigned=$(c http://198.18.200.1/hello.txt >/dev/null; echo $?)"
+echo "raw_ip=$(python3 -c 'import socket; s = socket.create_connection(("192.0.2.1", 443), timeout=10); print("closed" if s.recv(1) == b"" else "open")' 2>&1 | tail -1)"
+echo "ip_host=$(c http://192.0.2.9/hello.txt >/dev/null; echo $?)"
+echo "loopback_port=$(c http://127.0.0.1:{http}/hello.txt >/dev/null; echo $?)"
+echo "loopback_443=$(c -k https://127.0.0.1/ >/dev/null; echo $?)"
+echo "other_port=$(c http://allowed.test:8080/hello.txt >/dev/null; echo $?)"
+echo "ipv6=$(c -g 'http://[2001:db8::1]/hello.txt' >/dev/null; echo $?)"
+echo "udp=$(python3 -c '
+import socket, struct
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(2)
+s.connect(("8.8.8.8", 53)); s.send(struct.pack(">HHHHHH", 1, 256, 1, 0, 0, 0) + b"\x07example\x03com\x00\x00\x01\x00\x01"); s.recv(512)
+' >/dev/null 2>&1; echo $?)"
+echo "burst=$(python3 -c '
+import socket, struct
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(5); s.connect(("127.0.0.53", 53))
+nx = 0
+for i in range({burst}):
+    q = struct.pack(">HHHHHH", i & 0xffff, 256, 1, 0, 0, 0) + b"".join(bytes([len(l)]) + l for l in (b"n%d" % i, b"burst", b"test")) + b"\x00\x00\x01\x00\x01"
+    s.send(q); r = s.recv(512); nx += (r[3] & 15) == 3
+print(nx)
+')"
+echo "after_burst=$(getent hosts allowed.test | cut -d' ' -f1)"
+"#
+        )
+    };
+    std::fs::set_permissions(
+        t.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let user = support::test_user();
+    let cache = t.path().join(format!("cache-{}", user.0));
+    std::fs::create_dir_all(&cache).unwrap();
+    std::os::unix::fs::chown(&cache, Some(user.0), Some(user.1)).unwrap();
+    let callers = [None, Some(user)];
+    for (i, (backend, user)) in BACKENDS
+        .iter()
+        .flat_map(|b| callers.iter().map(move |u| (*b, *u)))
+        .enumerate()
+    {
+        // The full burst once (root, the first backend: its audit log is checked below).
+        let burst = if i == 0 { 10_000 } else { 300 };
+        let o = run_with(
+            t.path(),
+            backend,
+            user,
+            &[("AISB_PROXY_PIN", &pins)],
+            &script(burst),
+        );
+        let what = format!("[{backend} {user:?}]");
+        assert_eq!(o.code, 0, "{what}\n{}\n{}", o.stdout, o.stderr);
+        o.expect("synthetic", "198.18");
+        o.expect("stable", "0");
+        o.expect_failed("getent_other", &format!("{what} other.test resolved"));
+        o.expect("resolv", "nameserver 127.0.0.53");
+        for key in [
+            "http",
+            "https",
+            "sni_raw_ip",
+            "host_raw_ip",
+            "python",
+            "node",
+        ] {
+            o.expect(key, "hello from the host");
+        }
+        if java {
+            o.expect("java", "hello from the host");
+        }
+        o.expect("git", "0");
+        o.expect("cloned", "cloned over git://");
+        o.expect("ssh", "remote software version aisb_banner");
+        o.expect("http_other", "6"); // curl: could not resolve host
+        o.expect("ssh_other", "1");
+        for key in [
+            "sni_mismatch",
+            "smuggle",
+            "unassigned",
+            "ip_host",
+            "loopback_port",
+            "loopback_443",
+            "other_port",
+            "ipv6",
+            "udp",
+        ] {
+            o.expect_failed(key, &format!("{what} {key} got through"));
+        }
+        o.expect("raw_ip", "closed");
+        o.expect("burst", &burst.to_string());
+        o.value("after_burst")
+            .filter(|v| v.starts_with("198.18."))
+            .unwrap_or_else(|| {
+                panic!(
+                    "{what} the stub stopped answering after the burst\n{}",
+                    o.stdout
+                )
+            });
+        for reason in [
+            "aisb: refused a connection to 192.0.2.1:443: 192.0.2.1:443: aisb: blocked CONNECT 192.0.2.1:443: an IP address",
+            "the client named good.test to the address of allowed.test",
+            "the client named other.test to the address of allowed.test",
+            "198.18.200.1 is not an address this sandbox's DNS handed out",
+        ] {
+            assert!(o.stderr.contains(reason), "{what} stderr lacks {reason}:\n{}", o.stderr);
+        }
+    }
+    // How each name was learned, and every refusal, is in the audit log; the burst is capped.
+    let logs: Vec<PathBuf> = walk(&t.path().join("cache-root/aisb"), "audit.jsonl");
+    assert_eq!(logs.len(), 1, "{logs:?}");
+    let text = std::fs::read_to_string(&logs[0]).unwrap();
+    for needle in [
+        "\"action\":\"allow\",\"proto\":\"dns\",\"host\":\"allowed.test\"",
+        "\"action\":\"block\",\"proto\":\"dns\",\"host\":\"other.test\"",
+        "\"action\":\"allow\",\"proto\":\"transparent-dns\",\"host\":\"allowed.test\",\"port\":80",
+        "\"action\":\"allow\",\"proto\":\"transparent-sni\",\"host\":\"good.test\",\"port\":443",
+        "\"action\":\"allow\",\"proto\":\"transparent-host\",\"host\":\"allowed.test\",\"port\":80",
+        "\"action\":\"allow\",\"proto\":\"transparent-dns\",\"host\":\"git.test\",\"port\":9418",
+        "\"action\":\"allow\",\"proto\":\"transparent-dns\",\"host\":\"ssh.test\",\"port\":22",
+        "\"action\":\"block\",\"proto\":\"transparent-ip\",\"host\":\"192.0.2.1\",\"port\":443",
+        "\"rule\":\"transparent: the client named good.test to the address of allowed.test",
+        "\"tool\":\"audit-limit\"",
+    ] {
+        assert!(text.contains(needle), "audit log lacks {needle}");
+    }
+    // Two root runs share the log: the first hits the cap of events from inside (10,000 per
+    // run), the second adds its 300.
+    let lines = text.lines().count();
+    assert!(
+        lines < 10_000 + 300 + 100,
+        "the log grew past the cap: {lines} lines"
+    );
+    let shown = audit(t.path(), &[]);
+    assert!(
+        shown.contains("transparent-sni good.test:443"),
+        "{}",
+        &shown[..shown.len().min(4000)]
+    );
 }

@@ -126,6 +126,7 @@ fn sample_plan() -> Plan {
             allow: vec![],
             deny: vec![],
             localhost_ports: vec![],
+            transparent_ports: vec![],
         },
         process: Process {
             args: vec!["/bin/bash".into()],

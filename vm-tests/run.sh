@@ -21,15 +21,40 @@ as_caller() { # uid gid command...
     else chpst -u "$uid:$gid" "$@"; fi
 }
 
+# Scenarios marked `# network: transparent` run in a second sandbox whose network allows
+# allowed.test (pinned to a busybox httpd on loopback); the rest in the default one (no network).
+plain=$(grep -L '^# network: transparent' "$here"/scenarios/*.sh)
+transparent=$(grep -l '^# network: transparent' "$here"/scenarios/*.sh)
+
 # The script that runs inside the sandbox: each scenario in its own shell, `name=status`.
-driver=$(mktemp)
-{
+make_driver() { # scenario files...
     echo 'cd "$PROJ"'
-    for f in "$here"/scenarios/*.sh; do
+    for f in "$@"; do
         name=$(basename "$f" .sh)
         printf '( %s\n) >/dev/null 2>&1 </dev/null; echo "%s=$?"\n' "$(grep -v '^#' "$f")" "$name"
     done
-} > "$driver"
+}
+driver=$(mktemp); make_driver $plain > "$driver"
+net_driver=$(mktemp); make_driver $transparent > "$net_driver"
+
+# One `@@RESULT` line per scenario in $3... from the sandbox's output $1 (aisb's status $2).
+report() {
+    out=$1; rc=$2; shift 2
+    for f in "$@"; do
+        scen=$(basename "$f" .sh)
+        expect=$(sed -n 's/^# expect: *//p' "$f")
+        got=$(printf '%s\n' "$out" | sed -n "s/^$scen=//p")
+        if [ -z "$got" ]; then
+            outcome=fail; detail="did not run (aisb exit $rc: $(head -c 300 "$errfile" | tr '\n"\\' '   '))"
+        elif [ "$got" = 126 ] || [ "$got" = 127 ]; then
+            outcome=fail; detail="the attempt could not run (status $got: a missing tool or a bad probe)"
+        elif [ "$expect" = blocked ] && [ "$got" != 0 ]; then outcome=pass; detail="refused (status $got)"
+        elif [ "$expect" = works ] && [ "$got" = 0 ]; then outcome=pass; detail="works"
+        else outcome=fail; detail="expected $expect, got status $got"; fi
+        printf '@@RESULT {"scenario":"%s","backend":"%s","user":"%s","outcome":"%s","detail":"%s"}\n' \
+            "$scen" "$backend" "$name" "$outcome" "$detail"
+    done
+}
 
 for backend in $backends; do
     for caller in $callers; do
@@ -41,6 +66,11 @@ for backend in $backends; do
         owner=""; [ "$uid" = 0 ] || owner="$uid:$gid"
         sh "$here/fixture.sh" "$root" "$owner" "$probe" >/dev/null 2>&1
         cp "$driver" "$root/proj/bin/driver.sh"; cp "$aisb" "$root/aisb"
+        # The transparent egress project: its own sandbox.kdl, the probe, a page to fetch.
+        mkdir -p "$root/net/bin" "$root/www"; echo hello > "$root/www/hello.txt"
+        printf 'network {\n    allow "allowed.test"\n}\n' > "$root/net/sandbox.kdl"
+        (cd "$root/net" && git init -q)
+        cp "$probe" "$root/net/bin/aisb-probe"; cp "$net_driver" "$root/net/bin/driver.sh"
         [ -e "$(dirname "$aisb")/aisb-init" ] && cp "$(dirname "$aisb")/aisb-init" "$root/aisb-init"
         [ -n "$owner" ] && chown -R "$owner" "$root"
         # Host-side steps (`# host: CMD`, with $PROJ): run while the sandbox runs, once the
@@ -58,20 +88,19 @@ for backend in $backends; do
             HOST_PID=$$ /bin/sh "$root/proj/bin/driver.sh" 2>"$root/stderr")
         rc=$?
         wait
-        for f in "$here"/scenarios/*.sh; do
-            scen=$(basename "$f" .sh)
-            expect=$(sed -n 's/^# expect: *//p' "$f")
-            got=$(printf '%s\n' "$out" | sed -n "s/^$scen=//p")
-            if [ -z "$got" ]; then
-                outcome=fail; detail="did not run (aisb exit $rc: $(head -c 300 "$root/stderr" | tr '\n"\\' '   '))"
-            elif [ "$got" = 126 ] || [ "$got" = 127 ]; then
-                outcome=fail; detail="the attempt could not run (status $got: a missing tool or a bad probe)"
-            elif [ "$expect" = blocked ] && [ "$got" != 0 ]; then outcome=pass; detail="refused (status $got)"
-            elif [ "$expect" = works ] && [ "$got" = 0 ]; then outcome=pass; detail="works"
-            else outcome=fail; detail="expected $expect, got status $got"; fi
-            printf '@@RESULT {"scenario":"%s","backend":"%s","user":"%s","outcome":"%s","detail":"%s"}\n' \
-                "$scen" "$backend" "$name" "$outcome" "$detail"
-        done
+        errfile="$root/stderr"
+        report "$out" "$rc" $plain
+        [ -n "$transparent" ] || continue
+        port=$((18000 + $$ % 1000))
+        busybox httpd -f -p "127.0.0.1:$port" -h "$root/www" & httpd=$!
+        out=$(cd "$root/net" && as_caller "$uid" "$gid" env -i PATH=/usr/local/bin:/usr/bin:/bin \
+            HOME="$root/home" XDG_CACHE_HOME="$root/cache" AISB_PROXY_PIN="allowed.test=127.0.0.1:$port" \
+            "$root/aisb" --trust run --backend "$backend" -- env PROJ="$root/net" PROBE="$root/net/bin/aisb-probe" \
+            /bin/sh "$root/net/bin/driver.sh" 2>"$root/net-stderr")
+        rc=$?
+        kill "$httpd" 2>/dev/null; wait "$httpd" 2>/dev/null
+        errfile="$root/net-stderr"
+        report "$out" "$rc" $transparent
     done
 done
-rm -f "$driver"
+rm -f "$driver" "$net_driver"

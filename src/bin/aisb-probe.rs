@@ -7,6 +7,8 @@
 //!   aisb-probe capeff            exits 0 when the effective capability set is empty
 //!   aisb-probe seccomp           exits 0 when a seccomp filter is in force
 //!   aisb-probe connect HOST PORT
+//!   aisb-probe resolve NAME      exits 0 when NAME resolves (getaddrinfo)
+//!   aisb-probe http-get NAME PORT PATH   exits 0 on a 200, no proxy used
 //!   aisb-probe io-uring | pidfd-getfd | x32 | foreign-abi | … (`aisb::init::probe`: these also
 //!                                print their outcome, e.g. `refused: ENOSYS`)
 
@@ -99,6 +101,34 @@ fn main() {
                 std::time::Duration::from_secs(3),
             )
             .is_ok())
+        }
+        // Transparent egress: a name looked up like any program does (getaddrinfo), and a
+        // plain HTTP GET to NAME:PORT that ignores every proxy variable: 0 on a 200.
+        "resolve" => {
+            let Some(name) = args.get(1) else { exit(127) };
+            ok(
+                std::net::ToSocketAddrs::to_socket_addrs(&(name.as_str(), 80))
+                    .is_ok_and(|mut a| a.next().is_some()),
+            )
+        }
+        "http-get" => {
+            use std::io::{Read, Write};
+            let (Some(host), Some(port), Some(path)) = (args.get(1), args.get(2), args.get(3))
+            else {
+                exit(127)
+            };
+            let Ok(port) = port.parse::<u16>() else {
+                exit(127)
+            };
+            let Ok(mut s) = std::net::TcpStream::connect((host.as_str(), port)) else {
+                exit(1)
+            };
+            let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(10)));
+            let req = format!("GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n");
+            let mut answer = Vec::new();
+            let _ = s.write_all(req.as_bytes());
+            let _ = s.take(1 << 20).read_to_end(&mut answer);
+            ok(answer.starts_with(b"HTTP/1.0 200") || answer.starts_with(b"HTTP/1.1 200"))
         }
         _ => {
             eprintln!("aisb-probe: unknown probe `{what}`");

@@ -330,6 +330,19 @@ pub fn render(plan: &Plan, _cwd: &Path, named: bool) -> String {
                 let ports: Vec<String> = n.localhost_ports.iter().map(u16::to_string).collect();
                 let _ = writeln!(o, "  host loopback ports: {}", ports.join(" "));
             }
+            if n.transparent_ports.is_empty() {
+                let _ = writeln!(
+                    o,
+                    "  transparent: off (only clients that read the proxy variables get out)"
+                );
+            } else {
+                let ports: Vec<String> = n.transparent_ports.iter().map(u16::to_string).collect();
+                let _ = writeln!(
+                    o,
+                    "  transparent: DNS stub at 127.0.0.53 (allowed names get synthetic addresses, others NXDOMAIN); TCP to any address on ports {} goes through the same proxy (network transparent=#false turns it off)",
+                    ports.join(" ")
+                );
+            }
         }
     }
 

@@ -316,6 +316,10 @@ pub struct NetworkCfg {
     pub deny: Vec<S<String>>,
     pub groups: Vec<S<String>>,
     pub localhost_ports: Vec<S<u16>>,
+    /// `network transparent=#false`: no DNS stub, no relay for tools that ignore the proxy
+    /// variables (on by default in allow mode).
+    #[serde(default)]
+    pub transparent: Option<S<bool>>,
 }
 
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]

@@ -56,7 +56,7 @@ pub const ENV_CHILDREN: &[&str] = &[
     "set",
     "from-file",
 ];
-pub const NETWORK_PROPS: &[&str] = &["domains"];
+pub const NETWORK_PROPS: &[&str] = &["domains", "transparent"];
 pub const NETWORK_CHILDREN: &[&str] = &["allow", "deny", "group", "localhost-port"];
 pub const PROCESS_CHILDREN: &[&str] = &["command", "cwd", "shell", "user", "rlimit", "hostname"];
 pub const USER_PROPS: &[&str] = &["uid", "gid", "name"];
@@ -133,7 +133,7 @@ pub fn shape(path: &[&str]) -> Option<Shape> {
         "env" => s(&[], ENV_CHILDREN, &[]),
         "inherit" => s(&[], &[], &Inherit::NAMES),
         "network" => Shape {
-            prop_values: &[("domains", &DomainsMode::NAMES)],
+            prop_values: &[("domains", &DomainsMode::NAMES), ("transparent", BOOLS)],
             ..s(NETWORK_PROPS, NETWORK_CHILDREN, &NET_VALUES)
         },
         "process" => s(&[], PROCESS_CHILDREN, &[]),

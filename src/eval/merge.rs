@@ -85,6 +85,7 @@ pub fn merge(
 
     scalar(&mut base.network.mode, &over.network.mode);
     scalar(&mut base.network.domains, &over.network.domains);
+    scalar(&mut base.network.transparent, &over.network.transparent);
     base.network
         .allow
         .extend(over.network.allow.iter().cloned());

@@ -241,6 +241,21 @@ pub fn evaluate(loaded: &Loaded, host: &Host, req: &Request) -> Result<Plan, Eva
         })
         .collect();
     agents::mirror(&mut plan, &agents, &host.agent_policies);
+    if !plan.network.transparent_ports.is_empty() {
+        let content = crate::init::dns::RESOLV_CONF.to_string();
+        let hash = format!("{:x}", Sha256::digest(content.as_bytes()));
+        plan.mounts.push(Mount {
+            target: PathBuf::from(crate::init::dns::RESOLV_DIR),
+            kind: MountKind::Generated {
+                dir: plan.store.join(format!("{}-resolv", &hash[..32])),
+                files: vec![GeneratedFile {
+                    name: "resolv.conf".into(),
+                    content,
+                }],
+            },
+            why: "transparent egress: names are answered by the sandbox's DNS stub (also bound at /etc/resolv.conf)".into(),
+        });
+    }
     Ok(plan)
 }
 

@@ -221,6 +221,11 @@ pub(super) fn resolve(cx: &mut Ctx<'_>, sc: &Scope<'_>, groups: &Groups, env: &m
     } else {
         mode
     };
+    let transparent_ports = if s.network.transparent.as_ref().is_none_or(|t| t.value) {
+        crate::init::transparent::ports_for(&allow_rules, &ports)
+    } else {
+        vec![]
+    };
     let network = match mode {
         NetMode::Allow => Network {
             mode,
@@ -228,6 +233,7 @@ pub(super) fn resolve(cx: &mut Ctx<'_>, sc: &Scope<'_>, groups: &Groups, env: &m
             ignored,
             allow: allow_rules.into_iter().collect(),
             deny: deny_rules.into_iter().collect(),
+            transparent_ports,
             localhost_ports: ports,
         },
         _ => Network {
@@ -237,6 +243,7 @@ pub(super) fn resolve(cx: &mut Ctx<'_>, sc: &Scope<'_>, groups: &Groups, env: &m
             allow: vec![],
             deny: vec![],
             localhost_ports: vec![],
+            transparent_ports: vec![],
         },
     };
 

@@ -265,6 +265,10 @@ pub struct Network {
     pub allow: Vec<String>,
     pub deny: Vec<String>,
     pub localhost_ports: Vec<u16>,
+    /// Transparent egress (allow mode): the ports its relay takes for any address, empty when
+    /// off. See [`crate::init::transparent`].
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub transparent_ports: Vec<u16>,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -49,6 +49,10 @@ pub const ETC_PATHS: &[&str] = &[
     "zshrc",
     "python3",
     "perl",
+    // Debian's JREs read their security and network configuration here: without it, every
+    // JVM (Gradle, Maven) fails at start with "Error loading java.security file".
+    "java-17-openjdk",
+    "java-21-openjdk",
     "magic",
     "magic.mime",
     "manpath.config",

@@ -4,11 +4,13 @@
 //! parent: forward signals to it, reap zombies, and exit with its status (128+N for a signal).
 //! Any step that fails stops the sandbox: it never runs the workload with less isolation.
 
+pub mod dns;
 pub mod exec;
 pub mod notify;
 pub mod probe;
 pub mod relay;
 pub mod seccomp;
+pub mod transparent;
 
 use std::ffi::OsString;
 
@@ -184,6 +186,13 @@ pub fn main_from_args(args: impl IntoIterator<Item = OsString>) -> i32 {
                 Ok(p) if p > 0 => opts.relay_ports.push(p),
                 _ => ok = false,
             }
+        } else if let Some(list) = a.strip_prefix("--transparent=") {
+            for p in list.split(',') {
+                match p.parse::<u16>() {
+                    Ok(p) if p > 0 => opts.transparent_ports.push(p),
+                    _ => ok = false,
+                }
+            }
         } else if let Some(r) = a.strip_prefix("--rlimit=") {
             match parse_rlimit(r) {
                 Some(r) => opts.rlimits.push(r),
@@ -240,6 +249,11 @@ pub enum InitError {
     Overlay { target: String, source: nix::Error },
     #[error("cannot listen on 127.0.0.1:{port} for the network relay: {source}")]
     Relay { port: u16, source: std::io::Error },
+    #[error("cannot set up transparent egress ({what}): {source}\n  help: `network transparent=#false` in sandbox.kdl turns it off (proxy-aware clients keep working)")]
+    Transparent {
+        what: &'static str,
+        source: std::io::Error,
+    },
 }
 
 #[derive(Debug, Clone, Default)]
@@ -252,6 +266,9 @@ pub struct Options {
     pub relay_proxy: bool,
     /// Relay these loopback ports to the host's own 127.0.0.1:PORT, through the proxy.
     pub relay_ports: Vec<u16>,
+    /// Transparent egress: local routes, the DNS stub, and relays on these ports for any
+    /// address (see [`transparent`]). Empty: off.
+    pub transparent_ports: Vec<u16>,
     /// Copy-on-write directories to mount (bwrap cannot): layers already bound in by bwrap.
     pub overlays: Vec<Overlay>,
     /// An image build step (root in its user namespace, installing packages): keep the
@@ -307,13 +324,15 @@ fn mount_overlay(o: &Overlay) -> Result<(), InitError> {
 /// the capabilities go; seccomp comes last because it forbids calls the earlier steps make.
 /// Returns the relay listeners, bound; the caller serves them (threads started after this
 /// inherit the seccomp filter).
-pub fn harden(opts: &Options) -> Result<Vec<(std::net::TcpListener, relay::Target)>, InitError> {
+pub fn harden(opts: &Options) -> Result<Bound, InitError> {
     for o in &opts.overlays {
         mount_overlay(o)?;
     }
     if opts.loopback {
         loopback_up().map_err(InitError::Loopback)?;
     }
+    // Routes first: a namespace of our own, when we need one, must come before any listener.
+    let routed = !opts.transparent_ports.is_empty() && route_everything_to_lo()?;
     let mut listeners = Vec::new();
     let ports = opts
         .relay_proxy
@@ -327,6 +346,22 @@ pub fn harden(opts: &Options) -> Result<Vec<(std::net::TcpListener, relay::Targe
     for (port, target) in ports {
         let bound = relay::bind(port).map_err(|source| InitError::Relay { port, source })?;
         listeners.extend(bound.into_iter().map(|l| (l, target)));
+    }
+    let mut transparent = Vec::new();
+    let mut transparent_ports = Vec::new();
+    let mut dns = None;
+    if routed {
+        let err = |what| move |source| InitError::Transparent { what, source };
+        dns = Some(dns::bind().map_err(err("the DNS stub on 127.0.0.53:53"))?);
+        transparent_ports = opts.transparent_ports.clone();
+        for &port in &opts.transparent_ports {
+            // A port relayed to the host's own loopback (`localhost-port`) keeps that meaning.
+            if port == crate::vocab::PROXY_PORT || opts.relay_ports.contains(&port) {
+                continue;
+            }
+            transparent
+                .push(transparent::bind(port).map_err(|source| InitError::Relay { port, source })?);
+        }
     }
     for (name, soft, hard) in &opts.rlimits {
         set_rlimit(name, *soft, *hard)?;
@@ -350,7 +385,48 @@ pub fn harden(opts: &Options) -> Result<Vec<(std::net::TcpListener, relay::Targe
     }
     nix::sys::prctl::set_no_new_privs().map_err(InitError::NoNewPrivs)?;
     seccomp::apply()?;
-    Ok(listeners)
+    Ok(Bound {
+        relays: listeners,
+        transparent,
+        transparent_ports,
+        dns,
+    })
+}
+
+/// What [`harden`] bound while it still could (ports below 1024, routes).
+pub struct Bound {
+    pub relays: Vec<(std::net::TcpListener, relay::Target)>,
+    pub transparent: Vec<std::net::TcpListener>,
+    /// The ports transparent egress serves (empty when it is off or unavailable).
+    pub transparent_ports: Vec<u16>,
+    pub dns: Option<dns::Stub>,
+}
+
+/// Transparent egress's routes (see [`transparent`]): true when in place, false when this
+/// sandbox cannot have them (said on stderr; nothing gets out without the proxy either way).
+///
+/// bwrap run by an ordinary user nests one more user namespace below the one that owns the
+/// network namespace, so the init's CAP_NET_ADMIN does not reach it (EPERM). The init then
+/// makes a network namespace of its own, owned by its user namespace: loopback only, like the
+/// one it leaves (the proxy is reached through a Unix socket on the filesystem, which does not
+/// depend on the network namespace).
+fn route_everything_to_lo() -> Result<bool, InitError> {
+    let err = |source| InitError::Transparent {
+        what: "local routes on lo",
+        source,
+    };
+    match transparent::local_routes() {
+        Ok(()) => return Ok(true),
+        Err(e) if e.raw_os_error() != Some(libc::EPERM) => return Err(err(e)),
+        Err(_) => {}
+    }
+    if let Err(e) = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET) {
+        eprintln!("aisb: transparent egress is unavailable in this sandbox (no network namespace of its own: {e}): only clients that use the proxy variables get out\n  help: `network transparent=#false` silences this");
+        return Ok(false);
+    }
+    loopback_up().map_err(InitError::Loopback)?;
+    transparent::local_routes().map_err(err)?;
+    Ok(true)
 }
 
 /// Run as the sandbox's init; returns the exit code for the caller to exit with.
@@ -386,7 +462,12 @@ pub fn run(opts: &Options) -> Result<i32, InitError> {
     set.add(Signal::SIGCHLD);
     set.thread_block().map_err(InitError::Fork)?;
     // Relay threads start with every forwarded signal blocked, so signals reach `supervise`.
-    relay::start(listeners);
+    let transparent_ports = listeners.transparent_ports.clone();
+    relay::start(listeners.relays);
+    transparent::start(listeners.transparent);
+    if let Some(stub) = listeners.dns {
+        dns::start(stub, transparent::ask_proxy);
+    }
     // Found and laid out before the fork: the child must not allocate (a relay thread could
     // hold the allocator's lock at that instant).
     let program = match exec::Exec::prepare(&opts.command, exec::Exec::own_environment()) {
@@ -415,7 +496,7 @@ pub fn run(opts: &Options) -> Result<i32, InitError> {
         ForkResult::Parent { child } => {
             drop(program);
             if let Some(fd) = notify.and_then(notify::receive) {
-                notify::serve(fd, opts.relay_proxy);
+                notify::serve(fd, opts.relay_proxy, transparent_ports);
             }
             Ok(supervise(child, &set))
         }

@@ -133,7 +133,11 @@ pub fn receive(p: Prepared) -> Option<OwnedFd> {
 
 /// Answer notifications until every process under the filter is gone. `proxied`: the network
 /// goes through the proxy (the message says so, and the event goes to its audit log).
-pub fn serve(fd: OwnedFd, proxied: bool) {
+///
+/// `transparent`: the ports the init's transparent relay listens on for any address; a
+/// connection to one of them proceeds (the local routes deliver it to the relay, which asks
+/// the proxy), the rest are refused here with the explanation.
+pub fn serve(fd: OwnedFd, proxied: bool, transparent: Vec<u16>) {
     std::thread::spawn(move || {
         let mut reported: HashSet<SocketAddr> = HashSet::new();
         loop {
@@ -149,7 +153,7 @@ pub fn serve(fd: OwnedFd, proxied: bool) {
                 }
             }
             let dest = read_sockaddr(&fd, &req);
-            let refuse = dest.filter(|a| !is_local(a.ip()));
+            let refuse = dest.filter(|a| !is_local(a.ip()) && !transparent.contains(&a.port()));
             let mut resp = libc::seccomp_notif_resp {
                 id: req.id,
                 val: 0,
@@ -160,7 +164,7 @@ pub fn serve(fd: OwnedFd, proxied: bool) {
                 Some(addr) => {
                     resp.error = -libc::EACCES;
                     if reported.insert(addr) {
-                        report(addr, proxied);
+                        report(addr, proxied, &transparent);
                     }
                 }
                 None => resp.flags = libc::SECCOMP_USER_NOTIF_FLAG_CONTINUE as u32,
@@ -212,8 +216,15 @@ fn is_local(ip: IpAddr) -> bool {
     ip.is_loopback() || ip.is_unspecified()
 }
 
-fn report(addr: SocketAddr, proxied: bool) {
-    let how = if proxied {
+fn report(addr: SocketAddr, proxied: bool, transparent: &[u16]) {
+    let how = if !transparent.is_empty() {
+        let ports: Vec<String> = transparent.iter().map(u16::to_string).collect();
+        format!(
+            "outside the proxy (HTTPS_PROXY=http://127.0.0.1:{}), only ports {} reach allowed names",
+            crate::vocab::PROXY_PORT,
+            ports.join(", ")
+        )
+    } else if proxied {
         format!(
             "the network goes through the proxy only (HTTPS_PROXY=http://127.0.0.1:{})",
             crate::vocab::PROXY_PORT

@@ -8,9 +8,10 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 
-use crate::vocab::{AGENT_EVENT_MAX, AGENT_METHOD, DIRECT_METHOD, PROXY_SOCKET};
+use crate::vocab::{AGENT_EVENT_MAX, AGENT_METHOD, DIRECT_METHOD, LEARNED_HEADER, PROXY_SOCKET};
 
 /// What a listener relays: everything to the proxy, or one host loopback port through it.
 #[derive(Debug, Clone, Copy)]
@@ -61,6 +62,21 @@ fn relay(tcp: TcpStream, target: Target) -> std::io::Result<()> {
 /// Send CONNECT for `authority` and read the answer's head: Ok when the proxy said 200.
 fn tunnel(s: &mut UnixStream, authority: &str) -> std::io::Result<()> {
     s.write_all(format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n").as_bytes())?;
+    tunnel_answer(s)
+}
+
+/// [`tunnel`] for the transparent relay, saying how it learned the name (for the audit log).
+pub fn tunnel_learned(s: &mut UnixStream, authority: &str, how: &str) -> std::io::Result<()> {
+    s.write_all(
+        format!(
+            "CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n{LEARNED_HEADER}: {how}\r\n\r\n"
+        )
+        .as_bytes(),
+    )?;
+    tunnel_answer(s)
+}
+
+fn tunnel_answer(s: &mut UnixStream) -> std::io::Result<()> {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
@@ -79,21 +95,100 @@ fn tunnel(s: &mut UnixStream, authority: &str) -> std::io::Result<()> {
     Err(std::io::Error::other(body.trim().to_string()))
 }
 
-/// Copy both ways until each side ends; 256 KiB at a time.
-fn pipe(tcp: TcpStream, unix: UnixStream) -> std::io::Result<()> {
+/// Copy both ways until each side ends, by splice(2) through a pipe (the bytes never enter
+/// this process), or 256 KiB at a time where the kernel cannot splice.
+pub fn pipe(tcp: TcpStream, unix: UnixStream) -> std::io::Result<()> {
     let (mut tcp_r, mut unix_w) = (tcp.try_clone()?, unix.try_clone()?);
     let up = std::thread::spawn(move || {
-        let _ = copy(&mut tcp_r, &mut unix_w);
+        let _ = forward(&mut tcp_r, &mut unix_w);
         let _ = unix_w.shutdown(Shutdown::Write);
     });
     let (mut unix_r, mut tcp_w) = (unix, tcp);
-    let _ = copy(&mut unix_r, &mut tcp_w);
+    let _ = forward(&mut unix_r, &mut tcp_w);
     let _ = tcp_w.shutdown(Shutdown::Write);
     let _ = up.join();
     Ok(())
 }
 
-fn copy(r: &mut impl Read, w: &mut impl Write) -> std::io::Result<u64> {
+/// One direction of [`pipe`]: splice, falling back to [`copy`] before the first byte moved.
+fn forward<R, W>(r: &mut R, w: &mut W) -> std::io::Result<u64>
+where
+    R: Read + std::os::fd::AsRawFd,
+    W: Write + std::os::fd::AsRawFd,
+{
+    match splice_all(r.as_raw_fd(), w.as_raw_fd()) {
+        Ok(n) => Ok(n),
+        Err((0, e)) if e.raw_os_error() == Some(libc::EINVAL) => copy(r, w),
+        Err((_, e)) => Err(e),
+    }
+}
+
+/// Move everything from `from` to `to` through a pipe with splice(2) until `from` ends. On
+/// error, how much had moved and the error.
+fn splice_all(from: i32, to: i32) -> Result<u64, (u64, std::io::Error)> {
+    const CHUNK: usize = 1 << 20;
+    let (pr, pw) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| (0, std::io::Error::from(e)))?;
+    // A bigger pipe moves more per call (the default is 64 KiB); best effort.
+    let _ = nix::fcntl::fcntl(
+        pw.as_raw_fd(),
+        nix::fcntl::FcntlArg::F_SETPIPE_SZ(CHUNK as i32),
+    );
+    let (pr, pw) = (pr.as_raw_fd(), pw.as_raw_fd());
+    let flags = libc::SPLICE_F_MOVE | libc::SPLICE_F_MORE;
+    let mut total = 0u64;
+    loop {
+        // SAFETY: plain splice(2) calls on descriptors this function holds open.
+        let n = unsafe {
+            libc::splice(
+                from,
+                std::ptr::null_mut(),
+                pw,
+                std::ptr::null_mut(),
+                CHUNK,
+                flags,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err((total, e));
+        }
+        if n == 0 {
+            return Ok(total);
+        }
+        let mut left = n as usize;
+        while left > 0 {
+            // SAFETY: as above.
+            let m = unsafe {
+                libc::splice(
+                    pr,
+                    std::ptr::null_mut(),
+                    to,
+                    std::ptr::null_mut(),
+                    left,
+                    flags,
+                )
+            };
+            if m < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err((total, e));
+            }
+            if m == 0 {
+                return Err((total, std::io::ErrorKind::WriteZero.into()));
+            }
+            left -= m as usize;
+            total += m as u64;
+        }
+    }
+}
+
+pub fn copy(r: &mut impl Read, w: &mut impl Write) -> std::io::Result<u64> {
     let mut buf = vec![0u8; 256 * 1024];
     let mut total = 0;
     loop {

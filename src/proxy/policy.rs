@@ -110,6 +110,53 @@ impl Policy {
         self.decide(&name, port, "not in the allowlist")
     }
 
+    /// May `name` be reached on some port? What the sandbox's DNS stub asks before it hands out
+    /// a synthetic address: a name no rule could ever allow gets NXDOMAIN, so a lookup alone
+    /// tells the workload (and anything tunnelling through DNS) nothing. A deny without a port
+    /// refuses the name outright; the port is decided later, on the connection's `CONNECT`.
+    pub fn check_name(&self, name: &str) -> Result<Allowed, Blocked> {
+        let name = normalise_name(name.trim()).map_err(|_| Blocked {
+            rule: format!("`{name}` is not a valid host name"),
+            hint: None,
+        })?;
+        if name.parse::<IpAddr>().is_ok() {
+            return Err(Blocked {
+                rule: "an IP address is not a name to look up".into(),
+                hint: None,
+            });
+        }
+        if let Some(r) = self
+            .deny
+            .iter()
+            .find(|r| r.port.is_none() && r.matches(&name, 0))
+        {
+            return Err(Blocked {
+                rule: format!("deny \"{r}\""),
+                hint: Some(format!(
+                    "remove `deny \"{r}\"` from the network block in sandbox.kdl"
+                )),
+            });
+        }
+        let any_port = |r: &&DomainRule| {
+            DomainRule {
+                host: r.host.clone(),
+                port: None,
+            }
+            .matches(&name, 0)
+        };
+        match self.allow.iter().find(any_port) {
+            Some(r) => Ok(Allowed {
+                host: name,
+                rule: format!("allow \"{r}\""),
+                explicit: false,
+            }),
+            None => Err(Blocked {
+                rule: "not in the allowlist".into(),
+                hint: Some(format!("network {{ allow \"{name}\" }}")),
+            }),
+        }
+    }
+
     fn decide(&self, host: &str, port: u16, otherwise: &str) -> Result<Allowed, Blocked> {
         if let Some(r) = self.deny.iter().find(|r| r.matches(host, port)) {
             return Err(Blocked {
@@ -303,6 +350,29 @@ mod tests {
         assert!(p.check("127.0.0.1", 5433).is_err());
         assert!(p.check("[::ffff:127.0.0.1]", 22).is_err());
         assert!(p.check("bad host!", 80).is_err());
+    }
+
+    /// What the sandbox's DNS stub may answer: a name some rule allows on some port; a name
+    /// denied outright, an unlisted name, an IP literal or garbage gets NXDOMAIN.
+    #[test]
+    fn names_for_the_dns_stub() {
+        let p = policy(
+            &["git.test:9418", "*.sub.test", "api.test"],
+            &["bad.sub.test", "api.test:8443"],
+        );
+        assert_eq!(p.check_name("GIT.test.").unwrap().host, "git.test");
+        assert!(p.check_name("a.sub.test").is_ok());
+        assert!(p.check_name("sub.test").is_err());
+        assert_eq!(
+            p.check_name("bad.sub.test").unwrap_err().rule,
+            "deny \"bad.sub.test\""
+        );
+        // A deny on one port leaves the name (its other ports are decided on CONNECT).
+        assert!(p.check_name("api.test").is_ok());
+        assert!(p.check("api.test", 8443).is_err());
+        assert!(p.check_name("other.test").is_err());
+        assert!(p.check_name("10.1.2.3").is_err());
+        assert!(p.check_name("bad name!").is_err());
     }
 
     #[test]

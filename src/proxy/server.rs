@@ -20,6 +20,7 @@ use super::request::{
     Socks5Request, MAX_HEAD,
 };
 use crate::audit::{Kind, Log};
+use crate::vocab::{LEARNED_HEADER, REASON_HEADER, RESOLVE_METHOD};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Copy buffer per direction: tokio's default 8 KiB halves loopback throughput.
@@ -99,7 +100,7 @@ impl Proxy {
 
     fn record(&self, o: &Outcome) {
         let Some(log) = &self.audit else { return };
-        if o.proto == "direct" && !self.may_report(log) {
+        if matches!(o.proto, "direct" | "dns") && !self.may_report(log) {
             return;
         }
         let (action, rule) = match &o.result {
@@ -217,18 +218,23 @@ impl Proxy {
                 }
             }
         };
+        if buf.starts_with(RESOLVE_METHOD.as_bytes()) {
+            return self.resolve_name(client, &buf[..head_len], start).await;
+        }
+        let learned = header_of(&buf[..head_len], LEARNED_HEADER);
         let forward = match http_request(&buf[..head_len]) {
             HttpRequest::Direct { host, port } => {
+                // The init's reason, when its transparent relay refused the connection.
+                let rule = header_of(&buf[..head_len], REASON_HEADER)
+                    .map(|r| format!("transparent: {r}"))
+                    .unwrap_or_else(|| "direct-connect-not-via-proxy".into());
                 // The init saw the workload try to connect around the proxy (it was refused).
                 client.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await?;
                 return Ok(Some(Outcome {
                     proto: "direct",
                     host,
                     port,
-                    result: Err(Blocked {
-                        rule: "direct-connect-not-via-proxy".into(),
-                        hint: None,
-                    }),
+                    result: Err(Blocked { rule, hint: None }),
                     addr: None,
                     up: 0,
                     down: 0,
@@ -261,7 +267,14 @@ impl Proxy {
                 return Ok(None);
             }
             HttpRequest::Connect { host, port } => {
-                let (mut o, upstream) = self.open("connect", host, port, start).await;
+                let proto = match learned.as_deref() {
+                    Some("dns") => "transparent-dns",
+                    Some("sni") => "transparent-sni",
+                    Some("host") => "transparent-host",
+                    Some("ip") => "transparent-ip",
+                    _ => "connect",
+                };
+                let (mut o, upstream) = self.open(proto, host, port, start).await;
                 match (&o.result, upstream) {
                     (Ok(_), Some(mut up)) => {
                         client
@@ -326,6 +339,43 @@ impl Proxy {
         Ok(Some(o))
     }
 
+    /// `AISB-RESOLVE name`: the sandbox's DNS stub asking whether to answer `name`. 200 when
+    /// a rule could allow it (the stub then hands out a synthetic address; the connection is
+    /// checked again, with its port, on `CONNECT`), 403 with the reason otherwise. Every answer
+    /// is logged as `dns`, within the cap on events from inside: the stub asks once per name.
+    async fn resolve_name<S: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        client: &mut S,
+        head: &[u8],
+        start: Instant,
+    ) -> std::io::Result<Option<Outcome>> {
+        let name = std::str::from_utf8(head)
+            .ok()
+            .and_then(|h| h.split(' ').nth(1))
+            .unwrap_or("")
+            .to_string();
+        let result = self.policy.check_name(&name);
+        match &result {
+            Ok(_) => {
+                client
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                    .await?
+            }
+            Err(b) => blocked(client, "DNS", &name, 53, b).await?,
+        }
+        let o = Outcome {
+            proto: "dns",
+            host: name,
+            port: 53,
+            result,
+            addr: None,
+            up: 0,
+            down: 0,
+            start,
+        };
+        Ok(Some(o))
+    }
+
     async fn socks5<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
         client: &mut S,
@@ -383,6 +433,17 @@ impl Proxy {
         }
         Ok(Some(o))
     }
+}
+
+/// The value of header `name` in a complete request head.
+fn header_of(head: &[u8], name: &str) -> Option<String> {
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut req = httparse::Request::new(&mut headers);
+    let _ = req.parse(head);
+    req.headers
+        .iter()
+        .find(|h| h.name.eq_ignore_ascii_case(name))
+        .map(|h| String::from_utf8_lossy(h.value).trim().to_string())
 }
 
 async fn read_more<R: AsyncRead + Unpin>(r: &mut R, buf: &mut Vec<u8>) -> std::io::Result<usize> {

@@ -338,6 +338,35 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
             &opts(&["bind", "ro", "nosuid", "nodev", "noexec"]),
         ));
     }
+    // Transparent egress: the sandbox's resolver is the init's stub, whatever /etc held.
+    let resolv = plan.mounts.iter().find_map(|m| match &m.kind {
+        MountKind::Generated { dir, .. } if m.target == Path::new(crate::init::dns::RESOLV_DIR) => {
+            Some(dir.join("resolv.conf"))
+        }
+        _ => None,
+    });
+    let transparent = proxied && !plan.network.transparent_ports.is_empty();
+    // Bound only over a file the sandbox's /etc has (a bind target cannot be made in a
+    // read-only /etc); without one, resolvers ask 127.0.0.1, where the stub answers too.
+    let etc_has_resolv = plan.system.iter().any(|sp| match sp {
+        SystemPath::Snapshot { path, snapshot } if path == Path::new("/etc") => {
+            let src = snapshot.source.join("resolv.conf");
+            snapshot.dir.join("resolv.conf").exists() || src.exists()
+        }
+        SystemPath::Image { path, source } if path == Path::new("/etc") => {
+            source.join("resolv.conf").exists()
+        }
+        SystemPath::Bind { path } if path == Path::new("/etc") => path.join("resolv.conf").exists(),
+        _ => false,
+    });
+    if let (true, true, Some(file)) = (transparent, etc_has_resolv, &resolv) {
+        mounts.push(mount(
+            Path::new("/etc/resolv.conf"),
+            "bind",
+            &s(file),
+            &opts(&["bind", "ro", "nosuid", "nodev", "noexec"]),
+        ));
+    }
     if let Some(init) = &paths.init {
         mounts.push(mount(
             Path::new(INIT_PATH),
@@ -374,6 +403,10 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
     // The init needs CAP_NET_ADMIN for `lo` and CAP_SETPCAP to empty the bounding set; it drops
     // both (and everything else) before the workload starts.
     let init_caps: Vec<String> = match (&paths.init, netns) {
+        // Transparent egress binds 53, 80, 443, 22 before the capabilities go.
+        (Some(_), true) if transparent => {
+            opts(&["CAP_NET_ADMIN", "CAP_NET_BIND_SERVICE", "CAP_SETPCAP"])
+        }
         (Some(_), true) => opts(&["CAP_NET_ADMIN", "CAP_SETPCAP"]),
         (Some(_), false) => opts(&["CAP_SETPCAP"]),
         (None, _) => Vec::new(),
@@ -388,6 +421,15 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
             args.push("--relay-proxy".into());
             for p in &plan.network.localhost_ports {
                 args.push(format!("--relay-port={p}"));
+            }
+            if transparent && resolv.is_some() {
+                let ports: Vec<String> = plan
+                    .network
+                    .transparent_ports
+                    .iter()
+                    .map(u16::to_string)
+                    .collect();
+                args.push(format!("--transparent={}", ports.join(",")));
             }
         }
         if paths.limits == LimitsBy::Rlimit {

@@ -36,6 +36,18 @@ pub enum BwrapError {
 /// Where the layers of an overlay the init mounts are bound (`N/lower`, `N/upper`, `N/work`).
 pub const OVERLAY_STAGE: &str = "/run/aisb/overlay";
 
+/// The capabilities the init gets for transparent egress (its init argument `--transparent=`):
+/// routes on `lo`, and the DNS stub and relays on ports below 1024; CAP_SYS_ADMIN for a
+/// network namespace of its own when bwrap, run by an ordinary user, leaves the sandbox's in a
+/// parent user namespace. It drops them all (and empties the bounding set, hence CAP_SETPCAP)
+/// before the workload starts.
+pub const TRANSPARENT_CAPS: [&str; 4] = [
+    "CAP_NET_ADMIN",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_ADMIN",
+    "CAP_SETPCAP",
+];
+
 /// The capabilities the init gets to mount overlays (see [`OVERLAY_STAGE`]).
 /// CAP_SETPCAP lets the init empty the bounding set again afterwards.
 pub const OVERLAY_CAPS: [&str; 7] = [
@@ -287,6 +299,16 @@ pub fn argv(spec: &Spec, inputs: &Inputs) -> Result<Vec<String>, BwrapError> {
         .args()
         .clone()
         .ok_or(BwrapError::Missing("process args"))?;
+    if args.iter().any(|a| a.starts_with("--transparent=")) {
+        let at = a
+            .iter()
+            .position(|x| x == "--cap-drop")
+            .map_or(0, |i| i + 2);
+        let caps = TRANSPARENT_CAPS
+            .iter()
+            .flat_map(|c| ["--cap-add".to_string(), c.to_string()]);
+        a.splice(at..at, caps);
+    }
     if !overlays.is_empty() {
         // The init mounts them with these capabilities (in the sandbox's user namespace) and
         // drops them before the workload runs. overlayfs does its copy-ups with the mounter's

@@ -556,6 +556,9 @@ impl Decoder<'_> {
         if let Some(e) = self.prop(node, "domains") {
             net.domains = self.enumerated(e, &DomainsMode::NAMES, DomainsMode::parse);
         }
+        if let Some(e) = self.prop(node, "transparent") {
+            net.transparent = self.boolean(e);
+        }
         if let Some(e) = self.args(node, 0, 1, "one of: none, allow, host").first() {
             net.mode = self.enumerated(e, &NetMode::NAMES, NetMode::parse);
         }

@@ -1,0 +1,685 @@
+//! Transparent egress: tools that ignore the proxy variables reach allowed names through the
+//! same proxy, policy and audit log.
+//!
+//! Mechanism, chosen over nftables `REDIRECT`: the init (still holding CAP_NET_ADMIN) adds
+//! `local default dev lo` and `local ::/0 dev lo` to the namespace's local table, so a
+//! `connect()` to any address is delivered on `lo`; a listener bound to `[::]:PORT` accepts
+//! it, and `getsockname()` on the accepted socket is the original destination. It needs no
+//! netfilter module (the testbed's 6.1/6.12 kernels have nf_tables only as modules, which a
+//! container cannot load), no packet rewriting and no per-packet rule evaluation; the price is
+//! that only the ports the init listens on work (80, 443, 22 and the ports the allowlist
+//! names), where `REDIRECT` would catch every port. Anything else gets "connection refused"
+//! from the kernel (and the seccomp notifier's message). Nothing can leave: the namespace
+//! still has `lo` only.
+//!
+//! Names: the DNS stub ([`super::dns`]) answers a name the proxy's policy could allow with a
+//! synthetic address from 198.18.0.0/15 (stable for the run), anything else with NXDOMAIN. The
+//! relay maps the destination back to the name; for any other address it learns the name from
+//! the first bytes the client sends (TLS SNI, HTTP Host), and otherwise asks for the IP itself
+//! (denied unless listed). The host proxy decides on `CONNECT name:port`, as for every client.
+
+use std::collections::{HashMap, HashSet};
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use super::relay;
+use crate::vocab::PROXY_SOCKET;
+
+/// The synthetic pool: 198.18.0.0/15 (RFC 2544 benchmarking, never routed on the internet,
+/// and internal to the proxy's policy, so a synthetic address is never a real destination).
+const POOL_BASE: u32 = u32::from_be_bytes([198, 18, 0, 0]);
+const POOL_MASK: u32 = 0xfffe_0000;
+/// Names one run may be given addresses for; past it the stub answers REFUSED, so a workload
+/// looking up endless allowed subdomains (`*.example.com`) cannot grow the init's memory.
+pub const MAX_NAMES: u32 = 65_536;
+/// Denied names remembered (answered without asking the proxy again).
+const MAX_DENIED: usize = 16_384;
+/// The most of a first message read to find a name: a ClientHello or an HTTP head.
+const MAX_FIRST: usize = 16 * 1024;
+/// How long a connection to an address that is not synthetic may stay silent before the relay
+/// gives up learning a name from it (an SSH client waits for the server to speak first).
+const FIRST_WAIT: Duration = Duration::from_millis(1500);
+
+/// The ports listened on when the allowlist names none: HTTP, HTTPS, SSH.
+pub const DEFAULT_PORTS: [u16; 3] = [80, 443, 22];
+/// The most ports the relay takes (a thread each).
+const MAX_PORTS: usize = 64;
+
+/// The ports the relay listens on for an allowlist: HTTP, HTTPS, SSH and every port a rule
+/// names (`example.com:8443`), except the host loopback ports (`localhost-port`, which keep
+/// meaning the host's loopback), the DNS stub's and the proxy relay's.
+pub fn ports_for<'a>(allow: impl IntoIterator<Item = &'a String>, localhost: &[u16]) -> Vec<u16> {
+    let named = allow
+        .into_iter()
+        .filter_map(|r| crate::config::domain::DomainRule::parse(r).ok()?.port);
+    let mut ports: Vec<u16> = DEFAULT_PORTS
+        .into_iter()
+        .chain(named)
+        .filter(|p| !localhost.contains(p) && *p != 53 && *p != crate::vocab::PROXY_PORT)
+        .collect();
+    ports.sort_unstable();
+    ports.dedup();
+    ports.truncate(MAX_PORTS);
+    ports
+}
+
+#[derive(Default)]
+struct Pool {
+    by_name: HashMap<String, Ipv4Addr>,
+    by_ip: HashMap<Ipv4Addr, String>,
+    denied: HashSet<String>,
+}
+
+fn pool() -> &'static Mutex<Pool> {
+    static POOL: OnceLock<Mutex<Pool>> = OnceLock::new();
+    POOL.get_or_init(Default::default)
+}
+
+/// Is `ip` inside the synthetic range (assigned or not)?
+pub fn is_synthetic(ip: IpAddr) -> bool {
+    match canonical(ip) {
+        IpAddr::V4(v4) => u32::from(v4) & POOL_MASK == POOL_BASE,
+        IpAddr::V6(_) => false,
+    }
+}
+
+/// The name a synthetic address was handed out for.
+pub fn name_of(ip: IpAddr) -> Option<String> {
+    match canonical(ip) {
+        IpAddr::V4(v4) => pool().lock().ok()?.by_ip.get(&v4).cloned(),
+        IpAddr::V6(_) => None,
+    }
+}
+
+/// What the stub answers for a name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    Address(Ipv4Addr),
+    /// The policy refuses it (the reason is in the audit log).
+    Denied,
+    /// The pool is full, or the proxy cannot be asked.
+    Unavailable,
+}
+
+/// The synthetic address for `name` (already normalised: lowercase, no trailing dot), asking
+/// the host proxy the first time.
+pub fn lookup(name: &str, ask: impl FnOnce(&str) -> Option<bool>) -> Answer {
+    {
+        let Ok(p) = pool().lock() else {
+            return Answer::Unavailable;
+        };
+        if let Some(ip) = p.by_name.get(name) {
+            return Answer::Address(*ip);
+        }
+        if p.denied.contains(name) {
+            return Answer::Denied;
+        }
+    }
+    // Asked without the lock: one slow answer does not hold up every other lookup.
+    let allowed = ask(name);
+    let Ok(mut p) = pool().lock() else {
+        return Answer::Unavailable;
+    };
+    match allowed {
+        Some(true) => {
+            if let Some(ip) = p.by_name.get(name) {
+                return Answer::Address(*ip);
+            }
+            let n = p.by_name.len() as u32;
+            if n >= MAX_NAMES {
+                return Answer::Unavailable;
+            }
+            let ip = Ipv4Addr::from(POOL_BASE + 1 + n);
+            p.by_name.insert(name.to_string(), ip);
+            p.by_ip.insert(ip, name.to_string());
+            Answer::Address(ip)
+        }
+        Some(false) => {
+            if p.denied.len() < MAX_DENIED {
+                p.denied.insert(name.to_string());
+            }
+            Answer::Denied
+        }
+        None => Answer::Unavailable,
+    }
+}
+
+/// Ask the host proxy whether `name` may be answered: Some(true) allowed, Some(false) denied,
+/// None when the proxy cannot be reached (the stub answers SERVFAIL: fail closed).
+pub fn ask_proxy(name: &str) -> Option<bool> {
+    let mut s = UnixStream::connect(PROXY_SOCKET).ok()?;
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    s.write_all(format!("{} {name} HTTP/1.1\r\n\r\n", crate::vocab::RESOLVE_METHOD).as_bytes())
+        .ok()?;
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).ok()?;
+    Some(&head[9..12] == b"200")
+}
+
+/// `ip route add local default dev lo` and `ip -6 route add local ::/0 dev lo`, by netlink.
+/// IPv6 may be off in the kernel: then only IPv4 is routed (and IPv6 stays unreachable).
+pub fn local_routes() -> std::io::Result<()> {
+    add_local_default(false)?;
+    if let Err(e) = add_local_default(true) {
+        if !matches!(
+            e.raw_os_error(),
+            Some(libc::EAFNOSUPPORT) | Some(libc::EOPNOTSUPP)
+        ) {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+fn add_local_default(v6: bool) -> std::io::Result<()> {
+    use netlink_packet_core::{
+        NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL,
+        NLM_F_REQUEST,
+    };
+    use netlink_packet_route::route::{
+        RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
+    };
+    use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+    use netlink_sys::{protocols::NETLINK_ROUTE, Socket};
+
+    /// RT_TABLE_LOCAL: where `ip route add local …` puts a route of type local.
+    const TABLE_LOCAL: u8 = 255;
+    let mut route = RouteMessage::default();
+    route.header = RouteHeader {
+        address_family: if v6 {
+            AddressFamily::Inet6
+        } else {
+            AddressFamily::Inet
+        },
+        destination_prefix_length: 0,
+        table: TABLE_LOCAL,
+        protocol: RouteProtocol::Boot,
+        scope: RouteScope::Host,
+        kind: RouteType::Local,
+        ..Default::default()
+    };
+    // SAFETY: a NUL-terminated name; the call reads it and returns an index or 0.
+    let lo = unsafe { libc::if_nametoindex(c"lo".as_ptr()) };
+    if lo == 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    route.attributes.push(RouteAttribute::Oif(lo));
+    let mut header = NetlinkHeader::default();
+    header.flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
+    let mut msg = NetlinkMessage::new(
+        header,
+        NetlinkPayload::from(RouteNetlinkMessage::NewRoute(route)),
+    );
+    msg.finalize();
+    let mut buf = vec![0u8; msg.buffer_len()];
+    msg.serialize(&mut buf);
+    let mut socket = Socket::new(NETLINK_ROUTE)?;
+    socket.bind_auto()?;
+    socket.send(&buf, 0)?;
+    let mut answer = vec![0u8; 4096];
+    let n = socket.recv(&mut &mut answer[..], 0)?;
+    let reply = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&answer[..n])
+        .map_err(|e| std::io::Error::other(format!("netlink answer: {e}")))?;
+    match reply.payload {
+        NetlinkPayload::Error(e) => match e.code {
+            None => Ok(()),
+            Some(code) => Err(std::io::Error::from_raw_os_error(-code.get())),
+        },
+        _ => Ok(()),
+    }
+}
+
+/// Bind `[::]:port` (both families), or `0.0.0.0:port` where the kernel has no IPv6.
+pub fn bind(port: u16) -> std::io::Result<TcpListener> {
+    match TcpListener::bind(("::", port)) {
+        Ok(l) => Ok(l),
+        Err(e)
+            if e.kind() == std::io::ErrorKind::AddrNotAvailable
+                || e.raw_os_error() == Some(libc::EAFNOSUPPORT) =>
+        {
+            TcpListener::bind(("0.0.0.0", port))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Serve the transparent listeners, one thread each, a thread per connection.
+pub fn start(listeners: Vec<TcpListener>) {
+    for listener in listeners {
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                // Out of threads (the sandbox's pids limit): this connection is dropped, the
+                // listener keeps serving (`thread::spawn` would panic and end it).
+                let _ = std::thread::Builder::new().spawn(move || handle(conn));
+            }
+        });
+    }
+}
+
+/// How the relay learned a connection's name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Learned {
+    Dns,
+    Sni,
+    Host,
+    /// No name: the IP literal itself is asked for (allowed only when listed).
+    Ip,
+}
+
+impl Learned {
+    fn as_str(self) -> &'static str {
+        match self {
+            Learned::Dns => "dns",
+            Learned::Sni => "sni",
+            Learned::Host => "host",
+            Learned::Ip => "ip",
+        }
+    }
+}
+
+fn handle(tcp: TcpStream) {
+    let _ = tcp.set_nodelay(true);
+    let Ok(dest) = tcp.local_addr() else { return };
+    let dest = SocketAddr::new(canonical(dest.ip()), dest.port());
+    if let Err(reason) = relay_one(tcp, dest) {
+        refuse(dest, &reason);
+    }
+}
+
+fn relay_one(mut tcp: TcpStream, dest: SocketAddr) -> Result<(), String> {
+    let port = dest.port();
+    let mut first = Vec::new();
+    let (name, how) = if is_synthetic(dest.ip()) {
+        let name = name_of(dest.ip()).ok_or_else(|| {
+            format!(
+                "{} is not an address this sandbox's DNS handed out",
+                dest.ip()
+            )
+        })?;
+        (name, Learned::Dns)
+    } else {
+        first = read_first(&mut tcp, FIRST_WAIT);
+        match name_in(&first) {
+            Found::Name(n, how) => (n, how),
+            Found::None | Found::NeedMore => (ip_authority(dest.ip()), Learned::Ip),
+        }
+    };
+    let mut unix =
+        UnixStream::connect(PROXY_SOCKET).map_err(|e| format!("no proxy to ask: {e}"))?;
+    let authority = format!("{name}:{port}");
+    if let Err(e) = relay::tunnel_learned(&mut unix, &authority, how.as_str()) {
+        let _ = tcp.shutdown(Shutdown::Both);
+        // The proxy logged it; the workload's stderr gets the rule too.
+        say(dest, &format!("{authority}: {e}"));
+        return Ok(());
+    }
+    if !first.is_empty() && unix.write_all(&first).is_err() {
+        return Ok(());
+    }
+    if how == Learned::Dns {
+        return pipe_checked(tcp, unix, &name, dest);
+    }
+    let _ = relay::pipe(tcp, unix);
+    Ok(())
+}
+
+/// Relay a connection whose name came from its address: the client's first message must not
+/// name another host (domain fronting through an allowed name's address, or a Host header
+/// smuggled past the name that was checked). The server's side flows at once (SSH speaks
+/// first); the client's first bytes are held until they are known not to name another host.
+fn pipe_checked(
+    mut tcp: TcpStream,
+    unix: UnixStream,
+    name: &str,
+    dest: SocketAddr,
+) -> Result<(), String> {
+    let (mut unix_r, mut tcp_w) = match (unix.try_clone(), tcp.try_clone()) {
+        (Ok(u), Ok(t)) => (u, t),
+        _ => return Ok(()),
+    };
+    let down = std::thread::spawn(move || {
+        let _ = relay::copy(&mut unix_r, &mut tcp_w);
+        let _ = tcp_w.shutdown(Shutdown::Write);
+    });
+    let mut unix_w = unix;
+    let mut first = Vec::new();
+    let mut chunk = vec![0u8; 4096];
+    let verdict = loop {
+        match tcp.read(&mut chunk) {
+            Ok(0) | Err(_) => break Found::None,
+            Ok(n) => first.extend_from_slice(&chunk[..n]),
+        }
+        match name_in(&first) {
+            Found::NeedMore if first.len() < MAX_FIRST => continue,
+            found => break found,
+        }
+    };
+    if let Found::Name(other, _) = &verdict {
+        if other != name {
+            let _ = tcp.shutdown(Shutdown::Both);
+            let _ = unix_w.shutdown(Shutdown::Both);
+            let _ = down.join();
+            return Err(format!(
+                "the client named {other} to the address of {name} ({}:{})",
+                dest.ip(),
+                dest.port()
+            ));
+        }
+    }
+    if unix_w.write_all(&first).is_ok() && !first.is_empty() {
+        let _ = relay::copy(&mut tcp, &mut unix_w);
+    }
+    let _ = unix_w.shutdown(Shutdown::Write);
+    let _ = down.join();
+    Ok(())
+}
+
+/// `1.2.3.4` or `[2001:db8::1]`.
+fn ip_authority(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V6(v6) => format!("[{v6}]"),
+        v4 => v4.to_string(),
+    }
+}
+
+/// Read what the client sends first, until a name can be found in it (or not), it stops, or
+/// `wait` passes (a zero `wait`: as long as it takes for the first bytes, bounded by size).
+fn read_first(tcp: &mut TcpStream, wait: Duration) -> Vec<u8> {
+    let start = Instant::now();
+    let limit = if wait.is_zero() {
+        Duration::from_secs(30)
+    } else {
+        wait
+    };
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let left = limit.saturating_sub(start.elapsed());
+        if left.is_zero() || buf.len() >= MAX_FIRST {
+            break;
+        }
+        let _ = tcp.set_read_timeout(Some(left));
+        match tcp.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+        if !matches!(name_in(&buf), Found::NeedMore) {
+            break;
+        }
+    }
+    let _ = tcp.set_read_timeout(None);
+    buf
+}
+
+/// A host name found in a client's first bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Found {
+    Name(String, Learned),
+    /// A protocol that names no host (or a message without one).
+    None,
+    NeedMore,
+}
+
+/// The name in a TLS ClientHello's SNI or an HTTP request's Host header.
+pub fn name_in(buf: &[u8]) -> Found {
+    if buf.is_empty() {
+        return Found::NeedMore;
+    }
+    if buf[0] == 0x16 {
+        return sni(buf);
+    }
+    let method_len = buf.iter().take_while(|b| b.is_ascii_uppercase()).count();
+    if method_len == 0 || method_len > 16 {
+        return Found::None;
+    }
+    if method_len == buf.len() {
+        return Found::NeedMore;
+    }
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut req = httparse::Request::new(&mut headers);
+    match req.parse(buf) {
+        Ok(httparse::Status::Complete(_)) => {}
+        Ok(httparse::Status::Partial) if buf.len() < MAX_FIRST => return Found::NeedMore,
+        _ => return Found::None,
+    }
+    let hosts: Vec<_> = req
+        .headers
+        .iter()
+        .filter(|h| h.name.eq_ignore_ascii_case("host"))
+        .collect();
+    // Two Host headers: which one a server believes is its own business. Refused.
+    let [host] = hosts.as_slice() else {
+        return Found::None;
+    };
+    let Ok(value) = std::str::from_utf8(host.value) else {
+        return Found::None;
+    };
+    match crate::proxy::request::split_authority(value.trim(), Some(80)) {
+        Some((h, _)) => normalised(&h, Learned::Host),
+        None => Found::None,
+    }
+}
+
+fn normalised(name: &str, how: Learned) -> Found {
+    let bare = name.trim_start_matches('[').trim_end_matches(']');
+    if bare.parse::<IpAddr>().is_ok() {
+        return Found::None;
+    }
+    match crate::config::domain::normalise_name(bare) {
+        Ok(n) => Found::Name(n, how),
+        Err(_) => Found::None,
+    }
+}
+
+/// The server_name of a ClientHello in one TLS record (RFC 8446 4.1.2, RFC 6066 3), every
+/// length checked against what is there.
+fn sni(buf: &[u8]) -> Found {
+    if buf.len() < 5 {
+        return Found::NeedMore;
+    }
+    let record = u16::from_be_bytes([buf[3], buf[4]]) as usize;
+    if buf.len() < 5 + record {
+        return if 5 + record <= MAX_FIRST {
+            Found::NeedMore
+        } else {
+            Found::None
+        };
+    }
+    let r = Reader(&buf[5..5 + record]);
+    sni_in_hello(r).map_or(Found::None, |n| normalised(&n, Learned::Sni))
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Some(a)
+    }
+    fn u8(&mut self) -> Option<usize> {
+        self.take(1).map(|b| b[0] as usize)
+    }
+    fn u16(&mut self) -> Option<usize> {
+        self.take(2)
+            .map(|b| u16::from_be_bytes([b[0], b[1]]) as usize)
+    }
+    fn u24(&mut self) -> Option<usize> {
+        self.take(3)
+            .map(|b| (b[0] as usize) << 16 | (b[1] as usize) << 8 | b[2] as usize)
+    }
+}
+
+fn sni_in_hello(mut r: Reader) -> Option<String> {
+    if r.u8()? != 1 {
+        return None; // not a ClientHello
+    }
+    let len = r.u24()?;
+    let mut h = Reader(r.take(len)?);
+    h.take(2 + 32)?; // version, random
+    let n = h.u8()?;
+    h.take(n)?; // session id
+    let n = h.u16()?;
+    h.take(n)?; // cipher suites
+    let n = h.u8()?;
+    h.take(n)?; // compression methods
+    let n = h.u16()?;
+    let mut ext = Reader(h.take(n)?);
+    while !ext.0.is_empty() {
+        let kind = ext.u16()?;
+        let n = ext.u16()?;
+        let mut body = Reader(ext.take(n)?);
+        if kind != 0 {
+            continue;
+        }
+        let n = body.u16()?;
+        let mut list = Reader(body.take(n)?);
+        while !list.0.is_empty() {
+            let name_type = list.u8()?;
+            let n = list.u16()?;
+            let name = list.take(n)?;
+            if name_type == 0 {
+                return std::str::from_utf8(name).ok().map(str::to_string);
+            }
+        }
+    }
+    None
+}
+
+/// A refusal: on the workload's stderr (once per destination) and in the audit log.
+fn refuse(dest: SocketAddr, reason: &str) {
+    say(dest, reason);
+    if let Ok(mut s) = UnixStream::connect(PROXY_SOCKET) {
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        let reason = reason.replace(['\r', '\n'], " ");
+        let _ = s.write_all(
+            format!(
+                "{} {dest} HTTP/1.1\r\n{}: {reason}\r\n\r\n",
+                crate::vocab::DIRECT_METHOD,
+                crate::vocab::REASON_HEADER
+            )
+            .as_bytes(),
+        );
+        let mut answer = [0u8; 64];
+        let _ = s.read(&mut answer);
+    }
+}
+
+fn say(dest: SocketAddr, what: &str) {
+    static SAID: OnceLock<Mutex<HashSet<SocketAddr>>> = OnceLock::new();
+    let said = SAID.get_or_init(Default::default);
+    let first = said
+        .lock()
+        .map(|mut s| s.len() < 1024 && s.insert(dest))
+        .unwrap_or(false);
+    if first {
+        let _ = writeln!(
+            std::io::stderr(),
+            "aisb: refused a connection to {dest}: {}",
+            what.trim()
+        );
+    }
+}
+
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn client_hello(name: &str) -> Vec<u8> {
+        let mut sni = Vec::new();
+        sni.extend_from_slice(&((name.len() + 3) as u16).to_be_bytes());
+        sni.push(0);
+        sni.extend_from_slice(&(name.len() as u16).to_be_bytes());
+        sni.extend_from_slice(name.as_bytes());
+        let mut ext = vec![0, 0];
+        ext.extend_from_slice(&(sni.len() as u16).to_be_bytes());
+        ext.extend_from_slice(&sni);
+        let mut hello = vec![3, 3];
+        hello.extend_from_slice(&[0u8; 32]);
+        hello.push(0); // session id
+        hello.extend_from_slice(&[0, 2, 0x13, 0x01]);
+        hello.extend_from_slice(&[1, 0]);
+        hello.extend_from_slice(&(ext.len() as u16).to_be_bytes());
+        hello.extend_from_slice(&ext);
+        let mut hs = vec![1];
+        hs.extend_from_slice(&(hello.len() as u32).to_be_bytes()[1..]);
+        hs.extend_from_slice(&hello);
+        let mut rec = vec![0x16, 3, 1];
+        rec.extend_from_slice(&(hs.len() as u16).to_be_bytes());
+        rec.extend_from_slice(&hs);
+        rec
+    }
+
+    #[test]
+    fn sni_is_found_and_every_truncation_asks_for_more_or_gives_up() {
+        let rec = client_hello("Allowed.Test");
+        assert_eq!(
+            name_in(&rec),
+            Found::Name("allowed.test".into(), Learned::Sni)
+        );
+        for cut in 1..rec.len() {
+            assert_eq!(name_in(&rec[..cut]), Found::NeedMore, "cut at {cut}");
+        }
+        // A record whose inner lengths lie: no name, no panic.
+        let mut bad = rec.clone();
+        bad[6] = 0xff; // the handshake claims more than its record holds
+        assert_eq!(name_in(&bad), Found::None);
+        // An IP literal in SNI names nothing.
+        assert_eq!(name_in(&client_hello("1.2.3.4")), Found::None);
+    }
+
+    #[test]
+    fn host_header_is_found_once_and_only_once() {
+        let get = b"GET / HTTP/1.1\r\nHost: Allowed.Test:8080\r\n\r\n";
+        assert_eq!(
+            name_in(get),
+            Found::Name("allowed.test".into(), Learned::Host)
+        );
+        assert_eq!(name_in(&get[..20]), Found::NeedMore);
+        let two = b"GET / HTTP/1.1\r\nHost: allowed.test\r\nHost: other.test\r\n\r\n";
+        assert_eq!(name_in(two), Found::None);
+        assert_eq!(name_in(b"SSH-2.0-OpenSSH\r\n"), Found::None);
+        assert_eq!(name_in(b"\x00\x0agit-upload-pack"), Found::None);
+    }
+
+    #[test]
+    fn ports_are_the_defaults_and_the_allowlists_minus_host_loopback_ones() {
+        let allow: Vec<String> = ["a.test:8443", "git.test:9418", "b.test", "c.test:53"]
+            .map(String::from)
+            .to_vec();
+        assert_eq!(ports_for(&allow, &[80]), [22, 443, 8443, 9418]);
+        assert_eq!(ports_for(&[], &[]), [22, 80, 443]);
+    }
+
+    #[test]
+    fn names_get_stable_synthetic_addresses_and_denials_are_remembered() {
+        let a = lookup("stable.test", |_| Some(true));
+        let Answer::Address(ip) = a else {
+            panic!("{a:?}")
+        };
+        assert!(is_synthetic(IpAddr::V4(ip)));
+        assert_eq!(
+            lookup("stable.test", |_| panic!("asked twice")),
+            Answer::Address(ip)
+        );
+        assert_eq!(name_of(IpAddr::V4(ip)).as_deref(), Some("stable.test"));
+        assert_eq!(lookup("no.test", |_| Some(false)), Answer::Denied);
+        assert_eq!(lookup("no.test", |_| panic!("asked twice")), Answer::Denied);
+        assert_eq!(lookup("down.test", |_| None), Answer::Unavailable);
+        assert!(!is_synthetic("198.20.0.1".parse().unwrap()));
+        assert!(is_synthetic("198.19.255.255".parse().unwrap()));
+    }
+}
