@@ -147,3 +147,9 @@ mod tests {
         assert_eq!(summarise_tool_call(b"not json").0, "unknown");
     }
 }
+
+/// The sandbox's `/etc/resolv.conf` when the init's DNS stub answers (transparent egress):
+/// eval generates it, spec binds it, the stub listens where it says.
+pub const RESOLV_CONF: &str = "# aisb: names are answered by the sandbox's own stub (see `aisb plan`)\nnameserver 127.0.0.53\noptions edns0 trust-ad\n";
+/// Where the generated `resolv.conf` is mounted (and bound from, over `/etc/resolv.conf`).
+pub const RESOLV_DIR: &str = "/run/aisb/dns";

@@ -242,10 +242,10 @@ pub fn evaluate(loaded: &Loaded, host: &Host, req: &Request) -> Result<Plan, Eva
         .collect();
     agents::mirror(&mut plan, &agents, &host.agent_policies);
     if !plan.network.transparent_ports.is_empty() {
-        let content = crate::init::dns::RESOLV_CONF.to_string();
+        let content = crate::vocab::RESOLV_CONF.to_string();
         let hash = format!("{:x}", Sha256::digest(content.as_bytes()));
         plan.mounts.push(Mount {
-            target: PathBuf::from(crate::init::dns::RESOLV_DIR),
+            target: PathBuf::from(crate::vocab::RESOLV_DIR),
             kind: MountKind::Generated {
                 dir: plan.store.join(format!("{}-resolv", &hash[..32])),
                 files: vec![GeneratedFile {

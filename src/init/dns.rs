@@ -16,10 +16,7 @@ use super::transparent::{self, Answer};
 
 /// Where the stub listens; what the sandbox's `/etc/resolv.conf` says.
 pub const STUB_ADDR: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 53);
-/// The sandbox's `/etc/resolv.conf` when the stub answers.
-pub const RESOLV_CONF: &str = "# aisb: names are answered by the sandbox's own stub (see `aisb plan`)\nnameserver 127.0.0.53\noptions edns0 trust-ad\n";
-/// Where the generated `resolv.conf` is mounted (and bound from, over `/etc/resolv.conf`).
-pub const RESOLV_DIR: &str = "/run/aisb/dns";
+pub use crate::vocab::{RESOLV_CONF, RESOLV_DIR};
 /// How long an answer may be cached: the addresses are stable for the whole run.
 const TTL: u32 = 300;
 

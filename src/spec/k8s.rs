@@ -345,6 +345,9 @@ pub fn export(plan: &Plan, o: &Options) -> Result<Export, K8sError> {
             },
         }));
     }
+    if !plan.network.transparent_ports.is_empty() {
+        out.notes.push("transparent egress: not exported — in the pod only tools that honour HTTP(S)_PROXY/ALL_PROXY reach the proxy Service; the rest fail closed".into());
+    }
     if !plan.network.localhost_ports.is_empty() {
         out.notes.push(format!(
             "localhost-port {:?}: not exported (a pod has no host loopback to reach)",
@@ -358,6 +361,11 @@ pub fn export(plan: &Plan, o: &Options) -> Result<Export, K8sError> {
     let mut files = 0;
     for m in &plan.mounts {
         if m.target == plan.project {
+            continue;
+        }
+        // Transparent egress (the init's DNS stub and relays) is not carried to a pod: its
+        // tools reach the proxy Service through the proxy variables only (noted below).
+        if m.target == Path::new(crate::vocab::RESOLV_DIR) {
             continue;
         }
         let name = format!("v{}", volumes.len());

@@ -340,7 +340,7 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
     }
     // Transparent egress: the sandbox's resolver is the init's stub, whatever /etc held.
     let resolv = plan.mounts.iter().find_map(|m| match &m.kind {
-        MountKind::Generated { dir, .. } if m.target == Path::new(crate::init::dns::RESOLV_DIR) => {
+        MountKind::Generated { dir, .. } if m.target == Path::new(crate::vocab::RESOLV_DIR) => {
             Some(dir.join("resolv.conf"))
         }
         _ => None,
