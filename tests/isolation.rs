@@ -439,6 +439,80 @@ fn copy_on_write_config_never_reaches_the_host() {
     );
 }
 
+/// Two runs of one profile at once cannot share its copy-on-write layer (overlayfs refuses an
+/// upper dir another mount uses): the second is refused with what to do, the first is not
+/// disturbed, and the layer is free again once the first ends. An unprivileged bwrap's private
+/// copy is a plain directory that runs may share, so it is not claimed.
+#[test]
+fn a_copy_on_write_layer_serves_one_run_at_a_time() {
+    if !privileged() {
+        return;
+    }
+    for (backend, user) in matrix() {
+        if backend == "bwrap" && user.is_some() {
+            continue;
+        }
+        let tag = format!("[{backend} {user:?}]");
+        let s = Sandbox::as_user(user);
+        std::fs::create_dir_all(s.root().join("home/.claude")).unwrap();
+        s.write("sandbox.kdl", "import \"preset:claude\"\n");
+        if let Some((uid, gid)) = user {
+            chown_r(s.root(), uid, gid);
+        }
+        let mut first = s
+            .aisb()
+            .args(["--trust", "run", "--backend", backend, "--", "/bin/sh", "-c"])
+            .arg("echo first > ~/.claude/first; touch ~/.claude/started; sleep 4; cat ~/.claude/first")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The first run holds the layer once its workload wrote through it (20 s at most).
+        let upper = s.root().join("cache");
+        let started = (0..200).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            walk_has(&upper, "started")
+        });
+        assert!(started, "{tag} the first run did not start");
+        let o = s.run(backend, &["--trust"], "echo second > ~/.claude/first");
+        assert_eq!(o.code, 125, "{tag} {}\n{}", o.stdout, o.stderr);
+        // miette wraps the message; read it as one line.
+        let said = o
+            .stderr
+            .replace('│', " ")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert!(
+            said.contains("copy-on-write layer of")
+                && said.contains("in use by another run of this profile")
+                && said.contains("aisb up NAME"),
+            "{tag} {said}"
+        );
+        let out = first.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{tag} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "first\n", "{tag}");
+        let o = s.run(backend, &["--trust"], "cat ~/.claude/first");
+        assert_eq!(o.stdout, "first\n", "{tag} {}", o.stderr);
+    }
+}
+
+/// Whether a file named `name` exists anywhere below `dir` (links not followed).
+fn walk_has(dir: &Path, name: &str) -> bool {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    rd.flatten().any(|e| {
+        e.file_name() == name
+            || (e.file_type().is_ok_and(|t| t.is_dir()) && walk_has(&e.path(), name))
+    })
+}
+
 /// `kill -9` of aisb while a sandbox runs leaves no process behind, on either backend.
 #[test]
 fn killing_aisb_leaves_no_process() {

@@ -14,6 +14,7 @@ pub mod rootmount;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use nix::fcntl::{Flock, FlockArg};
 use nix::sys::signal::{SigSet, Signal};
 use serde::Serialize;
 
@@ -59,6 +60,9 @@ pub enum RuntimeError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Live(#[from] live::LiveError),
+    #[error("the copy-on-write layer of {target} is in use by another run of this profile")]
+    #[diagnostic(help("overlayfs serves one layer to one sandbox at a time: wait for the other run to end, or give each agent its own sandbox (`aisb up NAME -- …`, one per task)"))]
+    LayerBusy { target: PathBuf },
     #[error("{what}: {source}")]
     #[diagnostic(help("check that the sandbox state directory is writable"))]
     Io {
@@ -115,6 +119,46 @@ impl Drop for BundleGuard {
     }
 }
 
+/// Claim each copy-on-write layer (`MountKind::Overlay`) of `plan` for this run: an exclusive
+/// lock on `<layer>/lock`, held until the returned locks drop. overlayfs refuses an upper or
+/// work dir that another mount uses (EINVAL from mount(2), deep in the backend), so a second
+/// run of the same profile at once gets a clear error instead. The lock file is opened
+/// without following links and never written.
+fn claim_layers(plan: &Plan) -> Result<Vec<Flock<std::fs::File>>, RuntimeError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut held = Vec::new();
+    for m in &plan.mounts {
+        let crate::eval::plan::MountKind::Overlay { upper, .. } = &m.kind else {
+            continue;
+        };
+        let Some(dir) = upper.parent() else { continue };
+        let io = |source| RuntimeError::Io {
+            what: format!("locking the copy-on-write layer {}", dir.display()),
+            source,
+        };
+        std::fs::create_dir_all(dir).map_err(io)?;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(dir.join("lock"))
+            .map_err(io)?;
+        match Flock::lock(f, FlockArg::LockExclusiveNonblock) {
+            Ok(l) => held.push(l),
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+                return Err(RuntimeError::LayerBusy {
+                    target: m.target.clone(),
+                })
+            }
+            Err((_, e)) => return Err(io(e.into())),
+        }
+    }
+    Ok(held)
+}
+
 pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, RuntimeError> {
     let start = Instant::now();
     let git_before = git_before(plan);
@@ -165,6 +209,7 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
                 private = bwrap::private_copies(plan)?;
                 &*private
             };
+            let _layers = claim_layers(plan)?;
             let mask_file = bundle::prepare(plan)?;
             let paths = crate::spec::SpecPaths {
                 rootfs: PathBuf::from("rootfs"),
@@ -224,6 +269,7 @@ pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, 
         // libcontainer reads `config.json` from a bundle; it also needs a pseudo-terminal of
         // its own on a terminal, passed back through a console socket.
         Backend::Libcontainer => {
+            let _layers = claim_layers(plan)?;
             let rootless = if nix::unistd::geteuid().is_root() {
                 None
             } else {
