@@ -488,6 +488,8 @@ fn a_loosening_config_must_be_trusted() {
         .arg("-c")
         .arg(format!("echo y | script -qec '{cmd}' /dev/null"))
         .current_dir(t.proj())
+        // A person at a terminal, not CI (which never asks; tests/ci.rs).
+        .env_remove("CI")
         .env("HOME", t.dir.path().join("home"))
         .env("XDG_CACHE_HOME", t.dir.path().join("cache"))
         .output()
