@@ -10,8 +10,9 @@ sh scripts/setup-tests.sh
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
-PROPTEST_CASES="${PROPTEST_CASES:-1000}" cargo test --workspace --locked 2>&1 | tee "$log" || status=1
-# `cargo test` exits non-zero on any failure; the pipe hides that, so read it back.
+PROPTEST_CASES="${PROPTEST_CASES:-1000}" cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log" || status=1
+# `cargo test` exits non-zero on any failure (--no-fail-fast: every test binary runs, so one
+# failure cannot hide another); the pipe hides the status, so read it back.
 grep -q '^test result: FAILED' "$log" && status=1
 grep -q '^error' "$log" && status=1
 # The network benchmark, short (debug build, one small round): it must keep working.
