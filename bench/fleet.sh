@@ -162,6 +162,8 @@ async def origin_main(port_holder, ready, stop):
             else:
                 w.write(body_small)
             await w.drain()
+            if b"/hold" in line:
+                await r.read()  # keep the connection until the client goes
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -184,86 +186,97 @@ th = threading.Thread(target=lambda: loop.run_until_complete(run_origin()), daem
 th.start(); ready_t.wait(10)
 oport = port_holder[0]
 
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0)); pport = s.getsockname()[1]
 policy = os.path.join(work, "policy.json")  # outside every project
 with open(policy, "w") as f:
     f.write('{"allow": ["origin.test"], "deny": []}')
-env = dict(os.environ, AISB_PROXY_PIN=f"origin.test=127.0.0.1:{oport}")
-proxy = subprocess.Popen([aisb, "proxy", "serve", "--listen", f"127.0.0.1:{pport}", "--policy", policy,
-                          "--audit", os.devnull, "--max-connections", str(max(T, C) + 100)],
-                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-try:
-    deadline = time.time() + 20
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", pport), timeout=1).close(); break
-        except OSError:
-            if time.time() > deadline: sys.exit("the proxy did not listen within 20 s")
-            time.sleep(0.1)
 
-    async def one(via_proxy, path=b"/small"):
-        if via_proxy:
-            r, w = await asyncio.open_connection("127.0.0.1", pport)
-            w.write(b"CONNECT origin.test:443 HTTP/1.1\r\nHost: origin.test:443\r\n\r\n")
-            await w.drain()
-            status = await r.readline()
-            if b" 200" not in status: raise RuntimeError(status)
-            while (await r.readline()) not in (b"\r\n", b""): pass
-        else:
-            r, w = await asyncio.open_connection("127.0.0.1", oport)
-        w.write(b"GET " + path + b" HTTP/1.1\r\nHost: origin.test\r\n\r\n")
-        await w.drain()
-        n = 0
+def measure(buffer_kib):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0)); pport = s.getsockname()[1]
+    env = dict(os.environ, AISB_PROXY_PIN=f"origin.test=127.0.0.1:{oport}")
+    proxy = subprocess.Popen([aisb, "proxy", "serve", "--listen", f"127.0.0.1:{pport}", "--policy", policy,
+                              "--audit", os.devnull, "--max-connections", str(max(T, C) + 100),
+                              "--buffer-kib", str(buffer_kib)],
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 20
         while True:
-            b = await r.read(1 << 20)
-            if not b: break
-            n += len(b)
-        w.close()
-        return n
+            try:
+                socket.create_connection(("127.0.0.1", pport), timeout=1).close(); break
+            except OSError:
+                if time.time() > deadline: sys.exit("the proxy did not listen within 20 s")
+                time.sleep(0.1)
 
-    async def many(via_proxy, count, width=50):
-        sem = asyncio.Semaphore(width)
-        async def lim():
-            async with sem: return await one(via_proxy)
-        return await asyncio.gather(*[lim() for _ in range(count)])
-
-    def timed(coro_fn):
-        c0 = cpu(proxy.pid); t = time.perf_counter()
-        asyncio.run(coro_fn())
-        return time.perf_counter() - t, cpu(proxy.pid) - c0
-
-    asyncio.run(many(True, 50))  # warm up
-    d_direct, _ = timed(lambda: many(False, C))
-    d_proxy, c_proxy = timed(lambda: many(True, C))
-    b_direct, _ = timed(lambda: one(False, b"/big"))
-    b_proxy, cb_proxy = timed(lambda: one(True, b"/big"))
-
-    async def hold():
-        base = rss(proxy.pid)
-        conns = []
-        for i in range(T):
-            r, w = await asyncio.open_connection("127.0.0.1", pport)
-            w.write(b"CONNECT origin.test:443 HTTP/1.1\r\nHost: origin.test:443\r\n\r\n")
+        async def one(via_proxy, path=b"/small"):
+            if via_proxy:
+                r, w = await asyncio.open_connection("127.0.0.1", pport)
+                w.write(b"CONNECT origin.test:443 HTTP/1.1\r\nHost: origin.test:443\r\n\r\n")
+                await w.drain()
+                status = await r.readline()
+                if b" 200" not in status: raise RuntimeError(status)
+                while (await r.readline()) not in (b"\r\n", b""): pass
+            else:
+                r, w = await asyncio.open_connection("127.0.0.1", oport)
+            w.write(b"GET " + path + b" HTTP/1.1\r\nHost: origin.test\r\n\r\n")
             await w.drain()
-            if b" 200" not in await r.readline(): raise RuntimeError("refused")
-            while (await r.readline()) not in (b"\r\n", b""): pass
-            conns.append(w)
-        await asyncio.sleep(1)
-        held = rss(proxy.pid)
-        for w in conns: w.close()
-        return base, held
-    base, held = asyncio.run(hold())
-finally:
-    proxy.send_signal(signal.SIGTERM)
-    try: proxy.wait(timeout=40)
-    except subprocess.TimeoutExpired: proxy.kill()
-    loop.call_soon_threadsafe(stop.set)
+            n = 0
+            while True:
+                b = await r.read(1 << 20)
+                if not b: break
+                n += len(b)
+            w.close()
+            return n
+
+        async def many(via_proxy, count, width=50):
+            sem = asyncio.Semaphore(width)
+            async def lim():
+                async with sem: return await one(via_proxy)
+            return await asyncio.gather(*[lim() for _ in range(count)])
+
+        def timed(coro_fn):
+            c0 = cpu(proxy.pid); t = time.perf_counter()
+            asyncio.run(coro_fn())
+            return time.perf_counter() - t, cpu(proxy.pid) - c0
+
+        asyncio.run(many(True, 50))  # warm up
+        d_direct, _ = timed(lambda: many(False, C))
+        d_proxy, c_proxy = timed(lambda: many(True, C))
+        b_direct, _ = timed(lambda: one(False, b"/big"))
+        b_proxy, cb_proxy = timed(lambda: one(True, b"/big"))
+
+        async def hold():
+            base = rss(proxy.pid)
+            conns = []
+            for i in range(T):
+                r, w = await asyncio.open_connection("127.0.0.1", pport)
+                w.write(b"CONNECT origin.test:443 HTTP/1.1\r\nHost: origin.test:443\r\n\r\n")
+                await w.drain()
+                if b" 200" not in await r.readline(): raise RuntimeError("refused")
+                while (await r.readline()) not in (b"\r\n", b""): pass
+                # A request in flight each way, as a tunnel that has carried traffic holds.
+                w.write(b"GET /hold HTTP/1.1\r\nHost: origin.test\r\n\r\n")
+                conns.append(w)
+            await asyncio.sleep(1)
+            held = rss(proxy.pid)
+            for w in conns: w.close()
+            return base, held
+        base, held = asyncio.run(hold())
+    finally:
+        proxy.send_signal(signal.SIGTERM)
+        try: proxy.wait(timeout=40)
+        except subprocess.TimeoutExpired: proxy.kill()
+    return dict(d_direct=d_direct, d_proxy=d_proxy, c_proxy=c_proxy, b_direct=b_direct, b_proxy=b_proxy,
+                cb_proxy=cb_proxy, base=base, held=held)
+
+results = [(kib, measure(kib)) for kib in (64, 256)]
+loop.call_soon_threadsafe(stop.set)
 
 print(f"\n2. aisb proxy serve (one process; the client and the origin share this machine's cores)")
-print(f"{'case':<44}{'direct':>12}{'via proxy':>12}{'ratio':>8}{'proxy CPU':>14}")
-print(f"{f'{C} tunnels (CONNECT, 1 request, close)':<44}{C / d_direct:>10.0f}/s{C / d_proxy:>10.0f}/s{d_direct / d_proxy:>8.2f}{c_proxy / C * 1e6:>10.0f} µs/conn")
-print(f"{f'{MB} MiB through one tunnel':<44}{MB / b_direct:>8.0f} MiB/s{MB / b_proxy:>8.0f} MiB/s{b_direct / b_proxy:>8.2f}{cb_proxy / MB * 1e3:>10.2f} ms/MiB")
-print(f"{f'{T} idle open tunnels':<44}{'':>12}{'':>12}{'':>8}{(held - base) / T / 1024:>9.1f} KiB/conn   (RSS {base / 2**20:.0f} -> {held / 2**20:.0f} MiB)")
-print(f"\nper core (1 CPU-second of the proxy): {C / max(c_proxy, 1e-9):.0f} tunnels, {MB / max(cb_proxy, 1e-9):.0f} MiB")
+print(f"{'case':<46}{'direct':>12}{'via proxy':>13}{'ratio':>7}{'proxy CPU':>15}")
+for kib, m in results:
+    print(f"--buffer-kib {kib}{' (default)' if kib == 64 else ''}")
+    print(f"{f'  {C} tunnels (CONNECT, 1 request, close)':<46}{C / m['d_direct']:>10.0f}/s{C / m['d_proxy']:>11.0f}/s{m['d_direct'] / m['d_proxy']:>7.2f}{m['c_proxy'] / C * 1e6:>10.0f} µs/conn")
+    print(f"{f'  {MB} MiB through one tunnel':<46}{MB / m['b_direct']:>6.0f} MiB/s{MB / m['b_proxy']:>7.0f} MiB/s{m['b_direct'] / m['b_proxy']:>7.2f}{m['cb_proxy'] / MB * 1e3:>10.2f} ms/MiB")
+    print(f"{f'  {T} open tunnels, one request each':<46}{'':>12}{'':>13}{'':>7}{(m['held'] - m['base']) / T / 1024:>9.1f} KiB/conn   (RSS {m['base'] / 2**20:.0f} -> {m['held'] / 2**20:.0f} MiB)")
+    print(f"  per CPU-second of the proxy: {C / max(m['c_proxy'], 1e-9):.0f} tunnels, {MB / max(m['cb_proxy'], 1e-9):.0f} MiB")
 PY

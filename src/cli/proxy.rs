@@ -45,6 +45,7 @@ pub fn run(a: Args) -> Result<i32, Error> {
         policy: Policy::new(&cfg),
         audit,
         reported: Default::default(),
+        buffer: crate::proxy::server::RUN_BUFFER,
     });
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -49,6 +49,10 @@ pub struct ServeArgs {
     /// Seconds a connection may stay idle (nothing sent either way) before it is closed
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     idle_timeout: u64,
+    /// Copy buffer per direction per connection, in KiB: memory per open tunnel against
+    /// throughput per tunnel (bench/fleet.sh measures both; docs/scale.md)
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(4..=4096))]
+    buffer_kib: u32,
     /// Seconds shutdown waits for open connections
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=3_600))]
     drain: u64,
@@ -155,6 +159,7 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
         policy: Policy::new(&cfg),
         audit: Some(audit),
         reported: Default::default(),
+        buffer: a.buffer_kib as usize * 1024,
     });
     let limits = Limits {
         max_connections: a.max_connections as usize,

@@ -23,14 +23,17 @@ use crate::audit::{Kind, Log};
 use crate::vocab::{LEARNED_HEADER, REASON_HEADER, RESOLVE_METHOD};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Copy buffer per direction: tokio's default 8 KiB halves loopback throughput.
-const BUF: usize = 256 * 1024;
+/// Copy buffer per direction for a run's own proxy (a few connections): tokio's default 8 KiB
+/// halves loopback throughput. `aisb proxy serve`, with thousands of tunnels, picks its own.
+pub const RUN_BUFFER: usize = 256 * 1024;
 
 pub struct Proxy {
     pub policy: Policy,
     pub audit: Option<Log>,
     /// Events the sandboxed side reported (agent tool calls, direct connection attempts).
     pub reported: std::sync::atomic::AtomicU64,
+    /// Copy buffer per direction per connection (bytes).
+    pub buffer: usize,
 }
 
 /// The most events one sandbox run may report from inside; past it they are dropped, once
@@ -285,10 +288,14 @@ impl Proxy {
                             up.write_all(early).await?;
                             o.up += early.len() as u64;
                         }
-                        let (a, b) =
-                            tokio::io::copy_bidirectional_with_sizes(client, &mut up, BUF, BUF)
-                                .await
-                                .unwrap_or((0, 0));
+                        let (a, b) = tokio::io::copy_bidirectional_with_sizes(
+                            client,
+                            &mut up,
+                            self.buffer,
+                            self.buffer,
+                        )
+                        .await
+                        .unwrap_or((0, 0));
                         o.up += a;
                         o.down += b;
                     }
@@ -333,7 +340,7 @@ impl Proxy {
             left -= n as u64;
         }
         o.up = length - left + head.len() as u64;
-        let mut up = tokio::io::BufReader::with_capacity(BUF, up);
+        let mut up = tokio::io::BufReader::with_capacity(self.buffer, up);
         o.down = tokio::io::copy_buf(&mut up, client).await.unwrap_or(0);
         let _ = client.shutdown().await;
         Ok(Some(o))
@@ -421,9 +428,14 @@ impl Proxy {
                 if !early.is_empty() {
                     up.write_all(early).await?;
                 }
-                let (a, b) = tokio::io::copy_bidirectional_with_sizes(client, &mut up, BUF, BUF)
-                    .await
-                    .unwrap_or((0, 0));
+                let (a, b) = tokio::io::copy_bidirectional_with_sizes(
+                    client,
+                    &mut up,
+                    self.buffer,
+                    self.buffer,
+                )
+                .await
+                .unwrap_or((0, 0));
                 o.up = a + early.len() as u64;
                 o.down = b;
             }
@@ -500,6 +512,7 @@ mod tests {
             policy: Policy::new(&crate::proxy::policy::PolicyConfig::default()),
             audit: None,
             reported: Default::default(),
+            buffer: RUN_BUFFER,
         };
         let allowed = (0..MAX_REPORTED + 5).filter(|_| p.may_report(&log)).count();
         assert_eq!(allowed as u64, MAX_REPORTED);
