@@ -167,7 +167,9 @@ impl Error {
             | Error::UnknownTask { .. }
             | Error::UnknownPreset { .. }
             | Error::Eval(eval::EvalError::Config(_))
-            | Error::Eval(eval::EvalError::UnknownProfile { .. }) => exit::CONFIG,
+            | Error::Eval(eval::EvalError::UnknownProfile { .. })
+            // `aisb init --from-devcontainer`: the devcontainer.json is the configuration read.
+            | Error::Devcontainer(_) => exit::CONFIG,
             Error::Usage(_) => exit::USAGE,
             _ => exit::COULD_NOT_START,
         }

@@ -459,7 +459,7 @@ fn a_copy_on_write_layer_serves_one_run_at_a_time() {
         if let Some((uid, gid)) = user {
             chown_r(s.root(), uid, gid);
         }
-        let mut first = s
+        let first = s
             .aisb()
             .args(["--trust", "run", "--backend", backend, "--", "/bin/sh", "-c"])
             .arg("echo first > ~/.claude/first; touch ~/.claude/started; sleep 4; cat ~/.claude/first")

@@ -80,6 +80,9 @@ pub struct K8sArgs {
     /// Warm sandboxes kept ready (`--flavor agent-sandbox`)
     #[arg(long, default_value_t = 1)]
     replicas: u32,
+    /// Replicas of the egress proxy's Deployment (docs/scale.md says how many a fleet needs)
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    proxy_replicas: u32,
     /// Write the YAML here instead of stdout
     #[arg(short, long, value_name = "FILE")]
     output: Option<PathBuf>,
@@ -162,6 +165,7 @@ fn k8s(g: &Global, a: K8sArgs) -> Result<i32, Error> {
         repo,
         env_origin: origin,
         replicas: a.replicas,
+        proxy_replicas: a.proxy_replicas,
     };
     let export = k8s::export(&plan, &opts)?;
     write_out(a.output.as_deref(), &k8s::to_yaml(&plan, &export))

@@ -193,7 +193,7 @@ pub struct Global {
 
 /// The caller, as the evaluator sees it.
 pub fn host() -> Result<Host, Error> {
-    let host = Host::current().map_err(|source| Error::Io {
+    let host = Host::current(crate::graph::system::system_paths).map_err(|source| Error::Io {
         path: ".".into(),
         source,
     })?;

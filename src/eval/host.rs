@@ -22,10 +22,17 @@ pub struct Host {
     pub home: PathBuf,
     /// The agents' own settings files on the host (`agents::host_policies`).
     pub agent_policies: BTreeMap<String, serde_json::Value>,
+    /// The system paths shown inside and the `/etc` snapshot, as this host has them
+    /// (`graph::system::system_paths`, given to [`Host::current`]).
+    pub system: Vec<super::plan::SystemPath>,
 }
 
 impl Host {
-    pub fn current() -> std::io::Result<Host> {
+    /// The caller's host. `system_paths` gathers the system paths given the store directory
+    /// (`graph::system::system_paths`): passed in, so evaluating never reads the host itself.
+    pub fn current(
+        system_paths: impl FnOnce(&std::path::Path) -> Vec<super::plan::SystemPath>,
+    ) -> std::io::Result<Host> {
         let env: BTreeMap<String, String> = std::env::vars_os()
             .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
             .collect();
@@ -43,7 +50,7 @@ impl Host {
             .filter(|h| h.is_absolute())
             .or_else(|| pw.as_ref().map(|u| u.dir.clone()))
             .unwrap_or_else(|| PathBuf::from("/"));
-        Ok(Host {
+        let mut host = Host {
             env,
             cwd: std::env::current_dir()?,
             uid: uid.as_raw(),
@@ -51,7 +58,10 @@ impl Host {
             user,
             home,
             agent_policies: super::agents::host_policies(),
-        })
+            system: Vec::new(),
+        };
+        host.system = system_paths(&host.store());
+        Ok(host)
     }
 
     pub(super) fn xdg(&self, var: &str, fallback: &str) -> String {
@@ -62,6 +72,10 @@ impl Host {
     }
 
     /// `$XDG_CACHE_HOME` or `~/.cache`.
+    /// The content-addressed store (`graph::store`).
+    pub fn store(&self) -> PathBuf {
+        self.cache_home().join("aisb/store")
+    }
     pub fn cache_home(&self) -> PathBuf {
         PathBuf::from(self.xdg("XDG_CACHE_HOME", ".cache"))
     }

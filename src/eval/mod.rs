@@ -12,7 +12,7 @@ mod mounts;
 mod network;
 pub mod plan;
 mod process;
-mod rootfs;
+pub mod rootfs;
 pub mod scan;
 mod tasks;
 pub mod vars;
@@ -288,8 +288,7 @@ fn resolve(
     profiles: &HashMap<&str, &ProfileDecl>,
 ) -> Result<Plan, EvalError> {
     let sc = host::scope(cx, host, req, s)?;
-    let store = host.cache_home().join("aisb/store");
-    let system = rootfs::system_paths(&store);
+    let system = host.system.clone();
     let mounts::Base {
         mut mounts,
         xdg_env,
@@ -372,7 +371,7 @@ fn resolve(
         read_only: sc.read_only,
         identity: sc.identity,
         state_dir: sc.state_dir,
-        store,
+        store: host.store(),
         system,
         mounts,
         masks: mask_list,

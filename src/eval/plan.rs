@@ -83,6 +83,18 @@ pub struct Identity {
     pub home: PathBuf,
 }
 
+/// A snapshot of part of a host directory in the store (`graph::etc` plans and realises it;
+/// its key covers every entry's stamp).
+#[derive(Debug, Clone, Serialize)]
+pub struct EtcSnapshot {
+    /// Where the snapshot lives in the store.
+    pub dir: PathBuf,
+    #[serde(skip)]
+    pub source: PathBuf,
+    #[serde(skip)]
+    pub names: Vec<String>,
+}
+
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum SystemPath {
@@ -93,7 +105,7 @@ pub enum SystemPath {
     /// A store snapshot of part of a host directory (the /etc allowlist), one read-only bind.
     Snapshot {
         path: PathBuf,
-        snapshot: crate::graph::etc::Snapshot,
+        snapshot: EtcSnapshot,
     },
     /// A top-level directory of an image's root (mounted privately for the runtime), bound
     /// read-only at the same place.

@@ -1,10 +1,8 @@
 //! The sandbox's root filesystem: the host's system paths (read-only, `/etc` as a snapshot of
 //! the entries tools need), or an image.
 
-use std::path::{Path, PathBuf};
-
 use super::host::Scope;
-use super::plan::{Rootfs, SystemPath};
+use super::plan::Rootfs;
 use super::Ctx;
 use crate::config::model::RootfsCfg;
 
@@ -62,28 +60,6 @@ pub const ETC_PATHS: &[&str] = &[
     "claude-code",
     "gemini-cli",
 ];
-
-/// The host paths shown inside, and the `/etc` snapshot planned into `store`.
-pub(super) fn system_paths(store: &Path) -> Vec<SystemPath> {
-    let mut system = Vec::new();
-    for p in SYSTEM_PATHS.iter().map(PathBuf::from) {
-        match std::fs::symlink_metadata(&p) {
-            Ok(m) if m.file_type().is_symlink() && p.parent() == Some(Path::new("/")) => {
-                if let Ok(target) = std::fs::read_link(&p) {
-                    system.push(SystemPath::Symlink { path: p, target });
-                }
-            }
-            Ok(_) => system.push(SystemPath::Bind { path: p }),
-            Err(_) => {}
-        }
-    }
-    let etc = crate::graph::etc::plan(Path::new("/etc"), ETC_PATHS, &store);
-    system.push(SystemPath::Snapshot {
-        path: PathBuf::from("/etc"),
-        snapshot: etc,
-    });
-    system
-}
 
 /// `rootfs`: the host's, a Dockerfile's, an OCI source, or an `image` declared by name.
 pub(super) fn resolve(cx: &mut Ctx<'_>, sc: &Scope<'_>) -> Rootfs {

@@ -32,15 +32,8 @@ pub struct Entry {
     pub mtime_ns: i128,
 }
 
-#[derive(Debug, Clone, Serialize)]
-pub struct Snapshot {
-    /// Where the snapshot lives in the store.
-    pub dir: PathBuf,
-    #[serde(skip)]
-    pub source: PathBuf,
-    #[serde(skip)]
-    pub names: Vec<String>,
-}
+/// The plan's description of a snapshot (eval owns the type; this module plans and makes it).
+pub use crate::eval::plan::EtcSnapshot as Snapshot;
 
 fn entry(source: &Path, rel: &Path) -> Option<Entry> {
     let p = source.join(rel);

@@ -12,6 +12,7 @@
 
 pub mod etc;
 pub mod store;
+pub mod system;
 
 use std::path::PathBuf;
 

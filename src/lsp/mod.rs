@@ -441,7 +441,7 @@ pub fn serve() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let (conn, io) = Connection::stdio();
     let caps = serde_json::to_value(capabilities())?;
     conn.initialize(caps)?;
-    let host = Host::current()?;
+    let host = Host::current(crate::graph::system::system_paths)?;
     let worker = Arc::new(Worker {
         pending: Mutex::new(Pending::default()),
         wake: Condvar::new(),

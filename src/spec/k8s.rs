@@ -75,6 +75,8 @@ pub struct Options {
     pub env_origin: EnvOrigin,
     /// Warm pool size for `agent-sandbox`.
     pub replicas: u32,
+    /// Replicas of the proxy's Deployment (docs/scale.md: one per ~N agents).
+    pub proxy_replicas: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -255,7 +257,7 @@ pub fn export(plan: &Plan, o: &Options) -> Result<Export, K8sError> {
             "kind": "Deployment",
             "metadata": meta(&format!("{base}-proxy"), o, &proxy_labels),
             "spec": {
-                "replicas": 1,
+                "replicas": o.proxy_replicas,
                 "selector": {"matchLabels": proxy_labels},
                 "template": {
                     "metadata": {"labels": proxy_labels},

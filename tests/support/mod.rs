@@ -60,6 +60,7 @@ impl Fixture {
             user: "dev".into(),
             home: self.home(),
             agent_policies: aisb::eval::agents::host_policies(),
+            system: aisb::graph::system::system_paths(&self.root().join("cache/aisb/store")),
         }
     }
     pub fn git(&self, args: &[&str]) {
