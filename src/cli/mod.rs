@@ -379,7 +379,13 @@ pub fn run_plan(
         (flag, configured) => crate::runtime::Backend::choose(flag, configured),
     };
     let Some(name) = sandbox else {
-        return Ok(crate::runtime::run(&plan, backend, interactive)?);
+        // On an image: realise it (build what is missing) before anything runs.
+        let imaged = crate::image::sandbox::prepare_run(&plan, backend)?;
+        let (plan, root) = match &imaged {
+            Some((p, m)) => (p, Some(m)),
+            None => (&plan, None),
+        };
+        return Ok(crate::runtime::run(plan, root, backend, interactive)?);
     };
     let start = std::time::Instant::now();
     let summary = |exit_code: i32, plan: &eval::Plan| {
@@ -420,6 +426,16 @@ pub fn run_plan(
     // sandbox: it ends, and with it every session.
     let mut hold = plan.clone();
     hold.process.args = vec![crate::vocab::INIT_PATH.into(), "hold".into()];
+    // On an image: realise it here, before the sandbox's start is waited for (a build can
+    // take minutes; the wait below is for the start alone).
+    let (hold, root) = match crate::image::sandbox::prepare_run(&hold, backend) {
+        Ok(Some((p, m))) => (p, Some(m)),
+        Ok(None) => (hold, None),
+        Err(e) => {
+            drop(watcher);
+            return Err(e.into());
+        }
+    };
     let mut forwarded = nix::sys::signal::SigSet::empty();
     for sig in [
         Signal::SIGTERM,
@@ -430,7 +446,8 @@ pub fn run_plan(
         forwarded.add(sig);
     }
     let _ = forwarded.thread_block();
-    let sandbox = std::thread::spawn(move || crate::runtime::run(&hold, backend, false));
+    let sandbox =
+        std::thread::spawn(move || crate::runtime::run(&hold, root.as_ref(), backend, false));
     const START_SECS: u64 = 60;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(START_SECS);
     let pid = loop {

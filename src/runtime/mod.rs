@@ -21,6 +21,7 @@ use serde::Serialize;
 use crate::eval::Plan;
 use crate::spec::bundle::{self, BundleError};
 use crate::spec::LimitsBy;
+use rootmount::RootMount;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -36,9 +37,6 @@ pub enum RuntimeError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Bundle(#[from] BundleError),
-    #[error(transparent)]
-    #[diagnostic(transparent)]
-    Image(#[from] Box<crate::image::graph::BuildError>),
     #[error("the bwrap backend cannot run this sandbox: {0}")]
     #[diagnostic(help("remove what it names from sandbox.kdl, or use another backend"))]
     BwrapUnsupported(#[from] aisb_bwrap::BwrapError),
@@ -159,16 +157,18 @@ fn claim_layers(plan: &Plan) -> Result<Vec<Flock<std::fs::File>>, RuntimeError> 
     Ok(held)
 }
 
-pub fn run(plan: &Plan, backend: Backend, interactive: bool) -> Result<Summary, RuntimeError> {
+/// Run `plan` on `backend` to the end. On an image, `root_mount` is the image's root, which
+/// the runtime process mounts in a private mount namespace (the caller realised the image and
+/// pointed the plan's system paths at it: `image::sandbox::prepare_run`); runtime builds
+/// nothing.
+pub fn run(
+    plan: &Plan,
+    root_mount: Option<&RootMount>,
+    backend: Backend,
+    interactive: bool,
+) -> Result<Summary, RuntimeError> {
     let start = Instant::now();
     let git_before = git_before(plan);
-    // On an image: build what is missing, and point the system paths at its root, which the
-    // runtime process mounts in a private mount namespace.
-    let imaged = crate::image::sandbox::prepare_run(plan, backend).map_err(Box::new)?;
-    let (plan, root_mount) = match &imaged {
-        Some((p, m)) => (p, Some(m)),
-        None => (plan, None),
-    };
     let exe = std::env::current_exe().map_err(|source| RuntimeError::Io {
         what: "locating the aisb binary".into(),
         source,
