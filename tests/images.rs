@@ -112,7 +112,6 @@ impl Proj {
             .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
             .env("HOME", self.dir.path().join("home"))
             .env("XDG_CACHE_HOME", self.cache())
-            .env("CI", "true")
             .stdin(Stdio::null());
         cmd
     }

@@ -870,14 +870,15 @@ fn store_entries_are_kept_while_used_and_rebuilt_when_incomplete() {
             })
             .collect::<Vec<_>>()
     };
-    assert_eq!(store_lines(), ["made at the next run"; 2]);
+    // The /etc snapshot, Claude's managed settings, the DNS stub's resolv.conf.
+    assert_eq!(store_lines(), ["made at the next run"; 3]);
     let o = s.run(
         "bwrap",
         &["--trust"],
         "cat /etc/claude-code/managed-settings.json >/dev/null && echo ok",
     );
     assert_eq!(o.stdout, "ok\n", "{}", o.stderr);
-    assert_eq!(store_lines(), ["ready"; 2]);
+    assert_eq!(store_lines(), ["ready"; 3]);
     let ls = || {
         let o = Out::from(s.aisb().args(["store", "ls", "--json"]).output().unwrap());
         serde_json::from_str::<Vec<serde_json::Value>>(&o.stdout).unwrap()
@@ -1216,7 +1217,7 @@ fn without_a_cgroup_the_pids_limit_is_an_rlimit_and_memory_is_refused() {
     assert!((56..64).contains(&forked), "forked {forked}\n{}", o.stderr);
     s.write("sandbox.kdl", "limits {\n    memory \"1G\"\n}\n");
     let o = s.run("bwrap", &[], "echo ran");
-    assert_eq!((o.code, o.stdout.as_str()), (1, ""), "{}", o.stderr);
+    assert_eq!((o.code, o.stdout.as_str()), (125, ""), "{}", o.stderr);
     assert!(
         o.stderr
             .contains("the memory limit set at sandbox.kdl:2 cannot be enforced here")

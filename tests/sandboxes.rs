@@ -330,7 +330,7 @@ fn the_last_session_keeps_the_sandbox_up() {
         );
         // Wait until the first aisb owns the sandbox, then join as soon as it is up (until
         // then a session is refused as busy).
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline && !r.run(&["ls", "--json"]).stdout.contains("\"running\"")
         {
             std::thread::sleep(Duration::from_millis(20));
@@ -373,8 +373,8 @@ fn exec_and_stop() {
     std::fs::write(r.repo().join("sub/f"), "x").unwrap();
     r.git(&["add", "sub/f"]);
     r.git(&["commit", "-qm", "sub"]);
-    let mut owner = r.spawn("bwrap", "svc", "/bin/sh", "echo up > /tmp/up; sleep 30");
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut owner = r.spawn("bwrap", "svc", "/bin/sh", "echo up > /tmp/up; sleep 60");
+    let deadline = Instant::now() + Duration::from_secs(30);
     let mut out = None;
     while Instant::now() < deadline {
         let o = r.run(&["exec", "svc", "--", "/bin/sh", "-c", "cat /tmp/up"]);
@@ -424,7 +424,7 @@ fn exec_and_stop() {
     );
     let stop = r.run(&["stop", "svc"]);
     assert_eq!(stop.code, 0, "{}", stop.stderr);
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(30);
     let status = loop {
         if let Some(s) = owner.try_wait().unwrap() {
             break s;
@@ -472,7 +472,7 @@ fn kill_9_mid_session_then_up_again() {
     }
     owner.kill().unwrap(); // SIGKILL
     let _ = owner.wait();
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(30);
     while marker_running() {
         assert!(Instant::now() < deadline, "the session outlived its aisb");
         std::thread::sleep(Duration::from_millis(50));

@@ -15,6 +15,24 @@ use sha2::{Digest, Sha256};
 /// Part of the snapshot's key: changing the list names new snapshots.
 pub const ALWAYS_DIRS: &[&str] = &["claude-code", "gemini-cli", "aisb", "opencode", "codex"];
 
+/// `resolv.conf` is always a regular file in the snapshot, with what the host's resolves to: a
+/// mount point for the DNS stub's (transparent egress binds over it; a bind target cannot be
+/// made in a read-only /etc), and readable under `network "host"` where the host's is a link
+/// into /run (systemd-resolved's), which would dangle inside. Empty when the host has none.
+const RESOLV: &str = "resolv.conf";
+/// The most of the host's resolv.conf copied (glibc reads a few KiB).
+const RESOLV_MAX: u64 = 64 * 1024;
+
+/// What the snapshot's `resolv.conf` depends on beyond its own stamp: the stamp of what it
+/// resolves to (a link's target changes without the link changing).
+fn resolv_stamp(source: &Path) -> Option<(u64, i128)> {
+    let m = fs::metadata(source.join(RESOLV)).ok()?;
+    Some((
+        m.size(),
+        m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
+    ))
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Kind {
     Dir,
@@ -114,6 +132,12 @@ struct Index {
     /// [`ALWAYS_DIRS`] when the key was made (it is part of the key).
     #[serde(default)]
     always: Vec<String>,
+    /// [`resolv_stamp`] when the key was made (part of the key).
+    #[serde(default)]
+    resolv: Option<(u64, i128)>,
+    /// Whether the key covers [`resolv_stamp`] (indexes from before do not).
+    #[serde(default)]
+    resolv_keyed: bool,
 }
 
 /// Stamps this close to now may still change within the same timestamp tick: an index
@@ -135,6 +159,7 @@ pub fn plan(source: &Path, names: &[&str], store: &Path) -> Snapshot {
         .ok()
         .and_then(|b| serde_json::from_slice::<Index>(&b).ok())
         .filter(|i| i.source == source && i.names == names && i.always == ALWAYS_DIRS)
+        .filter(|i| i.resolv_keyed && i.resolv == resolv_stamp(source))
         .filter(|i| {
             i.checked
                 .iter()
@@ -147,7 +172,8 @@ pub fn plan(source: &Path, names: &[&str], store: &Path) -> Snapshot {
             let key = format!(
                 "{:x}",
                 Sha256::digest(
-                    serde_json::to_vec(&(source, &stamps, ALWAYS_DIRS)).unwrap_or_default()
+                    serde_json::to_vec(&(source, &stamps, ALWAYS_DIRS, resolv_stamp(source)))
+                        .unwrap_or_default()
                 )
             );
             remember(source, &names, &stamps, &key, &index_path);
@@ -181,6 +207,8 @@ fn remember(source: &Path, names: &[String], stamps: &[Entry], key: &str, path: 
         checked: top.chain(below).collect(),
         key: key.to_string(),
         always: ALWAYS_DIRS.iter().map(|d| d.to_string()).collect(),
+        resolv: resolv_stamp(source),
+        resolv_keyed: true,
     };
     let Ok(bytes) = serde_json::to_vec(&index) else {
         return;
@@ -205,6 +233,20 @@ fn copy_entries(s: &Snapshot, to: &Path) -> io::Result<()> {
             }
             Kind::Symlink(target) => symlink(target, &dst)?,
         }
+    }
+    // resolv.conf: a regular file holding what the host's resolves to (see [`RESOLV`]).
+    let resolv = to.join(RESOLV);
+    if fs::symlink_metadata(&resolv).is_ok_and(|m| !m.is_file()) {
+        fs::remove_file(&resolv)?;
+    }
+    if !resolv.exists() {
+        let mut text = Vec::new();
+        if let Ok(f) = fs::File::open(s.source.join(RESOLV)) {
+            use std::io::Read;
+            let _ = f.take(RESOLV_MAX).read_to_end(&mut text);
+        }
+        fs::write(&resolv, text)?;
+        fs::set_permissions(&resolv, fs::Permissions::from_mode(0o644))?;
     }
     // Mount points aisb may use inside /etc, present whether or not the host has them.
     for dir in ALWAYS_DIRS {
@@ -280,6 +322,41 @@ mod tests {
         fs::write(&index, "{not json").unwrap();
         let s4 = plan(&etc, &names, &store);
         assert!(s4.dir.starts_with(&store));
+    }
+
+    /// resolv.conf is a regular file in every snapshot: empty without one on the host, the
+    /// content of what a link resolves to (systemd-resolved's link into /run would dangle
+    /// inside), and a new snapshot when the link's target changes though the link does not.
+    #[test]
+    fn resolv_conf_is_always_a_regular_file_with_what_the_host_resolves_to() {
+        let t = tempfile::tempdir().unwrap();
+        let etc = t.path().join("etc");
+        fs::create_dir_all(&etc).unwrap();
+        let store = t.path().join("store");
+        let none = plan(&etc, &["resolv.conf"], &store);
+        realise(&none).unwrap();
+        let m = fs::symlink_metadata(none.dir.join("resolv.conf")).unwrap();
+        assert!(m.is_file() && m.len() == 0, "{m:?}");
+        let run = t.path().join("run");
+        fs::create_dir_all(&run).unwrap();
+        fs::write(run.join("stub-resolv.conf"), "nameserver 127.0.0.53\n").unwrap();
+        symlink(run.join("stub-resolv.conf"), etc.join("resolv.conf")).unwrap();
+        let linked = plan(&etc, &["resolv.conf"], &store);
+        assert_ne!(linked.dir, none.dir);
+        realise(&linked).unwrap();
+        let f = linked.dir.join("resolv.conf");
+        assert!(fs::symlink_metadata(&f).unwrap().is_file());
+        assert_eq!(fs::read_to_string(&f).unwrap(), "nameserver 127.0.0.53\n");
+        backdate(&etc);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        fs::write(run.join("stub-resolv.conf"), "nameserver 10.0.0.1\n").unwrap();
+        let changed = plan(&etc, &["resolv.conf"], &store);
+        assert_ne!(changed.dir, linked.dir, "the link's target changed");
+        realise(&changed).unwrap();
+        assert_eq!(
+            fs::read_to_string(changed.dir.join("resolv.conf")).unwrap(),
+            "nameserver 10.0.0.1\n"
+        );
     }
 
     #[test]

@@ -347,12 +347,11 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
     });
     let transparent = proxied && !plan.network.transparent_ports.is_empty();
     // Bound only over a file the sandbox's /etc has (a bind target cannot be made in a
-    // read-only /etc); without one, resolvers ask 127.0.0.1, where the stub answers too.
+    // read-only /etc: the host's /etc snapshot always has one; an image may not, and then
+    // resolvers ask 127.0.0.1, where the stub answers too).
     let etc_has_resolv = plan.system.iter().any(|sp| match sp {
-        SystemPath::Snapshot { path, snapshot } if path == Path::new("/etc") => {
-            let src = snapshot.source.join("resolv.conf");
-            snapshot.dir.join("resolv.conf").exists() || src.exists()
-        }
+        // The snapshot always has one (`graph::etc`).
+        SystemPath::Snapshot { path, .. } if path == Path::new("/etc") => true,
         SystemPath::Image { path, source } if path == Path::new("/etc") => {
             source.join("resolv.conf").exists()
         }
