@@ -365,7 +365,8 @@ fn base_layer(k: &kernel::Kernel) -> Result<initramfs::Tree, Error> {
     t.file(
         "etc/nsswitch.conf",
         0o644,
-        b"passwd: files\ngroup: files\nhosts: files\n".to_vec(),
+        // Debian's own: names are looked up in /etc/hosts, then by DNS (the sandbox's stub).
+        b"passwd: files\ngroup: files\nhosts: files dns\n".to_vec(),
     );
     Ok(t)
 }
