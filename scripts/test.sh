@@ -18,6 +18,9 @@ grep -q '^error' "$log" && status=1
 # The network benchmark, short (debug build, one small round): it must keep working.
 echo "== bench/net.sh (short)" >&2
 SHORT=1 sh bench/net.sh || status=1
+# The fleet benchmark (docs/scale.md's inputs), short, for the same reason.
+echo "== bench/fleet.sh (short)" >&2
+SHORT=1 sh bench/fleet.sh || status=1
 # The cargo-fuzz targets (fuzz/): hostile layers, proxy requests, dotenv files, generated
 # sandbox.kdl projects, OCI documents; 30 s each by default, a crash fails the run.
 echo "== fuzz" >&2

@@ -347,6 +347,12 @@ pub fn export(plan: &Plan, o: &Options) -> Result<Export, K8sError> {
             },
         }));
     }
+    if !plan.tools.agents.is_empty() {
+        out.notes.push(format!(
+            "agents {}: their managed settings are mounted, but aisb's pre-tool hook (the sandbox init's `agent-event`) is not in the pod: tool calls are not logged, and the tools policy holds only as far as each agent's own settings enforce it",
+            plan.tools.agents.join(", ")
+        ));
+    }
     if !plan.network.transparent_ports.is_empty() {
         out.notes.push("transparent egress: not exported — in the pod only tools that honour HTTP(S)_PROXY/ALL_PROXY reach the proxy Service; the rest fail closed".into());
     }
