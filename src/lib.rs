@@ -46,6 +46,9 @@ pub enum Error {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Bundle(#[from] spec::bundle::BundleError),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Realise(#[from] graph::realise::RealiseError),
     #[error("{path}: {source}")]
     #[diagnostic(help("check that the path exists and is readable"))]
     Io {

@@ -82,9 +82,11 @@ fn exported_seccomp_profile_refuses_what_the_init_refuses_under_runc() {
     };
     let plan = aisb::eval::evaluate(&loaded, &host, &req).unwrap();
     let bundle = f.root().join("bundle");
+    let mask_file = aisb::graph::realise::realise(&plan).unwrap();
     aisb::spec::bundle::write(
         &plan,
         &bundle,
+        &mask_file,
         Some(Path::new(env!("CARGO_BIN_EXE_aisb-init"))),
         false,
         None,

@@ -246,9 +246,11 @@ fn run_in_runc(f: &Fixture, text: &str, script: &str) -> (String, String, i32) {
     };
     let plan = aisb::eval::evaluate(&loaded, &host, &req).unwrap();
     let bundle: PathBuf = f.root().join("bundle");
+    let mask_file = aisb::graph::realise::realise(&plan).unwrap();
     aisb::spec::bundle::write(
         &plan,
         &bundle,
+        &mask_file,
         Some(std::path::Path::new(env!("CARGO_BIN_EXE_aisb-init"))),
         false,
         None,

@@ -225,9 +225,11 @@ fn bundle(
         .into());
     }
     let exe = super::current_exe()?;
+    let mask_file = crate::graph::realise::realise(&plan)?;
     crate::spec::bundle::write(
         &plan,
         &dir,
+        &mask_file,
         Some(&crate::init::binary_beside(&exe)),
         false,
         None,

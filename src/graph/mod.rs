@@ -11,6 +11,7 @@
 //! | `mountpoints` | the paths a sandbox mounts below an image's directories that the image lacks (`image::sandbox`) | – |
 
 pub mod etc;
+pub mod realise;
 pub mod store;
 pub mod system;
 

@@ -37,6 +37,9 @@ pub enum RuntimeError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Bundle(#[from] BundleError),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Realise(#[from] crate::graph::realise::RealiseError),
     #[error("the bwrap backend cannot run this sandbox: {0}")]
     #[diagnostic(help("remove what it names from sandbox.kdl, or use another backend"))]
     BwrapUnsupported(#[from] aisb_bwrap::BwrapError),
@@ -210,7 +213,7 @@ pub fn run(
                 &*private
             };
             let _layers = claim_layers(plan)?;
-            let mask_file = bundle::prepare(plan)?;
+            let mask_file = crate::graph::realise::realise(plan)?;
             let paths = crate::spec::SpecPaths {
                 rootfs: PathBuf::from("rootfs"),
                 mask_file,
@@ -292,9 +295,11 @@ pub fn run(
                 LimitsBy::Cgroup if rootless.is_some() => LimitsBy::OwnCgroup,
                 other => other,
             };
+            let mask_file = crate::graph::realise::realise(plan)?;
             let spec = bundle::write(
                 plan,
                 &dir,
+                &mask_file,
                 Some(&crate::init::binary_beside(&exe)),
                 terminal,
                 rootless.as_ref(),

@@ -1,13 +1,13 @@
-//! Write an OCI bundle for a plan: `config.json`, a rootfs skeleton (merged-/usr symlinks),
-//! the mode-0000 masking file, overlay upper/work dirs and private copies. Existing overlay
-//! and copy state is kept: it is the sandbox's work.
+//! Write an OCI bundle for a plan: `config.json` and a rootfs skeleton (merged-/usr symlinks).
+//! What the plan needs on the host besides (the store's entries, overlay dirs, private copies,
+//! the masking file) is realised before, by `graph::realise`.
 
 use std::fs;
-use std::os::unix::fs::{symlink, PermissionsExt};
+use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
 use super::{build, Rootless, SpecError, SpecPaths};
-use crate::eval::plan::{MountKind, Plan, SystemPath};
+use crate::eval::plan::{Plan, SystemPath};
 
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
 pub enum BundleError {
@@ -59,9 +59,13 @@ pub fn cgroups_path(plan: &Plan, dir: &Path, rootless: Option<&Rootless>) -> Str
 /// `terminal`: the process gets a pseudo-terminal through the runtime's console socket.
 /// `rootless`: the caller is an ordinary user (see [`SpecPaths::rootless`]).
 /// `limits`: what enforces the plan's limits (see [`SpecPaths::limits`]).
+/// `mask_file`: the masking file (`graph::realise::realise` made it, with everything else on
+/// the host the plan needs: this only writes the bundle).
+#[allow(clippy::too_many_arguments)]
 pub fn write(
     plan: &Plan,
     dir: &Path,
+    mask_file: &Path,
     init: Option<&Path>,
     terminal: bool,
     rootless: Option<&Rootless>,
@@ -86,12 +90,11 @@ pub fn write(
             io(&link, symlink(target, &link))?;
         }
     }
-    let mask_file = prepare(plan)?;
     let spec = build(
         plan,
         &SpecPaths {
             rootfs: PathBuf::from("rootfs"),
-            mask_file,
+            mask_file: mask_file.to_path_buf(),
             cgroups_path: cgroups_path(plan, &dir, rootless),
             init: init.map(Path::to_path_buf),
             terminal,
@@ -104,89 +107,4 @@ pub fn write(
     let config = dir.join("config.json");
     io(&config, fs::write(&config, json))?;
     Ok(spec)
-}
-
-/// Everything on the host a sandbox of this plan needs, on any backend: overlay dirs, private
-/// copies, the /etc snapshot and the masking file. Returns the masking file.
-pub fn prepare(plan: &Plan) -> Result<PathBuf, BundleError> {
-    realise_state(plan)?;
-    for sys in &plan.system {
-        if let SystemPath::Snapshot { snapshot, .. } = sys {
-            io(&snapshot.dir, crate::graph::etc::realise(snapshot))?;
-        }
-    }
-    // What this sandbox uses stays in the store until its state is removed (`aisb store gc`).
-    let used = crate::graph::store::entries_of(plan);
-    io(
-        &plan.state_dir,
-        crate::graph::store::record_refs(&plan.state_dir, &used),
-    )?;
-    mask_file(&plan.store)
-}
-
-/// The empty mode-0000 file bind-mounted over masked files (one in the store, shared): its
-/// mode is checked on every use, so a loosened copy is put back.
-pub fn mask_file(store: &Path) -> Result<PathBuf, BundleError> {
-    use std::os::unix::fs::MetadataExt;
-    let path = store.join("masked-0000");
-    match fs::symlink_metadata(&path) {
-        Ok(m) if m.is_file() && m.mode() & 0o7777 == 0 && m.len() == 0 => return Ok(path),
-        Ok(_) => io(&path, fs::remove_file(&path))?,
-        Err(_) => io(store, fs::create_dir_all(store))?,
-    }
-    let tmp = store.join(format!(".tmp-masked-{}", std::process::id()));
-    io(&tmp, fs::write(&tmp, b""))?;
-    io(
-        &tmp,
-        fs::set_permissions(&tmp, fs::Permissions::from_mode(0o000)),
-    )?;
-    io(&path, fs::rename(&tmp, &path))?;
-    Ok(path)
-}
-
-/// Write a generated directory unless the store has it (its name comes from its content).
-fn write_generated(
-    dir: &Path,
-    files: &[crate::eval::plan::GeneratedFile],
-) -> Result<(), BundleError> {
-    let fill = |tmp: &Path| {
-        for f in files {
-            let p = tmp.join(&f.name);
-            fs::write(&p, &f.content)?;
-            fs::set_permissions(&p, fs::Permissions::from_mode(0o644))?;
-        }
-        fs::set_permissions(tmp, fs::Permissions::from_mode(0o755))
-    };
-    io(dir, crate::graph::store::realise(dir, fill).map(|_| ()))
-}
-
-/// Create overlay dirs and take private copies that do not exist yet.
-pub fn realise_state(plan: &Plan) -> Result<(), BundleError> {
-    for m in &plan.mounts {
-        if let Some(guard) = m.git_guard() {
-            crate::git::realise(&guard).map_err(|e| BundleError::Io {
-                path: guard.source.clone(),
-                source: std::io::Error::other(e.to_string()),
-            })?;
-            continue;
-        }
-        match &m.kind {
-            MountKind::Overlay { upper, work, .. } => {
-                io(upper, fs::create_dir_all(upper))?;
-                io(work, fs::create_dir_all(work))?;
-            }
-            MountKind::Copy { source, copy } if !copy.exists() => {
-                if let Some(parent) = copy.parent() {
-                    io(parent, fs::create_dir_all(parent))?;
-                }
-                let tmp = copy.with_extension("aisb-tmp");
-                io(&tmp, fs::copy(source, &tmp))?;
-                io(copy, fs::rename(&tmp, copy))?;
-            }
-            MountKind::State { dir } => io(dir, fs::create_dir_all(dir))?,
-            MountKind::Generated { dir, files } => write_generated(dir, files)?,
-            _ => {}
-        }
-    }
-    Ok(())
 }

@@ -1,0 +1,113 @@
+//! Realise what a plan needs on the host, on any backend, before a spec is written or run:
+//! the store's entries (the /etc snapshot, generated files) and the references that keep them,
+//! the sandbox's own state (overlay upper/work dirs, private copies, state dirs, git guards),
+//! and the mode-0000 masking file. Existing overlay and copy state is kept: it is the
+//! sandbox's work.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use crate::eval::plan::{MountKind, Plan, SystemPath};
+
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum RealiseError {
+    #[error("could not write {path}: {source}")]
+    #[diagnostic(help("check that the directory is writable and the disk is not full"))]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+fn io<T>(path: &Path, r: std::io::Result<T>) -> Result<T, RealiseError> {
+    r.map_err(|source| RealiseError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Everything on the host a sandbox of this plan needs, on any backend: overlay dirs, private
+/// copies, the /etc snapshot and the masking file. Returns the masking file.
+pub fn realise(plan: &Plan) -> Result<PathBuf, RealiseError> {
+    realise_state(plan)?;
+    for sys in &plan.system {
+        if let SystemPath::Snapshot { snapshot, .. } = sys {
+            io(&snapshot.dir, super::etc::realise(snapshot))?;
+        }
+    }
+    // What this sandbox uses stays in the store until its state is removed (`aisb store gc`).
+    let used = super::store::entries_of(plan);
+    io(
+        &plan.state_dir,
+        super::store::record_refs(&plan.state_dir, &used),
+    )?;
+    mask_file(&plan.store)
+}
+
+/// The empty mode-0000 file bind-mounted over masked files (one in the store, shared): its
+/// mode is checked on every use, so a loosened copy is put back.
+pub fn mask_file(store: &Path) -> Result<PathBuf, RealiseError> {
+    use std::os::unix::fs::MetadataExt;
+    let path = store.join("masked-0000");
+    match fs::symlink_metadata(&path) {
+        Ok(m) if m.is_file() && m.mode() & 0o7777 == 0 && m.len() == 0 => return Ok(path),
+        Ok(_) => io(&path, fs::remove_file(&path))?,
+        Err(_) => io(store, fs::create_dir_all(store))?,
+    }
+    let tmp = store.join(format!(".tmp-masked-{}", std::process::id()));
+    io(&tmp, fs::write(&tmp, b""))?;
+    io(
+        &tmp,
+        fs::set_permissions(&tmp, fs::Permissions::from_mode(0o000)),
+    )?;
+    io(&path, fs::rename(&tmp, &path))?;
+    Ok(path)
+}
+
+/// Write a generated directory unless the store has it (its name comes from its content).
+fn write_generated(
+    dir: &Path,
+    files: &[crate::eval::plan::GeneratedFile],
+) -> Result<(), RealiseError> {
+    let fill = |tmp: &Path| {
+        for f in files {
+            let p = tmp.join(&f.name);
+            fs::write(&p, &f.content)?;
+            fs::set_permissions(&p, fs::Permissions::from_mode(0o644))?;
+        }
+        fs::set_permissions(tmp, fs::Permissions::from_mode(0o755))
+    };
+    io(dir, super::store::realise(dir, fill).map(|_| ()))
+}
+
+/// Create overlay dirs and take private copies that do not exist yet.
+fn realise_state(plan: &Plan) -> Result<(), RealiseError> {
+    for m in &plan.mounts {
+        if let Some(guard) = m.git_guard() {
+            crate::git::realise(&guard).map_err(|e| RealiseError::Io {
+                path: guard.source.clone(),
+                source: std::io::Error::other(e.to_string()),
+            })?;
+            continue;
+        }
+        match &m.kind {
+            MountKind::Overlay { upper, work, .. } => {
+                io(upper, fs::create_dir_all(upper))?;
+                io(work, fs::create_dir_all(work))?;
+            }
+            MountKind::Copy { source, copy } if !copy.exists() => {
+                if let Some(parent) = copy.parent() {
+                    io(parent, fs::create_dir_all(parent))?;
+                }
+                let tmp = copy.with_extension("aisb-tmp");
+                io(&tmp, fs::copy(source, &tmp))?;
+                io(copy, fs::rename(&tmp, copy))?;
+            }
+            MountKind::State { dir } => io(dir, fs::create_dir_all(dir))?,
+            MountKind::Generated { dir, files } => write_generated(dir, files)?,
+            _ => {}
+        }
+    }
+    Ok(())
+}
