@@ -25,11 +25,12 @@ const RESOLV_MAX: u64 = 64 * 1024;
 
 /// What the snapshot's `resolv.conf` depends on beyond its own stamp: the stamp of what it
 /// resolves to (a link's target changes without the link changing).
-fn resolv_stamp(source: &Path) -> Option<(u64, i128)> {
+fn resolv_stamp(source: &Path) -> Option<(u64, i128, u32)> {
     let m = fs::metadata(source.join(RESOLV)).ok()?;
     Some((
         m.size(),
         m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
+        m.mode(),
     ))
 }
 
@@ -134,7 +135,7 @@ struct Index {
     always: Vec<String>,
     /// [`resolv_stamp`] when the key was made (part of the key).
     #[serde(default)]
-    resolv: Option<(u64, i128)>,
+    resolv: Option<(u64, i128, u32)>,
     /// Whether the key covers [`resolv_stamp`] (indexes from before do not).
     #[serde(default)]
     resolv_keyed: bool,
@@ -240,10 +241,15 @@ fn copy_entries(s: &Snapshot, to: &Path) -> io::Result<()> {
         fs::remove_file(&resolv)?;
     }
     if !resolv.exists() {
+        // Like every entry: only a regular file anyone may read (nothing root-only ends up in
+        // a user's cache; no FIFO or device is opened).
         let mut text = Vec::new();
-        if let Ok(f) = fs::File::open(s.source.join(RESOLV)) {
-            use std::io::Read;
-            let _ = f.take(RESOLV_MAX).read_to_end(&mut text);
+        let host = s.source.join(RESOLV);
+        if fs::metadata(&host).is_ok_and(|m| m.is_file() && m.mode() & 0o004 != 0) {
+            if let Ok(f) = fs::File::open(&host) {
+                use std::io::Read;
+                let _ = f.take(RESOLV_MAX).read_to_end(&mut text);
+            }
         }
         fs::write(&resolv, text)?;
         fs::set_permissions(&resolv, fs::Permissions::from_mode(0o644))?;
@@ -357,6 +363,15 @@ mod tests {
             fs::read_to_string(changed.dir.join("resolv.conf")).unwrap(),
             "nameserver 10.0.0.1\n"
         );
+        // What only root may read is not copied, through a link or not.
+        fs::set_permissions(
+            run.join("stub-resolv.conf"),
+            fs::Permissions::from_mode(0o600),
+        )
+        .unwrap();
+        let private = plan(&etc, &["resolv.conf"], &store);
+        realise(&private).unwrap();
+        assert_eq!(fs::read(private.dir.join("resolv.conf")).unwrap(), b"");
     }
 
     #[test]
