@@ -6,6 +6,7 @@
 
 mod support;
 
+use serde::Deserialize;
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -298,4 +299,19 @@ fn errors_name_the_cause_and_the_fix() {
         err.contains("host's own system directories") && err.contains("aisb build --push"),
         "{err}"
     );
+}
+
+/// The proxy's Deployment scales as docs/scale.md works out (`--proxy-replicas`), and the
+/// value is bounded.
+#[test]
+fn the_proxy_deployment_takes_its_replicas() {
+    let f = fixture();
+    let text = yaml(&f, &["--image", DIGEST, "--proxy-replicas", "10"]);
+    let proxy = serde_yaml::Deserializer::from_str(&text)
+        .map(|d| serde_yaml::Value::deserialize(d).unwrap())
+        .find(|d| d["kind"] == v("Deployment"))
+        .expect("a proxy Deployment");
+    assert_eq!(proxy["spec"]["replicas"], v(10), "{text}");
+    let out = export(&f, &["--image", DIGEST, "--proxy-replicas", "0"]);
+    assert_eq!(out.status.code(), Some(2));
 }
