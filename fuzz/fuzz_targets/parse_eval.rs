@@ -27,6 +27,7 @@ fn fixture() -> &'static (tempfile_free::Dir, Host) {
             user: "fuzz".into(),
             home,
             agent_policies: aisb::eval::agents::host_policies(),
+            system: aisb::graph::system::system_paths(&dir.0.join("cache/aisb/store")),
         };
         (dir, host)
     })

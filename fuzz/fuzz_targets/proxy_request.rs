@@ -99,8 +99,7 @@ fn http(bytes: &[u8]) {
         HttpRequest::AgentEvent { target, body_len } => {
             assert!(body_len <= aisb::vocab::AGENT_EVENT_MAX);
             let body = &buf[n..];
-            let (tool, input) =
-                aisb::vocab::summarise_tool_call(&body[..body.len().min(body_len)]);
+            let (tool, input) = aisb::vocab::summarise_tool_call(&body[..body.len().min(body_len)]);
             let label = aisb::vocab::clean_label(&target);
             for l in [&tool, &label] {
                 assert!(l.chars().count() <= 40 || l == "unknown");

@@ -24,6 +24,8 @@ pub fn fixture() -> &'static Fixture {
         env.insert("PATH".to_string(), "/usr/bin:/bin".to_string());
         env.insert("A".to_string(), "host-a".to_string());
         env.insert("GH_TOKEN".to_string(), "host-secret".to_string());
+        // Gathered once, as aisb gathers them before evaluating.
+        let system = aisb::graph::system::system_paths(&dir.join("cache/aisb/store"));
         let host = Host {
             env,
             cwd: proj.clone(),
@@ -32,6 +34,7 @@ pub fn fixture() -> &'static Fixture {
             user: "fuzz".into(),
             home,
             agent_policies: aisb::eval::agents::host_policies(),
+            system,
         };
         Fixture { proj, host }
     })
