@@ -126,7 +126,8 @@ fn checks() -> Vec<Check> {
     });
     // Moving a process into a cgroup waits for an RCU grace period unless a hierarchy is
     // mounted with `favordynmods` (the lock is shared by all hierarchies): each sandbox start
-    // pays it once (bench/run.sh: bwrap 39 -> 21 ms on a 2-core cgroup v1 host).
+    // pays it once. Short on an idle host; on a 2-core cgroup v1 host busy compiling, bwrap's
+    // start went from 39 to 21 ms with it (idle: 12.8 vs 13.6 ms, no difference).
     let mounts = read("/proc/mounts").unwrap_or_default();
     let fast = mounts
         .lines()
@@ -142,9 +143,9 @@ fn checks() -> Vec<Check> {
         detail: if fast {
             "fast (a cgroup hierarchy is mounted with favordynmods)".into()
         } else if std::path::Path::new(v2_at).exists() {
-            format!("each sandbox start waits ~10-15 ms to enter its cgroup; as root, `mount -o remount,favordynmods {v2_at}` removes that wait for every cgroup move on this host (at a small cost to fork and exit)")
+            format!("each sandbox start waits for an RCU grace period to enter its cgroup (next to nothing on an idle host, ~10-15 ms when the CPUs are busy); as root, `mount -o remount,favordynmods {v2_at}` removes that wait for every cgroup move on this host (at a small cost to fork and exit)")
         } else {
-            "each sandbox start waits ~10-15 ms to enter its cgroup (no cgroup2 mount to set favordynmods on)".into()
+            "each sandbox start waits for an RCU grace period to enter its cgroup (~10-15 ms when the CPUs are busy; no cgroup2 mount to set favordynmods on)".into()
         },
     });
     let (ok, detail) = crate::runtime::limits::describe(&crate::eval::plan::Limits::default());
