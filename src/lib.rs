@@ -26,6 +26,7 @@ pub mod session;
 pub mod spec;
 pub mod tools;
 pub mod trust;
+pub mod userns;
 pub mod vocab;
 
 use std::ffi::OsString;

@@ -158,7 +158,7 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
         graph.nodes.len(),
         graph.nodes.iter().filter(|n| !n.cached).count()
     );
-    let built = graph::build(&graph, &mut rec)?;
+    let built = graph::build(&graph, &mut rec, &Runner)?;
     let secs = t0.elapsed().as_secs_f64();
     // Kept by `aisb store gc`: what this build made, and whatever the lock file pins.
     let _ = crate::graph::store::record_refs(&plan.state_dir, &graph.entries());
@@ -241,4 +241,47 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
         );
     }
     Ok(0)
+}
+
+/// RUN steps on the runtime: the build defines what a step is (`image::step`), the runtime
+/// runs one (`runtime::step`); neither imports the other, the command line joins them.
+pub struct Runner;
+
+impl crate::image::step::StepRunner for Runner {
+    fn run(
+        &self,
+        step: &crate::image::step::StepRun,
+        on_line: &mut dyn FnMut(&str),
+    ) -> Result<i32, crate::image::step::StepError> {
+        let s = crate::runtime::step::Step {
+            layers: step.layers,
+            upper: step.upper,
+            scratch: step.scratch,
+            argv: &step.argv,
+            env: &step.env,
+            cwd: &step.cwd,
+            user: step.user,
+            allow: &step.allow,
+            audit: &step.audit,
+        };
+        crate::runtime::step::run(&s, on_line).map_err(|e| {
+            use miette::Diagnostic;
+            crate::image::step::StepError::Runner {
+                message: e.to_string(),
+                help: e
+                    .help()
+                    .map_or_else(|| "`aisb doctor` checks the host".into(), |h| h.to_string()),
+            }
+        })
+    }
+
+    fn remove(&self, path: &std::path::Path) -> std::io::Result<()> {
+        match std::fs::remove_dir_all(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(_) if !nix::unistd::geteuid().is_root() => {
+                crate::userns::remove_trees(&[path.to_path_buf()])
+            }
+            r => r,
+        }
+    }
 }

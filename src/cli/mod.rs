@@ -126,6 +126,12 @@ pub enum Command {
     Proxy(proxy::Args),
     #[command(name = "__mask", hide = true)]
     MaskHelper(mask_helper::Args),
+    /// Remove trees of an ordinary user's subordinate ids (`userns::remove_trees`)
+    #[command(name = "__userns", hide = true)]
+    Userns {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::path::PathBuf>,
+    },
 }
 
 pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
@@ -178,6 +184,7 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
         Command::LibcontainerHelper(a) => libcontainer_helper::run(a),
         Command::Proxy(a) => proxy::run(a),
         Command::MaskHelper(a) => Ok(mask_helper::run(a)),
+        Command::Userns { args } => Ok(userns_helper(&args)),
     }
 }
 
@@ -380,7 +387,7 @@ pub fn run_plan(
     };
     let Some(name) = sandbox else {
         // On an image: realise it (build what is missing) before anything runs.
-        let imaged = crate::image::sandbox::prepare_run(&plan, backend)?;
+        let imaged = prepare_image(&plan, backend)?;
         let (plan, root) = match &imaged {
             Some((p, m)) => (p, Some(m)),
             None => (&plan, None),
@@ -428,7 +435,7 @@ pub fn run_plan(
     hold.process.args = vec![crate::vocab::INIT_PATH.into(), "hold".into()];
     // On an image: realise it here, before the sandbox's start is waited for (a build can
     // take minutes; the wait below is for the start alone).
-    let (hold, root) = match crate::image::sandbox::prepare_run(&hold, backend) {
+    let (hold, root) = match prepare_image(&hold, backend) {
         Ok(Some((p, m))) => (p, Some(m)),
         Ok(None) => (hold, None),
         Err(e) => {
@@ -499,4 +506,64 @@ pub fn run_plan(
         );
     }
     Ok(summary(code, &plan))
+}
+
+/// Before a run on an image: the image built (RUN steps on the runtime) and the mount of its
+/// root the runtime process makes.
+fn prepare_image(
+    plan: &eval::Plan,
+    backend: crate::runtime::Backend,
+) -> Result<Option<(eval::Plan, crate::runtime::rootmount::RootMount)>, Error> {
+    use crate::image::graph::BuildError;
+    if crate::image::sandbox::def_of(plan)?.is_none() {
+        return Ok(None);
+    }
+    if backend == crate::runtime::Backend::Libcontainer && !nix::unistd::geteuid().is_root() {
+        return Err(BuildError::Step {
+            at: "rootfs".into(),
+            message: "an ordinary user's sandbox on an image runs with the bwrap backend (the libcontainer helper would have to mount it as root)".into(),
+            help: "add `--backend bwrap` (or `backend \"bwrap\"` in sandbox.kdl)".into(),
+        }
+        .into());
+    }
+    let Some((plan, layers, mountpoint)) =
+        crate::image::sandbox::prepare_run(plan, &build::Runner)?
+    else {
+        return Ok(None);
+    };
+    let mount = crate::runtime::rootmount::RootMount::new(&layers, None, &mountpoint).map_err(
+        |source| BuildError::Io {
+            what: "preparing the image's root".into(),
+            source,
+        },
+    )?;
+    Ok(Some((plan, mount)))
+}
+
+/// `aisb __userns rm PATH...` and `aisb __userns unpack DEST` (the layer's bytes on stdin,
+/// after the handshake): work on an ordinary user's files of their subordinate ids, from
+/// inside a user namespace with their map (`userns::spawn`).
+fn userns_helper(args: &[std::path::PathBuf]) -> i32 {
+    match args.split_first() {
+        Some((cmd, paths)) if cmd.as_os_str() == "rm" => crate::userns::remove_main(paths),
+        Some((cmd, [dest])) if cmd.as_os_str() == "unpack" && dest.is_absolute() => {
+            if let Err(e) = crate::userns::enter() {
+                eprintln!("cannot enter a user namespace over the subordinate ids: {e}");
+                return 1;
+            }
+            // As root of the namespace: the entries keep their owners (mapped into the
+            // caller's subordinate ids).
+            match crate::image::layer::unpack(std::io::stdin().lock(), dest) {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("{e}");
+                    1
+                }
+            }
+        }
+        _ => {
+            eprintln!("usage: aisb __userns rm PATH... | unpack DEST");
+            2
+        }
+    }
 }

@@ -120,6 +120,13 @@ fn remove(dir: &Path) -> io::Result<()> {
         }
     }
     match fs::remove_dir_all(dir) {
+        // An ordinary user's image layers hold files of their subordinate ids (rootless RUN
+        // steps): removed from inside a user namespace where the caller is root over them.
+        Err(e)
+            if e.kind() == io::ErrorKind::PermissionDenied && !nix::unistd::geteuid().is_root() =>
+        {
+            crate::userns::remove_trees(&[dir.to_path_buf()])
+        }
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
     }

@@ -8,7 +8,6 @@ use super::graph::{self, BuildError, Def, Graph, ImageConfig, Options};
 use super::{dockerfile, lock, Instr, Step};
 use crate::eval::plan::{Rootfs, SystemPath};
 use crate::eval::Plan;
-use crate::runtime::rootmount::RootMount;
 
 /// The image the plan's `rootfs` names, as a build definition; None for the host's root.
 pub fn def_of(plan: &Plan) -> Result<Option<Def>, BuildError> {
@@ -242,22 +241,16 @@ fn mount_points(plan: &Plan, layers: &[PathBuf]) -> Result<Option<PathBuf>, Buil
     Ok(Some(entry))
 }
 
-/// Before a run: the image built (what is missing, with progress on stderr) and the plan
-/// pointed at it. Returns the plan to run and the mount the runtime process must make.
+/// Before a run: the image built (what is missing, with progress on stderr; RUN steps on
+/// `runner`) and the plan pointed at it. Returns the plan to run, the image's layers (top
+/// first) and where the runtime process must mount them.
 pub fn prepare_run(
     plan: &Plan,
-    backend: crate::runtime::Backend,
-) -> Result<Option<(Plan, RootMount)>, BuildError> {
+    runner: &dyn crate::image::step::StepRunner,
+) -> Result<Option<(Plan, Vec<PathBuf>, PathBuf)>, BuildError> {
     let Some(def) = def_of(plan)? else {
         return Ok(None);
     };
-    if backend == crate::runtime::Backend::Libcontainer && !nix::unistd::geteuid().is_root() {
-        return Err(BuildError::Step {
-            at: "rootfs".into(),
-            message: "an ordinary user's sandbox on an image runs with the bwrap backend (the libcontainer helper would have to mount it as root)".into(),
-            help: "add `--backend bwrap` (or `backend \"bwrap\"` in sandbox.kdl)".into(),
-        });
-    }
     let lock = lock::Lock::read(&plan.project)?;
     let o = options(plan, &def, &lock, &BTreeMap::new(), false);
     let g: Graph = graph::plan(&def, &o)?;
@@ -266,7 +259,7 @@ pub fn prepare_run(
         _ => {
             let mut p = super::progress::Bar::new(g.nodes.len(), false);
             eprintln!("aisb: building image {} ({} steps)", g.name, g.nodes.len());
-            graph::build(&g, &mut p)?.config
+            graph::build(&g, &mut p, runner)?.config
         }
     };
     check_init_runs(&config.layers, "rootfs")?;
@@ -280,14 +273,10 @@ pub fn prepare_run(
         what: format!("creating {}", mp.display()),
         source,
     })?;
-    let mount = RootMount::new(&config.layers, None, &mp).map_err(|source| BuildError::Io {
-        what: "preparing the image's root".into(),
-        source,
-    })?;
     let mut used = g.entries();
     used.extend(config.layers.iter().cloned());
     let _ = crate::graph::store::record_refs(&plan.state_dir, &used);
     let mut p = plan.clone();
     apply(&mut p, &config, &mp);
-    Ok(Some((p, mount)))
+    Ok(Some((p, config.layers, mp)))
 }

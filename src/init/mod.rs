@@ -163,6 +163,14 @@ pub fn main_from_args(args: impl IntoIterator<Item = OsString>) -> i32 {
             opts.relay_proxy = true;
         } else if a == "--keep-caps" {
             opts.keep_caps = true;
+        } else if let Some(ids) = a.strip_prefix("--user=") {
+            match ids
+                .split_once(':')
+                .map(|(u, g)| (u.parse::<u32>(), g.parse::<u32>()))
+            {
+                Some((Ok(u), Ok(g))) => opts.user = Some((u, g)),
+                _ => ok = false,
+            }
         } else if let Some(o) = a.strip_prefix("--overlay=") {
             let parts: Vec<&str> = o.split(':').collect();
             match parts.as_slice() {
@@ -239,6 +247,13 @@ pub enum InitError {
     },
     #[error("cannot set no_new_privs: {0}")]
     NoNewPrivs(nix::Error),
+    #[error("cannot become {uid}:{gid} ({call}): {source}")]
+    User {
+        uid: u32,
+        gid: u32,
+        call: &'static str,
+        source: nix::Error,
+    },
     #[error(transparent)]
     Seccomp(#[from] seccomp::SeccompError),
     #[error("cannot start the workload: {0}")]
@@ -274,6 +289,9 @@ pub struct Options {
     /// An image build step (root in its user namespace, installing packages): keep the
     /// capabilities the runtime gave, except CAP_NET_ADMIN (only the init needed it, for `lo`).
     pub keep_caps: bool,
+    /// Become this (uid, gid) before the capabilities go (an ordinary user's build step: bwrap
+    /// leaves the init at the caller's own id in a namespace mapping many).
+    pub user: Option<(u32, u32)>,
     /// Written to (one byte) and closed once the sandbox is complete (the runtime's mounts and
     /// the init's overlays): the host's live mask layer enters the mount namespace only then.
     pub ready_fd: Option<i32>,
@@ -365,6 +383,9 @@ pub fn harden(opts: &Options) -> Result<Bound, InitError> {
     }
     for (name, soft, hard) in &opts.rlimits {
         set_rlimit(name, *soft, *hard)?;
+    }
+    if let Some((uid, gid)) = opts.user {
+        become_user(uid, gid)?;
     }
     if opts.keep_caps {
         use caps::{CapSet, Capability};
@@ -541,6 +562,24 @@ fn set_rlimit(name: &str, soft: u64, hard: u64) -> Result<(), InitError> {
         name: name.to_string(),
         source,
     })
+}
+
+/// setgroups, setresgid, setresuid, in that order (each later one forbids the earlier). The
+/// capabilities stay (none of these ids was 0 before) for [`harden`] to keep or drop.
+fn become_user(uid: u32, gid: u32) -> Result<(), InitError> {
+    use nix::unistd::{setgroups, setresgid, setresuid, Gid};
+    let err = |call| {
+        move |source| InitError::User {
+            uid,
+            gid,
+            call,
+            source,
+        }
+    };
+    setgroups(&[Gid::from_raw(gid)]).map_err(err("setgroups"))?;
+    setresgid(gid.into(), gid.into(), gid.into()).map_err(err("setresgid"))?;
+    setresuid(uid.into(), uid.into(), uid.into()).map_err(err("setresuid"))?;
+    Ok(())
 }
 
 /// Clear the bounding set first (so no later exec can regain anything), then the others.

@@ -10,6 +10,7 @@ pub mod live;
 pub mod net;
 pub mod rootless;
 pub mod rootmount;
+pub mod step;
 
 use std::path::PathBuf;
 use std::time::Instant;

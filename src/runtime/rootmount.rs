@@ -124,6 +124,72 @@ impl RootMount {
         })
     }
 
+    /// Mount the root in the mount namespace of process `pid` (bwrap's sandbox, blocked until
+    /// its user namespace has its map), from a forked child that joins its user namespace
+    /// (where the caller is owner, so root) and then its mount namespace.
+    pub fn mount_into(&self, pid: i32) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let open = |ns: &str| std::fs::File::open(format!("/proc/{pid}/ns/{ns}"));
+        let (user, mnt) = (open("user")?, open("mnt")?);
+        let (user, mnt) = (user.as_raw_fd(), mnt.as_raw_fd());
+        let data = self.data.as_ref().map(|d| d.as_ptr());
+        // SAFETY: the child makes raw syscalls on descriptors and strings prepared before the
+        // fork, then _exits: async-signal-safe in a threaded parent.
+        unsafe {
+            match libc::fork() {
+                -1 => Err(io::Error::last_os_error()),
+                0 => {
+                    let ok = libc::setns(user, libc::CLONE_NEWUSER) == 0
+                        && libc::setns(mnt, libc::CLONE_NEWNS) == 0
+                        && match data {
+                            Some(d) => {
+                                libc::mount(
+                                    c"overlay".as_ptr(),
+                                    self.target.as_ptr(),
+                                    c"overlay".as_ptr(),
+                                    libc::MS_NOSUID | libc::MS_NODEV,
+                                    d.cast(),
+                                ) == 0
+                            }
+                            // A single layer: bound, then made read-only.
+                            None => {
+                                libc::mount(
+                                    self.source.as_ptr(),
+                                    self.target.as_ptr(),
+                                    std::ptr::null(),
+                                    libc::MS_BIND | libc::MS_REC,
+                                    std::ptr::null(),
+                                ) == 0
+                                    && libc::mount(
+                                        std::ptr::null(),
+                                        self.target.as_ptr(),
+                                        std::ptr::null(),
+                                        libc::MS_BIND
+                                            | libc::MS_REMOUNT
+                                            | libc::MS_RDONLY
+                                            | libc::MS_REC,
+                                        std::ptr::null(),
+                                    ) == 0
+                            }
+                        };
+                    let errno = if ok { 0 } else { *libc::__errno_location() };
+                    libc::_exit(errno.min(255));
+                }
+                child => {
+                    let mut status = 0;
+                    if libc::waitpid(child, &mut status, 0) != child {
+                        return Err(io::Error::last_os_error());
+                    }
+                    match libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)) {
+                        Some(0) => Ok(()),
+                        Some(errno) => Err(io::Error::from_raw_os_error(errno)),
+                        None => Err(io::Error::other("the mounting child died")),
+                    }
+                }
+            }
+        }
+    }
+
     /// Move this (single-threaded) process to a private mount namespace and mount the root
     /// there. Async-signal-safe.
     pub fn apply(&self) -> io::Result<()> {

@@ -510,7 +510,7 @@ pub struct StepSpec<'a> {
 
 /// The capabilities a build step keeps (Docker's default set: enough for package managers
 /// and `useradd`, nothing that reaches past the step's own namespaces).
-const STEP_CAPS: &[&str] = &[
+pub const STEP_CAPS: &[&str] = &[
     "CAP_CHOWN",
     "CAP_DAC_OVERRIDE",
     "CAP_FSETID",

@@ -13,6 +13,7 @@ use super::*;
 use crate::graph::store;
 use crate::image::layer;
 use crate::image::oci;
+use crate::image::step::StepRunner;
 
 /// How a node went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -41,8 +42,13 @@ pub struct Built {
     pub outcomes: Vec<Outcome>,
 }
 
-/// Realise every node that is missing, in order, then the image entry.
-pub fn build(g: &Graph, progress: &mut dyn Progress) -> Result<Built, BuildError> {
+/// Realise every node that is missing, in order, then the image entry. RUN steps run on
+/// `runner` (the runtime's; see [`crate::image::step`]).
+pub fn build(
+    g: &Graph,
+    progress: &mut dyn Progress,
+    runner: &dyn StepRunner,
+) -> Result<Built, BuildError> {
     let store_dir = g.entry.parent().unwrap_or(Path::new(".")).to_path_buf();
     let mut below: Vec<PathBuf> = Vec::new(); // bottom first
     let mut outcomes = Vec::new();
@@ -58,7 +64,7 @@ pub fn build(g: &Graph, progress: &mut dyn Progress) -> Result<Built, BuildError
         let io_err = |what: String| move |source| BuildError::Io { what, source };
         let mut failure: Option<BuildError> = None;
         let built = store::realise(e, |tmp| {
-            let r = fill(g, node, tmp, &top_first, &store_dir, i, progress);
+            let r = fill(g, node, tmp, &top_first, &store_dir, i, progress, runner);
             r.map_err(|err| {
                 let msg = err.to_string();
                 failure = Some(err);
@@ -123,6 +129,7 @@ fn fill(
     store_dir: &Path,
     index: usize,
     progress: &mut dyn Progress,
+    runner: &dyn StepRunner,
 ) -> Result<(), BuildError> {
     let at = node.at.as_str();
     match &node.action {
@@ -134,7 +141,16 @@ fn fill(
                 .ok_or_else(|| step_err(at, "no base to read layers from", "internal"))?;
             let reader = blobs.open(digest, *size, at)?;
             let mut v = oci::Verified::new(reader);
-            layer::unpack(&mut v, tmp).map_err(|e| {
+            // An ordinary user who can build (subordinate ids): unpacked as root of a user
+            // namespace with their map, so the image's files keep their owners, as in root's
+            // store, shifted into those ids. Otherwise every file is theirs.
+            let unpacked =
+                if !nix::unistd::geteuid().is_root() && crate::userns::caller_maps().is_ok() {
+                    unpack_over_subordinates(&mut v, tmp)
+                } else {
+                    layer::unpack(&mut v, tmp)
+                };
+            unpacked.map_err(|e| {
                 step_err(
                     at,
                     format!("unpacking {digest}: {e}"),
@@ -229,7 +245,7 @@ fn fill(
             let scratch = store_dir
                 .join(".work")
                 .join(format!("{}-{index}", std::process::id()));
-            let _ = fs::remove_dir_all(&scratch);
+            let _ = fs::remove_dir_all(&scratch).or_else(|_| runner.remove(&scratch));
             fs::create_dir_all(&scratch).map_err(|e| {
                 step_err(
                     at,
@@ -248,8 +264,9 @@ fn fill(
                 allow: g.allow.clone(),
                 audit: g.audit.clone(),
             };
-            let code = crate::image::step::run(&run, &mut |l| progress.line(l));
-            let _ = fs::remove_dir_all(&scratch);
+            let code = runner.run(&run, &mut |l| progress.line(l));
+            // The overlay's work directory is the step's ids' (an ordinary user's: subordinate).
+            let _ = runner.remove(&scratch);
             match code? {
                 0 => Ok(()),
                 c => Err(step_err(
@@ -260,6 +277,23 @@ fn fill(
             }
         }
     }
+}
+
+/// [`layer::unpack`] in `aisb __userns unpack` (see [`crate::userns::spawn`]), the layer's
+/// bytes streamed to it: all of them, so that the digest check covers every byte.
+fn unpack_over_subordinates(v: &mut impl io::Read, dest: &Path) -> io::Result<()> {
+    let dest = std::path::absolute(dest)?;
+    let mut child = crate::userns::spawn(&["unpack".into(), dest.into_os_string()])?;
+    let mut stdin = child
+        .stdin
+        .take()
+        .ok_or_else(|| io::Error::other("no pipe"))?;
+    let copied = io::copy(v, &mut stdin);
+    drop(stdin);
+    let finished = crate::userns::finish(child, "unpacking the layer");
+    // The helper's own complaint first: a broken pipe only says that it stopped reading.
+    finished?;
+    copied.map(|_| ())
 }
 
 fn is_tar(p: &Path) -> bool {

@@ -1,0 +1,411 @@
+//! One image build `RUN` step, run in aisb's own sandbox: the image's layers below an overlay
+//! whose upper directory becomes the step's layer, root inside a user namespace, every other
+//! namespace private, the network only through the proxy (default: the `registries` group).
+//!
+//! - root: libcontainer, a user namespace mapping ids 0–65535 to themselves (files keep the
+//!   owners the step gives them).
+//! - an ordinary user: bwrap, whose user namespace gets the caller's map over their
+//!   subordinate ids ([`crate::userns`]) from `newuidmap` while bwrap waits
+//!   (`--userns-block-fd`); the overlay (`userxattr`) is mounted into its mount namespace
+//!   then, by a child that joins the namespace as its owner. The init becomes the step's user
+//!   (`--user`): bwrap leaves the process at the caller's own id.
+
+use std::io::{BufRead, BufReader, Read};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use super::rootmount::RootMount;
+use super::RuntimeError;
+
+/// What to run (the build's `StepRun`, as the runtime takes it).
+pub struct Step<'a> {
+    /// The layers below, top first (at least one).
+    pub layers: &'a [PathBuf],
+    /// The new layer (the overlay's upper directory).
+    pub upper: &'a Path,
+    /// A scratch directory on the store's filesystem (overlay work dir, bundle).
+    pub scratch: &'a Path,
+    pub argv: &'a [String],
+    pub env: &'a [String],
+    pub cwd: &'a str,
+    pub user: (u32, u32),
+    /// Domain rules the step may reach through the proxy; empty: no network at all.
+    pub allow: &'a [String],
+    /// Where the proxy's decisions are logged.
+    pub audit: &'a Path,
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> RuntimeError {
+    let what = what.into();
+    move |source| RuntimeError::Io { what, source }
+}
+
+/// Run the step; every line it prints goes to `on_line`. Returns its exit code.
+pub fn run(step: &Step, on_line: &mut dyn FnMut(&str)) -> Result<i32, RuntimeError> {
+    let exe = std::env::current_exe().map_err(io("locating the aisb binary"))?;
+    let work = step.scratch.join("work");
+    let root = step.scratch.join("root");
+    for d in [&work, &root] {
+        std::fs::create_dir_all(d).map_err(io(format!("creating {}", d.display())))?;
+    }
+    let proxy = if step.allow.is_empty() {
+        None
+    } else {
+        // The caller's pins and resolutions apply as to a run (a local registry mirror, tests).
+        let (resolve, pins) = super::net::caller_names()?;
+        let policy = crate::proxy::policy::PolicyConfig {
+            allow: step.allow.to_vec(),
+            deny: Vec::new(),
+            localhost_ports: Vec::new(),
+            resolve,
+            pins,
+        };
+        Some(super::net::start_with(
+            &policy,
+            &step.scratch.join("net"),
+            step.audit,
+            &exe,
+        )?)
+    };
+    let mut env = step.env.to_vec();
+    if proxy.is_some() {
+        let url = format!("http://127.0.0.1:{}", crate::vocab::PROXY_PORT);
+        for k in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+            env.push(format!("{k}={url}"));
+        }
+    }
+    let mount = RootMount::new(step.layers, Some((step.upper, &work)), &root)
+        .map_err(io("preparing the step's root"))?;
+    let init = crate::init::binary_beside(&exe);
+    let proxy_dir = proxy.as_ref().map(|p| p.dir.as_path());
+    let (r, w): (OwnedFd, OwnedFd) = nix::unistd::pipe().map_err(|e| RuntimeError::Io {
+        what: "creating a pipe".into(),
+        source: e.into(),
+    })?;
+    let mut child = if nix::unistd::geteuid().is_root() {
+        rootful(step, &exe, &init, proxy_dir, &env, &root, &mount, w)?
+    } else {
+        rootless(step, &init, proxy_dir, &env, &root, &mount, w)?
+    };
+    let mut reader = BufReader::new(std::fs::File::from(r));
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match reader.read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => on_line(String::from_utf8_lossy(&line).trim_end_matches(['\n', '\r'])),
+        }
+    }
+    let status = child.wait().map_err(io("waiting for the build step"))?;
+    drop(proxy);
+    // The runtime made mount points for its own files inside the image: not the step's. The
+    // step wrote the upper dir: `run` there may be a link, never followed.
+    remove_runtime_dirs(step.upper)?;
+    Ok(super::exit_code(status))
+}
+
+/// Root's step: libcontainer (the helper mounts the root in its private mount namespace).
+#[allow(clippy::too_many_arguments)]
+fn rootful(
+    step: &Step,
+    exe: &Path,
+    init: &Path,
+    proxy_dir: Option<&Path>,
+    env: &[String],
+    root: &Path,
+    mount: &RootMount,
+    out: OwnedFd,
+) -> Result<Child, RuntimeError> {
+    let bundle = step.scratch.join("bundle");
+    std::fs::create_dir_all(&bundle).map_err(io(format!("creating {}", bundle.display())))?;
+    let id = format!(
+        "aisb-build-{}-{}",
+        std::process::id(),
+        step.scratch
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+    );
+    let spec_err = |e: crate::spec::SpecError| RuntimeError::Io {
+        what: "writing the step's spec".into(),
+        source: std::io::Error::other(e.to_string()),
+    };
+    let spec = crate::spec::build_step(&crate::spec::StepSpec {
+        root,
+        init,
+        proxy_dir,
+        args: step.argv,
+        env,
+        cwd: step.cwd,
+        user: step.user,
+        cgroups_path: format!("/aisb/{id}"),
+    })
+    .map_err(spec_err)?;
+    let json = crate::spec::to_json(&spec).map_err(spec_err)?;
+    std::fs::write(bundle.join("config.json"), json).map_err(io("writing the step's spec"))?;
+    let out2 = out.try_clone().map_err(io("creating a pipe"))?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("__libcontainer")
+        .arg(&bundle)
+        .arg(step.scratch.join("state"))
+        .arg(&id)
+        .arg("--root-mount")
+        .arg(&mount.arg)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(out))
+        .stderr(Stdio::from(out2));
+    die_with_parent(&mut cmd);
+    cmd.spawn().map_err(io("starting the build step"))
+}
+
+/// If aisb dies, the step goes too.
+fn die_with_parent(cmd: &mut Command) {
+    // SAFETY: prctl is async-signal-safe.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(cmd, || {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)?;
+            Ok(())
+        });
+    }
+}
+
+/// The bwrap command line of an ordinary user's step (the sandbox's namespaces, root, mounts,
+/// capabilities and the init's arguments); `block` and `info` are bwrap's descriptors.
+fn rootless_argv(
+    step: &Step,
+    init: &Path,
+    proxy_dir: Option<&Path>,
+    env: &[String],
+    root: &Path,
+    block: i32,
+    info: i32,
+) -> Vec<std::ffi::OsString> {
+    let mut a: Vec<std::ffi::OsString> = Vec::new();
+    let mut push = |items: &[&dyn AsRef<std::ffi::OsStr>]| {
+        a.extend(items.iter().map(|i| i.as_ref().to_os_string()));
+    };
+    push(&[
+        &"--unshare-user",
+        &"--unshare-pid",
+        &"--unshare-net",
+        &"--unshare-ipc",
+        &"--unshare-uts",
+        &"--unshare-cgroup-try",
+        &"--userns-block-fd",
+        &block.to_string(),
+        &"--info-fd",
+        &info.to_string(),
+        &"--die-with-parent",
+        &"--new-session",
+        &"--hostname",
+        &"aisb-build",
+        &"--bind",
+        &root,
+        &"/",
+        &"--proc",
+        &"/proc",
+        &"--dev",
+        &"/dev",
+        &"--ro-bind",
+        &init,
+        &crate::vocab::INIT_PATH,
+    ]);
+    if let Some(dir) = proxy_dir {
+        push(&[&"--ro-bind", &dir, &crate::vocab::PROXY_DIR]);
+    }
+    // Root keeps Docker's default set; another USER gets none (the init drops them all). The
+    // init needs CAP_NET_ADMIN (for `lo`) and CAP_SETUID/SETGID (to become the step's user).
+    let root_user = step.user.0 == 0;
+    let mut caps: Vec<&str> = if root_user {
+        crate::spec::STEP_CAPS.to_vec()
+    } else {
+        vec!["CAP_SETPCAP", "CAP_SETUID", "CAP_SETGID"]
+    };
+    caps.push("CAP_NET_ADMIN");
+    push(&[&"--cap-drop", &"ALL"]);
+    for c in caps {
+        push(&[&"--cap-add", &c]);
+    }
+    push(&[&"--chdir", &step.cwd, &"--clearenv"]);
+    for kv in env {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        push(&[&"--setenv", &k, &v]);
+    }
+    push(&[
+        &crate::vocab::INIT_PATH,
+        &"__init",
+        &"--loopback",
+        &format!("--user={}:{}", step.user.0, step.user.1),
+    ]);
+    if root_user {
+        push(&[&"--keep-caps"]);
+    }
+    if proxy_dir.is_some() {
+        push(&[&"--relay-proxy"]);
+    }
+    push(&[&"--"]);
+    a.extend(step.argv.iter().map(Into::into));
+    a
+}
+
+/// An ordinary user's step: bwrap, waiting while its user namespace gets the caller's map and
+/// its mount namespace the step's root.
+fn rootless(
+    step: &Step,
+    init: &Path,
+    proxy_dir: Option<&Path>,
+    env: &[String],
+    root: &Path,
+    mount: &RootMount,
+    out: OwnedFd,
+) -> Result<Child, RuntimeError> {
+    let maps = crate::userns::caller_maps().map_err(|m| RuntimeError::Io {
+        what: "an ordinary user's RUN steps run over their subordinate ids".into(),
+        source: std::io::Error::other(format!(
+            "{m}; one-time, as root: `aisb setup-user {}` (`aisb doctor` says what is missing)",
+            nix::unistd::User::from_uid(nix::unistd::getuid())
+                .ok()
+                .flatten()
+                .map_or_else(|| "USER".into(), |u| u.name)
+        )),
+    })?;
+    let pipe = || {
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| RuntimeError::Io {
+            what: "creating a pipe".into(),
+            source: e.into(),
+        })
+    };
+    let (info_r, info_w) = pipe()?;
+    let (block_r, block_w) = pipe()?;
+    let argv = rootless_argv(
+        step,
+        init,
+        proxy_dir,
+        env,
+        root,
+        block_r.as_raw_fd(),
+        info_w.as_raw_fd(),
+    );
+    let out2 = out.try_clone().map_err(io("creating a pipe"))?;
+    let mut cmd = Command::new("bwrap");
+    cmd.args(&argv)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(out))
+        .stderr(Stdio::from(out2));
+    let (b, i) = (block_r.as_raw_fd(), info_w.as_raw_fd());
+    // SAFETY: fcntl and prctl are async-signal-safe.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+            for fd in [b, i] {
+                nix::fcntl::fcntl(
+                    fd,
+                    nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+                )?;
+            }
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)?;
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(|source| RuntimeError::Spawn {
+        program: "bwrap".into(),
+        source,
+    })?;
+    drop((block_r, info_w));
+    let prepared = (|| {
+        let pid = read_child_pid(info_r)?;
+        crate::userns::write_maps(pid, &maps)?;
+        mount.mount_into(pid).map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!("mounting the step's root (overlayfs in a user namespace): {e}"),
+            )
+        })
+    })();
+    if let Err(e) = prepared {
+        // Killed before it is unblocked: nothing runs without its map and root.
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(RuntimeError::Io {
+            what: "preparing an ordinary user's build step".into(),
+            source: e,
+        });
+    }
+    nix::unistd::write(&block_w, b"1").map_err(|e| RuntimeError::Io {
+        what: "starting the build step".into(),
+        source: e.into(),
+    })?;
+    Ok(child)
+}
+
+/// bwrap's `--info-fd` JSON (`{"child-pid": N, ...}`), read up to its closing brace (bwrap
+/// keeps the descriptor open while it waits), at most 4 KiB.
+fn read_child_pid(info: OwnedFd) -> std::io::Result<i32> {
+    let mut f = std::fs::File::from(info);
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 512];
+    while !buf.contains(&b'}') && buf.len() < 4096 {
+        let n = f.read(&mut chunk)?;
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let text = String::from_utf8_lossy(&buf);
+    let end = text.find('}').map_or(text.len(), |e| e + 1);
+    serde_json::from_str::<serde_json::Value>(&text[..end])
+        .ok()
+        .and_then(|v| v["child-pid"].as_i64())
+        .and_then(|p| i32::try_from(p).ok())
+        .filter(|p| *p > 0)
+        .ok_or_else(|| std::io::Error::other("bwrap did not report its sandbox's pid"))
+}
+
+/// Remove `run/aisb` (the mount points the runtime made for its own files) from a step's upper
+/// directory, following no link the step may have put on that path. An ordinary user's steps
+/// leave it in a directory owned by a subordinate id: removed from inside their namespace.
+fn remove_runtime_dirs(upper: &Path) -> Result<(), RuntimeError> {
+    let run = crate::beneath::Dir::open(upper).and_then(|d| d.dir(Path::new("run"), false));
+    let Ok(run) = run else {
+        return Ok(());
+    };
+    match run.remove_all(std::ffi::OsStr::new("aisb"), 64) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(_) if !nix::unistd::geteuid().is_root() => {
+            // `run` is a real directory (opened above without following a link), so is its
+            // path: the helper removes `run/aisb` beneath it, again following no link.
+            crate::userns::remove_trees(&[upper.join("run").join("aisb")]).map_err(io(
+                "removing the runtime's mount points from the step's layer",
+            ))
+        }
+        Err(e) => Err(io(
+            "removing the runtime's mount points from the step's layer",
+        )(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::symlink;
+
+    /// A step that made `/run` a link to a host directory: the cleanup removes nothing there.
+    #[test]
+    fn cleanup_never_follows_a_link_the_step_made() {
+        let t = tempfile::tempdir().unwrap();
+        let host = t.path().join("host");
+        std::fs::create_dir_all(host.join("aisb")).unwrap();
+        std::fs::write(host.join("aisb/keep"), "k").unwrap();
+        let upper = t.path().join("upper");
+        std::fs::create_dir_all(&upper).unwrap();
+        symlink(&host, upper.join("run")).unwrap();
+        super::remove_runtime_dirs(&upper).unwrap();
+        assert!(host.join("aisb/keep").exists());
+        // The real thing is removed.
+        std::fs::remove_file(upper.join("run")).unwrap();
+        std::fs::create_dir_all(upper.join("run/aisb/init")).unwrap();
+        super::remove_runtime_dirs(&upper).unwrap();
+        assert!(!upper.join("run/aisb").exists());
+        assert!(upper.join("run").is_dir());
+    }
+}
