@@ -54,6 +54,111 @@ fn can_unshare(flags: nix::sched::CloneFlags) -> Result<(), String> {
     }
 }
 
+/// Whether an ordinary user's RUN steps work here: subordinate ids and the setuid mappers
+/// (`userns::caller_maps`), bwrap, and overlayfs mounted in a user namespace of their own.
+fn rootless_builds(root: bool) -> Check {
+    let name = "rootless image builds";
+    if root {
+        return Check {
+            name,
+            ok: true,
+            detail: "root builds with libcontainer (ids 0-65535 of its own); for an ordinary user run `aisb doctor` as them".into(),
+        };
+    }
+    let fail = |detail: String| Check {
+        name,
+        ok: false,
+        detail,
+    };
+    let maps = match crate::userns::caller_maps() {
+        Ok(m) => m,
+        Err(m) => {
+            return fail(format!(
+                "{m}: RUN steps need it (one-time, as root: `aisb setup-user {}`)",
+                nix::unistd::User::from_uid(nix::unistd::getuid())
+                    .ok()
+                    .flatten()
+                    .map_or_else(|| "USER".into(), |u| u.name)
+            ))
+        }
+    };
+    if let Err(e) = overlay_in_userns() {
+        return fail(format!(
+            "overlayfs cannot be mounted in a user namespace here ({e}; Linux 5.11+ allows it)"
+        ));
+    }
+    let ids: u32 = maps.uid.iter().map(|r| r.2).sum();
+    Check {
+        name,
+        ok: true,
+        detail: format!("RUN steps run as root over {ids} of your subordinate ids (bwrap, overlayfs with userxattr)"),
+    }
+}
+
+/// Mount an overlay of two empty directories in a user and mount namespace of a child's own.
+fn overlay_in_userns() -> Result<(), String> {
+    let dir = std::env::temp_dir().join(format!("aisb-doctor-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    for d in ["l", "u", "w", "m"] {
+        std::fs::create_dir_all(dir.join(d)).map_err(|e| e.to_string())?;
+    }
+    let r = overlay_probe(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    r
+}
+
+fn overlay_probe(dir: &std::path::Path) -> Result<(), String> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let p = |d: &str| dir.join(d);
+    let data = CString::new(format!(
+        "lowerdir={},upperdir={},workdir={},userxattr",
+        p("l").display(),
+        p("u").display(),
+        p("w").display()
+    ))
+    .map_err(|e| e.to_string())?;
+    let target = CString::new(p("m").as_os_str().as_bytes()).map_err(|e| e.to_string())?;
+    let (uid, gid) = (nix::unistd::getuid(), nix::unistd::getgid());
+    let maps = [
+        (c"/proc/self/setgroups", CString::new("deny").unwrap_or_default()),
+        (c"/proc/self/uid_map", CString::new(format!("{uid} {uid} 1")).unwrap_or_default()),
+        (c"/proc/self/gid_map", CString::new(format!("{gid} {gid} 1")).unwrap_or_default()),
+    ];
+    // SAFETY: the child makes raw syscalls on strings prepared before the fork and _exits.
+    unsafe {
+        match libc::fork() {
+            -1 => Err(std::io::Error::last_os_error().to_string()),
+            0 => {
+                let mut ok = libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) == 0;
+                for (file, text) in &maps {
+                    let fd = libc::open(file.as_ptr(), libc::O_WRONLY);
+                    let n = text.as_bytes().len();
+                    ok = ok && fd >= 0 && libc::write(fd, text.as_ptr().cast(), n) == n as isize;
+                    libc::close(fd);
+                }
+                ok = ok
+                    && libc::mount(
+                        c"overlay".as_ptr(),
+                        target.as_ptr(),
+                        c"overlay".as_ptr(),
+                        0,
+                        data.as_ptr().cast(),
+                    ) == 0;
+                libc::_exit(if ok { 0 } else { *libc::__errno_location() % 256 })
+            }
+            child => {
+                let mut status = 0;
+                libc::waitpid(child, &mut status, 0);
+                match libc::WEXITSTATUS(status) {
+                    0 if libc::WIFEXITED(status) => Ok(()),
+                    e => Err(std::io::Error::from_raw_os_error(e).to_string()),
+                }
+            }
+        }
+    }
+}
+
 fn checks() -> Vec<Check> {
     use nix::sched::CloneFlags as F;
     let mut c = Vec::new();
@@ -180,6 +285,7 @@ fn checks() -> Vec<Check> {
             detail: "not found (Debian: apt-get install bubblewrap)".into(),
         },
     });
+    c.push(rootless_builds(root));
     // Which binary the sandboxes' init is: either works; aisb-init starts faster.
     let detail = match std::env::current_exe().map(|e| crate::init::choose(&e)) {
         Ok(crate::init::InitChoice::Beside(p)) => format!("{} (this build's)", p.display()),

@@ -440,7 +440,7 @@ pub fn run_plan(
         Ok(None) => (hold, None),
         Err(e) => {
             drop(watcher);
-            return Err(e.into());
+            return Err(e);
         }
     };
     let mut forwarded = nix::sys::signal::SigSet::empty();

@@ -49,6 +49,31 @@ pub fn run(
         })?;
     inputs.info_fd = Some(info_w.as_raw_fd());
     inputs.new_session = !interactive;
+    // An ordinary user's image root, when they have subordinate ids: bwrap's user namespace
+    // gets their map (as the image's RUN steps had, see `step`), so every file keeps the owner
+    // the image gave it; bwrap waits while the map is written and the root mounted into its
+    // mount namespace. Without subordinate ids: the root is mounted in a user namespace that
+    // maps the caller alone (`RootMount::apply`), the image's other owners shown as nobody.
+    let mapped = match &root_mount {
+        Some(_) if !nix::unistd::geteuid().is_root() => crate::userns::caller_maps().ok(),
+        _ => None,
+    };
+    let block = match mapped {
+        Some(_) => Some(
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| RuntimeError::Io {
+                what: "creating a pipe".into(),
+                source: e.into(),
+            })?,
+        ),
+        None => None,
+    };
+    inputs.userns_block_fd = block.as_ref().map(|(r, _)| r.as_raw_fd());
+    let block_r = inputs.userns_block_fd;
+    let apply_mount = if mapped.is_some() {
+        None
+    } else {
+        root_mount.clone()
+    };
     let args = aisb_bwrap::argv(spec, &inputs)?;
 
     // Signals meant for the sandbox are taken here and sent to its init, which forwards them
@@ -67,7 +92,7 @@ pub fn run(
                 w,
                 nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
             )?;
-            if let Some(fd) = ready {
+            for fd in [ready, block_r].into_iter().flatten() {
                 nix::fcntl::fcntl(
                     fd,
                     nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
@@ -76,7 +101,7 @@ pub fn run(
             for s in [Signal::SIGINT, Signal::SIGQUIT] {
                 nix::sys::signal::signal(s, nix::sys::signal::SigHandler::SigIgn)?;
             }
-            if let Some(m) = &root_mount {
+            if let Some(m) = &apply_mount {
                 m.apply()?;
             }
             Ok(())
@@ -97,12 +122,49 @@ pub fn run(
             });
         }
     };
-    let mut info = String::new();
-    let _ = std::fs::File::from(info_r).read_to_string(&mut info);
-    let init_pid = serde_json::from_str::<serde_json::Value>(&info)
-        .ok()
-        .and_then(|v| v["child-pid"].as_i64())
-        .map(|p| Pid::from_raw(p as i32));
+    let init_pid = match (block, &mapped, &root_mount) {
+        (Some((block_r, block_w)), Some(maps), Some(m)) => {
+            drop(block_r);
+            let prepared = read_child_pid(info_r).and_then(|pid| {
+                crate::userns::write_maps(pid, maps)?;
+                m.mount_into(pid).map_err(|e| {
+                    std::io::Error::new(
+                        e.kind(),
+                        format!("mounting the image's root (overlayfs in a user namespace): {e}"),
+                    )
+                })?;
+                Ok(pid)
+            });
+            match prepared {
+                Ok(pid) => {
+                    nix::unistd::write(&block_w, b"1").map_err(|e| RuntimeError::Io {
+                        what: "starting bwrap".into(),
+                        source: e.into(),
+                    })?;
+                    Some(Pid::from_raw(pid))
+                }
+                Err(source) => {
+                    // Killed while it waits: nothing runs without its map and root.
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    let _ = blocked.thread_unblock();
+                    return Err(RuntimeError::Io {
+                        what: "preparing the sandbox's user namespace over the subordinate ids"
+                            .into(),
+                        source,
+                    });
+                }
+            }
+        }
+        _ => {
+            let mut info = String::new();
+            let _ = std::fs::File::from(info_r).read_to_string(&mut info);
+            serde_json::from_str::<serde_json::Value>(&info)
+                .ok()
+                .and_then(|v| v["child-pid"].as_i64())
+                .map(|p| Pid::from_raw(p as i32))
+        }
+    };
     if let (Some(l), Some(pid)) = (&live, init_pid) {
         l.init_pid(pid.as_raw());
     }
@@ -207,4 +269,27 @@ fn copy_tree(from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()
         let _ = fs::remove_dir_all(&tmp);
     }
     result
+}
+
+/// bwrap's `--info-fd` JSON (`{"child-pid": N, ...}`), read up to its closing brace (bwrap
+/// keeps the descriptor open while it waits on `--userns-block-fd`), at most 4 KiB.
+pub(crate) fn read_child_pid(info: OwnedFd) -> std::io::Result<i32> {
+    let mut f = std::fs::File::from(info);
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 512];
+    while !buf.contains(&b'}') && buf.len() < 4096 {
+        let n = f.read(&mut chunk)?;
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let text = String::from_utf8_lossy(&buf);
+    let end = text.find('}').map_or(text.len(), |e| e + 1);
+    serde_json::from_str::<serde_json::Value>(&text[..end])
+        .ok()
+        .and_then(|v| v["child-pid"].as_i64())
+        .and_then(|p| i32::try_from(p).ok())
+        .filter(|p| *p > 0)
+        .ok_or_else(|| std::io::Error::other("bwrap did not report its sandbox's pid"))
 }

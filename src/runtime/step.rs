@@ -10,7 +10,7 @@
 //!   then, by a child that joins the namespace as its owner. The init becomes the step's user
 //!   (`--user`): bwrap leaves the process at the caller's own id.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -313,7 +313,7 @@ fn rootless(
     })?;
     drop((block_r, info_w));
     let prepared = (|| {
-        let pid = read_child_pid(info_r)?;
+        let pid = super::bwrap::read_child_pid(info_r)?;
         crate::userns::write_maps(pid, &maps)?;
         mount.mount_into(pid).map_err(|e| {
             std::io::Error::new(
@@ -336,29 +336,6 @@ fn rootless(
         source: e.into(),
     })?;
     Ok(child)
-}
-
-/// bwrap's `--info-fd` JSON (`{"child-pid": N, ...}`), read up to its closing brace (bwrap
-/// keeps the descriptor open while it waits), at most 4 KiB.
-fn read_child_pid(info: OwnedFd) -> std::io::Result<i32> {
-    let mut f = std::fs::File::from(info);
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 512];
-    while !buf.contains(&b'}') && buf.len() < 4096 {
-        let n = f.read(&mut chunk)?;
-        if n == 0 {
-            break;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
-    let text = String::from_utf8_lossy(&buf);
-    let end = text.find('}').map_or(text.len(), |e| e + 1);
-    serde_json::from_str::<serde_json::Value>(&text[..end])
-        .ok()
-        .and_then(|v| v["child-pid"].as_i64())
-        .and_then(|p| i32::try_from(p).ok())
-        .filter(|p| *p > 0)
-        .ok_or_else(|| std::io::Error::other("bwrap did not report its sandbox's pid"))
 }
 
 /// Remove `run/aisb` (the mount points the runtime made for its own files) from a step's upper

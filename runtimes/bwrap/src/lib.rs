@@ -75,6 +75,10 @@ pub struct Inputs {
     pub new_session: bool,
     /// File descriptor bwrap writes `{"child-pid": N}` to.
     pub info_fd: Option<i32>,
+    /// File descriptor bwrap reads one byte from before it goes on, once its user namespace
+    /// exists: the caller writes the namespace's map meanwhile (bwrap writes none itself).
+    /// Needs `info_fd` (the pid to map).
+    pub userns_block_fd: Option<i32>,
 }
 
 fn opt_value<'a>(options: &'a [String], key: &str) -> Option<&'a str> {
@@ -133,6 +137,9 @@ pub fn argv(spec: &Spec, inputs: &Inputs) -> Result<Vec<String>, BwrapError> {
     }
     if let Some(fd) = inputs.info_fd {
         push(&["--info-fd", &fd.to_string()]);
+    }
+    if let Some(fd) = inputs.userns_block_fd.filter(|_| has(LinuxNamespaceType::User)) {
+        push(&["--userns-block-fd", &fd.to_string()]);
     }
     // The init empties the bounding set itself; when bwrap runs as real root, start it with
     // nothing it could keep.
@@ -361,6 +368,7 @@ pub fn inputs(spec: &Spec, rootfs_symlinks: Vec<(PathBuf, PathBuf)>) -> Inputs {
         masked_kinds,
         new_session: false,
         info_fd: None,
+        userns_block_fd: None,
     }
 }
 

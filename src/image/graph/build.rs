@@ -121,6 +121,7 @@ pub fn load(entry: &Path) -> Option<ImageConfig> {
     c.layers.iter().all(|l| store::is_ready(l)).then_some(c)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn fill(
     g: &Graph,
     node: &Node,
