@@ -1048,16 +1048,187 @@ fn an_ordinary_user_runs_an_image_with_bwrap_and_is_told_what_needs_root() {
     let out = as_user(&["run", "--backend", "libcontainer", "--", "true"]);
     assert_ne!(out.code, 0);
     assert!(out.stderr.contains("--backend bwrap"), "{}", out.stderr);
-    // RUN steps need root.
+}
+
+/// Every file below `dir` (no link followed) whose owner is not `uid`:`gid`, as `path uid:gid`.
+fn not_owned_by(dir: &Path, uid: u32, gid: u32) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    walkdir::WalkDir::new(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| {
+            let m = e.path().symlink_metadata().ok()?;
+            ((m.uid(), m.gid()) != (uid, gid))
+                .then(|| format!("{} {}:{}", e.path().display(), m.uid(), m.gid()))
+        })
+        .collect()
+}
+
+/// Issue 22: an ordinary user builds the project's Dockerfile as themselves, with their name
+/// and ids as build arguments: RUN steps as root over their subordinate ids (useradd, chown,
+/// writes into /etc and /usr, a deletion of a base file, a USER step), a cached rebuild is all
+/// hits, the sandbox on it is the caller with every file's owner as the image gave it, the
+/// graph hash is root's for the same inputs, a failed step leaves nothing, and `aisb store gc`
+/// removes every file of their subordinate ids.
+#[test]
+fn an_ordinary_user_builds_their_dockerfile_as_themselves_and_gc_leaves_nothing_behind() {
+    if !root_or_skip("images") {
+        return;
+    }
+    let (uid, gid) = support::test_user();
+    let name = nix::unistd::User::from_uid(uid.into())
+        .unwrap()
+        .unwrap()
+        .name;
+    let dockerfile = format!(
+        "FROM oci:{}:1
+ARG USER_NAME
+ARG USER_ID
+ARG GROUP_ID
+RUN groupadd -g $GROUP_ID $USER_NAME && useradd -M -d /opt/u -u $USER_ID -g $GROUP_ID $USER_NAME
+RUN mkdir /opt/app /opt/u && chown 42:42 /opt/app && chown $USER_ID:$GROUP_ID /opt/u && echo made > /usr/local/share/made && echo conf > /etc/made.conf
+RUN rm /etc/debian_version
+USER $USER_NAME
+RUN id -u > /opt/u/step-uid && echo mine > /opt/u/mine
+",
+        debian_layout().display()
+    );
+    let p = Proj::new();
+    p.write("sandbox.kdl", "rootfs dockerfile=\"Dockerfile\"\n");
+    p.write("Dockerfile", &dockerfile);
+    support::chown_r(p.dir.path(), uid, gid);
+    let as_user = |args: &[&str]| {
+        let mut cmd = p.aisb();
+        std::os::unix::process::CommandExt::uid(&mut cmd, uid);
+        std::os::unix::process::CommandExt::gid(&mut cmd, gid);
+        Out::from(cmd.args(args).output().unwrap())
+    };
+    let outcomes = |out: &Out| -> (String, Vec<String>) {
+        let v: serde_json::Value = serde_json::from_str(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}\n{}", out.stdout, out.stderr));
+        let o = v["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|n| !n["entry"].is_null())
+            .map(|n| n["outcome"].as_str().unwrap().to_string())
+            .collect();
+        (v["hash"].as_str().unwrap().to_string(), o)
+    };
+    let out = as_user(&["build", "--json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let (hash, built) = outcomes(&out);
+    assert!(built.iter().all(|o| o == "built"), "{built:?}");
+    assert_eq!(built.len(), 5, "the base layer and four steps: {built:?}");
+    let out = as_user(&["build", "--json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let (again, cached) = outcomes(&out);
+    assert_eq!(again, hash);
+    assert!(
+        cached.iter().all(|o| o == "cached"),
+        "a rebuild is all hits: {cached:?}"
+    );
+
+    // The same inputs built by root: the same graph hash (it never depends on who built it).
+    let root_proj = Proj::new();
+    root_proj.write("sandbox.kdl", "rootfs dockerfile=\"Dockerfile\"\n");
+    root_proj.write("Dockerfile", &dockerfile);
+    let mut cmd = root_proj.aisb();
+    cmd.args(["build", "--json"]);
+    for (keys, v) in [
+        (&["USER_NAME", "USERNAME"][..], name.clone()),
+        (&["USER_ID", "USER_UID", "UID"][..], uid.to_string()),
+        (&["GROUP_ID", "USER_GID", "GID"][..], gid.to_string()),
+    ] {
+        for k in keys {
+            cmd.args(["--build-arg", &format!("{k}={v}")]);
+        }
+    }
+    let out = Out::from(cmd.output().unwrap());
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(
+        outcomes(&out).0,
+        hash,
+        "root's graph hash for the same inputs"
+    );
+
+    // The sandbox on it: the caller, with every file's owner as the image gave it.
+    let probe = "echo uid=$(id -u) gid=$(id -g) name=$(id -un)
+        echo app=$(stat -c %u:%g /opt/app) made=$(stat -c %u:%g /usr/local/share/made)
+        echo shadow=$(stat -c %u:%g /etc/shadow) mine=$(stat -c %u:%g /opt/u/mine)
+        echo step=$(cat /opt/u/step-uid) conf=$(cat /etc/made.conf)
+        test -e /etc/debian_version; echo deleted=$?
+        touch /usr/x 2>/dev/null; echo usr=$?
+        echo hi > written && echo project=ok";
+    let out = as_user(&["run", "--backend", "bwrap", "--", "/bin/sh", "-c", probe]);
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    out.expect("uid", &format!("{uid} gid={gid} name={name}"));
+    out.expect("app", "42:42 made=0:0");
+    out.expect("shadow", &format!("0:42 mine={uid}:{gid}"));
+    out.expect("step", &format!("{uid} conf=conf"));
+    out.expect("deleted", "1");
+    out.expect_failed("usr", "the image is read-only in the sandbox");
+    out.expect("project", "ok");
+    // Nothing of the project is anyone's but the caller's on the host.
+    assert_eq!(not_owned_by(&p.proj(), uid, gid), Vec::<String>::new());
+    // libcontainer does not mount an ordinary user's image yet: said, with the way out.
+    let out = as_user(&["run", "--backend", "libcontainer", "--", "true"]);
+    assert_ne!(out.code, 0);
+    assert!(out.stderr.contains("--backend bwrap"), "{}", out.stderr);
+
+    // A failed step (after writing files of other ids) leaves nothing behind.
     p.write(
         "Dockerfile",
-        &format!("FROM oci:{}:1\nRUN true\n", layout.display()),
+        &format!(
+            "FROM oci:{}:1\nRUN mkdir /etc/x && touch /etc/x/y && chown -R 7:7 /etc/x && chmod 0 /etc/x && false\n",
+            debian_layout().display()
+        ),
     );
-    p.write("sandbox.kdl", "rootfs dockerfile=\"Dockerfile\"\n");
-    support::chown_r(p.dir.path(), uid, gid);
+    // The project only: the store keeps the owners the build gave its files.
+    support::chown_r(&p.proj(), uid, gid);
     let out = as_user(&["build"]);
-    assert_ne!(out.code, 0);
-    assert!(out.stderr.contains("needs root"), "{}", out.stderr);
+    assert_ne!(out.code, 0, "{}", out.stderr);
+    assert!(out.stderr.contains("exited with 1"), "{}", out.stderr);
+    let leftovers: Vec<_> = std::fs::read_dir(p.store())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".tmp-"))
+        .collect();
+    assert_eq!(
+        leftovers,
+        Vec::<String>::new(),
+        "a failed step's layer stayed"
+    );
+    let work = p.store().join(".work");
+    assert!(
+        std::fs::read_dir(&work).map_or(true, |mut d| d.next().is_none()),
+        "a failed step's scratch stayed: {:?}",
+        not_owned_by(&work, uid, gid)
+    );
+    let subordinate = not_owned_by(p.store().as_path(), uid, gid);
+    assert!(
+        !subordinate.is_empty(),
+        "the image's files keep their owners in the store: {:?}",
+        std::fs::read_dir(p.store())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect::<Vec<_>>()
+    );
+
+    // Nothing pins the image any more: gc removes all of it, subordinate-owned files included.
+    for state in walk_states(&p.cache()) {
+        let _ = std::fs::remove_file(state.join("store-refs.json"));
+    }
+    let _ = std::fs::remove_file(p.proj().join("sandbox.lock"));
+    let out = as_user(&["store", "gc", "--json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(
+        not_owned_by(p.cache().as_path(), uid, gid),
+        Vec::<String>::new(),
+        "gc left files of the subordinate ids"
+    );
 }
 
 #[test]

@@ -121,9 +121,18 @@ fn overlay_probe(dir: &std::path::Path) -> Result<(), String> {
     let target = CString::new(p("m").as_os_str().as_bytes()).map_err(|e| e.to_string())?;
     let (uid, gid) = (nix::unistd::getuid(), nix::unistd::getgid());
     let maps = [
-        (c"/proc/self/setgroups", CString::new("deny").unwrap_or_default()),
-        (c"/proc/self/uid_map", CString::new(format!("{uid} {uid} 1")).unwrap_or_default()),
-        (c"/proc/self/gid_map", CString::new(format!("{gid} {gid} 1")).unwrap_or_default()),
+        (
+            c"/proc/self/setgroups",
+            CString::new("deny").unwrap_or_default(),
+        ),
+        (
+            c"/proc/self/uid_map",
+            CString::new(format!("{uid} {uid} 1")).unwrap_or_default(),
+        ),
+        (
+            c"/proc/self/gid_map",
+            CString::new(format!("{gid} {gid} 1")).unwrap_or_default(),
+        ),
     ];
     // SAFETY: the child makes raw syscalls on strings prepared before the fork and _exits.
     unsafe {
@@ -145,7 +154,11 @@ fn overlay_probe(dir: &std::path::Path) -> Result<(), String> {
                         0,
                         data.as_ptr().cast(),
                     ) == 0;
-                libc::_exit(if ok { 0 } else { *libc::__errno_location() % 256 })
+                libc::_exit(if ok {
+                    0
+                } else {
+                    *libc::__errno_location() % 256
+                })
             }
             child => {
                 let mut status = 0;

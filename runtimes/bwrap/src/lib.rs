@@ -138,7 +138,10 @@ pub fn argv(spec: &Spec, inputs: &Inputs) -> Result<Vec<String>, BwrapError> {
     if let Some(fd) = inputs.info_fd {
         push(&["--info-fd", &fd.to_string()]);
     }
-    if let Some(fd) = inputs.userns_block_fd.filter(|_| has(LinuxNamespaceType::User)) {
+    if let Some(fd) = inputs
+        .userns_block_fd
+        .filter(|_| has(LinuxNamespaceType::User))
+    {
         push(&["--userns-block-fd", &fd.to_string()]);
     }
     // The init empties the bounding set itself; when bwrap runs as real root, start it with
