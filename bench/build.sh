@@ -4,6 +4,8 @@
 #    debootstrap once): cold (empty store: the base layer is unpacked, every step runs), cold
 #    steps only (base layer already in the store), and fully cached; each against the natural
 #    baseline of running the same five commands directly (`sh -c`).
+#  - the same cold builds as an ordinary user (BUILD_USER, default aisb-bench, created and
+#    given subordinate ids by `aisb setup-user` if missing): rootless RUN steps, same run.
 #  - `aisb up -- true` on the built image vs the host's root, both backends, round-robin.
 #
 #   sh bench/build.sh       # release build; RUNS (default 20) for the start-up table
@@ -45,16 +47,28 @@ i=0; while [ $i -lt 100 ]; do head -c 1000000 /dev/urandom > "$WORK/big/data/f$i
 printf 'FROM oci:%s:1\nCOPY . /src/\n' "$BASE" > "$WORK/big/Dockerfile"
 echo 'rootfs dockerfile="Dockerfile"' > "$WORK/big/sandbox.kdl"
 export HOME="$WORK/home" CI=true
+BUILD_USER="${BUILD_USER:-aisb-bench}"
+id "$BUILD_USER" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin "$BUILD_USER"
+"$AISB" setup-user "$BUILD_USER" >/dev/null
+chmod 755 "$WORK"
+cp -a "$WORK/proj" "$WORK/uproj" && mkdir -p "$WORK/uhome" && chown -R "$BUILD_USER:" "$WORK/uproj" "$WORK/uhome"
+export BUILD_USER
 
 python3 - "$RUNS" "$AISB" "$WORK" <<'PY'
 import json, os, shutil, subprocess, sys, time
 runs, aisb, work = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 proj = os.path.join(work, "proj")
 
-def timed(cmd, env_cache, cwd=proj):
+def timed(cmd, env_cache, cwd=proj, user=None):
     env = dict(os.environ, XDG_CACHE_HOME=env_cache)
+    ids = {}
+    if user:
+        import pwd
+        pw = pwd.getpwnam(user)
+        env["HOME"] = os.path.join(work, "uhome")
+        ids = dict(user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
     t = time.perf_counter()
-    subprocess.run(cmd, check=True, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(cmd, check=True, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **ids)
     return (time.perf_counter() - t) * 1000
 
 # The same work without a sandbox: the RUN commands into a scratch directory, the COPY a cp.
@@ -76,11 +90,29 @@ for i in range(3):
     shutil.rmtree(img); os.remove(img + ".ready")
     steps.append(timed([aisb, "build"], c))
     cached.append(timed([aisb, "build"], c))
-cold.sort(); steps.sort(); cached.sort()
+# The same as an ordinary user: RUN steps as root of a user namespace over their subordinate
+# ids (bwrap), base layers unpacked there.
+user = os.environ["BUILD_USER"]
+uproj = os.path.join(work, "uproj")
+ucold, usteps = [], []
+for i in range(3):
+    c = os.path.join(work, f"ucache{i}")
+    os.makedirs(c)
+    shutil.chown(c, user)
+    ucold.append(timed([aisb, "build"], c, uproj, user))
+    out = subprocess.run([aisb, "build", "--json"], cwd=uproj, env=dict(os.environ, XDG_CACHE_HOME=c, HOME=os.path.join(work, "uhome")), capture_output=True, check=True, user=user).stdout
+    for n in json.loads(out)["nodes"]:
+        if n["entry"] and not n["what"].startswith("layer "):
+            subprocess.run(["rm", "-rf", n["entry"], n["entry"] + ".ready"], check=True)
+    img = json.loads(out)["entry"]
+    subprocess.run(["rm", "-rf", img, img + ".ready"], check=True)
+    usteps.append(timed([aisb, "build"], c, uproj, user))
+cold.sort(); steps.sort(); cached.sort(); ucold.sort(); usteps.sort()
 print("aisb build of a 5-step image (RUN, RUN, COPY, RUN, WORKDIR), median of 3")
 print(f"{'case':<44}{'ms':>10}{'x direct':>10}")
 print(f"{'the same commands, no sandbox (sh -c)':<44}{direct:>10.1f}{1:>10.1f}")
-for name, ts in [("cold (empty store, base layer unpacked)", cold), ("cold steps (base layer in the store)", steps), ("fully cached", cached)]:
+for name, ts in [("cold (empty store, base layer unpacked)", cold), ("cold steps (base layer in the store)", steps), ("fully cached", cached),
+                 (f"as {user}: cold", ucold), (f"as {user}: cold steps", usteps)]:
     print(f"{name:<44}{ts[1]:>10.1f}{ts[1] / direct:>10.1f}")
 
 cache = os.path.join(work, "cache0")
