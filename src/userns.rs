@@ -13,6 +13,7 @@
 //! build all use it.
 
 use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -183,12 +184,24 @@ pub fn spawn(args: &[std::ffi::OsString]) -> io::Result<std::process::Child> {
 /// (every capability over the ids it maps, which are the caller's). Must run before the
 /// process has a second thread (unshare(CLONE_NEWUSER) refuses a threaded process).
 pub fn enter() -> io::Result<()> {
+    io::stdout().flush()?;
+    enter_via(1, 0)
+}
+
+/// [`enter`], saying "ready" on descriptor `ready` and waiting for the answer on `go` (a
+/// process whose stdin and stdout are its workload's).
+pub fn enter_via(ready: i32, go: i32) -> io::Result<()> {
+    use std::os::fd::BorrowedFd;
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER)?;
-    let mut out = io::stdout();
-    out.write_all(b"r")?;
-    out.flush()?;
-    let mut go = [0u8; 1];
-    io::stdin().lock().read_exact(&mut go)?;
+    // SAFETY: descriptors the caller names, open for this call's duration.
+    let (ready, go) = unsafe { (BorrowedFd::borrow_raw(ready), BorrowedFd::borrow_raw(go)) };
+    if nix::unistd::write(ready, b"r")? != 1 {
+        return Err(io::ErrorKind::WriteZero.into());
+    }
+    let mut answer = [0u8; 1];
+    if nix::unistd::read(go.as_raw_fd(), &mut answer)? != 1 {
+        return Err(io::Error::other("the map was not written"));
+    }
     nix::unistd::setresgid(0.into(), 0.into(), 0.into())?;
     nix::unistd::setresuid(0.into(), 0.into(), 0.into())?;
     Ok(())
@@ -204,6 +217,22 @@ pub fn finish(child: std::process::Child, what: &str) -> io::Result<()> {
             "{what} (as the owner of the subordinate ids): {}",
             String::from_utf8_lossy(&out.stderr).trim()
         )))
+    }
+}
+
+/// `std::fs::remove_dir_all`, and for an ordinary user whose tree holds files of their
+/// subordinate ids (which plain removal is refused), [`remove_trees`]. A missing tree is fine.
+pub fn remove_all(path: &Path) -> io::Result<()> {
+    match std::fs::remove_dir_all(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e)
+            if e.kind() == io::ErrorKind::PermissionDenied
+                && !nix::unistd::geteuid().is_root()
+                && caller_maps().is_ok() =>
+        {
+            remove_trees(&[path.to_path_buf()])
+        }
+        r => r,
     }
 }
 

@@ -1011,7 +1011,7 @@ fn whiteouts_and_opaque_directories_of_a_layer_hide_what_is_below() {
 }
 
 #[test]
-fn an_ordinary_user_runs_an_image_with_bwrap_and_is_told_what_needs_root() {
+fn an_ordinary_user_runs_an_image_on_both_backends_and_is_told_what_needs_root() {
     if !root_or_skip("images") {
         return;
     }
@@ -1045,9 +1045,88 @@ fn an_ordinary_user_runs_an_image_with_bwrap_and_is_told_what_needs_root() {
         out.stderr
     );
     assert_eq!(overlay_mounts(), before);
-    let out = as_user(&["run", "--backend", "libcontainer", "--", "true"]);
+    let out = as_user(&[
+        "run",
+        "--backend",
+        "libcontainer",
+        "--",
+        "/bin/sh",
+        "-c",
+        &format!("{WHITEOUT_CHECK}; id -u; touch /usr/x 2>/dev/null || echo RO"),
+    ]);
+    assert_eq!(
+        out.stdout,
+        format!("deleted\nonly\nbase\n{uid}\nRO\n"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(overlay_mounts(), before);
+
+    // A user without subordinate ids (the one-time root step not taken) is told what it is,
+    // for libcontainer on an image and for RUN steps; bwrap still runs the image.
+    let other = "aisb-test-nosub";
+    if nix::unistd::User::from_name(other).ok().flatten().is_none() {
+        let out = Command::new("useradd")
+            .args([
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                other,
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success() || nix::unistd::User::from_name(other).ok().flatten().is_some(),
+            "useradd: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let o = nix::unistd::User::from_name(other).unwrap().unwrap();
+    let (ouid, ogid) = (o.uid.as_raw(), o.gid.as_raw());
+    for f in ["/etc/subuid", "/etc/subgid"] {
+        let text = std::fs::read_to_string(f).unwrap_or_default();
+        assert!(
+            !text
+                .lines()
+                .any(|l| l.starts_with(&format!("{other}:")) || l.starts_with(&format!("{ouid}:"))),
+            "{other} must have no subordinate ids for this test"
+        );
+    }
+    let q = Proj::new();
+    q.write(
+        "sandbox.kdl",
+        &format!("rootfs from=\"oci:{}:1\"\n", layout.display()),
+    );
+    support::chown_r(q.dir.path(), ouid, ogid);
+    let as_other = |args: &[&str]| {
+        let mut cmd = q.aisb();
+        std::os::unix::process::CommandExt::uid(&mut cmd, ouid);
+        std::os::unix::process::CommandExt::gid(&mut cmd, ogid);
+        Out::from(cmd.args(args).output().unwrap())
+    };
+    let out = as_other(&["run", "--", "/bin/sh", "-c", WHITEOUT_CHECK]);
+    assert_eq!(out.stdout, "deleted\nonly\nbase\n", "{}", out.stderr);
+    let out = as_other(&["run", "--backend", "libcontainer", "--", "true"]);
     assert_ne!(out.code, 0);
-    assert!(out.stderr.contains("--backend bwrap"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("setup-user") && out.stderr.contains("--backend bwrap"),
+        "{}",
+        out.stderr
+    );
+    q.write(
+        "Dockerfile",
+        &format!("FROM oci:{}:1\nRUN true\n", layout.display()),
+    );
+    q.write("sandbox.kdl", "rootfs dockerfile=\"Dockerfile\"\n");
+    support::chown_r(&q.proj(), ouid, ogid);
+    let out = as_other(&["build"]);
+    assert_ne!(out.code, 0);
+    assert!(
+        out.stderr.contains("subordinate") && out.stderr.contains("setup-user"),
+        "{}",
+        out.stderr
+    );
 }
 
 /// Every file below `dir` (no link followed) whose owner is not `uid`:`gid`, as `path uid:gid`.
@@ -1160,21 +1239,23 @@ RUN id -u > /opt/u/step-uid && echo mine > /opt/u/mine
         test -e /etc/debian_version; echo deleted=$?
         touch /usr/x 2>/dev/null; echo usr=$?
         echo hi > written && echo project=ok";
-    let out = as_user(&["run", "--backend", "bwrap", "--", "/bin/sh", "-c", probe]);
-    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
-    out.expect("uid", &format!("{uid} gid={gid} name={name}"));
-    out.expect("app", "42:42 made=0:0");
-    out.expect("shadow", &format!("0:42 mine={uid}:{gid}"));
-    out.expect("step", &format!("{uid} conf=conf"));
-    out.expect("deleted", "1");
-    out.expect_failed("usr", "the image is read-only in the sandbox");
-    out.expect("project", "ok");
-    // Nothing of the project is anyone's but the caller's on the host.
-    assert_eq!(not_owned_by(&p.proj(), uid, gid), Vec::<String>::new());
-    // libcontainer does not mount an ordinary user's image yet: said, with the way out.
-    let out = as_user(&["run", "--backend", "libcontainer", "--", "true"]);
-    assert_ne!(out.code, 0);
-    assert!(out.stderr.contains("--backend bwrap"), "{}", out.stderr);
+    for backend in ["bwrap", "libcontainer"] {
+        let out = as_user(&["run", "--backend", backend, "--", "/bin/sh", "-c", probe]);
+        assert_eq!(out.code, 0, "{backend}: {}\n{}", out.stdout, out.stderr);
+        out.expect("uid", &format!("{uid} gid={gid} name={name}"));
+        out.expect("app", "42:42 made=0:0");
+        out.expect("shadow", &format!("0:42 mine={uid}:{gid}"));
+        out.expect("step", &format!("{uid} conf=conf"));
+        out.expect("deleted", "1");
+        out.expect_failed("usr", "the image is read-only in the sandbox");
+        out.expect("project", "ok");
+        // Nothing of the project is anyone's but the caller's on the host.
+        assert_eq!(
+            not_owned_by(&p.proj(), uid, gid),
+            Vec::<String>::new(),
+            "{backend}"
+        );
+    }
 
     // A failed step (after writing files of other ids) leaves nothing behind.
     p.write(

@@ -276,12 +276,6 @@ impl crate::image::step::StepRunner for Runner {
     }
 
     fn remove(&self, path: &std::path::Path) -> std::io::Result<()> {
-        match std::fs::remove_dir_all(path) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(_) if !nix::unistd::geteuid().is_root() => {
-                crate::userns::remove_trees(&[path.to_path_buf()])
-            }
-            r => r,
-        }
+        crate::userns::remove_all(path)
     }
 }

@@ -18,10 +18,33 @@ pub struct Args {
     /// A descriptor to write the init's pid to once the container runs (the live mask layer).
     #[arg(long)]
     pub ready_fd: Option<i32>,
+    /// READY,GO: first make a user namespace, say so on READY, wait on GO while aisb writes
+    /// the caller's map over their subordinate ids (`userns::enter_via`), and run as its root.
+    #[arg(long, value_name = "READY,GO")]
+    pub userns_fds: Option<String>,
 }
 
 pub fn run(a: Args) -> Result<i32, Error> {
     // 125: the sandbox could not start (distinct from any exit code of the workload's own).
+    if let Some(fds) = &a.userns_fds {
+        let parsed = fds
+            .split_once(',')
+            .and_then(|(r, g)| Some((r.parse::<i32>().ok()?, g.parse::<i32>().ok()?)))
+            .filter(|(r, g)| *r > 2 && *g > 2);
+        let entered = match parsed {
+            Some((ready, go)) => {
+                let r = crate::userns::enter_via(ready, go);
+                let _ = nix::unistd::close(ready);
+                let _ = nix::unistd::close(go);
+                r
+            }
+            None => Err(std::io::Error::from(std::io::ErrorKind::InvalidInput)),
+        };
+        if let Err(e) = entered {
+            eprintln!("aisb: cannot enter a user namespace over your subordinate ids: {e}\n  help: `aisb doctor` says what is missing");
+            return Ok(125);
+        }
+    }
     if let Some(arg) = &a.root_mount {
         let mounted = crate::runtime::rootmount::RootMount::parse(arg)
             .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::InvalidInput))

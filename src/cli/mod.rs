@@ -519,12 +519,15 @@ fn prepare_image(
         return Ok(None);
     }
     if backend == crate::runtime::Backend::Libcontainer && !nix::unistd::geteuid().is_root() {
-        return Err(BuildError::Step {
-            at: "rootfs".into(),
-            message: "an ordinary user's sandbox on an image runs with the bwrap backend (the libcontainer helper would have to mount it as root)".into(),
-            help: "add `--backend bwrap` (or `backend \"bwrap\"` in sandbox.kdl)".into(),
+        // The helper mounts the image in a user namespace with the caller's whole map.
+        if let Err(missing) = crate::userns::caller_maps() {
+            return Err(BuildError::Step {
+                at: "rootfs".into(),
+                message: format!("an ordinary user's sandbox on an image runs with libcontainer over their subordinate ids: {missing}"),
+                help: "one-time, as root: `aisb setup-user NAME`; or add `--backend bwrap` (or `backend \"bwrap\"` in sandbox.kdl)".into(),
+            }
+            .into());
         }
-        .into());
     }
     let Some((plan, layers, mountpoint)) =
         crate::image::sandbox::prepare_run(plan, &build::Runner)?

@@ -198,7 +198,7 @@ pub fn gc(a: GcArgs) -> Result<i32, Error> {
             session::human_bytes(bytes)
         );
         if !a.dry_run {
-            let _ = std::fs::remove_dir_all(path);
+            let _ = crate::userns::remove_all(path);
         }
         *freed += bytes;
     };

@@ -23,6 +23,7 @@ pub fn run(
     pid_file: Option<&Path>,
     root_mount: Option<&super::rootmount::RootMount>,
     mut live: Option<&mut super::live::Live>,
+    userns: Option<&crate::userns::IdMaps>,
 ) -> Result<i32, RuntimeError> {
     let console = if terminal {
         Some(
@@ -49,6 +50,24 @@ pub fn run(
     if let Some(m) = root_mount {
         cmd.arg("--root-mount").arg(&m.arg);
     }
+    // An ordinary user's image: the helper runs in a user namespace with their whole map
+    // (spec `Rootless::outer_userns`), made by itself and mapped from here.
+    let pipe = || {
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| RuntimeError::Io {
+            what: "creating a pipe".into(),
+            source: e.into(),
+        })
+    };
+    let handshake = match userns {
+        Some(_) => Some((pipe()?, pipe()?)),
+        None => None,
+    };
+    let child_ends = handshake
+        .as_ref()
+        .map(|((_, ready_w), (go_r, _))| (ready_w.as_raw_fd(), go_r.as_raw_fd()));
+    if let Some((r, g)) = child_ends {
+        cmd.arg("--userns-fds").arg(format!("{r},{g}"));
+    }
     // The helper writes the init's pid there once the container runs (complete by then).
     let ready = live.as_ref().and_then(|l| l.ready_fd());
     if let Some(fd) = ready {
@@ -60,11 +79,14 @@ pub fn run(
     unsafe {
         std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
             nix::sys::prctl::set_pdeathsig(Signal::SIGTERM)?;
-            if let Some(fd) = ready {
-                nix::fcntl::fcntl(
-                    fd,
-                    nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
-                )?;
+            let handshake = child_ends.map(|(r, g)| [r, g]).unwrap_or([-1, -1]);
+            for fd in [ready.unwrap_or(-1)].into_iter().chain(handshake) {
+                if fd >= 0 {
+                    nix::fcntl::fcntl(
+                        fd,
+                        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+                    )?;
+                }
             }
             Ok(())
         });
@@ -84,6 +106,29 @@ pub fn run(
         }
     };
     let helper = Pid::from_raw(child.id() as i32);
+    if let (Some(((ready_r, ready_w), (go_r, go_w))), Some(maps)) = (handshake, userns) {
+        drop((ready_w, go_r));
+        let mapped = (|| {
+            let mut b = [0u8; 1];
+            if nix::unistd::read(ready_r.as_raw_fd(), &mut b)? != 1 {
+                return Err(std::io::Error::other(
+                    "the libcontainer helper made no user namespace",
+                ));
+            }
+            crate::userns::write_maps(helper.as_raw(), maps)?;
+            nix::unistd::write(&go_w, b"m")?;
+            Ok(())
+        })();
+        if let Err(source) = mapped {
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = blocked.thread_unblock();
+            return Err(RuntimeError::Io {
+                what: "mapping the sandbox's user namespace over your subordinate ids".into(),
+                source,
+            });
+        }
+    }
     let io = |what: &'static str| {
         move |source| RuntimeError::Io {
             what: what.into(),

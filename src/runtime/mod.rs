@@ -117,7 +117,9 @@ struct BundleGuard(PathBuf);
 
 impl Drop for BundleGuard {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        // An ordinary user's libcontainer run on an image sets its root up as root of a user
+        // namespace over their subordinate ids: the mount points it made there are theirs.
+        let _ = crate::userns::remove_all(&self.0);
     }
 }
 
@@ -274,11 +276,19 @@ pub fn run(
         // its own on a terminal, passed back through a console socket.
         Backend::Libcontainer => {
             let _layers = claim_layers(plan)?;
+            // An ordinary user's image holds files of their subordinate ids: the helper runs
+            // in a user namespace with their whole map, and the spec makes none of its own.
+            let userns = match root_mount {
+                Some(_) if !nix::unistd::geteuid().is_root() => crate::userns::caller_maps().ok(),
+                _ => None,
+            };
             let rootless = if nix::unistd::geteuid().is_root() {
                 None
             } else {
                 let id = &plan.identity;
-                Some(rootless::prepare(&id.name, id.uid, id.gid)?)
+                let mut r = rootless::prepare(&id.name, id.uid, id.gid)?;
+                r.outer_userns = userns.is_some();
+                Some(r)
             };
             let runs = plan.state_dir.join("run");
             let dir = runs.join(std::process::id().to_string());
@@ -320,17 +330,25 @@ pub fn run(
                 _ => None,
             };
             let id = format!("aisb-{}", std::process::id());
+            // Made here, so that it is the caller's even when the helper runs as root of a
+            // user namespace over their subordinate ids (libcontainer removes what it adds).
+            let state_root = plan.state_dir.join("libcontainer");
+            std::fs::create_dir_all(&state_root).map_err(|source| RuntimeError::Io {
+                what: format!("creating {}", state_root.display()),
+                source,
+            })?;
             live = live::Live::start(plan, &exe)?;
             let code = libcontainer::run(
                 &exe,
                 &guard.0,
-                &plan.state_dir.join("libcontainer"),
+                &state_root,
                 &id,
                 interactive,
                 terminal,
                 pid_file.as_deref(),
                 root_mount,
                 live.as_mut(),
+                userns.as_ref(),
             )?;
             let hits = std::fs::read(guard.0.join(HITS_FILE))
                 .ok()

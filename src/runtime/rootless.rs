@@ -158,6 +158,7 @@ pub fn prepare(user: &str, uid: u32, gid: u32) -> Result<Rootless, RootlessError
         root_uid,
         root_gid,
         cgroup_parent,
+        outer_userns: false,
     })
 }
 

@@ -467,7 +467,7 @@ pub fn remove(state: &Path, name: &str, force: bool) -> Result<(), SessionError>
             state,
         );
     }
-    fs::remove_dir_all(state).map_err(io(format!("removing {}", state.display())))
+    crate::userns::remove_all(state).map_err(io(format!("removing {}", state.display())))
 }
 
 pub use crate::graph::store::disk_use;

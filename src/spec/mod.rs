@@ -69,6 +69,10 @@ pub struct Rootless {
     pub root_gid: u32,
     /// The cgroup delegated to the caller, under which their sandboxes' cgroups go.
     pub cgroup_parent: String,
+    /// The runtime already runs in a user namespace with the caller's whole map over their
+    /// subordinate ids (`userns`: an ordinary user's sandbox on an image, whose files belong
+    /// to those ids): the spec makes no user namespace of its own.
+    pub outer_userns: bool,
 }
 
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
@@ -375,6 +379,7 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
         ));
     }
 
+    let outer_userns = paths.rootless.as_ref().is_some_and(|r| r.outer_userns);
     let mut namespaces = vec![
         json!({"type": "pid"}),
         json!({"type": "ipc"}),
@@ -383,6 +388,9 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
         json!({"type": "user"}),
         json!({"type": "cgroup"}),
     ];
+    if outer_userns {
+        namespaces.retain(|n| n["type"] != "user");
+    }
     if netns {
         namespaces.push(json!({"type": "network"}));
     }
@@ -450,6 +458,12 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
         "readonlyPaths": READONLY_PROC,
         "rootfsPropagation": "private",
     });
+    if outer_userns {
+        if let Some(l) = linux.as_object_mut() {
+            l.remove("uidMappings");
+            l.remove("gidMappings");
+        }
+    }
     if paths.limits == LimitsBy::Cgroup {
         linux["resources"] = resources(&plan.limits);
     }
