@@ -879,6 +879,21 @@ fn store_entries_are_kept_while_used_and_rebuilt_when_incomplete() {
     );
     assert_eq!(o.stdout, "ok\n", "{}", o.stderr);
     assert_eq!(store_lines(), ["ready"; 3]);
+    // Every node `aisb plan` lists has its hash, the masking file and the proxy's policy too.
+    let o = Out::from(s.aisb().args(["plan", "--json"]).output().unwrap());
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+    let nodes = v["host_nodes"].as_array().unwrap();
+    for n in nodes {
+        let h = n["hash"].as_str().unwrap_or("");
+        assert!(
+            h.len() >= 16 && h.bytes().take(16).all(|b| b.is_ascii_hexdigit()),
+            "a node without its hash: {n}"
+        );
+    }
+    let kinds: Vec<&str> = nodes.iter().filter_map(|n| n["kind"].as_str()).collect();
+    for k in ["etc snapshot", "generated", "masking file", "proxy policy"] {
+        assert!(kinds.contains(&k), "{k} missing from {kinds:?}");
+    }
     let ls = || {
         let o = Out::from(s.aisb().args(["store", "ls", "--json"]).output().unwrap());
         serde_json::from_str::<Vec<serde_json::Value>>(&o.stdout).unwrap()

@@ -209,8 +209,9 @@ pub fn render(plan: &Plan, _cwd: &Path, named: bool) -> String {
         };
         let _ = writeln!(
             o,
-            "  {:<20} {:<44} {:<28} {status}",
+            "  {:<20} {:<16} {:<44} {:<28} {status}",
             n.kind,
+            &n.hash[..n.hash.len().min(16)],
             name,
             n.target.display()
         );
