@@ -1168,7 +1168,7 @@ RUN groupadd -g $GROUP_ID $USER_NAME && useradd -M -d /opt/u -u $USER_ID -g $GRO
 RUN mkdir /opt/app /opt/u && chown 42:42 /opt/app && chown $USER_ID:$GROUP_ID /opt/u && echo made > /usr/local/share/made && echo conf > /etc/made.conf
 RUN rm /etc/debian_version
 USER $USER_NAME
-RUN id -u > /opt/u/step-uid && echo mine > /opt/u/mine
+RUN id -u > /opt/u/step-uid && echo mine > /opt/u/mine && ls /proc/self/fd | tr '\\n' ' ' > /opt/u/fds
 ",
         debian_layout().display()
     );
@@ -1180,6 +1180,17 @@ RUN id -u > /opt/u/step-uid && echo mine > /opt/u/mine
         let mut cmd = p.aisb();
         std::os::unix::process::CommandExt::uid(&mut cmd, uid);
         std::os::unix::process::CommandExt::gid(&mut cmd, gid);
+        // A descriptor the caller left open (fd 10, not close-on-exec): no step or sandbox
+        // may get it.
+        // SAFETY: dup2 is async-signal-safe.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                if libc::dup2(2, 10) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
         Out::from(cmd.args(args).output().unwrap())
     };
     let outcomes = |out: &Out| -> (String, Vec<String>) {
@@ -1236,6 +1247,8 @@ RUN id -u > /opt/u/step-uid && echo mine > /opt/u/mine
         echo app=$(stat -c %u:%g /opt/app) made=$(stat -c %u:%g /usr/local/share/made)
         echo shadow=$(stat -c %u:%g /etc/shadow) mine=$(stat -c %u:%g /opt/u/mine)
         echo step=$(cat /opt/u/step-uid) conf=$(cat /etc/made.conf)
+        echo stepfds=$(cat /opt/u/fds)
+        echo fds=$(ls /proc/self/fd | tr '\\n' ' ')
         test -e /etc/debian_version; echo deleted=$?
         touch /usr/x 2>/dev/null; echo usr=$?
         echo hi > written && echo project=ok";
@@ -1247,6 +1260,9 @@ RUN id -u > /opt/u/step-uid && echo mine > /opt/u/mine
         out.expect("shadow", &format!("0:42 mine={uid}:{gid}"));
         out.expect("step", &format!("{uid} conf=conf"));
         out.expect("deleted", "1");
+        // stdin, stdout, stderr and the listed directory: nothing else reached them.
+        out.expect("stepfds", "0 1 2 3");
+        out.expect("fds", "0 1 2 3");
         out.expect_failed("usr", "the image is read-only in the sandbox");
         out.expect("project", "ok");
         // Nothing of the project is anyone's but the caller's on the host.

@@ -455,6 +455,9 @@ pub fn run(opts: &Options) -> Result<i32, InitError> {
     if opts.command.is_empty() {
         return Err(InitError::NoCommand);
     }
+    // What the runtime left open (bwrap keeps its `--userns-block-fd` in the sandbox's first
+    // process) never reaches the workload.
+    cloexec_inherited();
     let listeners = harden(opts)?;
     if let Some(fd) = opts.ready_fd {
         // SAFETY: the runtime passed this descriptor for us alone; nothing else owns it, and
@@ -580,6 +583,28 @@ fn become_user(uid: u32, gid: u32) -> Result<(), InitError> {
     setresgid(gid.into(), gid.into(), gid.into()).map_err(err("setresgid"))?;
     setresuid(uid.into(), uid.into(), uid.into()).map_err(err("setresuid"))?;
     Ok(())
+}
+
+/// Every descriptor from 3 up close-on-exec (`close_range`, else one `fcntl` each).
+fn cloexec_inherited() {
+    // SAFETY: raw syscalls on integers.
+    unsafe {
+        if libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        ) == 0
+        {
+            return;
+        }
+        for fd in 3..4096 {
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags >= 0 {
+                libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+            }
+        }
+    }
 }
 
 /// Clear the bounding set first (so no later exec can regain anything), then the others.

@@ -88,6 +88,9 @@ pub fn run(
         cmd.pre_exec(move || {
             // First, so that nothing the sandbox starts is ever outside its limits.
             super::cgroup::join(&cgroup_procs)?;
+            // Nothing aisb inherited reaches the sandbox: every descriptor but the ones bwrap
+            // and the init are given below.
+            super::cloexec_from(3)?;
             nix::fcntl::fcntl(
                 w,
                 nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
@@ -125,7 +128,9 @@ pub fn run(
     let init_pid = match (block, &mapped, &root_mount) {
         (Some((block_r, block_w)), Some(maps), Some(m)) => {
             drop(block_r);
+            let mut sandbox_pid = None;
             let prepared = read_child_pid(info_r).and_then(|pid| {
+                sandbox_pid = Some(pid);
                 crate::userns::write_maps(pid, maps)?;
                 m.mount_into(pid).map_err(|e| {
                     std::io::Error::new(
@@ -144,7 +149,11 @@ pub fn run(
                     Some(Pid::from_raw(pid))
                 }
                 Err(source) => {
-                    // Killed while it waits: nothing runs without its map and root.
+                    // Killed while it waits, the sandbox's first process too (it would wait
+                    // for its monitor forever): nothing runs without its map and root.
+                    if let Some(pid) = sandbox_pid {
+                        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+                    }
                     let _ = child.kill();
                     let _ = child.wait();
                     let _ = blocked.thread_unblock();

@@ -499,6 +499,37 @@ pub(crate) fn take_signals(
     Ok((blocked, forward))
 }
 
+/// Mark every descriptor from `first` up close-on-exec (`close_range(2)` with
+/// CLOSE_RANGE_CLOEXEC, Linux 5.11+; else one `fcntl` each up to the soft limit).
+/// Async-signal-safe: for `pre_exec`.
+pub(crate) fn cloexec_from(first: i32) -> std::io::Result<()> {
+    // SAFETY: raw syscalls on integers.
+    unsafe {
+        if libc::syscall(
+            libc::SYS_close_range,
+            first as libc::c_uint,
+            libc::c_uint::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        ) == 0
+        {
+            return Ok(());
+        }
+        let mut lim: libc::rlimit = std::mem::zeroed();
+        let max = if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
+            lim.rlim_cur.min(1 << 20) as i32
+        } else {
+            1024
+        };
+        for fd in first..max {
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags >= 0 {
+                libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Exit code of a finished child: its code, or 128+N for a signal.
 pub(crate) fn exit_code(status: std::process::ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
