@@ -1273,6 +1273,38 @@ RUN id -u > /opt/u/step-uid && echo mine > /opt/u/mine && ls /proc/self/fd | tr 
         );
     }
 
+    // Pushed by the user: the registry gets the image's own owners (read and tarred inside
+    // their namespace), as root sees when it runs the pulled image.
+    let reg = Registry::start();
+    let target = format!("127.0.0.1:{}/aisb/user:v1", reg.port);
+    let out = as_user(&["build", "--push", &target]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let pulled = Proj::new();
+    pulled.write("sandbox.kdl", &format!("rootfs from=\"{target}\"\n"));
+    let out = Out::from(pulled.aisb().args(["build", "--json"]).output().unwrap());
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    // Root's store keeps a layer's owners as its tar says: find each path in the layers.
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let layers: Vec<PathBuf> = v["config"]["layers"]
+        .as_array()
+        .or(v["nodes"].as_array())
+        .unwrap()
+        .iter()
+        .filter_map(|n| n.as_str().or(n["entry"].as_str()).map(PathBuf::from))
+        .collect();
+    let owner = |rel: &str| {
+        use std::os::unix::fs::MetadataExt;
+        layers
+            .iter()
+            .find_map(|l| l.join(rel).symlink_metadata().ok())
+            .map(|m| format!("{}:{}", m.uid(), m.gid()))
+            .unwrap_or_else(|| panic!("{rel} in none of {layers:?}"))
+    };
+    assert_eq!(owner("opt/app"), "42:42");
+    assert_eq!(owner("usr/local/share/made"), "0:0");
+    assert_eq!(owner("etc/shadow"), "0:42");
+    assert_eq!(owner("opt/u/mine"), format!("{uid}:{gid}"));
+
     // A failed step (after writing files of other ids) leaves nothing behind.
     p.write(
         "Dockerfile",

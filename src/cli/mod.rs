@@ -543,8 +543,8 @@ fn prepare_image(
     Ok(Some((plan, mount)))
 }
 
-/// `aisb __userns rm PATH...` and `aisb __userns unpack DEST` (the layer's bytes on stdin,
-/// after the handshake): work on an ordinary user's files of their subordinate ids, from
+/// `aisb __userns rm PATH...`, `aisb __userns unpack DEST` (the layer's bytes on stdin,
+/// after the handshake) and `aisb __userns tar DIR OUT` (a layer for a push): work on an ordinary user's files of their subordinate ids, from
 /// inside a user namespace with their map (`userns::spawn`).
 fn userns_helper(args: &[std::path::PathBuf]) -> i32 {
     match args.split_first() {
@@ -564,8 +564,26 @@ fn userns_helper(args: &[std::path::PathBuf]) -> i32 {
                 }
             }
         }
+        Some((cmd, [dir, out])) if cmd.as_os_str() == "tar" && out.is_absolute() => {
+            if let Err(e) = crate::userns::enter() {
+                eprintln!("cannot enter a user namespace over the subordinate ids: {e}");
+                return 1;
+            }
+            // Every file readable, `stat` giving the ids inside: the tar's owners are the
+            // image's. Prints `DIGEST LENGTH`.
+            match crate::image::push::layer_tar(dir, out) {
+                Ok((digest, len)) => {
+                    println!("{digest} {len}");
+                    0
+                }
+                Err(e) => {
+                    eprintln!("{}", e.what);
+                    1
+                }
+            }
+        }
         _ => {
-            eprintln!("usage: aisb __userns rm PATH... | unpack DEST");
+            eprintln!("usage: aisb __userns rm PATH... | unpack DEST | tar DIR OUT");
             2
         }
     }

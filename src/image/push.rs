@@ -89,6 +89,40 @@ fn header(m: &fs::Metadata, kind: tar::EntryType) -> tar::Header {
     h
 }
 
+/// [`layer_tar`] where its files can be read and their owners are the image's: for an
+/// ordinary user who builds over their subordinate ids, in `aisb __userns tar` (root of a user
+/// namespace with their map, where every file is readable and `stat` gives the ids inside).
+fn layer_tar_as_owner(dir: &Path, out: &Path) -> Result<(String, u64), FetchError> {
+    if nix::unistd::geteuid().is_root() || crate::userns::caller_maps().is_err() {
+        return layer_tar(dir, out);
+    }
+    let fail = |e: io::Error| io_fail(format!("writing the layer tar ({})", dir.display()), e);
+    let (dir, out) = (
+        std::path::absolute(dir).map_err(fail)?,
+        std::path::absolute(out).map_err(fail)?,
+    );
+    // Made here, so that it is the caller's: the helper writes into it.
+    fs::File::create(&out).map_err(fail)?;
+    let mut child = crate::userns::spawn(&[
+        "tar".into(),
+        dir.clone().into_os_string(),
+        out.into_os_string(),
+    ])
+    .map_err(fail)?;
+    drop(child.stdin.take());
+    let o = child.wait_with_output().map_err(fail)?;
+    let text = String::from_utf8_lossy(&o.stdout);
+    match text.split_whitespace().collect::<Vec<_>>().as_slice() {
+        [digest, len] if o.status.success() && digest.starts_with("sha256:") => {
+            Ok((digest.to_string(), len.parse().map_err(|_| fail(io::Error::other("bad length")))?))
+        }
+        _ => Err(fail(io::Error::other(format!(
+            "as the owner of the subordinate ids: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        )))),
+    }
+}
+
 /// Write the layer directory `dir` as a tar to `out`; its sha256 digest and length.
 pub fn layer_tar(dir: &Path, out: &Path) -> Result<(String, u64), FetchError> {
     let fail = |what: &str, e: io::Error| io_fail(format!("{what} ({})", dir.display()), e);
@@ -211,7 +245,7 @@ pub fn push(
             bottom_first.len(),
             dir.display()
         ));
-        let (digest, len) = layer_tar(dir, &tar_path)?;
+        let (digest, len) = layer_tar_as_owner(dir, &tar_path)?;
         if registry.has_blob(&digest)? {
             skipped += 1;
             progress(&format!(
