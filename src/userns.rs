@@ -27,6 +27,19 @@ pub struct IdMaps {
     pub gid: Vec<IdRange>,
 }
 
+/// Root of the host's own user namespace: overlayfs reads `trusted.overlay.*` there. Anyone
+/// else (an ordinary user, or root of a user namespace, as aisb's helpers are or as in a
+/// rootless container) marks and mounts with `user.overlay.*` (`userxattr`).
+pub fn host_root() -> bool {
+    static ROOT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ROOT.get_or_init(|| {
+        nix::unistd::geteuid().is_root()
+            && std::fs::read_to_string("/proc/self/uid_map").map_or(true, |m| {
+                m.split_whitespace().collect::<Vec<_>>() == ["0", "0", "4294967295"]
+            })
+    })
+}
+
 /// The map of `own` over the subordinate range `(start, count)`: inside ids 0, 1, ... are the
 /// range's ids in order, skipping `own`, which maps to itself.
 pub fn map_over(own: u32, (start, count): (u32, u32)) -> Vec<IdRange> {
@@ -173,9 +186,17 @@ pub fn spawn(args: &[std::ffi::OsString]) -> io::Result<std::process::Child> {
             .write_all(b"m")
     })();
     if let Err(e) = result {
+        // Its own complaint (unshare refused, say) says more than a closed pipe.
         let _ = child.kill();
-        let _ = child.wait();
-        return Err(e);
+        let said = child
+            .wait_with_output()
+            .map(|o| String::from_utf8_lossy(&o.stderr).trim().to_string())
+            .unwrap_or_default();
+        return Err(if said.is_empty() {
+            e
+        } else {
+            io::Error::new(e.kind(), format!("{e}: {said}"))
+        });
     }
     Ok(child)
 }
@@ -280,17 +301,29 @@ pub fn remove_main(paths: &[PathBuf]) -> i32 {
     status
 }
 
-/// Directories a step left without write permission (overlayfs's `work/work` is 000).
+/// Directories a step left without write permission (overlayfs's `work/work` is 000), each
+/// changed through a descriptor opened without following a link (`O_PATH|O_NOFOLLOW`), so a
+/// directory swapped for a link meanwhile changes nothing it points to.
 fn make_writable(root: &Path) -> io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     for e in walkdir::WalkDir::new(root)
         .follow_links(false)
         .into_iter()
         .flatten()
     {
-        if e.file_type().is_dir() {
-            let _ = std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(0o700));
+        if !e.file_type().is_dir() {
+            continue;
         }
+        let Ok(dir) = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_NOFOLLOW | libc::O_DIRECTORY)
+            .open(e.path())
+        else {
+            continue;
+        };
+        // fchmod refuses O_PATH descriptors: through /proc/self/fd, which names this inode.
+        let via = format!("/proc/self/fd/{}", dir.as_raw_fd());
+        let _ = std::fs::set_permissions(via, std::fs::Permissions::from_mode(0o700));
     }
     Ok(())
 }

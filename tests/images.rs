@@ -1168,7 +1168,7 @@ RUN groupadd -g $GROUP_ID $USER_NAME && useradd -M -d /opt/u -u $USER_ID -g $GRO
 RUN mkdir /opt/app /opt/u && chown 42:42 /opt/app && chown $USER_ID:$GROUP_ID /opt/u && echo made > /usr/local/share/made && echo conf > /etc/made.conf
 RUN rm /etc/debian_version
 USER $USER_NAME
-RUN id -u > /opt/u/step-uid && echo mine > /opt/u/mine && ls /proc/self/fd | tr '\\n' ' ' > /opt/u/fds
+RUN id -u > /opt/u/step-uid && echo mine > /opt/u/mine && ls /proc/self/fd | tr '\\n' ' ' > /opt/u/fds && if [ -c /proc/timer_list ]; then echo masked > /opt/u/proc; fi
 ",
         debian_layout().display()
     );
@@ -1247,7 +1247,7 @@ RUN id -u > /opt/u/step-uid && echo mine > /opt/u/mine && ls /proc/self/fd | tr 
         echo app=$(stat -c %u:%g /opt/app) made=$(stat -c %u:%g /usr/local/share/made)
         echo shadow=$(stat -c %u:%g /etc/shadow) mine=$(stat -c %u:%g /opt/u/mine)
         echo step=$(cat /opt/u/step-uid) conf=$(cat /etc/made.conf)
-        echo stepfds=$(cat /opt/u/fds)
+        echo stepfds=$(cat /opt/u/fds) stepproc=$(cat /opt/u/proc)
         echo fds=$(ls /proc/self/fd | tr '\\n' ' ')
         test -e /etc/debian_version; echo deleted=$?
         touch /usr/x 2>/dev/null; echo usr=$?
@@ -1261,7 +1261,8 @@ RUN id -u > /opt/u/step-uid && echo mine > /opt/u/mine && ls /proc/self/fd | tr 
         out.expect("step", &format!("{uid} conf=conf"));
         out.expect("deleted", "1");
         // stdin, stdout, stderr and the listed directory: nothing else reached them.
-        out.expect("stepfds", "0 1 2 3");
+        // /proc's kernel interfaces were masked for the step (/dev/null over timer_list).
+        out.expect("stepfds", "0 1 2 3 stepproc=masked");
         out.expect("fds", "0 1 2 3");
         out.expect_failed("usr", "the image is read-only in the sandbox");
         out.expect("project", "ok");

@@ -164,23 +164,11 @@ pub fn whiteout(path: &Path) -> io::Result<()> {
 /// plain overlay mount reads it), `user.overlay.opaque` in an ordinary user's (their overlay,
 /// mounted in a user namespace with `userxattr`, reads that one).
 fn opaque_xattr() -> &'static str {
-    if host_root() {
+    if crate::userns::host_root() {
         "trusted.overlay.opaque"
     } else {
         "user.overlay.opaque"
     }
-}
-
-/// Root of the host's own user namespace (not root of one an ordinary user made: there, as
-/// when aisb unpacks a base layer over their subordinate ids, `trusted.*` cannot be set).
-fn host_root() -> bool {
-    static ROOT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ROOT.get_or_init(|| {
-        nix::unistd::geteuid().is_root()
-            && fs::read_to_string("/proc/self/uid_map").map_or(true, |m| {
-                m.split_whitespace().collect::<Vec<_>>() == ["0", "0", "4294967295"]
-            })
-    })
 }
 
 /// Namespaces whose attributes overlayfs reads as instructions (opaque directories,

@@ -113,9 +113,11 @@ fn layer_tar_as_owner(dir: &Path, out: &Path) -> Result<(String, u64), FetchErro
     let o = child.wait_with_output().map_err(fail)?;
     let text = String::from_utf8_lossy(&o.stdout);
     match text.split_whitespace().collect::<Vec<_>>().as_slice() {
-        [digest, len] if o.status.success() && digest.starts_with("sha256:") => {
-            Ok((digest.to_string(), len.parse().map_err(|_| fail(io::Error::other("bad length")))?))
-        }
+        [digest, len] if o.status.success() && digest.starts_with("sha256:") => Ok((
+            digest.to_string(),
+            len.parse()
+                .map_err(|_| fail(io::Error::other("bad length")))?,
+        )),
         _ => Err(fail(io::Error::other(format!(
             "as the owner of the subordinate ids: {}",
             String::from_utf8_lossy(&o.stderr).trim()

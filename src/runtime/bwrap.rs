@@ -157,7 +157,7 @@ pub fn run(
                     let _ = child.kill();
                     let _ = child.wait();
                     let _ = blocked.thread_unblock();
-                    return Err(RuntimeError::Io {
+                    return Err(RuntimeError::Userns {
                         what: "preparing the sandbox's user namespace over the subordinate ids"
                             .into(),
                         source,

@@ -123,7 +123,7 @@ pub fn run(
             let _ = child.kill();
             let _ = child.wait();
             let _ = blocked.thread_unblock();
-            return Err(RuntimeError::Io {
+            return Err(RuntimeError::Userns {
                 what: "mapping the sandbox's user namespace over your subordinate ids".into(),
                 source,
             });

@@ -71,6 +71,15 @@ pub enum RuntimeError {
         what: String,
         source: std::io::Error,
     },
+    /// An ordinary user's user namespace over their subordinate ids could not be had.
+    #[error("{what}: {source}")]
+    #[diagnostic(help(
+        "`aisb doctor` says what an ordinary user's images need here (subordinate ids: one-time, as root, `aisb setup-user NAME`; `newuidmap` from uidmap; overlayfs in a user namespace, Linux 5.11+)"
+    ))]
+    Userns {
+        what: String,
+        source: std::io::Error,
+    },
 }
 
 impl Backend {

@@ -56,8 +56,9 @@ impl RootMount {
             .map(|l| l.to_string_lossy())
             .collect::<Vec<_>>()
             .join(":");
-        let root = nix::unistd::geteuid().is_root();
-        // Layers an ordinary user unpacked mark opaque directories with user.overlay.opaque.
+        // Layers an ordinary user unpacked mark opaque directories with user.overlay.opaque
+        // (as does root of a user namespace: the same predicate as the unpacker's).
+        let root = crate::userns::host_root();
         let lower = if root {
             lower
         } else {
@@ -86,7 +87,8 @@ impl RootMount {
         }
         let cs =
             |b: &[u8]| CString::new(b).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput));
-        let userns = if root {
+        // An ordinary user's process needs a user namespace of its own to mount anything.
+        let userns = if nix::unistd::geteuid().is_root() {
             None
         } else {
             let (uid, gid) = (nix::unistd::geteuid(), nix::unistd::getegid());

@@ -214,6 +214,22 @@ fn rootless_argv(
     if let Some(dir) = proxy_dir {
         push(&[&"--ro-bind", &dir, &crate::vocab::PROXY_DIR]);
     }
+    // /proc's kernel interfaces masked as the rootful step's spec masks them (what this
+    // kernel has: a directory becomes an empty read-only tmpfs, a file /dev/null).
+    // Only /proc's: the step has no /sys, and a mount point made below the image's /sys would
+    // land in its layer.
+    for p in crate::spec::MASKED_PROC
+        .iter()
+        .filter(|p| p.starts_with("/proc/"))
+    {
+        match std::fs::metadata(p) {
+            Ok(m) if m.is_dir() => {
+                push(&[&"--perms", &"0555", &"--tmpfs", p, &"--remount-ro", p]);
+            }
+            Ok(_) => push(&[&"--ro-bind", &"/dev/null", p]),
+            Err(_) => {}
+        }
+    }
     // Root keeps Docker's default set; another USER gets none (the init drops them all). The
     // init needs CAP_NET_ADMIN (for `lo`) and CAP_SETUID/SETGID (to become the step's user).
     let root_user = step.user.0 == 0;
@@ -260,15 +276,9 @@ fn rootless(
     mount: &RootMount,
     out: OwnedFd,
 ) -> Result<Child, RuntimeError> {
-    let maps = crate::userns::caller_maps().map_err(|m| RuntimeError::Io {
+    let maps = crate::userns::caller_maps().map_err(|m| RuntimeError::Userns {
         what: "an ordinary user's RUN steps run over their subordinate ids".into(),
-        source: std::io::Error::other(format!(
-            "{m}; one-time, as root: `aisb setup-user {}` (`aisb doctor` says what is missing)",
-            nix::unistd::User::from_uid(nix::unistd::getuid())
-                .ok()
-                .flatten()
-                .map_or_else(|| "USER".into(), |u| u.name)
-        )),
+        source: std::io::Error::other(m.to_string()),
     })?;
     let pipe = || {
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| RuntimeError::Io {
@@ -326,7 +336,7 @@ fn rootless(
         // Killed before it is unblocked: nothing runs without its map and root.
         let _ = child.kill();
         let _ = child.wait();
-        return Err(RuntimeError::Io {
+        return Err(RuntimeError::Userns {
             what: "preparing an ordinary user's build step".into(),
             source: e,
         });

@@ -87,7 +87,7 @@ pub enum SpecError {
     NotUtf8 { path: PathBuf, what: &'static str },
 }
 
-const MASKED_PROC: &[&str] = &[
+pub const MASKED_PROC: &[&str] = &[
     "/proc/acpi",
     "/proc/asound",
     "/proc/kcore",
