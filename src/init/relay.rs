@@ -69,15 +69,11 @@ fn tunnel(s: &mut UnixStream, authority: &str) -> std::io::Result<()> {
     tunnel_answer(s)
 }
 
-/// [`tunnel`] for the transparent relay, saying how it learned the name (for the audit log).
-pub fn tunnel_learned(s: &mut UnixStream, authority: &str, how: &str) -> std::io::Result<()> {
-    s.write_all(
-        format!(
-            "CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n{LEARNED_HEADER}: {how}\r\n\r\n"
-        )
-        .as_bytes(),
-    )?;
-    tunnel_answer(s)
+/// The transparent relay's CONNECT for `authority`, saying how it learned the name (for the
+/// audit log). Its answer is not waited for: [`relay_tunnel`] reads it.
+pub fn connect_learned(authority: &str, how: &str) -> Vec<u8> {
+    format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n{LEARNED_HEADER}: {how}\r\n\r\n")
+        .into_bytes()
 }
 
 fn tunnel_answer(s: &mut UnixStream) -> std::io::Result<()> {
@@ -123,20 +119,45 @@ fn answer_head(s: &mut UnixStream) -> std::io::Result<Vec<u8>> {
     Ok(head)
 }
 
-/// Copy both ways until each side ends (see [`relay_checked`]); nothing checks the bytes.
+/// Copy both ways until each side ends (see [`relay_tunnel`]); nothing checks the bytes.
 pub fn pipe(tcp: TcpStream, unix: UnixStream) -> std::io::Result<()> {
-    relay(&tcp, &unix, false, |_| Check::Pass).map_err(std::io::Error::other)
+    relay(&tcp, &unix, false, false, |_| Check::Pass)
+        .map_err(|e| std::io::Error::other(e.to_string()))
 }
 
-/// Relay both ways between `tcp` (the workload's connection) and `unix` (the proxy's) until
-/// each side ends. The client's first bytes are read and held until `check` passes them (it
-/// sees every byte held so far), while the server's side flows at once (SSH speaks first).
-pub fn relay_checked(
+/// Relay both ways between `tcp` (the workload's connection) and `unix` (a tunnel whose
+/// CONNECT was sent and not yet answered) until each side ends. The proxy's answer comes
+/// first on `unix` and is not relayed: a refusal ends both with [`Refused::Proxy`]. Whatever
+/// the client sends meanwhile waits in the proxy, which forwards it only once it allowed the
+/// tunnel, as for any request. `hold`: the client's first bytes are read and held until
+/// `check` passes them (it sees every byte held so far), while the server's side flows at once
+/// (SSH speaks first).
+pub fn relay_tunnel(
     tcp: &TcpStream,
     unix: &UnixStream,
+    hold: bool,
     check: impl FnMut(&[u8]) -> Check,
-) -> Result<(), String> {
-    relay(tcp, unix, true, check)
+) -> Result<(), Refused> {
+    relay(tcp, unix, hold, true, check)
+}
+
+/// Why [`relay_tunnel`] ended both sides early.
+#[derive(Debug)]
+pub enum Refused {
+    /// The check refused the client's first bytes.
+    Check(String),
+    /// The proxy refused the tunnel: the body of its answer (the rule).
+    Proxy(String),
+    /// The relay itself failed.
+    Io(String),
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refused::Check(why) | Refused::Proxy(why) | Refused::Io(why) => f.write_str(why),
+        }
+    }
 }
 
 /// What [`relay_checked`]'s check says of the client's first bytes.
@@ -161,27 +182,32 @@ fn relay(
     tcp: &TcpStream,
     unix: &UnixStream,
     hold: bool,
+    answer: bool,
     mut check: impl FnMut(&[u8]) -> Check,
-) -> Result<(), String> {
-    let io = |e: std::io::Error| e.to_string();
+) -> Result<(), Refused> {
+    let io = |e: std::io::Error| Refused::Io(e.to_string());
     tcp.set_nonblocking(true).map_err(io)?;
     unix.set_nonblocking(true).map_err(io)?;
     let (t, u) = (tcp.as_raw_fd(), unix.as_raw_fd());
     let (p_up, p_down) = PIPES.with(|p| p.take()).unwrap_or_default();
     let mut up = Way::new(t, u, p_up, hold);
     let mut down = Way::new(u, t, p_down, false);
+    down.answer = answer;
+    let end = |e: Refused| {
+        let _ = tcp.shutdown(Shutdown::Both);
+        let _ = unix.shutdown(Shutdown::Both);
+        e
+    };
+    // The client spoke first (its request is there by now); the proxy has yet to hear it.
     let (mut want_up, mut want_down) = (Want::Read, Want::Read);
     let mut step_up = true;
-    let mut step_down = true;
+    let mut step_down = false;
     loop {
         if step_up {
-            want_up = up.step(&mut check).inspect_err(|_| {
-                let _ = tcp.shutdown(Shutdown::Both);
-                let _ = unix.shutdown(Shutdown::Both);
-            })?;
+            want_up = up.step(&mut check).map_err(end)?;
         }
         if step_down {
-            want_down = down.step(&mut |_| Check::Pass)?;
+            want_down = down.step(&mut |_| Check::Pass).map_err(end)?;
         }
         if want_up == Want::Nothing && want_down == Want::Nothing {
             break;
@@ -211,7 +237,7 @@ fn relay(
             if e.kind() == std::io::ErrorKind::Interrupted {
                 continue;
             }
-            return Err(e.to_string());
+            return Err(end(Refused::Io(e.to_string())));
         }
         let ready = |fd: &libc::pollfd| fd.revents != 0;
         step_up = match want_up {
@@ -262,7 +288,11 @@ struct Way {
     pos: usize,
     /// Reading the first message into `buf` for the check, forwarding nothing yet.
     holding: bool,
+    /// Reading the proxy's answer to CONNECT into `buf`, to drop it (or end on a refusal).
+    answer: bool,
     eof: bool,
+    /// The last read was short: the next waits for poll.
+    short: bool,
     done: bool,
     /// Ended with nothing left in its pipe (the pipe may serve another connection).
     clean: bool,
@@ -279,15 +309,17 @@ impl Way {
             buf: Vec::new(),
             pos: 0,
             holding,
+            answer: false,
             eof: false,
+            short: false,
             done: false,
             clean: false,
             moved: 0,
         }
     }
 
-    /// Move what can be moved without blocking; what it waits for next. Err: the check refused.
-    fn step(&mut self, check: &mut impl FnMut(&[u8]) -> Check) -> Result<Want, String> {
+    /// Move what can be moved without blocking; what it waits for next. Err: refused.
+    fn step(&mut self, check: &mut impl FnMut(&[u8]) -> Check) -> Result<Want, Refused> {
         if self.done {
             return Ok(Want::Nothing);
         }
@@ -300,6 +332,10 @@ impl Way {
             Err(Stop::Refused(why)) => {
                 self.finish(false);
                 Err(why)
+            }
+            Err(Stop::Answer(why)) => {
+                self.finish(false);
+                Err(Refused::Proxy(why))
             }
             Err(Stop::Failed(_)) => {
                 self.finish(false);
@@ -318,7 +354,7 @@ impl Way {
     /// Ok(None): the source ended and everything was written.
     fn run(&mut self, check: &mut impl FnMut(&[u8]) -> Check) -> Result<Option<Want>, Stop> {
         loop {
-            if !self.holding && self.pos < self.buf.len() {
+            if !self.holding && !self.answer && self.pos < self.buf.len() {
                 match retry(|| unsafe {
                     // SAFETY: writes from a live buffer of at least this many bytes.
                     libc::write(
@@ -333,6 +369,11 @@ impl Way {
                 if self.pos == self.buf.len() {
                     self.buf.clear();
                     self.pos = 0;
+                    // What was read is passed on (a first message, at most a chunk): poll
+                    // rather than a read saying EAGAIN.
+                    if !self.eof {
+                        return Ok(Some(Want::Read));
+                    }
                 }
                 continue;
             }
@@ -345,24 +386,47 @@ impl Way {
                         self.moved += n as u64;
                     }
                 }
+                // A short read took what there was: poll rather than a read saying EAGAIN.
+                if self.in_pipe == 0 && self.short && !self.eof {
+                    return Ok(Some(Want::Read));
+                }
                 continue;
             }
             if self.eof {
                 return Ok(None);
             }
-            if self.holding || self.pipe.is_none() {
+            if self.holding || self.answer || self.pipe.is_none() {
                 let mut chunk = [0u8; 16 * 1024];
-                let max = if self.holding {
+                let max = if self.holding || self.answer {
                     (MAX_HELD - self.buf.len()).min(chunk.len())
                 } else {
                     chunk.len()
                 };
                 // SAFETY: reads into a live stack buffer of at least `max` bytes.
-                let read = retry(|| unsafe { libc::read(self.from, chunk.as_mut_ptr().cast(), max) })?;
+                let read =
+                    retry(|| unsafe { libc::read(self.from, chunk.as_mut_ptr().cast(), max) })?;
                 match read {
                     None => return Ok(Some(Want::Read)),
                     Some(0) => self.eof = true,
                     Some(n) => self.buf.extend_from_slice(&chunk[..n]),
+                }
+                if self.answer {
+                    let full = self.eof || self.buf.len() >= MAX_HELD;
+                    match answer_in(&self.buf) {
+                        None if !full => {}
+                        None => return Err(Stop::Answer("the proxy closed the tunnel".into())),
+                        Some((len, true)) => {
+                            self.buf.drain(..len);
+                            self.answer = false;
+                        }
+                        // A refusal: its body, read to its end, says which rule.
+                        Some((len, false)) if full => {
+                            let body = String::from_utf8_lossy(&self.buf[len..]);
+                            return Err(Stop::Answer(body.trim().to_string()));
+                        }
+                        Some(_) => {}
+                    }
+                    continue;
                 }
                 if self.holding {
                     let verdict = if self.eof || self.buf.len() >= MAX_HELD {
@@ -376,7 +440,7 @@ impl Way {
                     match verdict {
                         Check::NeedMore => {}
                         Check::Pass => self.holding = false,
-                        Check::Refuse(why) => return Err(Stop::Refused(why)),
+                        Check::Refuse(why) => return Err(Stop::Refused(Refused::Check(why))),
                     }
                 }
                 continue;
@@ -386,9 +450,14 @@ impl Way {
             match spliced {
                 Ok(None) => return Ok(Some(Want::Read)),
                 Ok(Some(0)) => self.eof = true,
-                Ok(Some(n)) => self.in_pipe = n,
+                Ok(Some(n)) => {
+                    self.in_pipe = n;
+                    self.short = n < crate::proxy::splice::CHUNK / 16;
+                }
                 // These descriptors cannot splice: copy instead, before anything moved.
-                Err(Stop::Failed(e)) if e.raw_os_error() == Some(libc::EINVAL) && self.moved == 0 => {
+                Err(Stop::Failed(e))
+                    if e.raw_os_error() == Some(libc::EINVAL) && self.moved == 0 =>
+                {
                     self.pipe = None
                 }
                 Err(e) => return Err(e),
@@ -398,8 +467,17 @@ impl Way {
 }
 
 enum Stop {
-    Refused(String),
+    Refused(Refused),
+    /// The proxy's answer was not 200: its body.
+    Answer(String),
     Failed(std::io::Error),
+}
+
+/// The length of the proxy's answer head in `buf`, and whether it said 200.
+fn answer_in(buf: &[u8]) -> Option<(usize, bool)> {
+    let len = buf.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+    let ok = buf[..len].split(|&b| b == b' ').nth(1) == Some(b"200".as_slice());
+    Some((len, ok))
 }
 
 /// A count, or None when the call would block.

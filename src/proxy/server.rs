@@ -15,11 +15,11 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixListener, UnixStream};
 
 use super::policy::{Allowed, Blocked, Policy};
-use super::splice::Socket;
 use super::request::{
     http_head, http_request, socks5_greeting, socks5_request, Head, HttpRequest, Socks5Greeting,
     Socks5Request, MAX_HEAD,
 };
+use super::splice::Socket;
 use crate::audit::{Kind, Log};
 use crate::vocab::{LEARNED_HEADER, REASON_HEADER, RESOLVE_METHOD};
 
@@ -89,10 +89,7 @@ struct Outcome {
 impl Proxy {
     /// One client connection, whatever carries it (the run's Unix socket, `aisb proxy serve`'s
     /// TCP).
-    pub async fn handle<S: Conn>(
-        &self,
-        mut client: S,
-    ) -> std::io::Result<()> {
+    pub async fn handle<S: Conn>(&self, mut client: S) -> std::io::Result<()> {
         let mut buf = Vec::with_capacity(4096);
         if read_more(&mut client, &mut buf).await? == 0 {
             return Ok(());
@@ -373,14 +370,11 @@ impl Proxy {
         }
         let (a, b) = match client.socket() {
             Some(c) => super::splice::both(c, Socket::Tcp(&up)).await,
-            None => tokio::io::copy_bidirectional_with_sizes(
-                client,
-                &mut up,
-                self.buffer,
-                self.buffer,
-            )
-            .await
-            .unwrap_or((0, 0)),
+            None => {
+                tokio::io::copy_bidirectional_with_sizes(client, &mut up, self.buffer, self.buffer)
+                    .await
+                    .unwrap_or((0, 0))
+            }
         };
         (a + early.len() as u64, b)
     }

@@ -168,7 +168,9 @@ pub async fn one_way(from: Socket<'_>, to: Socket<'_>) -> u64 {
 
 async fn way(from: Socket<'_>, to: Socket<'_>, pipe: &Pipe, moved: &mut u64) -> Result<()> {
     loop {
-        let filled = from.when_ready(Interest::READABLE, || pipe.fill(from.fd())).await;
+        let filled = from
+            .when_ready(Interest::READABLE, || pipe.fill(from.fd()))
+            .await;
         let n = match filled {
             Ok(n) => n,
             // Descriptors splice(2) cannot move between: copied instead, from the start.
