@@ -3,7 +3,8 @@
 //!
 //! The init binds them before the workload starts and keeps them: they are close-on-exec, so
 //! the workload cannot accept on them, and the init is PID 1, which nothing inside can kill or
-//! trace. Plain threads, no runtime: the init stays small. `connect` is the ProxyCommand for
+//! trace. Plain threads (pooled: one per open connection, reused by the next), no runtime: the
+//! init stays small. `connect` is the ProxyCommand for
 //! SSH (`GIT_SSH_COMMAND`): it opens a CONNECT tunnel and pipes stdin/stdout through it.
 
 use std::io::{Read, Write};
@@ -11,6 +12,7 @@ use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 
+use crate::proxy::splice::Pipe;
 use crate::vocab::{AGENT_EVENT_MAX, AGENT_METHOD, DIRECT_METHOD, LEARNED_HEADER, PROXY_SOCKET};
 
 /// What a listener relays: everything to the proxy, or one host loopback port through it.
@@ -39,15 +41,17 @@ pub fn start(listeners: Vec<(TcpListener, Target)>) {
     for (listener, target) in listeners {
         std::thread::spawn(move || {
             for conn in listener.incoming().flatten() {
-                std::thread::spawn(move || {
-                    let _ = relay(conn, target);
+                // No thread to be had (the sandbox's pids limit): this connection is dropped,
+                // the listener keeps serving.
+                spawn_pooled(move || {
+                    let _ = relay_one(conn, target);
                 });
             }
         });
     }
 }
 
-fn relay(tcp: TcpStream, target: Target) -> std::io::Result<()> {
+fn relay_one(tcp: TcpStream, target: Target) -> std::io::Result<()> {
     let _ = tcp.set_nodelay(true);
     let mut unix = UnixStream::connect(PROXY_SOCKET)?;
     if let Target::HostPort(port) = target {
@@ -65,26 +69,15 @@ fn tunnel(s: &mut UnixStream, authority: &str) -> std::io::Result<()> {
     tunnel_answer(s)
 }
 
-/// [`tunnel`] for the transparent relay, saying how it learned the name (for the audit log).
-pub fn tunnel_learned(s: &mut UnixStream, authority: &str, how: &str) -> std::io::Result<()> {
-    s.write_all(
-        format!(
-            "CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n{LEARNED_HEADER}: {how}\r\n\r\n"
-        )
-        .as_bytes(),
-    )?;
-    tunnel_answer(s)
+/// The transparent relay's CONNECT for `authority`, saying how it learned the name (for the
+/// audit log). Its answer is not waited for: [`relay_tunnel`] reads it.
+pub fn connect_learned(authority: &str, how: &str) -> Vec<u8> {
+    format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n{LEARNED_HEADER}: {how}\r\n\r\n")
+        .into_bytes()
 }
 
 fn tunnel_answer(s: &mut UnixStream) -> std::io::Result<()> {
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        if s.read(&mut byte)? == 0 || head.len() > 16 * 1024 {
-            return Err(std::io::Error::other("the proxy closed the tunnel"));
-        }
-        head.push(byte[0]);
-    }
+    let head = answer_head(s)?;
     let status = String::from_utf8_lossy(&head);
     if status.split(' ').nth(1) == Some("200") {
         return Ok(());
@@ -95,96 +88,485 @@ fn tunnel_answer(s: &mut UnixStream) -> std::io::Result<()> {
     Err(std::io::Error::other(body.trim().to_string()))
 }
 
-/// Copy both ways until each side ends, by splice(2) through a pipe (the bytes never enter
-/// this process), or 256 KiB at a time where the kernel cannot splice.
-pub fn pipe(tcp: TcpStream, unix: UnixStream) -> std::io::Result<()> {
-    let (mut tcp_r, mut unix_w) = (tcp.try_clone()?, unix.try_clone()?);
-    let up = std::thread::spawn(move || {
-        let _ = forward(&mut tcp_r, &mut unix_w);
-        let _ = unix_w.shutdown(Shutdown::Write);
-    });
-    let (mut unix_r, mut tcp_w) = (unix, tcp);
-    let _ = forward(&mut unix_r, &mut tcp_w);
-    let _ = tcp_w.shutdown(Shutdown::Write);
-    let _ = up.join();
-    Ok(())
+/// The proxy's answer head, read to its end and no further: what follows is the tunnel's (an
+/// SSH server's banner may be right behind it). The proxy writes a head at once, so it is
+/// peeked whole and read in one call; a head that arrives in pieces is read a byte at a time.
+fn answer_head(s: &mut UnixStream) -> std::io::Result<Vec<u8>> {
+    let closed = || std::io::Error::other("the proxy closed the tunnel");
+    let mut peeked = [0u8; 1024];
+    let n = nix::sys::socket::recv(
+        s.as_raw_fd(),
+        &mut peeked,
+        nix::sys::socket::MsgFlags::MSG_PEEK,
+    )
+    .map_err(std::io::Error::from)?;
+    if n == 0 {
+        return Err(closed());
+    }
+    if let Some(end) = peeked[..n].windows(4).position(|w| w == b"\r\n\r\n") {
+        let mut head = vec![0u8; end + 4];
+        s.read_exact(&mut head)?;
+        return Ok(head);
+    }
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if s.read(&mut byte)? == 0 || head.len() > 16 * 1024 {
+            return Err(closed());
+        }
+        head.push(byte[0]);
+    }
+    Ok(head)
 }
 
-/// One direction of [`pipe`]: splice, falling back to [`copy`] before the first byte moved.
-fn forward<R, W>(r: &mut R, w: &mut W) -> std::io::Result<u64>
-where
-    R: Read + std::os::fd::AsRawFd,
-    W: Write + std::os::fd::AsRawFd,
-{
-    match splice_all(r.as_raw_fd(), w.as_raw_fd()) {
-        Ok(n) => Ok(n),
-        Err((0, e)) if e.raw_os_error() == Some(libc::EINVAL) => copy(r, w),
-        Err((_, e)) => Err(e),
+/// Copy both ways until each side ends (see [`relay_tunnel`]); nothing checks the bytes.
+pub fn pipe(tcp: TcpStream, unix: UnixStream) -> std::io::Result<()> {
+    relay(&tcp, &unix, false, false, |_| Check::Pass)
+        .map_err(|e| std::io::Error::other(e.to_string()))
+}
+
+/// Relay both ways between `tcp` (the workload's connection) and `unix` (a tunnel whose
+/// CONNECT was sent and not yet answered) until each side ends. The proxy's answer comes
+/// first on `unix` and is not relayed: a refusal ends both with [`Refused::Proxy`]. Whatever
+/// the client sends meanwhile waits in the proxy, which forwards it only once it allowed the
+/// tunnel, as for any request. `hold`: the client's first bytes are read and held until
+/// `check` passes them (it sees every byte held so far), while the server's side flows at once
+/// (SSH speaks first).
+pub fn relay_tunnel(
+    tcp: &TcpStream,
+    unix: &UnixStream,
+    hold: bool,
+    check: impl FnMut(&[u8]) -> Check,
+) -> Result<(), Refused> {
+    relay(tcp, unix, hold, true, check)
+}
+
+/// Why [`relay_tunnel`] ended both sides early.
+#[derive(Debug)]
+pub enum Refused {
+    /// The check refused the client's first bytes.
+    Check(String),
+    /// The proxy refused the tunnel: the body of its answer (the rule).
+    Proxy(String),
+    /// The relay itself failed.
+    Io(String),
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refused::Check(why) | Refused::Proxy(why) | Refused::Io(why) => f.write_str(why),
+        }
     }
 }
 
-/// Move everything from `from` to `to` through a pipe with splice(2) until `from` ends. On
-/// error, how much had moved and the error.
-fn splice_all(from: i32, to: i32) -> Result<u64, (u64, std::io::Error)> {
-    const CHUNK: usize = 1 << 20;
-    let (pr, pw) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-        .map_err(|e| (0, std::io::Error::from(e)))?;
-    // A bigger pipe moves more per call (the default is 64 KiB); best effort.
-    let _ = nix::fcntl::fcntl(
-        pw.as_raw_fd(),
-        nix::fcntl::FcntlArg::F_SETPIPE_SZ(CHUNK as i32),
-    );
-    let (pr, pw) = (pr.as_raw_fd(), pw.as_raw_fd());
-    let flags = libc::SPLICE_F_MOVE | libc::SPLICE_F_MORE;
-    let mut total = 0u64;
+/// What [`relay_checked`]'s check says of the client's first bytes.
+pub enum Check {
+    /// Not decided yet: keep holding them back (up to [`MAX_HELD`] bytes).
+    NeedMore,
+    /// Forward them, and everything after, unchecked.
+    Pass,
+    /// Forward nothing: both connections are shut, and this is the reason.
+    Refuse(String),
+}
+
+/// The most of a client's first bytes held back for [`relay_checked`]'s check.
+pub const MAX_HELD: usize = 16 * 1024;
+
+/// Both ways on this one thread: splice(2) through a pipe per direction, so the bytes never
+/// enter this process, and poll(2) for whichever side is ready. One thread per connection and
+/// no other (no reader thread per direction), its pipes kept for the thread's next connection:
+/// a short request costs no thread creation and no pipe setup. `hold`: the client's first
+/// bytes wait for `check`.
+fn relay(
+    tcp: &TcpStream,
+    unix: &UnixStream,
+    hold: bool,
+    answer: bool,
+    mut check: impl FnMut(&[u8]) -> Check,
+) -> Result<(), Refused> {
+    let io = |e: std::io::Error| Refused::Io(e.to_string());
+    tcp.set_nonblocking(true).map_err(io)?;
+    unix.set_nonblocking(true).map_err(io)?;
+    let (t, u) = (tcp.as_raw_fd(), unix.as_raw_fd());
+    let (p_up, p_down) = PIPES.with(|p| p.take()).unwrap_or_default();
+    let mut up = Way::new(t, u, p_up, hold);
+    let mut down = Way::new(u, t, p_down, false);
+    down.answer = answer;
+    let end = |e: Refused| {
+        let _ = tcp.shutdown(Shutdown::Both);
+        let _ = unix.shutdown(Shutdown::Both);
+        e
+    };
+    // The client spoke first (its request is there by now); the proxy has yet to hear it.
+    let (mut want_up, mut want_down) = (Want::Read, Want::Read);
+    let mut step_up = true;
+    let mut step_down = false;
     loop {
-        // SAFETY: plain splice(2) calls on descriptors this function holds open.
-        let n = unsafe {
-            libc::splice(
-                from,
-                std::ptr::null_mut(),
-                pw,
-                std::ptr::null_mut(),
-                CHUNK,
-                flags,
-            )
+        if step_up {
+            want_up = up.step(&mut check).map_err(end)?;
+        }
+        if step_down {
+            want_down = down.step(&mut |_| Check::Pass).map_err(end)?;
+        }
+        if want_up == Want::Nothing && want_down == Want::Nothing {
+            break;
+        }
+        // tcp: read for up, write for down; unix: the other way round.
+        let events = |read: bool, write: bool| {
+            (if read { libc::POLLIN } else { 0 }) | (if write { libc::POLLOUT } else { 0 })
         };
-        if n < 0 {
+        let tcp_ev = events(want_up == Want::Read, want_down == Want::Write);
+        let unix_ev = events(want_down == Want::Read, want_up == Want::Write);
+        // A descriptor with nothing to wait for is left out (-1): its POLLHUP would spin.
+        let mut fds = [
+            libc::pollfd {
+                fd: if tcp_ev == 0 { -1 } else { t },
+                events: tcp_ev,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: if unix_ev == 0 { -1 } else { u },
+                events: unix_ev,
+                revents: 0,
+            },
+        ];
+        // SAFETY: two pollfd structures this function owns.
+        if unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) } < 0 {
             let e = std::io::Error::last_os_error();
             if e.kind() == std::io::ErrorKind::Interrupted {
                 continue;
             }
-            return Err((total, e));
+            return Err(end(Refused::Io(e.to_string())));
         }
-        if n == 0 {
-            return Ok(total);
+        let ready = |fd: &libc::pollfd| fd.revents != 0;
+        step_up = match want_up {
+            Want::Read => ready(&fds[0]),
+            Want::Write => ready(&fds[1]),
+            Want::Nothing => false,
+        };
+        step_down = match want_down {
+            Want::Read => ready(&fds[1]),
+            Want::Write => ready(&fds[0]),
+            Want::Nothing => false,
+        };
+    }
+    // Both pipes drained (every byte read was written): the next connection may use them.
+    if let (Some(a), Some(b)) = (up.pipe.take(), down.pipe.take()) {
+        if up.clean && down.clean {
+            PIPES.with(|p| p.set(Some((Some(a), Some(b)))));
         }
-        let mut left = n as usize;
-        while left > 0 {
-            // SAFETY: as above.
-            let m = unsafe {
-                libc::splice(
-                    pr,
-                    std::ptr::null_mut(),
-                    to,
-                    std::ptr::null_mut(),
-                    left,
-                    flags,
-                )
-            };
-            if m < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.kind() == std::io::ErrorKind::Interrupted {
+    }
+    Ok(())
+}
+
+thread_local! {
+    /// The pipes of this thread's last clean connection, for its next one.
+    static PIPES: std::cell::Cell<Option<(Option<Pipe>, Option<Pipe>)>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// What a direction waits for before it can go on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Want {
+    Read,
+    Write,
+    /// Finished: its source ended (or failed) and what it held was written (or cannot be).
+    Nothing,
+}
+
+/// One direction of [`relay`].
+struct Way {
+    from: i32,
+    to: i32,
+    /// None: copied through `buf` (splice(2) refused these descriptors, or no pipe).
+    pipe: Option<Pipe>,
+    /// Bytes in the pipe not yet written.
+    in_pipe: usize,
+    /// Bytes read into this process and not yet written: the held first message, or the copy.
+    buf: Vec<u8>,
+    pos: usize,
+    /// Reading the first message into `buf` for the check, forwarding nothing yet.
+    holding: bool,
+    /// Reading the proxy's answer to CONNECT into `buf`, to drop it (or end on a refusal).
+    answer: bool,
+    eof: bool,
+    /// The last read was short: the next waits for poll.
+    short: bool,
+    done: bool,
+    /// Ended with nothing left in its pipe (the pipe may serve another connection).
+    clean: bool,
+    moved: u64,
+}
+
+impl Way {
+    fn new(from: i32, to: i32, pipe: Option<Pipe>, holding: bool) -> Way {
+        Way {
+            from,
+            to,
+            pipe: pipe.or_else(|| Pipe::new().ok()),
+            in_pipe: 0,
+            buf: Vec::new(),
+            pos: 0,
+            holding,
+            answer: false,
+            eof: false,
+            short: false,
+            done: false,
+            clean: false,
+            moved: 0,
+        }
+    }
+
+    /// Move what can be moved without blocking; what it waits for next. Err: refused.
+    fn step(&mut self, check: &mut impl FnMut(&[u8]) -> Check) -> Result<Want, Refused> {
+        if self.done {
+            return Ok(Want::Nothing);
+        }
+        match self.run(check) {
+            Ok(Some(want)) => Ok(want),
+            Ok(None) => {
+                self.finish(true);
+                Ok(Want::Nothing)
+            }
+            Err(Stop::Refused(why)) => {
+                self.finish(false);
+                Err(why)
+            }
+            Err(Stop::Answer(why)) => {
+                self.finish(false);
+                Err(Refused::Proxy(why))
+            }
+            Err(Stop::Failed(_)) => {
+                self.finish(false);
+                Ok(Want::Nothing)
+            }
+        }
+    }
+
+    fn finish(&mut self, clean: bool) {
+        self.done = true;
+        self.clean = clean && self.in_pipe == 0;
+        // SAFETY: shutdown(2) on a descriptor the caller holds open.
+        unsafe { libc::shutdown(self.to, libc::SHUT_WR) };
+    }
+
+    /// Ok(None): the source ended and everything was written.
+    fn run(&mut self, check: &mut impl FnMut(&[u8]) -> Check) -> Result<Option<Want>, Stop> {
+        loop {
+            if !self.holding && !self.answer && self.pos < self.buf.len() {
+                match retry(|| unsafe {
+                    // SAFETY: writes from a live buffer of at least this many bytes.
+                    libc::write(
+                        self.to,
+                        self.buf[self.pos..].as_ptr().cast(),
+                        self.buf.len() - self.pos,
+                    )
+                })? {
+                    None => return Ok(Some(Want::Write)),
+                    Some(n) => self.pos += n,
+                }
+                if self.pos == self.buf.len() {
+                    self.buf.clear();
+                    self.pos = 0;
+                    // What was read is passed on (a first message, at most a chunk): poll
+                    // rather than a read saying EAGAIN.
+                    if !self.eof {
+                        return Ok(Some(Want::Read));
+                    }
+                }
+                continue;
+            }
+            if let (Some(p), true) = (&self.pipe, self.in_pipe > 0) {
+                match would_block(p.drain(self.to, self.in_pipe))? {
+                    None => return Ok(Some(Want::Write)),
+                    Some(0) => return Err(Stop::Failed(std::io::ErrorKind::WriteZero.into())),
+                    Some(n) => {
+                        self.in_pipe -= n;
+                        self.moved += n as u64;
+                    }
+                }
+                // A short read took what there was: poll rather than a read saying EAGAIN.
+                if self.in_pipe == 0 && self.short && !self.eof {
+                    return Ok(Some(Want::Read));
+                }
+                continue;
+            }
+            if self.eof {
+                return Ok(None);
+            }
+            if self.holding || self.answer || self.pipe.is_none() {
+                let mut chunk = [0u8; 16 * 1024];
+                let max = if self.holding || self.answer {
+                    (MAX_HELD - self.buf.len()).min(chunk.len())
+                } else {
+                    chunk.len()
+                };
+                // SAFETY: reads into a live stack buffer of at least `max` bytes.
+                let read =
+                    retry(|| unsafe { libc::read(self.from, chunk.as_mut_ptr().cast(), max) })?;
+                match read {
+                    None => return Ok(Some(Want::Read)),
+                    Some(0) => self.eof = true,
+                    Some(n) => self.buf.extend_from_slice(&chunk[..n]),
+                }
+                if self.answer {
+                    let full = self.eof || self.buf.len() >= MAX_HELD;
+                    match answer_in(&self.buf) {
+                        None if !full => {}
+                        None => return Err(Stop::Answer("the proxy closed the tunnel".into())),
+                        Some((len, true)) => {
+                            self.buf.drain(..len);
+                            self.answer = false;
+                        }
+                        // A refusal: its body, read to its end, says which rule.
+                        Some((len, false)) if full => {
+                            let body = String::from_utf8_lossy(&self.buf[len..]);
+                            return Err(Stop::Answer(body.trim().to_string()));
+                        }
+                        Some(_) => {}
+                    }
                     continue;
                 }
-                return Err((total, e));
+                if self.holding {
+                    let verdict = if self.eof || self.buf.len() >= MAX_HELD {
+                        match check(&self.buf) {
+                            Check::NeedMore => Check::Pass,
+                            other => other,
+                        }
+                    } else {
+                        check(&self.buf)
+                    };
+                    match verdict {
+                        Check::NeedMore => {}
+                        Check::Pass => self.holding = false,
+                        Check::Refuse(why) => return Err(Stop::Refused(Refused::Check(why))),
+                    }
+                }
+                continue;
             }
-            if m == 0 {
-                return Err((total, std::io::ErrorKind::WriteZero.into()));
+            let p = self.pipe.as_ref().expect("checked above");
+            let spliced = would_block(p.fill(self.from));
+            match spliced {
+                Ok(None) => return Ok(Some(Want::Read)),
+                Ok(Some(0)) => self.eof = true,
+                Ok(Some(n)) => {
+                    self.in_pipe = n;
+                    self.short = n < crate::proxy::splice::CHUNK / 16;
+                }
+                // These descriptors cannot splice: copy instead, before anything moved.
+                Err(Stop::Failed(e))
+                    if e.raw_os_error() == Some(libc::EINVAL) && self.moved == 0 =>
+                {
+                    self.pipe = None
+                }
+                Err(e) => return Err(e),
             }
-            left -= m as usize;
-            total += m as u64;
         }
+    }
+}
+
+enum Stop {
+    Refused(Refused),
+    /// The proxy's answer was not 200: its body.
+    Answer(String),
+    Failed(std::io::Error),
+}
+
+/// The length of the proxy's answer head in `buf`, and whether it said 200.
+fn answer_in(buf: &[u8]) -> Option<(usize, bool)> {
+    let len = buf.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+    let ok = buf[..len].split(|&b| b == b' ').nth(1) == Some(b"200".as_slice());
+    Some((len, ok))
+}
+
+/// A count, or None when the call would block.
+fn would_block(r: std::io::Result<usize>) -> Result<Option<usize>, Stop> {
+    match r {
+        Ok(n) => Ok(Some(n)),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
+        Err(e) => Err(Stop::Failed(e)),
+    }
+}
+
+/// A system call's count; None when it would block; EINTR retried.
+fn retry(mut call: impl FnMut() -> isize) -> Result<Option<usize>, Stop> {
+    loop {
+        let n = call();
+        if n >= 0 {
+            return Ok(Some(n as usize));
+        }
+        let e = std::io::Error::last_os_error();
+        match e.kind() {
+            std::io::ErrorKind::Interrupted => continue,
+            std::io::ErrorKind::WouldBlock => return Ok(None),
+            _ => return Err(Stop::Failed(e)),
+        }
+    }
+}
+
+/// Run `job` on a pooled thread: an idle one if there is one, else a new one. An idle thread
+/// waits [`POOL_IDLE`] for work and ends. False when no thread could be started (the sandbox's
+/// pids limit): the job was dropped.
+pub fn spawn_pooled(job: impl FnOnce() + Send + 'static) -> bool {
+    let pool = pool();
+    let Ok(mut q) = pool.queue.lock() else {
+        return false;
+    };
+    q.jobs.push_back(Box::new(job));
+    if q.idle >= q.jobs.len() {
+        pool.ready.notify_one();
+        return true;
+    }
+    if std::thread::Builder::new().spawn(worker).is_ok() {
+        return true;
+    }
+    q.jobs.pop_back();
+    false
+}
+
+/// How long a pooled thread waits for work before it ends.
+const POOL_IDLE: std::time::Duration = std::time::Duration::from_secs(10);
+
+type Job = Box<dyn FnOnce() + Send>;
+
+#[derive(Default)]
+struct Queue {
+    jobs: std::collections::VecDeque<Job>,
+    idle: usize,
+}
+
+#[derive(Default)]
+struct Pool {
+    queue: std::sync::Mutex<Queue>,
+    ready: std::sync::Condvar,
+}
+
+fn pool() -> &'static Pool {
+    static POOL: std::sync::OnceLock<Pool> = std::sync::OnceLock::new();
+    POOL.get_or_init(Default::default)
+}
+
+fn worker() {
+    let pool = pool();
+    loop {
+        let job = {
+            let Ok(mut q) = pool.queue.lock() else { return };
+            loop {
+                if let Some(job) = q.jobs.pop_front() {
+                    break job;
+                }
+                q.idle += 1;
+                let waited = pool.ready.wait_timeout(q, POOL_IDLE);
+                let Ok((back, timeout)) = waited else { return };
+                q = back;
+                q.idle -= 1;
+                if timeout.timed_out() && q.jobs.is_empty() {
+                    return;
+                }
+            }
+        };
+        job();
     }
 }
 

@@ -246,14 +246,14 @@ pub fn bind(port: u16) -> std::io::Result<TcpListener> {
     }
 }
 
-/// Serve the transparent listeners, one thread each, a thread per connection.
+/// Serve the transparent listeners, one thread each, a (pooled) thread per connection.
 pub fn start(listeners: Vec<TcpListener>) {
     for listener in listeners {
         std::thread::spawn(move || {
             for conn in listener.incoming().flatten() {
                 // Out of threads (the sandbox's pids limit): this connection is dropped, the
-                // listener keeps serving (`thread::spawn` would panic and end it).
-                let _ = std::thread::Builder::new().spawn(move || handle(conn));
+                // listener keeps serving.
+                relay::spawn_pooled(move || handle(conn));
             }
         });
     }
@@ -310,20 +310,25 @@ fn relay_one(mut tcp: TcpStream, dest: SocketAddr) -> Result<(), String> {
     let mut unix =
         UnixStream::connect(PROXY_SOCKET).map_err(|e| format!("no proxy to ask: {e}"))?;
     let authority = format!("{name}:{port}");
-    if let Err(e) = relay::tunnel_learned(&mut unix, &authority, how.as_str()) {
-        let _ = tcp.shutdown(Shutdown::Both);
-        // The proxy logged it; the workload's stderr gets the rule too.
-        say(dest, &format!("{authority}: {e}"));
-        return Ok(());
+    // The CONNECT and the bytes read to learn the name, in one write; the answer is read by
+    // the relay (the proxy forwards nothing before it allowed the tunnel).
+    let mut request = relay::connect_learned(&authority, how.as_str());
+    request.extend_from_slice(&first);
+    let relayed = match unix.write_all(&request) {
+        Err(e) => Err(relay::Refused::Proxy(e.to_string())),
+        Ok(()) if how == Learned::Dns => pipe_checked(&tcp, &unix, &name, dest),
+        Ok(()) => relay::relay_tunnel(&tcp, &unix, false, |_| relay::Check::Pass),
+    };
+    match relayed {
+        Err(relay::Refused::Check(why)) => Err(why),
+        Err(relay::Refused::Proxy(e)) => {
+            let _ = tcp.shutdown(Shutdown::Both);
+            // The proxy logged it; the workload's stderr gets the rule too.
+            say(dest, &format!("{authority}: {e}"));
+            Ok(())
+        }
+        _ => Ok(()),
     }
-    if !first.is_empty() && unix.write_all(&first).is_err() {
-        return Ok(());
-    }
-    if how == Learned::Dns {
-        return pipe_checked(tcp, unix, &name, dest);
-    }
-    let _ = relay::pipe(tcp, unix);
-    Ok(())
 }
 
 /// Relay a connection whose name came from its address: the client's first message must not
@@ -331,50 +336,20 @@ fn relay_one(mut tcp: TcpStream, dest: SocketAddr) -> Result<(), String> {
 /// smuggled past the name that was checked). The server's side flows at once (SSH speaks
 /// first); the client's first bytes are held until they are known not to name another host.
 fn pipe_checked(
-    mut tcp: TcpStream,
-    unix: UnixStream,
+    tcp: &TcpStream,
+    unix: &UnixStream,
     name: &str,
     dest: SocketAddr,
-) -> Result<(), String> {
-    let (mut unix_r, mut tcp_w) = match (unix.try_clone(), tcp.try_clone()) {
-        (Ok(u), Ok(t)) => (u, t),
-        _ => return Ok(()),
-    };
-    let down = std::thread::spawn(move || {
-        let _ = relay::copy(&mut unix_r, &mut tcp_w);
-        let _ = tcp_w.shutdown(Shutdown::Write);
-    });
-    let mut unix_w = unix;
-    let mut first = Vec::new();
-    let mut chunk = vec![0u8; 4096];
-    let verdict = loop {
-        match tcp.read(&mut chunk) {
-            Ok(0) | Err(_) => break Found::None,
-            Ok(n) => first.extend_from_slice(&chunk[..n]),
-        }
-        match name_in(&first) {
-            Found::NeedMore if first.len() < MAX_FIRST => continue,
-            found => break found,
-        }
-    };
-    if let Found::Name(other, _) = &verdict {
-        if other != name {
-            let _ = tcp.shutdown(Shutdown::Both);
-            let _ = unix_w.shutdown(Shutdown::Both);
-            let _ = down.join();
-            return Err(format!(
-                "the client named {other} to the address of {name} ({}:{})",
-                dest.ip(),
-                dest.port()
-            ));
-        }
-    }
-    if unix_w.write_all(&first).is_ok() && !first.is_empty() {
-        let _ = relay::copy(&mut tcp, &mut unix_w);
-    }
-    let _ = unix_w.shutdown(Shutdown::Write);
-    let _ = down.join();
-    Ok(())
+) -> Result<(), relay::Refused> {
+    relay::relay_tunnel(tcp, unix, true, |first| match name_in(first) {
+        Found::NeedMore if first.len() < MAX_FIRST => relay::Check::NeedMore,
+        Found::Name(other, _) if other != name => relay::Check::Refuse(format!(
+            "the client named {other} to the address of {name} ({}:{})",
+            dest.ip(),
+            dest.port()
+        )),
+        _ => relay::Check::Pass,
+    })
 }
 
 /// `1.2.3.4` or `[2001:db8::1]`.

@@ -5,3 +5,4 @@ pub mod policy;
 pub mod request;
 pub mod serve;
 pub mod server;
+pub mod splice;

@@ -12,13 +12,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpStream, UnixListener};
+use tokio::net::{TcpStream, UnixListener, UnixStream};
 
 use super::policy::{Allowed, Blocked, Policy};
 use super::request::{
     http_head, http_request, socks5_greeting, socks5_request, Head, HttpRequest, Socks5Greeting,
     Socks5Request, MAX_HEAD,
 };
+use super::splice::Socket;
 use crate::audit::{Kind, Log};
 use crate::vocab::{LEARNED_HEADER, REASON_HEADER, RESOLVE_METHOD};
 
@@ -39,6 +40,29 @@ pub struct Proxy {
 /// The most events one sandbox run may report from inside; past it they are dropped, once
 /// noted, so a sandbox cannot fill the disk through its own audit log.
 pub const MAX_REPORTED: u64 = 10_000;
+
+/// A client connection. One that is a socket the proxy can splice(2) to and from (the run's
+/// own proxy, over its Unix socket) has its tunnels and responses moved by the kernel; any
+/// other (`aisb proxy serve`'s, under idle timeouts) is copied through buffers.
+pub trait Conn: AsyncRead + AsyncWrite + Unpin {
+    fn socket(&self) -> Option<Socket<'_>> {
+        None
+    }
+}
+
+impl Conn for UnixStream {
+    fn socket(&self) -> Option<Socket<'_>> {
+        Some(Socket::Unix(self))
+    }
+}
+
+impl Conn for TcpStream {
+    fn socket(&self) -> Option<Socket<'_>> {
+        Some(Socket::Tcp(self))
+    }
+}
+
+impl Conn for std::pin::Pin<Box<tokio_io_timeout::TimeoutStream<TcpStream>>> {}
 
 /// Accept connections until the listener fails (the process is killed when the sandbox ends).
 pub async fn serve(listener: UnixListener, proxy: Arc<Proxy>) -> std::io::Result<()> {
@@ -65,10 +89,7 @@ struct Outcome {
 impl Proxy {
     /// One client connection, whatever carries it (the run's Unix socket, `aisb proxy serve`'s
     /// TCP).
-    pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
-        &self,
-        mut client: S,
-    ) -> std::io::Result<()> {
+    pub async fn handle<S: Conn>(&self, mut client: S) -> std::io::Result<()> {
         let mut buf = Vec::with_capacity(4096);
         if read_more(&mut client, &mut buf).await? == 0 {
             return Ok(());
@@ -183,7 +204,7 @@ impl Proxy {
         }
     }
 
-    async fn http<S: AsyncRead + AsyncWrite + Unpin>(
+    async fn http<S: Conn>(
         &self,
         client: &mut S,
         mut buf: Vec<u8>,
@@ -279,25 +300,11 @@ impl Proxy {
                 };
                 let (mut o, upstream) = self.open(proto, host, port, start).await;
                 match (&o.result, upstream) {
-                    (Ok(_), Some(mut up)) => {
+                    (Ok(_), Some(up)) => {
                         client
                             .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
                             .await?;
-                        let early = &buf[head_len..];
-                        if !early.is_empty() {
-                            up.write_all(early).await?;
-                            o.up += early.len() as u64;
-                        }
-                        let (a, b) = tokio::io::copy_bidirectional_with_sizes(
-                            client,
-                            &mut up,
-                            self.buffer,
-                            self.buffer,
-                        )
-                        .await
-                        .unwrap_or((0, 0));
-                        o.up += a;
-                        o.down += b;
+                        (o.up, o.down) = self.tunnel(client, up, &buf[head_len..]).await;
                     }
                     (Err(b), _) => blocked(client, "CONNECT", &o.host, o.port, b).await?,
                     (Ok(_), None) => {}
@@ -329,7 +336,11 @@ impl Proxy {
         let first = early.len().min(length as usize);
         up.write_all(&early[..first]).await?;
         let mut left = length - first as u64;
-        let mut chunk = vec![0u8; 64 * 1024];
+        let mut chunk = if left > 0 {
+            vec![0u8; 64 * 1024]
+        } else {
+            Vec::new()
+        };
         while left > 0 {
             let want = chunk.len().min(left as usize);
             let n = client.read(&mut chunk[..want]).await?;
@@ -340,10 +351,32 @@ impl Proxy {
             left -= n as u64;
         }
         o.up = length - left + head.len() as u64;
+        if let Some(c) = client.socket() {
+            // Shut for writing when the upstream ends, as below.
+            o.down = super::splice::one_way(Socket::Tcp(&up), c).await;
+            return Ok(Some(o));
+        }
         let mut up = tokio::io::BufReader::with_capacity(self.buffer, up);
         o.down = tokio::io::copy_buf(&mut up, client).await.unwrap_or(0);
         let _ = client.shutdown().await;
         Ok(Some(o))
+    }
+
+    /// An open tunnel (CONNECT or SOCKS5, already answered): `early`, what the client sent
+    /// behind its request, then both ways until each side ends. The bytes up and down.
+    async fn tunnel<S: Conn>(&self, client: &mut S, mut up: TcpStream, early: &[u8]) -> (u64, u64) {
+        if !early.is_empty() && up.write_all(early).await.is_err() {
+            return (0, 0);
+        }
+        let (a, b) = match client.socket() {
+            Some(c) => super::splice::both(c, Socket::Tcp(&up)).await,
+            None => {
+                tokio::io::copy_bidirectional_with_sizes(client, &mut up, self.buffer, self.buffer)
+                    .await
+                    .unwrap_or((0, 0))
+            }
+        };
+        (a + early.len() as u64, b)
     }
 
     /// `AISB-RESOLVE name`: the sandbox's DNS stub asking whether to answer `name`. 200 when
@@ -383,7 +416,7 @@ impl Proxy {
         Ok(Some(o))
     }
 
-    async fn socks5<S: AsyncRead + AsyncWrite + Unpin>(
+    async fn socks5<S: Conn>(
         &self,
         client: &mut S,
         mut buf: Vec<u8>,
@@ -422,22 +455,9 @@ impl Proxy {
         };
         let (mut o, upstream) = self.open("socks5", host, port, start).await;
         match (&o.result, upstream) {
-            (Ok(_), Some(mut up)) => {
+            (Ok(_), Some(up)) => {
                 client.write_all(&reply(0)).await?;
-                let early = &buf[len..];
-                if !early.is_empty() {
-                    up.write_all(early).await?;
-                }
-                let (a, b) = tokio::io::copy_bidirectional_with_sizes(
-                    client,
-                    &mut up,
-                    self.buffer,
-                    self.buffer,
-                )
-                .await
-                .unwrap_or((0, 0));
-                o.up = a + early.len() as u64;
-                o.down = b;
+                (o.up, o.down) = self.tunnel(client, up, &buf[len..]).await;
             }
             // 2: connection not allowed by ruleset; 4: host unreachable.
             (Err(_), _) if o.addr.is_none() => client.write_all(&reply(2)).await?,
