@@ -171,6 +171,32 @@ impl fmt::Display for DomainRule {
     }
 }
 
+/// The ports listened on when the allowlist names none: HTTP, HTTPS, SSH.
+pub const DEFAULT_PORTS: [u16; 3] = [80, 443, 22];
+/// The most ports the relay takes.
+const MAX_PORTS: usize = 64;
+
+/// The ports transparent egress's relay (in the init) listens on for an allowlist: HTTP, HTTPS, SSH and every port a rule
+/// names (`example.com:8443`), except the host loopback ports (`localhost-port`, which keep
+/// meaning the host's loopback), the DNS stub's and the proxy relay's.
+pub fn transparent_ports<'a>(
+    allow: impl IntoIterator<Item = &'a String>,
+    localhost: &[u16],
+) -> Vec<u16> {
+    let named = allow
+        .into_iter()
+        .filter_map(|r| DomainRule::parse(r).ok()?.port);
+    let mut ports: Vec<u16> = DEFAULT_PORTS
+        .into_iter()
+        .chain(named)
+        .filter(|p| !localhost.contains(p) && *p != 53 && *p != crate::vocab::PROXY_PORT)
+        .collect();
+    ports.sort_unstable();
+    ports.dedup();
+    ports.truncate(MAX_PORTS);
+    ports
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -225,5 +251,13 @@ mod tests {
         let p = DomainRule::parse("example.com:443").unwrap();
         assert!(p.matches("example.com", 443));
         assert!(!p.matches("example.com", 80));
+    }
+    #[test]
+    fn ports_are_the_defaults_and_the_allowlists_minus_host_loopback_ones() {
+        let allow: Vec<String> = ["a.test:8443", "git.test:9418", "b.test", "c.test:53"]
+            .map(String::from)
+            .to_vec();
+        assert_eq!(transparent_ports(&allow, &[80]), [22, 443, 8443, 9418]);
+        assert_eq!(transparent_ports(&[], &[]), [22, 80, 443]);
     }
 }

@@ -222,7 +222,7 @@ pub(super) fn resolve(cx: &mut Ctx<'_>, sc: &Scope<'_>, groups: &Groups, env: &m
         mode
     };
     let transparent_ports = if s.network.transparent.as_ref().is_none_or(|t| t.value) {
-        crate::init::transparent::ports_for(&allow_rules, &ports)
+        crate::config::domain::transparent_ports(&allow_rules, &ports)
     } else {
         vec![]
     };

@@ -278,7 +278,7 @@ pub struct Network {
     pub deny: Vec<String>,
     pub localhost_ports: Vec<u16>,
     /// Transparent egress (allow mode): the ports its relay takes for any address, empty when
-    /// off. See [`crate::init::transparent`].
+    /// off. See [`crate::config::domain::transparent_ports`].
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub transparent_ports: Vec<u16>,
 }

@@ -43,29 +43,6 @@ const MAX_FIRST: usize = 16 * 1024;
 /// gives up learning a name from it (an SSH client waits for the server to speak first).
 const FIRST_WAIT: Duration = Duration::from_millis(1500);
 
-/// The ports listened on when the allowlist names none: HTTP, HTTPS, SSH.
-pub const DEFAULT_PORTS: [u16; 3] = [80, 443, 22];
-/// The most ports the relay takes (a thread each).
-const MAX_PORTS: usize = 64;
-
-/// The ports the relay listens on for an allowlist: HTTP, HTTPS, SSH and every port a rule
-/// names (`example.com:8443`), except the host loopback ports (`localhost-port`, which keep
-/// meaning the host's loopback), the DNS stub's and the proxy relay's.
-pub fn ports_for<'a>(allow: impl IntoIterator<Item = &'a String>, localhost: &[u16]) -> Vec<u16> {
-    let named = allow
-        .into_iter()
-        .filter_map(|r| crate::config::domain::DomainRule::parse(r).ok()?.port);
-    let mut ports: Vec<u16> = DEFAULT_PORTS
-        .into_iter()
-        .chain(named)
-        .filter(|p| !localhost.contains(p) && *p != 53 && *p != crate::vocab::PROXY_PORT)
-        .collect();
-    ports.sort_unstable();
-    ports.dedup();
-    ports.truncate(MAX_PORTS);
-    ports
-}
-
 #[derive(Default)]
 struct Pool {
     by_name: HashMap<String, Ipv4Addr>,
@@ -628,15 +605,6 @@ mod tests {
         assert_eq!(name_in(two), Found::None);
         assert_eq!(name_in(b"SSH-2.0-OpenSSH\r\n"), Found::None);
         assert_eq!(name_in(b"\x00\x0agit-upload-pack"), Found::None);
-    }
-
-    #[test]
-    fn ports_are_the_defaults_and_the_allowlists_minus_host_loopback_ones() {
-        let allow: Vec<String> = ["a.test:8443", "git.test:9418", "b.test", "c.test:53"]
-            .map(String::from)
-            .to_vec();
-        assert_eq!(ports_for(&allow, &[80]), [22, 443, 8443, 9418]);
-        assert_eq!(ports_for(&[], &[]), [22, 80, 443]);
     }
 
     #[test]
