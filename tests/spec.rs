@@ -403,6 +403,7 @@ fn bwrap_inputs() -> aisb_bwrap::Inputs {
         masked_kinds: vec![("/proc/acpi".into(), true), ("/proc/kcore".into(), false)],
         new_session: true,
         info_fd: Some(3),
+        userns_block_fd: None,
     }
 }
 
