@@ -1030,60 +1030,26 @@ fn an_ordinary_user_runs_an_image_on_both_backends_and_is_told_what_needs_root()
         Out::from(cmd.args(args).output().unwrap())
     };
     let before = overlay_mounts();
-    // No backend named: bwrap, the one that mounts an image rootless.
-    let out = as_user(&[
-        "run",
-        "--",
-        "/bin/sh",
-        "-c",
-        &format!("{WHITEOUT_CHECK}; id -u; touch /usr/x 2>/dev/null || echo RO"),
-    ]);
-    assert_eq!(
-        out.stdout,
-        format!("deleted\nonly\nbase\n{uid}\nRO\n"),
-        "{}",
-        out.stderr
-    );
-    assert_eq!(overlay_mounts(), before);
-    let out = as_user(&[
-        "run",
-        "--backend",
-        "libcontainer",
-        "--",
-        "/bin/sh",
-        "-c",
-        &format!("{WHITEOUT_CHECK}; id -u; touch /usr/x 2>/dev/null || echo RO"),
-    ]);
-    assert_eq!(
-        out.stdout,
-        format!("deleted\nonly\nbase\n{uid}\nRO\n"),
-        "{}",
-        out.stderr
-    );
-    assert_eq!(overlay_mounts(), before);
+    // No backend named: bwrap; then libcontainer, named.
+    for backend in [&[][..], &["--backend", "libcontainer"][..]] {
+        let mut args = vec!["run"];
+        args.extend_from_slice(backend);
+        let script = format!("{WHITEOUT_CHECK}; id -u; touch /usr/x 2>/dev/null || echo RO");
+        args.extend_from_slice(&["--", "/bin/sh", "-c", &script]);
+        let out = as_user(&args);
+        assert_eq!(
+            out.stdout,
+            format!("deleted\nonly\nbase\n{uid}\nRO\n"),
+            "{backend:?}: {}",
+            out.stderr
+        );
+        assert_eq!(overlay_mounts(), before);
+    }
 
     // A user without subordinate ids (the one-time root step not taken) is told what it is,
     // for libcontainer on an image and for RUN steps; bwrap still runs the image.
     let other = "aisb-test-nosub";
-    if nix::unistd::User::from_name(other).ok().flatten().is_none() {
-        let out = Command::new("useradd")
-            .args([
-                "--system",
-                "--no-create-home",
-                "--shell",
-                "/usr/sbin/nologin",
-                other,
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success() || nix::unistd::User::from_name(other).ok().flatten().is_some(),
-            "useradd: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let o = nix::unistd::User::from_name(other).unwrap().unwrap();
-    let (ouid, ogid) = (o.uid.as_raw(), o.gid.as_raw());
+    let (ouid, ogid) = support::create_user(other);
     for f in ["/etc/subuid", "/etc/subgid"] {
         let text = std::fs::read_to_string(f).unwrap_or_default();
         assert!(

@@ -83,10 +83,17 @@ pub fn run(step: &Step, on_line: &mut dyn FnMut(&str)) -> Result<i32, RuntimeErr
         what: "creating a pipe".into(),
         source: e.into(),
     })?;
+    let prepared = Prepared {
+        init: &init,
+        proxy_dir,
+        env: &env,
+        root: &root,
+        mount: &mount,
+    };
     let mut child = if nix::unistd::geteuid().is_root() {
-        rootful(step, &exe, &init, proxy_dir, &env, &root, &mount, w)?
+        rootful(step, &exe, &prepared, w)?
     } else {
-        rootless(step, &init, proxy_dir, &env, &root, &mount, w)?
+        rootless(step, &prepared, w)?
     };
     let mut reader = BufReader::new(std::fs::File::from(r));
     let mut line = Vec::new();
@@ -105,18 +112,26 @@ pub fn run(step: &Step, on_line: &mut dyn FnMut(&str)) -> Result<i32, RuntimeErr
     Ok(super::exit_code(status))
 }
 
+/// What either runner starts a step with.
+struct Prepared<'a> {
+    init: &'a Path,
+    proxy_dir: Option<&'a Path>,
+    /// The step's environment with the proxy variables.
+    env: &'a [String],
+    /// Where the root is mounted.
+    root: &'a Path,
+    mount: &'a RootMount,
+}
+
 /// Root's step: libcontainer (the helper mounts the root in its private mount namespace).
-#[allow(clippy::too_many_arguments)]
-fn rootful(
-    step: &Step,
-    exe: &Path,
-    init: &Path,
-    proxy_dir: Option<&Path>,
-    env: &[String],
-    root: &Path,
-    mount: &RootMount,
-    out: OwnedFd,
-) -> Result<Child, RuntimeError> {
+fn rootful(step: &Step, exe: &Path, p: &Prepared, out: OwnedFd) -> Result<Child, RuntimeError> {
+    let Prepared {
+        init,
+        proxy_dir,
+        env,
+        root,
+        mount,
+    } = *p;
     let bundle = step.scratch.join("bundle");
     std::fs::create_dir_all(&bundle).map_err(io(format!("creating {}", bundle.display())))?;
     let id = format!(
@@ -267,15 +282,14 @@ fn rootless_argv(
 
 /// An ordinary user's step: bwrap, waiting while its user namespace gets the caller's map and
 /// its mount namespace the step's root.
-fn rootless(
-    step: &Step,
-    init: &Path,
-    proxy_dir: Option<&Path>,
-    env: &[String],
-    root: &Path,
-    mount: &RootMount,
-    out: OwnedFd,
-) -> Result<Child, RuntimeError> {
+fn rootless(step: &Step, p: &Prepared, out: OwnedFd) -> Result<Child, RuntimeError> {
+    let Prepared {
+        init,
+        proxy_dir,
+        env,
+        root,
+        mount,
+    } = *p;
     let maps = crate::userns::caller_maps().map_err(|m| RuntimeError::Userns {
         what: "an ordinary user's RUN steps run over their subordinate ids".into(),
         source: std::io::Error::other(m.to_string()),

@@ -181,33 +181,31 @@ pub fn test_user() -> (u32, u32) {
 }
 
 fn create_test_user() -> (u32, u32) {
-    if nix::unistd::User::from_name(TEST_USER)
-        .ok()
-        .flatten()
-        .is_none()
-    {
+    create_user(TEST_USER)
+}
+
+/// A system account `name` (no home, no login), created once, as root: (uid, gid).
+#[allow(dead_code)]
+pub fn create_user(name: &str) -> (u32, u32) {
+    if nix::unistd::User::from_name(name).ok().flatten().is_none() {
         let out = Command::new("useradd")
             .args([
                 "--system",
                 "--no-create-home",
                 "--shell",
                 "/usr/sbin/nologin",
-                TEST_USER,
+                name,
             ])
             .output()
             .unwrap();
         // A concurrent test may have created it first.
         assert!(
-            out.status.success()
-                || nix::unistd::User::from_name(TEST_USER)
-                    .ok()
-                    .flatten()
-                    .is_some(),
+            out.status.success() || nix::unistd::User::from_name(name).ok().flatten().is_some(),
             "useradd: {}",
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let u = nix::unistd::User::from_name(TEST_USER).unwrap().unwrap();
+    let u = nix::unistd::User::from_name(name).unwrap().unwrap();
     (u.uid.as_raw(), u.gid.as_raw())
 }
 
