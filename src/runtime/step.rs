@@ -125,13 +125,7 @@ struct Prepared<'a> {
 
 /// Root's step: libcontainer (the helper mounts the root in its private mount namespace).
 fn rootful(step: &Step, exe: &Path, p: &Prepared, out: OwnedFd) -> Result<Child, RuntimeError> {
-    let Prepared {
-        init,
-        proxy_dir,
-        env,
-        root,
-        mount,
-    } = *p;
+    let (init, proxy_dir, env, root, mount) = (p.init, p.proxy_dir, p.env, p.root, p.mount);
     let bundle = step.scratch.join("bundle");
     std::fs::create_dir_all(&bundle).map_err(io(format!("creating {}", bundle.display())))?;
     let id = format!(
@@ -283,13 +277,7 @@ fn rootless_argv(
 /// An ordinary user's step: bwrap, waiting while its user namespace gets the caller's map and
 /// its mount namespace the step's root.
 fn rootless(step: &Step, p: &Prepared, out: OwnedFd) -> Result<Child, RuntimeError> {
-    let Prepared {
-        init,
-        proxy_dir,
-        env,
-        root,
-        mount,
-    } = *p;
+    let (init, proxy_dir, env, root, mount) = (p.init, p.proxy_dir, p.env, p.root, p.mount);
     let maps = crate::userns::caller_maps().map_err(|m| RuntimeError::Userns {
         what: "an ordinary user's RUN steps run over their subordinate ids".into(),
         source: std::io::Error::other(m.to_string()),
