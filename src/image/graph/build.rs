@@ -151,11 +151,16 @@ fn fill(
                 } else {
                     layer::unpack(&mut v, tmp)
                 };
+            let rootless = !nix::unistd::geteuid().is_root();
             unpacked.map_err(|e| {
                 step_err(
                     at,
                     format!("unpacking {digest}: {e}"),
-                    "is the image complete? (a corrupt layer is never used)",
+                    if rootless {
+                        "is the image complete? (a corrupt layer is never used) As an ordinary user, a layer unpacks over your subordinate ids: an owner above their count (/etc/subuid, /etc/subgid) or a device node cannot be made; build it as root, or widen the range"
+                    } else {
+                        "is the image complete? (a corrupt layer is never used)"
+                    },
                 )
             })?;
             v.check(digest, *size).map_err(|e| {
