@@ -301,6 +301,60 @@ pub fn remove_main(paths: &[PathBuf]) -> i32 {
     status
 }
 
+/// `aisb __userns chown LAYER UID GID DEST...`: below LAYER (a COPY's new layer, written by
+/// aisb itself), every entry at or below a DEST (relative to LAYER) becomes UID:GID, every
+/// other (the directories made above them) 0:0; modes are put back after (chown clears the
+/// set-id bits). No link is followed: links are changed themselves.
+pub fn chown_main(args: &[PathBuf]) -> i32 {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let parsed = match args {
+        [layer, uid, gid, dests @ ..] if layer.is_absolute() => uid
+            .to_str()
+            .and_then(|u| u.parse::<u32>().ok())
+            .zip(gid.to_str().and_then(|g| g.parse::<u32>().ok()))
+            .map(|ids| (layer, ids, dests)),
+        _ => None,
+    };
+    let Some((layer, (uid, gid), dests)) = parsed else {
+        eprintln!("usage: aisb __userns chown ABSOLUTE-LAYER UID GID DEST...");
+        return 2;
+    };
+    if let Err(e) = enter() {
+        eprintln!("cannot enter a user namespace over the subordinate ids: {e}");
+        return 1;
+    }
+    for e in walkdir::WalkDir::new(layer).follow_links(false) {
+        let e = match e {
+            Ok(e) => e,
+            Err(err) => {
+                eprintln!("{err}");
+                return 1;
+            }
+        };
+        let rel = e.path().strip_prefix(layer).unwrap_or(Path::new(""));
+        let copied = dests.iter().any(|d| rel.starts_with(d));
+        let (u, g) = if copied { (uid, gid) } else { (0, 0) };
+        let Ok(m) = e.path().symlink_metadata() else {
+            continue;
+        };
+        if (m.uid(), m.gid()) == (u, g) {
+            continue;
+        }
+        if let Err(err) = std::os::unix::fs::lchown(e.path(), Some(u), Some(g)) {
+            eprintln!("{}: {err}", e.path().display());
+            return 1;
+        }
+        if !m.file_type().is_symlink() {
+            let mode = std::fs::Permissions::from_mode(m.mode() & 0o7777);
+            if let Err(err) = std::fs::set_permissions(e.path(), mode) {
+                eprintln!("{}: {err}", e.path().display());
+                return 1;
+            }
+        }
+    }
+    0
+}
+
 /// Directories a step left without write permission (overlayfs's `work/work` is 000), each
 /// changed through a descriptor opened without following a link (`O_PATH|O_NOFOLLOW`), so a
 /// directory swapped for a link meanwhile changes nothing it points to.

@@ -1133,14 +1133,16 @@ ARG GROUP_ID
 RUN groupadd -g $GROUP_ID $USER_NAME && useradd -M -d /opt/u -u $USER_ID -g $GROUP_ID $USER_NAME
 RUN mkdir /opt/app /opt/u && chown 42:42 /opt/app && chown $USER_ID:$GROUP_ID /opt/u && echo made > /usr/local/share/made && echo conf > /etc/made.conf
 RUN rm /etc/debian_version
+COPY copied/ /opt/copied/
 USER $USER_NAME
-RUN id -u > /opt/u/step-uid && echo mine > /opt/u/mine && ls /proc/self/fd | tr '\\n' ' ' > /opt/u/fds && if [ -c /proc/timer_list ]; then echo masked > /opt/u/proc; fi
+RUN id -u > /opt/u/step-uid && echo mine > /opt/u/mine && stat -c %u:%g / > /opt/u/steproot && ls /proc/self/fd | tr '\\n' ' ' > /opt/u/fds && if [ -c /proc/timer_list ]; then echo masked > /opt/u/proc; fi
 ",
         debian_layout().display()
     );
     let p = Proj::new();
     p.write("sandbox.kdl", "rootfs dockerfile=\"Dockerfile\"\n");
     p.write("Dockerfile", &dockerfile);
+    p.write("copied/f", "copied\n");
     support::chown_r(p.dir.path(), uid, gid);
     let as_user = |args: &[&str]| {
         let mut cmd = p.aisb();
@@ -1175,7 +1177,11 @@ RUN id -u > /opt/u/step-uid && echo mine > /opt/u/mine && ls /proc/self/fd | tr 
     assert_eq!(out.code, 0, "{}", out.stderr);
     let (hash, built) = outcomes(&out);
     assert!(built.iter().all(|o| o == "built"), "{built:?}");
-    assert_eq!(built.len(), 5, "the base layer and four steps: {built:?}");
+    assert_eq!(
+        built.len(),
+        6,
+        "the base layer, four steps and a COPY: {built:?}"
+    );
     let out = as_user(&["build", "--json"]);
     assert_eq!(out.code, 0, "{}", out.stderr);
     let (again, cached) = outcomes(&out);
@@ -1189,6 +1195,7 @@ RUN id -u > /opt/u/step-uid && echo mine > /opt/u/mine && ls /proc/self/fd | tr 
     let root_proj = Proj::new();
     root_proj.write("sandbox.kdl", "rootfs dockerfile=\"Dockerfile\"\n");
     root_proj.write("Dockerfile", &dockerfile);
+    root_proj.write("copied/f", "copied\n");
     let mut cmd = root_proj.aisb();
     cmd.args(["build", "--json"]);
     for (keys, v) in [
@@ -1209,7 +1216,8 @@ RUN id -u > /opt/u/step-uid && echo mine > /opt/u/mine && ls /proc/self/fd | tr 
     );
 
     // The sandbox on it: the caller, with every file's owner as the image gave it.
-    let probe = "echo uid=$(id -u) gid=$(id -g) name=$(id -un)
+    let probe = "echo uid=$(id -u) gid=$(id -g) name=$(id -un) steproot=$(cat /opt/u/steproot)
+        echo copied=$(stat -c %u:%g /opt/copied /opt/copied/f)
         echo app=$(stat -c %u:%g /opt/app) made=$(stat -c %u:%g /usr/local/share/made)
         echo shadow=$(stat -c %u:%g /etc/shadow) mine=$(stat -c %u:%g /opt/u/mine)
         echo step=$(cat /opt/u/step-uid) conf=$(cat /etc/made.conf)
@@ -1221,8 +1229,10 @@ RUN id -u > /opt/u/step-uid && echo mine > /opt/u/mine && ls /proc/self/fd | tr 
     for backend in ["bwrap", "libcontainer"] {
         let out = as_user(&["run", "--backend", backend, "--", "/bin/sh", "-c", probe]);
         assert_eq!(out.code, 0, "{backend}: {}\n{}", out.stdout, out.stderr);
-        out.expect("uid", &format!("{uid} gid={gid} name={name}"));
-        out.expect("app", "42:42 made=0:0");
+        // The step's "/" was root's, as in root's build.
+        out.expect("uid", &format!("{uid} gid={gid} name={name} steproot=0:0"));
+        // COPY gives what it copies root's (or --chown's), as root's build does.
+        out.expect("copied", "0:0 0:0");
         out.expect("shadow", &format!("0:42 mine={uid}:{gid}"));
         out.expect("step", &format!("{uid} conf=conf"));
         out.expect("deleted", "1");

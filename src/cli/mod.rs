@@ -549,6 +549,7 @@ fn prepare_image(
 fn userns_helper(args: &[std::path::PathBuf]) -> i32 {
     match args.split_first() {
         Some((cmd, paths)) if cmd.as_os_str() == "rm" => crate::userns::remove_main(paths),
+        Some((cmd, rest)) if cmd.as_os_str() == "chown" => crate::userns::chown_main(rest),
         Some((cmd, [dest])) if cmd.as_os_str() == "unpack" && dest.is_absolute() => {
             if let Err(e) = crate::userns::enter() {
                 eprintln!("cannot enter a user namespace over the subordinate ids: {e}");
@@ -556,7 +557,11 @@ fn userns_helper(args: &[std::path::PathBuf]) -> i32 {
             }
             // As root of the namespace: the entries keep their owners (mapped into the
             // caller's subordinate ids).
-            match crate::image::layer::unpack(std::io::stdin().lock(), dest) {
+            let unpacked = crate::image::layer::unpack(std::io::stdin().lock(), dest);
+            // The layer's root is "/": root's, as in root's store (aisb made the directory,
+            // so it is still the caller's).
+            let own = || std::os::unix::fs::lchown(dest, Some(0), Some(0));
+            match unpacked.and_then(|()| own()) {
                 Ok(()) => 0,
                 Err(e) => {
                     eprintln!("{e}");
@@ -583,7 +588,7 @@ fn userns_helper(args: &[std::path::PathBuf]) -> i32 {
             }
         }
         _ => {
-            eprintln!("usage: aisb __userns rm PATH... | unpack DEST | tar DIR OUT");
+            eprintln!("usage: aisb __userns rm PATH... | unpack DEST | tar DIR OUT | chown LAYER UID GID DEST...");
             2
         }
     }

@@ -235,6 +235,19 @@ fn mount_points(plan: &Plan, layers: &[PathBuf]) -> Result<Option<PathBuf>, Buil
                 std::fs::create_dir_all(&at)?;
             }
         }
+        // The top layer's root is the sandbox's "/", and these are the image's directories:
+        // root's, as in root's store, for an ordinary user who builds over subordinate ids.
+        if !nix::unistd::geteuid().is_root() && crate::userns::caller_maps().is_ok() {
+            let tmp = std::path::absolute(tmp)?;
+            let mut c = crate::userns::spawn(&[
+                "chown".into(),
+                tmp.into_os_string(),
+                "0".into(),
+                "0".into(),
+            ])?;
+            drop(c.stdin.take());
+            crate::userns::finish(c, "giving the mount points to root")?;
+        }
         Ok(())
     })
     .map_err(io(format!("storing {}", entry.display())))?;

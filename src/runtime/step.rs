@@ -282,6 +282,23 @@ fn rootless(step: &Step, p: &Prepared, out: OwnedFd) -> Result<Child, RuntimeErr
         what: "an ordinary user's RUN steps run over their subordinate ids".into(),
         source: std::io::Error::other(m.to_string()),
     })?;
+    // The new layer's root is the step's "/": root's, as in root's build (aisb made it, so it
+    // is the caller's until then).
+    let upper = std::path::absolute(step.upper).map_err(io("locating the step's layer"))?;
+    crate::userns::spawn(&[
+        "chown".into(),
+        upper.into_os_string(),
+        "0".into(),
+        "0".into(),
+    ])
+    .and_then(|mut c| {
+        drop(c.stdin.take());
+        crate::userns::finish(c, "giving the step's root to root")
+    })
+    .map_err(|source| RuntimeError::Userns {
+        what: "preparing an ordinary user's build step".into(),
+        source,
+    })?;
     let pipe = || {
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| RuntimeError::Io {
             what: "creating a pipe".into(),

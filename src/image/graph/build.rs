@@ -193,6 +193,7 @@ fn fill(
             let root = crate::beneath::Dir::open(tmp)
                 .map_err(|e| step_err(at, e.to_string(), "check the store"))?;
             let mut h = sha2::Sha256::new();
+            let mut dests = Vec::new();
             for src in srcs {
                 let name = src.file_name().map(PathBuf::from).unwrap_or_default();
                 let is_dir = src.is_dir();
@@ -204,6 +205,7 @@ fn fill(
                 let rel = layer::resolve(layers, Path::new(&target))
                     .map_err(|e| step_err(at, e.to_string(), "fix the destination"))?;
                 let archive = *add && !is_dir && is_tar(src);
+                dests.push(rel.clone());
                 h.update(b"source\0");
                 let r = if archive {
                     unpack_hashed(src, &root, tmp, &rel, &mut h)
@@ -224,6 +226,17 @@ fn fill(
                     "the sources changed while they were copied: the layer is not what the graph hashed".to_string(),
                     "build again once nothing writes them",
                 ));
+            }
+            // An ordinary user cannot give files away: the copies are theirs until the helper,
+            // root of their namespace, gives them the owners root's build gives them.
+            if !nix::unistd::geteuid().is_root() && crate::userns::caller_maps().is_ok() {
+                own_as_root_would(tmp, owner, &dests).map_err(|e| {
+                    step_err(
+                        at,
+                        e.to_string(),
+                        "`aisb doctor` checks an ordinary user's builds",
+                    )
+                })?;
             }
             Ok(())
         }
@@ -300,6 +313,22 @@ fn unpack_over_subordinates(v: &mut impl io::Read, dest: &Path) -> io::Result<()
     // The helper's own complaint first: a broken pipe only says that it stopped reading.
     finished?;
     copied.map(|_| ())
+}
+
+/// `aisb __userns chown LAYER UID GID DEST...`: in the new layer, what a COPY wrote at or below
+/// each DEST (relative) becomes UID:GID and the directories it made above them root's, as in
+/// root's build (see `userns::chown_main`).
+fn own_as_root_would(layer: &Path, owner: (u32, u32), dests: &[PathBuf]) -> io::Result<()> {
+    let mut args: Vec<std::ffi::OsString> = vec![
+        "chown".into(),
+        std::path::absolute(layer)?.into_os_string(),
+        owner.0.to_string().into(),
+        owner.1.to_string().into(),
+    ];
+    args.extend(dests.iter().map(|d| d.clone().into_os_string()));
+    let mut child = crate::userns::spawn(&args)?;
+    drop(child.stdin.take());
+    crate::userns::finish(child, "giving the copied files their owners")
 }
 
 fn is_tar(p: &Path) -> bool {
