@@ -121,7 +121,10 @@ fn cached_plan(f: &Fixture) -> Plan {
         use_cache: true,
         ..Default::default()
     };
-    aisb::eval::evaluate(&loaded, &f.host(), &req).unwrap()
+    let mut plan = aisb::eval::evaluate(&loaded, &f.host(), &req).unwrap();
+    // Evaluation writes nothing: its caller stores the scan's cache, as aisb does.
+    aisb::graph::realise::memos(&std::mem::take(&mut plan.memos));
+    plan
 }
 
 /// Let the racy window pass so the cache can be trusted.
@@ -263,4 +266,34 @@ fn a_secret_with_a_name_that_is_not_utf8_is_masked() {
             );
         }
     }
+}
+
+/// Evaluation is pure: with caching on, it writes nothing on the host; the scan's cache comes
+/// back as a memo for its caller to store.
+#[test]
+fn evaluating_writes_nothing_and_returns_the_cache_to_store() {
+    let f = repo();
+    settle();
+    // The host's facts are gathered first (the /etc snapshot's index is the `host` step's).
+    let host = f.host();
+    let before: Vec<_> = walkdir::WalkDir::new(f.root())
+        .into_iter()
+        .flatten()
+        .map(|e| e.path().to_path_buf())
+        .collect();
+    let (loaded, errors) = f.load("");
+    errors.into_result().unwrap();
+    let req = aisb::eval::Request {
+        use_cache: true,
+        ..Default::default()
+    };
+    let plan = aisb::eval::evaluate(&loaded, &host, &req).unwrap();
+    let after: Vec<_> = walkdir::WalkDir::new(f.root())
+        .into_iter()
+        .flatten()
+        .map(|e| e.path().to_path_buf())
+        .collect();
+    assert_eq!(before, after, "evaluation wrote on the host");
+    assert_eq!(plan.memos.len(), 1, "the scan's cache, to store");
+    assert!(plan.memos[0].path.starts_with(host.cache_home()));
 }

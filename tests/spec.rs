@@ -14,6 +14,7 @@ use support::Fixture;
 fn sample_plan() -> Plan {
     Plan {
         rootfs: aisb::eval::plan::Rootfs::Host,
+        memos: Vec::new(),
         build_network: Vec::new(),
         tools: Default::default(),
         config_digest: None,

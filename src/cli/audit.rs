@@ -31,7 +31,7 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     let loaded = g.load(&host)?;
     let mut req = g.request(None, vec![]);
     req.sandbox = a.name.clone();
-    let plan = crate::eval::evaluate(&loaded, &host, &req)?;
+    let plan = super::evaluated(crate::eval::evaluate(&loaded, &host, &req)?);
     let path = plan.state_dir.join("audit.jsonl");
     let mut file = match std::fs::File::open(&path) {
         Ok(f) => f,

@@ -41,7 +41,9 @@ pub fn collect(
         for p in std::iter::once(None).chain(profiles.iter().map(|p| Some(p.clone()))) {
             let req = g.request(p, vec![]);
             match eval::evaluate(&loaded, host, &req) {
-                Ok(_) => {}
+                Ok(plan) => {
+                    super::evaluated(plan);
+                }
                 Err(EvalError::Config(c)) => {
                     for e in c.errors {
                         if !all

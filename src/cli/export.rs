@@ -107,7 +107,11 @@ fn k8s(g: &Global, a: K8sArgs) -> Result<i32, Error> {
     use crate::spec::k8s;
     let host = super::host()?;
     let loaded = g.load_for(&host, &a.command)?;
-    let plan = crate::eval::evaluate(&loaded, &host, &g.request(a.profile, a.command))?;
+    let plan = super::evaluated(crate::eval::evaluate(
+        &loaded,
+        &host,
+        &g.request(a.profile, a.command),
+    )?);
     // Where each variable's value comes from, in the profile's chain (the base settings, the
     // profile and what it extends): set by the project, or a secret from a file or the caller.
     let mut origin = k8s::EnvOrigin::default();

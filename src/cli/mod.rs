@@ -333,8 +333,9 @@ impl Global {
             Root::Default { dir, .. } => dir.clone(),
         };
         let cache = (!self.no_cache).then(|| host.cache_home().join("aisb").join("kdl"));
-        let loaded = eval::load_cached(root, &mut errors, cache)
+        let mut loaded = eval::load_cached(root, &mut errors, cache)
             .map_err(|source| Error::Io { path, source })?;
+        crate::graph::realise::memos(&std::mem::take(&mut loaded.memos));
         Ok((loaded, errors))
     }
 
@@ -356,7 +357,9 @@ impl Global {
         command: Vec<String>,
     ) -> Result<eval::Plan, Error> {
         let loaded = self.load_for(host, &command)?;
-        eval::evaluate(&loaded, host, &self.request(profile, command)).map_err(Error::from)
+        eval::evaluate(&loaded, host, &self.request(profile, command))
+            .map(evaluated)
+            .map_err(Error::from)
     }
 }
 
@@ -592,4 +595,10 @@ fn userns_helper(args: &[std::path::PathBuf]) -> i32 {
             2
         }
     }
+}
+
+/// A plan as evaluation returned it, its caches stored (evaluating writes nothing itself).
+pub(crate) fn evaluated(mut plan: eval::Plan) -> eval::Plan {
+    crate::graph::realise::memos(&std::mem::take(&mut plan.memos));
+    plan
 }

@@ -36,7 +36,7 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
             let mut req = g.request(a.profile, vec![]);
             req.sandbox = Some(name.clone());
             let loaded = g.load_for(&host, &[])?;
-            crate::eval::evaluate(&loaded, &host, &req).map_err(Error::from)?
+            super::evaluated(crate::eval::evaluate(&loaded, &host, &req).map_err(Error::from)?)
         }
     };
     let image = crate::image::sandbox::graph_of(&plan);

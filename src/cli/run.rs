@@ -55,7 +55,7 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     req.sandbox = a.sandbox.clone();
     if let Some(task) = &a.task {
         // Evaluate once to read the task, then again with its profile and command.
-        let plan = eval::evaluate(&loaded, &host, &req)?;
+        let plan = super::evaluated(eval::evaluate(&loaded, &host, &req)?);
         let Some(t) = plan.tasks.iter().find(|t| &t.name == task) else {
             let hint =
                 crate::config::diag::suggest(task, plan.tasks.iter().map(|t| t.name.as_str()))
@@ -79,7 +79,7 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
                 .into(),
         ));
     }
-    let plan = eval::evaluate(&loaded, &host, &req)?;
+    let plan = super::evaluated(eval::evaluate(&loaded, &host, &req)?);
     let ci = crate::ci::is_ci();
     if a.locked || ci {
         locked(&plan)?;

@@ -30,6 +30,6 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     let loaded = g.load_for(&host, &a.command)?;
     let mut req = g.request(a.profile, a.command);
     req.sandbox = a.name.clone();
-    let plan = crate::eval::evaluate(&loaded, &host, &req)?;
+    let plan = super::evaluated(crate::eval::evaluate(&loaded, &host, &req)?);
     Ok(super::run_plan(g, &host, plan, a.name.as_deref(), a.backend, true)?.exit_code)
 }

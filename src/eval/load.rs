@@ -37,6 +37,8 @@ pub struct Loaded {
     pub order: Vec<usize>,
     pub root: usize,
     pub root_kind: Root,
+    /// Decoded files to cache (see [`parse_cached`]), unwritten.
+    pub memos: Vec<super::plan::Memo>,
 }
 
 impl Loaded {
@@ -69,6 +71,7 @@ struct Loader<'e> {
     errors: &'e mut Errors,
     /// Where decoded files are cached (see [`parse_cached`]); `None`: parse every time.
     cache: Option<PathBuf>,
+    memos: Vec<super::plan::Memo>,
 }
 
 pub fn load(root: Root, errors: &mut Errors) -> Result<Loaded, std::io::Error> {
@@ -89,6 +92,7 @@ pub fn load_cached(
         stack: Vec::new(),
         errors,
         cache,
+        memos: Vec::new(),
     };
     let builtin = presets::get("profiles").expect("built-in profiles preset");
     l.add(
@@ -146,6 +150,7 @@ pub fn load_cached(
         order: l.order,
         root: root_idx,
         root_kind: root,
+        memos: l.memos,
     })
 }
 
@@ -167,7 +172,13 @@ impl Loader<'_> {
             path: path.clone(),
             text: Arc::new(text),
         });
-        let file = parse_cached(&self.sources, idx, self.errors, self.cache.as_deref());
+        let file = parse_cached(
+            &self.sources,
+            idx,
+            self.errors,
+            self.cache.as_deref(),
+            &mut self.memos,
+        );
         self.files.push(ConfigFile::default());
         self.visited.insert(key.clone(), idx);
         self.stack.push((key, name));
@@ -271,6 +282,7 @@ fn parse_cached(
     file: usize,
     errors: &mut Errors,
     cache: Option<&std::path::Path>,
+    memos: &mut Vec<super::plan::Memo>,
 ) -> ConfigFile {
     let Some(dir) = cache else {
         return config::parse(sources, file, errors);
@@ -284,8 +296,8 @@ fn parse_cached(
     let before = errors.list.len();
     let decoded = config::parse(sources, file, errors);
     if errors.list.len() == before {
-        if let Ok(json) = serde_json::to_vec(&decoded) {
-            let _ = crate::atomic::write_atomic(&path, &json);
+        if let Ok(bytes) = serde_json::to_vec(&decoded) {
+            memos.push(super::plan::Memo { path, bytes });
         }
     }
     decoded

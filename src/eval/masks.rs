@@ -169,6 +169,8 @@ pub(super) struct Resolved {
     pub masks: Vec<Mask>,
     pub live: LiveRules,
     pub scanned: scan::ScanResult,
+    /// The scan's cache, when it made a new one.
+    pub memos: Vec<super::plan::Memo>,
 }
 
 /// The masks: the project scanned by the block/allow/tool-dir patterns (and, by default,
@@ -242,7 +244,8 @@ pub(super) fn resolve(
     let cache_dir = req
         .use_cache
         .then(|| host.cache_home().join("aisb").join("scan"));
-    let scanned = scan::scan(project, &rules, cache_dir.as_deref())?;
+    let mut memos = Vec::new();
+    let scanned = scan::scan(project, &rules, cache_dir.as_deref(), &mut memos)?;
     let mut mask_list: Vec<Mask> = scanned
         .masks
         .iter()
@@ -283,6 +286,7 @@ pub(super) fn resolve(
         masks: mask_list,
         live,
         scanned,
+        memos,
     })
 }
 

@@ -304,6 +304,7 @@ fn resolve(
         masks: mut mask_list,
         live,
         scanned,
+        memos,
     } = masks::resolve(cx, &sc, home_mode)?;
     let rootfs = rootfs::resolve(cx, &sc);
     let build_network = network::build(cx, s, groups);
@@ -357,6 +358,7 @@ fn resolve(
             format!("{:x}", h.finalize())
         });
     Ok(Plan {
+        memos,
         config_file: match &cx.loaded.root_kind {
             Root::File(p) | Root::Text { path: p, .. } => Some(p.clone()),
             Root::Default { .. } => None,

@@ -7,10 +7,21 @@ use serde::Serialize;
 
 pub use crate::config::model::{Access, DomainsMode, NetMode};
 
+/// A cache evaluation computed and did not write (evaluating writes nothing): the decoded
+/// config files, the project scan. Whoever evaluated stores them (`graph::realise::memos`).
+#[derive(Debug, Clone, Default)]
+pub struct Memo {
+    pub path: PathBuf,
+    pub bytes: Vec<u8>,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Plan {
     /// The config file used, `None` when the embedded default applied.
     pub config_file: Option<PathBuf>,
+    /// Caches to write (see [`Memo`]); taken by whoever stores them.
+    #[serde(skip)]
+    pub memos: Vec<Memo>,
     /// sha256 of every configuration file read from disk (the root and its imports), for
     /// pinning trust in exactly that text. None with the embedded default.
     #[serde(skip)]

@@ -111,11 +111,12 @@ fn now_ns() -> i128 {
         .map_or(0, |d| d.as_nanos() as i128)
 }
 
-/// Scan `root` (or reuse the cache in `cache_dir`).
+/// Scan `root` (or reuse the cache in `cache_dir`); a new cache goes to `memos`, unwritten.
 pub fn scan(
     root: &Path,
     rules: &ScanRules<'_>,
     cache_dir: Option<&Path>,
+    memos: &mut Vec<super::plan::Memo>,
 ) -> Result<ScanResult, ScanError> {
     let cache_path = cache_dir.map(|d| {
         let mut h = Sha256::new();
@@ -152,8 +153,12 @@ pub fn scan(
             stamps,
             result: result.clone(),
         };
-        // A cache we cannot write only costs time on the next run.
-        let _ = crate::atomic::write_atomic(p, &serde_json::to_vec(&cache).unwrap_or_default());
+        if let Ok(bytes) = serde_json::to_vec(&cache) {
+            memos.push(super::plan::Memo {
+                path: p.clone(),
+                bytes,
+            });
+        }
     }
     Ok(result)
 }

@@ -45,6 +45,14 @@ pub fn realise(plan: &Plan) -> Result<PathBuf, RealiseError> {
     mask_file(&plan.store)
 }
 
+/// Store the caches evaluation computed (it writes nothing itself). A cache that cannot be
+/// written only costs time on the next run.
+pub fn memos(memos: &[crate::eval::plan::Memo]) {
+    for m in memos {
+        let _ = crate::atomic::write_atomic(&m.path, &m.bytes);
+    }
+}
+
 /// The empty mode-0000 file bind-mounted over masked files (one in the store, shared): its
 /// mode is checked on every use, so a loosened copy is put back.
 pub fn mask_file(store: &Path) -> Result<PathBuf, RealiseError> {

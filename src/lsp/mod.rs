@@ -92,7 +92,10 @@ pub fn diagnose(host: &Host, uri: &Uri, text: &str) -> Vec<(Uri, Vec<Diagnostic>
     };
     let cache = host.cache_home().join("aisb").join("kdl");
     let loaded = match eval::load_cached(root, &mut errors, Some(cache)) {
-        Ok(l) => l,
+        Ok(mut l) => {
+            crate::graph::realise::memos(&std::mem::take(&mut l.memos));
+            l
+        }
         Err(e) => {
             return vec![(
                 uri.clone(),
@@ -117,7 +120,10 @@ pub fn diagnose(host: &Host, uri: &Uri, text: &str) -> Vec<(Uri, Vec<Diagnostic>
                             use_cache: true,
                             ..EvalRequest::default()
                         };
-                        eval::evaluate(loaded, host, &req)
+                        eval::evaluate(loaded, host, &req).map(|mut plan| {
+                            crate::graph::realise::memos(&std::mem::take(&mut plan.memos));
+                            plan
+                        })
                     })
                 })
                 .collect();
