@@ -49,7 +49,7 @@ echo 'rootfs dockerfile="Dockerfile"' > "$WORK/big/sandbox.kdl"
 export HOME="$WORK/home" CI=true
 BUILD_USER="${BUILD_USER:-aisb-bench}"
 id "$BUILD_USER" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin "$BUILD_USER"
-"$AISB" setup-user "$BUILD_USER" >/dev/null
+out=$("$AISB" setup-user "$BUILD_USER" 2>&1) || { echo "$out" >&2; exit 1; }
 chmod 755 "$WORK"
 cp -a "$WORK/proj" "$WORK/uproj" && mkdir -p "$WORK/uhome" && chown -R "$BUILD_USER:" "$WORK/uproj" "$WORK/uhome"
 export BUILD_USER

@@ -17,7 +17,7 @@ pub fn run(a: Args) -> Result<i32, Error> {
     let done = rootless::setup_user(&a.user)?;
     if done.is_empty() {
         eprintln!(
-            "{} is already set up for the rootless libcontainer backend",
+            "{} is already set up for rootless libcontainer runs and image builds",
             a.user
         );
     }
