@@ -164,6 +164,14 @@ for k in CapInh CapPrm CapEff CapBnd CapAmb NoNewPrivs Seccomp; do
     printf '%s=%s\n' "$k" "$(grep "^$k:" /proc/self/status | cut -f2)"
 done
 echo "io_uring=$(/run/aisb/init probe io-uring)"
+fds=$(ls /proc/self/fd)
+echo "fds="$fds
+for f in /proc/$$/fd/*; do
+    if [ -d "$f" ]; then echo "dirfd=$f -> $(readlink "$f")"; fi
+done
+# The attack itself: from a descriptor of a host directory, `..` up to the host's / and down
+# to a file the sandbox cannot see (its path in $AISB_TEST_SECRET_PATH, given below).
+cat /proc/$$/fd/*/../../..$AISB_TEST_SECRET_PATH /proc/$$/fd/*/../..$AISB_TEST_SECRET_PATH 2>/dev/null || true
 "#;
 
 /// Each line of [`HARDENING`] as it must read, for the workload and every session.
@@ -176,6 +184,9 @@ const HARDENED: &[(&str, &str)] = &[
     ("NoNewPrivs", "1"),
     ("Seccomp", "2"),
     ("io_uring", "refused: ENOSYS"),
+    // Only the standard three (and `ls`'s own listing): a host descriptor (the session helper
+    // held the init's /proc/PID) would let anything inside walk `..` from it to the host's `/`.
+    ("fds", "0 1 2 3"),
 ];
 
 #[test]
@@ -240,12 +251,19 @@ fn a_session_is_hardened_exactly_like_the_workload() {
     for (backend, user) in matrix() {
         let who = who(backend, user);
         let f = Fixture::new(user);
+        // A file outside the project that only the host sees, readable by the caller.
+        let secret = f.root().join("host-secret");
+        std::fs::write(&secret, "host-only secret\n").unwrap();
+        if let Some((uid, gid)) = user {
+            std::os::unix::fs::chown(&secret, Some(uid), Some(gid)).unwrap();
+        }
+        let script = format!("AISB_TEST_SECRET_PATH={}\n{HARDENING}", secret.display());
         let owner = f.spawn_owner(
             backend,
             "hard",
-            &format!("{HARDENING}\nwhile ! test -e /tmp/done; do sleep 0.1; done"),
+            &format!("{script}\nwhile ! test -e /tmp/done; do sleep 0.1; done"),
         );
-        let session = f.exec_when_up("hard", &["/bin/sh", "-c", HARDENING]);
+        let session = f.exec_when_up("hard", &["/bin/sh", "-c", &script]);
         let _ = f.aisb(&["exec", "hard", "--", "touch", "/tmp/done"]);
         let workload = finish(owner);
         assert_eq!(
@@ -259,6 +277,16 @@ fn a_session_is_hardened_exactly_like_the_workload() {
             workload.stdout, workload.stderr
         );
         for (what, out) in [("the workload", &workload), ("a session", &session)] {
+            assert!(
+                !out.stdout.contains("host-only secret"),
+                "{who} {what} read a host file through a descriptor:\n{}",
+                out.stdout
+            );
+            assert!(
+                !out.stdout.contains("dirfd="),
+                "{who} {what} holds a directory descriptor (`..` from one outside its root reaches the host's /):\n{}",
+                out.stdout
+            );
             for (key, want) in HARDENED {
                 assert_eq!(
                     out.value(key),

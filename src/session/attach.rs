@@ -126,6 +126,9 @@ pub fn attach(pid: i32, command: &[String], cwd: &std::path::Path) -> Result<i32
     unsafe {
         cmd.pre_exec(move || {
             crate::runtime::cgroup::join(&cgroup_fds)?;
+            // Only the descriptors named on its command line reach the helper: nothing this
+            // aisb inherited or opened.
+            crate::runtime::cloexec_from(3)?;
             for &fd in &inherited {
                 fcntl(fd, FcntlArg::F_SETFD(FdFlag::empty()))?;
             }

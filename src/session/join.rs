@@ -80,6 +80,8 @@ pub enum JoinError {
     Harden(#[from] crate::init::InitError),
     #[error("cannot start the session: {0}")]
     Fork(nix::Error),
+    #[error("cannot keep the helper's descriptors from the command: {0}")]
+    Cloexec(std::io::Error),
     #[error("cannot open a terminal in the sandbox ({what}): {source}")]
     Pty {
         what: &'static str,
@@ -152,6 +154,12 @@ fn join_and_start(r: Request) -> Result<i32, JoinError> {
     let environ = read_at(r.init.as_fd(), "environ")?;
     // The init was alive after the reads above, so `pid` was still its own during them.
     read_at(r.init.as_fd(), "stat").map_err(|_| JoinError::Stopped)?;
+    // The host's `/proc/PID` must never reach the command: from a descriptor outside the
+    // sandbox's root, `..` walks up to the host's `/` (runc's CVE-2024-21626), and anything
+    // inside may open the command's descriptors through its own /proc. Nothing else this
+    // helper inherited goes either (the terminal's side is dup'ed onto 0-2 in `start`).
+    drop(r.init);
+    crate::runtime::cloexec_from(3).map_err(JoinError::Cloexec)?;
     for (resource, limit) in limits {
         set_limit(resource, limit)?;
     }
