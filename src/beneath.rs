@@ -245,6 +245,125 @@ impl Dir {
     }
 }
 
+/// Remove `path` and, when it is a directory, everything below it, however deep, with a
+/// handful of descriptors: a tree something untrusted shaped (a build step's upper directory,
+/// a layer) may nest deeper than the descriptor limit allows a recursive removal (std's
+/// `remove_dir_all` holds one per level, so 1,100 levels fail with EMFILE under a soft limit of
+/// 1,024 and the tree stays). Every component is opened with `O_NOFOLLOW` relative to the one
+/// before it, and the way back up is `..` checked against the directory it must be, so a link
+/// is removed, never followed. A directory whose mode forbids removing its entries is made
+/// 0700 first (its owner may; so may root, and root in a user namespace over its ids). The
+/// path itself is aisb's own (its store, its state); a missing one is fine.
+pub fn remove_tree(path: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{}: not a removable path", path.display()),
+        ));
+    };
+    let parent = Dir::open(if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    })?;
+    match unlinkat(Some(parent.fd()), name, UnlinkatFlags::NoRemoveDir) {
+        Ok(()) | Err(nix::Error::ENOENT) => return Ok(()),
+        Err(nix::Error::EISDIR) | Err(nix::Error::EPERM) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let id = |fd: &OwnedFd| nix::sys::stat::fstat(fd.as_raw_fd()).map(|st| (st.st_dev, st.st_ino));
+    let open_dir = |at: &OwnedFd, name: &OsStr| {
+        open_at(
+            Some(at),
+            name,
+            OFlag::O_DIRECTORY | OFlag::O_RDONLY,
+            Mode::empty(),
+        )
+    };
+    // The directories from `path` down to the current one: each one's name in its parent,
+    // its identity (to check the way back up) and, once listed, its subdirectories still to
+    // empty (each directory is listed once).
+    struct Level {
+        name: std::ffi::OsString,
+        id: (u64, u64),
+        pending: Option<Vec<std::ffi::OsString>>,
+    }
+    let mut cur = open_dir(&parent.0, name)?;
+    let mut trail = vec![Level {
+        name: name.to_os_string(),
+        id: id(&cur)?,
+        pending: None,
+    }];
+    loop {
+        let level = trail
+            .last_mut()
+            .expect("the trail holds the current directory");
+        if level.pending.is_none() {
+            let _ = nix::sys::stat::fchmod(cur.as_raw_fd(), Mode::from_bits_truncate(0o700));
+            let mut dirs = Vec::new();
+            let listing = nix::dir::Dir::openat(
+                Some(cur.as_raw_fd()),
+                ".",
+                OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )?;
+            for e in listing.into_iter() {
+                let e = e?;
+                let n = OsStr::from_bytes(e.file_name().to_bytes());
+                if n == "." || n == ".." {
+                    continue;
+                }
+                match unlinkat(Some(cur.as_raw_fd()), n, UnlinkatFlags::NoRemoveDir) {
+                    Ok(()) | Err(nix::Error::ENOENT) => {}
+                    Err(nix::Error::EISDIR) | Err(nix::Error::EPERM) => {
+                        match unlinkat(Some(cur.as_raw_fd()), n, UnlinkatFlags::RemoveDir) {
+                            Ok(()) | Err(nix::Error::ENOENT) => {}
+                            Err(_) => dirs.push(n.to_os_string()),
+                        }
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            level.pending = Some(dirs);
+        }
+        if let Some(n) = level.pending.as_mut().and_then(Vec::pop) {
+            let next = open_dir(&cur, n.as_os_str())?;
+            trail.push(Level {
+                name: n,
+                id: id(&next)?,
+                pending: None,
+            });
+            cur = next;
+            continue;
+        }
+        // `cur` is empty: remove it from its parent, and go on there.
+        let done = trail.pop().expect("the trail holds the current directory");
+        let Some(above) = trail.last() else {
+            drop(cur);
+            unlinkat(
+                Some(parent.fd()),
+                done.name.as_os_str(),
+                UnlinkatFlags::RemoveDir,
+            )?;
+            return Ok(());
+        };
+        let up = open_dir(&cur, OsStr::new(".."))?;
+        if id(&up)? != above.id {
+            return Err(io::Error::other(format!(
+                "{}: a directory moved while it was being removed",
+                path.display()
+            )));
+        }
+        unlinkat(
+            Some(up.as_raw_fd()),
+            done.name.as_os_str(),
+            UnlinkatFlags::RemoveDir,
+        )?;
+        cur = up;
+    }
+}
+
 /// Write `bytes` to `root/rel` (its directories created), no link followed below `root`.
 pub fn write(root: &Path, rel: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
     let (dir, name) = split(rel)?;
@@ -278,6 +397,51 @@ fn split(rel: &Path) -> io::Result<(&Path, &OsStr)> {
 mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
+
+    /// A tree nested deeper than the descriptor limit (what a build step can make to leave
+    /// files behind that a recursive removal cannot reach), with a read-only directory and
+    /// links to outside on the way, goes entirely; what the links point at stays.
+    #[test]
+    fn a_tree_deeper_than_the_descriptor_limit_is_removed_and_no_link_followed() {
+        let t = tempfile::tempdir().unwrap();
+        let outside = t.path().join("outside");
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("keep"), "k").unwrap();
+        let tree = t.path().join("tree");
+        std::fs::create_dir(&tree).unwrap();
+        let mut limit: libc::rlimit = unsafe { std::mem::zeroed() };
+        // SAFETY: getrlimit writes one rlimit into `limit`.
+        assert_eq!(
+            unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
+            0
+        );
+        let depth = (limit.rlim_cur as usize + 100).min(200_000);
+        let mut cur = Dir::open(&tree).unwrap();
+        let mut middle = None;
+        for i in 0..depth {
+            if i % 1000 == 0 {
+                let fd = cur.fd();
+                nix::unistd::symlinkat(&outside, Some(fd), "link").unwrap();
+                std::fs::write(format!("/proc/self/fd/{fd}/file"), "x").unwrap();
+            }
+            cur = cur.dir(Path::new("d"), true).unwrap();
+            if i == depth / 2 {
+                middle = Some(cur.0.try_clone().unwrap());
+            }
+        }
+        drop(cur);
+        let middle = middle.unwrap();
+        nix::sys::stat::fchmod(middle.as_raw_fd(), Mode::from_bits_truncate(0o500)).unwrap();
+        drop(middle);
+        remove_tree(&tree).unwrap();
+        assert!(!tree.exists());
+        assert_eq!(std::fs::read_to_string(outside.join("keep")).unwrap(), "k");
+        remove_tree(&tree).unwrap();
+        // A link at the top is removed itself.
+        symlink(&outside, &tree).unwrap();
+        remove_tree(&tree).unwrap();
+        assert!(outside.join("keep").exists());
+    }
 
     #[test]
     fn writes_and_reads_below_the_root() {

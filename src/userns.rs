@@ -9,7 +9,7 @@
 //!
 //! Such files belong to ids the caller cannot unlink as itself; [`remove_trees`] removes them
 //! from inside such a namespace (`aisb __userns rm`), where the caller is root over exactly
-//! the ids they own. This module imports nothing of aisb: the store, the runtime and the
+//! the ids they own. This module imports nothing of aisb but `beneath` (removal without following a link): the store, the runtime and the
 //! build all use it.
 
 use std::io::{self, Read, Write};
@@ -244,7 +244,7 @@ pub fn finish(child: std::process::Child, what: &str) -> io::Result<()> {
 /// `std::fs::remove_dir_all`, and for an ordinary user whose tree holds files of their
 /// subordinate ids (which plain removal is refused), [`remove_trees`]. A missing tree is fine.
 pub fn remove_all(path: &Path) -> io::Result<()> {
-    match std::fs::remove_dir_all(path) {
+    match crate::beneath::remove_tree(path) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e)
             if e.kind() == io::ErrorKind::PermissionDenied
@@ -289,9 +289,9 @@ pub fn remove_main(paths: &[PathBuf]) -> i32 {
                 }
             }
             _ => {
-                // std's remove_dir_all opens each directory beneath the last (O_NOFOLLOW):
-                // a link the step made is removed, never followed.
-                if let Err(e) = make_writable(p).and_then(|()| std::fs::remove_dir_all(p)) {
+                // Each directory opened beneath the last (O_NOFOLLOW), however deep: a link
+                // the step made is removed, never followed.
+                if let Err(e) = crate::beneath::remove_tree(p) {
                     eprintln!("{}: {e}", p.display());
                     status = 1;
                 }
@@ -353,33 +353,6 @@ pub fn chown_main(args: &[PathBuf]) -> i32 {
         }
     }
     0
-}
-
-/// Directories a step left without write permission (overlayfs's `work/work` is 000), each
-/// changed through a descriptor opened without following a link (`O_PATH|O_NOFOLLOW`), so a
-/// directory swapped for a link meanwhile changes nothing it points to.
-fn make_writable(root: &Path) -> io::Result<()> {
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    for e in walkdir::WalkDir::new(root)
-        .follow_links(false)
-        .into_iter()
-        .flatten()
-    {
-        if !e.file_type().is_dir() {
-            continue;
-        }
-        let Ok(dir) = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_PATH | libc::O_NOFOLLOW | libc::O_DIRECTORY)
-            .open(e.path())
-        else {
-            continue;
-        };
-        // fchmod refuses O_PATH descriptors: through /proc/self/fd, which names this inode.
-        let via = format!("/proc/self/fd/{}", dir.as_raw_fd());
-        let _ = std::fs::set_permissions(via, std::fs::Permissions::from_mode(0o700));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -113,13 +113,8 @@ pub fn realise(entry: &Path, fill: impl FnOnce(&Path) -> io::Result<()>) -> io::
 
 /// Remove an entry (or a temporary directory), making read-only directories writable first.
 fn remove(dir: &Path) -> io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    for e in walkdir::WalkDir::new(dir).into_iter().flatten() {
-        if e.file_type().is_dir() {
-            let _ = fs::set_permissions(e.path(), fs::Permissions::from_mode(0o700));
-        }
-    }
-    match fs::remove_dir_all(dir) {
+    // However deep a step nested its directories, whatever modes it left them.
+    match crate::beneath::remove_tree(dir) {
         // An ordinary user's image layers hold files of their subordinate ids (rootless RUN
         // steps): removed from inside a user namespace where the caller is root over them.
         Err(e)
