@@ -505,12 +505,39 @@ pub fn copy_into(
     Ok(())
 }
 
+/// The most of an image's /etc/passwd or /etc/group read to look a user up.
+const MAX_ACCOUNT_FILE: u64 = 4 << 20;
+
+/// An image's account file, as a process inside would read it (links resolved in the image,
+/// by [`resolve`]) and never further: a regular file in a layer, opened without following a
+/// link, at most [`MAX_ACCOUNT_FILE`] bytes. A layer's `/etc/passwd -> /dev/zero` (endless), a
+/// FIFO (a build that hangs) or a link to the host's own file reads as no file.
+fn read_account_file(path: &Path, md: &fs::Metadata) -> Option<String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    if !md.is_file() {
+        return None;
+    }
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    if !f.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut text = String::new();
+    io::Read::read_to_string(&mut io::Read::take(f, MAX_ACCOUNT_FILE), &mut text).ok()?;
+    Some(text)
+}
+
 /// Look `user` (a name or number, `USER[:GROUP]`) up in the image's /etc/passwd and
 /// /etc/group (merged view of `layers`): (uid, gid).
 pub fn user_ids(layers: &[PathBuf], user: &str) -> Result<(u32, u32), String> {
     let read = |file: &str| -> String {
-        lookup(layers, Path::new(file))
-            .and_then(|(p, _)| fs::read_to_string(p).ok())
+        resolve(layers, Path::new(file))
+            .ok()
+            .and_then(|inside| lookup(layers, &inside))
+            .and_then(|(p, m)| read_account_file(&p, &m))
             .unwrap_or_default()
     };
     let (u, g) = user
@@ -626,6 +653,40 @@ mod tests {
                 "{what}: the outside directory was marked opaque"
             );
         }
+    }
+
+    /// A layer's /etc/passwd is read as the image sees it and never beyond the layers: a link
+    /// to an endless device, to a FIFO, or to the host's own account file reads as no file
+    /// (the user is not found), while a link inside the image is followed as inside.
+    #[test]
+    fn user_lookup_never_reads_through_a_layers_links() {
+        let t = tempfile::tempdir().unwrap();
+        let host_passwd = t.path().join("host-passwd");
+        fs::write(&host_passwd, "hostonly:x:4242:4242::/:/bin/sh\n").unwrap();
+        let fifo = t.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        for target in [Path::new("/dev/zero"), &fifo, &host_passwd] {
+            let layer = t
+                .path()
+                .join(format!("l{}", target.display().to_string().len()));
+            fs::create_dir_all(layer.join("etc")).unwrap();
+            std::os::unix::fs::symlink(target, layer.join("etc/passwd")).unwrap();
+            let start = std::time::Instant::now();
+            let r = user_ids(std::slice::from_ref(&layer), "hostonly");
+            assert!(r.is_err(), "{}: {r:?}", target.display());
+            assert!(start.elapsed() < std::time::Duration::from_secs(5));
+        }
+        // A link that stays inside the image is what a process inside reads.
+        let layer = t.path().join("inside");
+        fs::create_dir_all(layer.join("etc")).unwrap();
+        fs::create_dir_all(layer.join("usr/lib")).unwrap();
+        fs::write(
+            layer.join("usr/lib/passwd"),
+            "dev:x:1234:1235::/home/dev:/bin/sh\n",
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("../usr/lib/passwd", layer.join("etc/passwd")).unwrap();
+        assert_eq!(user_ids(&[layer], "dev"), Ok((1234, 1235)));
     }
 
     fn header(kind: tar::EntryType) -> tar::Header {
