@@ -79,10 +79,12 @@ pub fn run(step: &Step, on_line: &mut dyn FnMut(&str)) -> Result<i32, RuntimeErr
         .map_err(io("preparing the step's root"))?;
     let init = crate::init::binary_beside(&exe);
     let proxy_dir = proxy.as_ref().map(|p| p.dir.as_path());
-    let (r, w): (OwnedFd, OwnedFd) = nix::unistd::pipe().map_err(|e| RuntimeError::Io {
-        what: "creating a pipe".into(),
-        source: e.into(),
-    })?;
+    // Close-on-exec: only the step's own stdout and stderr are made from it.
+    let (r, w): (OwnedFd, OwnedFd) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| RuntimeError::Io {
+            what: "creating a pipe".into(),
+            source: e.into(),
+        })?;
     let prepared = Prepared {
         init: &init,
         proxy_dir,
@@ -177,6 +179,36 @@ fn die_with_parent(cmd: &mut Command) {
             Ok(())
         });
     }
+}
+
+/// The first component of `target` (absolute) that is a symbolic link in the merged view of
+/// `layers` (overlay directories, top first), as a path relative to the root. Each layer is
+/// looked into only as far as it holds directories on the way, so nothing is followed on this
+/// side either; a layer that an opaque directory hides still counts (a refusal too many, never
+/// one too few).
+fn link_on_the_way(layers: &[PathBuf], target: &Path) -> Option<PathBuf> {
+    let rel = target.strip_prefix("/").unwrap_or(target);
+    let mut live: Vec<&Path> = layers.iter().map(PathBuf::as_path).collect();
+    let mut at = PathBuf::new();
+    for c in rel.components() {
+        at.push(c);
+        let mut next = Vec::new();
+        for l in live {
+            match std::fs::symlink_metadata(l.join(&at)) {
+                Err(_) => continue,
+                Ok(m) if m.file_type().is_symlink() && next.is_empty() => return Some(at),
+                Ok(m) if m.is_dir() => next.push(l),
+                // A file or a whiteout on top hides everything below it; below a directory,
+                // it is hidden.
+                Ok(_) => break,
+            }
+        }
+        if next.is_empty() {
+            return None;
+        }
+        live = next;
+    }
+    None
 }
 
 /// The bwrap command line of an ordinary user's step (the sandbox's namespaces, root, mounts,
@@ -282,6 +314,28 @@ fn rootless(step: &Step, p: &Prepared, out: OwnedFd) -> Result<Child, RuntimeErr
         what: "an ordinary user's RUN steps run over their subordinate ids".into(),
         source: std::io::Error::other(m.to_string()),
     })?;
+    // bwrap makes its mount points by plain path walks below the new root while the host's
+    // root is still reachable: a mount point that the image (a layer, an earlier step) made a
+    // symbolic link would lead them out. Refused before anything starts.
+    let mut merged = vec![step.upper.to_path_buf()];
+    merged.extend(step.layers.iter().cloned());
+    for target in [
+        Path::new("/proc"),
+        Path::new("/dev"),
+        Path::new(crate::vocab::INIT_PATH),
+        Path::new(crate::vocab::PROXY_DIR),
+    ] {
+        if let Some(link) = link_on_the_way(&merged, target) {
+            return Err(RuntimeError::Io {
+                what: format!(
+                    "the image's /{} is a symbolic link, and the build step mounts {} there; make it a directory in the Dockerfile (or the base image)",
+                    link.display(),
+                    target.display()
+                ),
+                source: std::io::ErrorKind::InvalidInput.into(),
+            });
+        }
+    }
     // The new layer's root is the step's "/": root's, as in root's build (aisb made it, so it
     // is the caller's until then).
     let upper = std::path::absolute(step.upper).map_err(io("locating the step's layer"))?;
@@ -394,6 +448,41 @@ fn remove_runtime_dirs(upper: &Path) -> Result<(), RuntimeError> {
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::symlink;
+
+    /// Mount points an image made links (in the new layer or a layer below, as a relative
+    /// path out of the root or an absolute one) are found, however deep on the way; a link
+    /// hidden below a directory of a higher layer is not one.
+    #[test]
+    fn a_mount_point_made_a_link_by_the_image_is_found() {
+        use std::path::{Path, PathBuf};
+        let t = tempfile::tempdir().unwrap();
+        let (upper, lower) = (t.path().join("upper"), t.path().join("lower"));
+        for d in [&upper, &lower] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        let layers = [upper.clone(), lower.clone()];
+        let init = Path::new(crate::vocab::INIT_PATH);
+        assert_eq!(super::link_on_the_way(&layers, init), None);
+        symlink("../oldroot/home/user", lower.join("run")).unwrap();
+        assert_eq!(
+            super::link_on_the_way(&layers, init),
+            Some(PathBuf::from("run"))
+        );
+        // A directory above hides the lower layer's link.
+        std::fs::create_dir_all(upper.join("run")).unwrap();
+        assert_eq!(super::link_on_the_way(&layers, init), None);
+        symlink("/oldroot/tmp", upper.join("run/aisb")).unwrap();
+        assert_eq!(
+            super::link_on_the_way(&layers, init),
+            Some(PathBuf::from("run/aisb"))
+        );
+        symlink("/", upper.join("dev")).unwrap();
+        assert_eq!(
+            super::link_on_the_way(&layers, Path::new("/dev")),
+            Some(PathBuf::from("dev"))
+        );
+        assert_eq!(super::link_on_the_way(&layers, Path::new("/proc")), None);
+    }
 
     /// A step that made `/run` a link to a host directory: the cleanup removes nothing there.
     #[test]
