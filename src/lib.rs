@@ -18,6 +18,7 @@ pub mod graph;
 pub mod image;
 pub mod init;
 pub mod lsp;
+pub mod pipe;
 pub mod presets;
 pub mod private;
 pub mod proxy;

@@ -197,6 +197,27 @@ pub fn transparent_ports<'a>(
     ports
 }
 
+/// `host:port`, `[v6]:port`, or `host` with the default port.
+pub fn split_authority(s: &str, default_port: Option<u16>) -> Option<(String, u16)> {
+    if let Some(rest) = s.strip_prefix('[') {
+        let (ip, tail) = rest.split_once(']')?;
+        let port = match tail.strip_prefix(':') {
+            Some(p) => p.parse().ok()?,
+            None if tail.is_empty() => default_port?,
+            None => return None,
+        };
+        return Some((format!("[{ip}]"), port));
+    }
+    match s.rsplit_once(':') {
+        Some((h, p)) if !h.contains(':') => {
+            Some((h.to_string(), p.parse().ok().filter(|&p| p > 0)?))
+        }
+        Some(_) => None,
+        None if !s.is_empty() => Some((s.to_string(), default_port?)),
+        None => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,6 +4,7 @@
 //! answer; the bytes come from the sandbox, so every parser here is fuzzed
 //! (fuzz/fuzz_targets/proxy_request.rs) and none may panic.
 
+pub use crate::config::domain::split_authority;
 use crate::vocab::{AGENT_EVENT_MAX, AGENT_METHOD, DIRECT_METHOD};
 
 /// Largest request head accepted (request line and headers).
@@ -193,27 +194,6 @@ pub fn http_request(head: &[u8]) -> HttpRequest {
         length,
         headers,
     })
-}
-
-/// `host:port`, `[v6]:port`, or `host` with the default port.
-pub fn split_authority(s: &str, default_port: Option<u16>) -> Option<(String, u16)> {
-    if let Some(rest) = s.strip_prefix('[') {
-        let (ip, tail) = rest.split_once(']')?;
-        let port = match tail.strip_prefix(':') {
-            Some(p) => p.parse().ok()?,
-            None if tail.is_empty() => default_port?,
-            None => return None,
-        };
-        return Some((format!("[{ip}]"), port));
-    }
-    match s.rsplit_once(':') {
-        Some((h, p)) if !h.contains(':') => {
-            Some((h.to_string(), p.parse().ok().filter(|&p| p > 0)?))
-        }
-        Some(_) => None,
-        None if !s.is_empty() => Some((s.to_string(), default_port?)),
-        None => None,
-    }
 }
 
 /// A SOCKS5 greeting: VER NMETHODS METHODS…
