@@ -531,6 +531,25 @@ echo "http_other=$(c http://other.test/ >/dev/null; echo $?)"
 echo "ssh_other=$(ssh -o BatchMode=yes -o ConnectTimeout=5 other.test true 2>&1 | grep -c 'Could not resolve')"
 echo "sni_mismatch=$(c --cacert {ca} --resolve good.test:443:$syn https://good.test/hello.txt >/dev/null; echo $?)"
 echo "smuggle=$(c -H 'Host: other.test' http://allowed.test/echo >/dev/null; echo $?)"
+# A second request kept alive on an allowed connection, naming another host: through the
+# stub's address, and to a raw IP whose first request's Host named an allowed one.
+for to in "$syn" 192.0.2.7; do
+echo "pipelined_$to=$(python3 -c '
+import socket, sys
+s = socket.create_connection((sys.argv[1], 80), timeout=10)
+s.sendall(b"GET /echo HTTP/1.1\r\nHost: allowed.test\r\n\r\nGET /echo HTTP/1.1\r\nHost: other.test\r\n\r\n")
+out = b""
+try:
+    while True:
+        b = s.recv(4096)
+        if not b:
+            break
+        out += b
+except OSError:
+    pass
+print("answered" if b"host=" in out else "refused")
+' "$to" 2>&1 | tail -1)"
+done
 echo "unassigned=$(c http://198.18.200.1/hello.txt >/dev/null; echo $?)"
 echo "raw_ip=$(python3 -c 'import socket; s = socket.create_connection(("192.0.2.1", 443), timeout=10); print("closed" if s.recv(1) == b"" else "open")' 2>&1 | tail -1)"
 echo "ip_host=$(c http://192.0.2.9/hello.txt >/dev/null; echo $?)"
@@ -618,6 +637,22 @@ echo "after_burst=$(getent hosts allowed.test | cut -d' ' -f1)"
             o.expect_failed(key, &format!("{what} {key} got through"));
         }
         o.expect("raw_ip", "closed");
+        for line in o.stdout.lines().filter(|l| l.starts_with("pipelined_")) {
+            assert!(
+                line.ends_with("=refused"),
+                "{what} a kept-alive request smuggled another host: {line}\n{}",
+                o.stderr
+            );
+        }
+        assert_eq!(
+            o.stdout
+                .lines()
+                .filter(|l| l.starts_with("pipelined_"))
+                .count(),
+            2,
+            "{what}\n{}",
+            o.stdout
+        );
         o.expect("burst", &burst.to_string());
         o.value("after_burst")
             .filter(|v| v.starts_with("198.18."))

@@ -12,7 +12,7 @@ use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 
-use crate::proxy::splice::Pipe;
+use crate::pipe::Pipe;
 use crate::vocab::{AGENT_EVENT_MAX, AGENT_METHOD, DIRECT_METHOD, LEARNED_HEADER, PROXY_SOCKET};
 
 /// What a listener relays: everything to the proxy, or one host loopback port through it.
@@ -121,7 +121,7 @@ fn answer_head(s: &mut UnixStream) -> std::io::Result<Vec<u8>> {
 
 /// Copy both ways until each side ends (see [`relay_tunnel`]); nothing checks the bytes.
 pub fn pipe(tcp: TcpStream, unix: UnixStream) -> std::io::Result<()> {
-    relay(&tcp, &unix, false, false, |_| Check::Pass)
+    relay(&tcp, &unix, First::Pass, false, |_| Check::Pass)
         .map_err(|e| std::io::Error::other(e.to_string()))
 }
 
@@ -129,16 +129,30 @@ pub fn pipe(tcp: TcpStream, unix: UnixStream) -> std::io::Result<()> {
 /// CONNECT was sent and not yet answered) until each side ends. The proxy's answer comes
 /// first on `unix` and is not relayed: a refusal ends both with [`Refused::Proxy`]. Whatever
 /// the client sends meanwhile waits in the proxy, which forwards it only once it allowed the
-/// tunnel, as for any request. `hold`: the client's first bytes are read and held until
-/// `check` passes them (it sees every byte held so far), while the server's side flows at once
-/// (SSH speaks first).
+/// tunnel, as for any request. `first` says what `check` sees of the client's bytes; the
+/// server's side flows at once (SSH speaks first).
 pub fn relay_tunnel(
     tcp: &TcpStream,
     unix: &UnixStream,
-    hold: bool,
+    first: First,
     check: impl FnMut(&[u8]) -> Check,
 ) -> Result<(), Refused> {
-    relay(tcp, unix, hold, true, check)
+    relay(tcp, unix, first, true, check)
+}
+
+/// How [`relay_tunnel`] starts with the client's bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum First {
+    /// Moved unseen (splice).
+    Pass,
+    /// Read and held back until `check` decides: it sees every byte held so far, and says
+    /// [`Check::NeedMore`], [`Check::Pass`], [`Check::Watch`] or [`Check::Refuse`]. Past
+    /// [`MAX_HELD`] bytes undecided, the connection is refused; at the client's end of
+    /// input, what was held is passed on (nothing can follow it).
+    Hold,
+    /// Read through this process, each piece shown to `check` (the new bytes only) before it
+    /// is passed on; [`Check::Refuse`] ends both sides, [`Check::Pass`] stops watching.
+    Watch,
 }
 
 /// Why [`relay_tunnel`] ended both sides early.
@@ -160,28 +174,31 @@ impl std::fmt::Display for Refused {
     }
 }
 
-/// What [`relay_checked`]'s check says of the client's first bytes.
+/// What [`relay_tunnel`]'s check says of the client's bytes.
 pub enum Check {
     /// Not decided yet: keep holding them back (up to [`MAX_HELD`] bytes).
     NeedMore,
     /// Forward them, and everything after, unchecked.
     Pass,
-    /// Forward nothing: both connections are shut, and this is the reason.
+    /// Forward them, and show everything after to the check, piece by piece, before it is
+    /// forwarded ([`First::Watch`]).
+    Watch,
+    /// Forward nothing more: both connections are shut, and this is the reason.
     Refuse(String),
 }
 
-/// The most of a client's first bytes held back for [`relay_checked`]'s check.
+/// The most of a client's first bytes held back for [`relay_tunnel`]'s check.
 pub const MAX_HELD: usize = 16 * 1024;
 
 /// Both ways on this one thread: splice(2) through a pipe per direction, so the bytes never
 /// enter this process, and poll(2) for whichever side is ready. One thread per connection and
 /// no other (no reader thread per direction), its pipes kept for the thread's next connection:
-/// a short request costs no thread creation and no pipe setup. `hold`: the client's first
-/// bytes wait for `check`.
+/// a short request costs no thread creation and no pipe setup. `first`: what `check` sees of
+/// the client's bytes.
 fn relay(
     tcp: &TcpStream,
     unix: &UnixStream,
-    hold: bool,
+    first: First,
     answer: bool,
     mut check: impl FnMut(&[u8]) -> Check,
 ) -> Result<(), Refused> {
@@ -190,7 +207,8 @@ fn relay(
     unix.set_nonblocking(true).map_err(io)?;
     let (t, u) = (tcp.as_raw_fd(), unix.as_raw_fd());
     let (p_up, p_down) = PIPES.with(|p| p.take()).unwrap_or_default();
-    let mut up = Way::new(t, u, p_up, hold);
+    let mut up = Way::new(t, u, p_up, first == First::Hold);
+    up.watching = first == First::Watch;
     let mut down = Way::new(u, t, p_down, false);
     down.answer = answer;
     let end = |e: Refused| {
@@ -288,6 +306,8 @@ struct Way {
     pos: usize,
     /// Reading the first message into `buf` for the check, forwarding nothing yet.
     holding: bool,
+    /// Reading through `buf`, each piece checked before it is forwarded.
+    watching: bool,
     /// Reading the proxy's answer to CONNECT into `buf`, to drop it (or end on a refusal).
     answer: bool,
     eof: bool,
@@ -309,6 +329,7 @@ impl Way {
             buf: Vec::new(),
             pos: 0,
             holding,
+            watching: false,
             answer: false,
             eof: false,
             short: false,
@@ -395,7 +416,7 @@ impl Way {
             if self.eof {
                 return Ok(None);
             }
-            if self.holding || self.answer || self.pipe.is_none() {
+            if self.holding || self.answer || self.watching || self.pipe.is_none() {
                 let mut chunk = [0u8; 16 * 1024];
                 let max = if self.holding || self.answer {
                     (MAX_HELD - self.buf.len()).min(chunk.len())
@@ -408,6 +429,14 @@ impl Way {
                 match read {
                     None => return Ok(Some(Want::Read)),
                     Some(0) => self.eof = true,
+                    Some(n) if self.watching && !self.holding => {
+                        match check(&chunk[..n]) {
+                            Check::Refuse(why) => return Err(Stop::Refused(Refused::Check(why))),
+                            Check::Pass => self.watching = false,
+                            Check::NeedMore | Check::Watch => {}
+                        }
+                        self.buf.extend_from_slice(&chunk[..n]);
+                    }
                     Some(n) => self.buf.extend_from_slice(&chunk[..n]),
                 }
                 if self.answer {
@@ -429,17 +458,21 @@ impl Way {
                     continue;
                 }
                 if self.holding {
-                    let verdict = if self.eof || self.buf.len() >= MAX_HELD {
-                        match check(&self.buf) {
-                            Check::NeedMore => Check::Pass,
-                            other => other,
-                        }
-                    } else {
-                        check(&self.buf)
+                    let verdict = match check(&self.buf) {
+                        // Nothing can follow: what there is goes on.
+                        Check::NeedMore if self.eof => Check::Pass,
+                        Check::NeedMore if self.buf.len() >= MAX_HELD => Check::Refuse(format!(
+                            "the client's first {MAX_HELD} bytes could not be checked for the name they send"
+                        )),
+                        other => other,
                     };
                     match verdict {
                         Check::NeedMore => {}
                         Check::Pass => self.holding = false,
+                        Check::Watch => {
+                            self.holding = false;
+                            self.watching = true;
+                        }
                         Check::Refuse(why) => return Err(Stop::Refused(Refused::Check(why))),
                     }
                 }
@@ -452,7 +485,7 @@ impl Way {
                 Ok(Some(0)) => self.eof = true,
                 Ok(Some(n)) => {
                     self.in_pipe = n;
-                    self.short = n < crate::proxy::splice::CHUNK / 16;
+                    self.short = n < crate::pipe::CHUNK / 16;
                 }
                 // These descriptors cannot splice: copy instead, before anything moved.
                 Err(Stop::Failed(e))

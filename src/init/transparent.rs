@@ -281,9 +281,17 @@ fn relay_one(mut tcp: TcpStream, dest: SocketAddr) -> Result<(), String> {
         first = read_first(&mut tcp, FIRST_WAIT);
         match name_in(&first) {
             Found::Name(n, how) => (n, how),
-            Found::None | Found::NeedMore => (ip_authority(dest.ip()), Learned::Ip),
+            Found::None | Found::NeedMore | Found::Unreadable(_) => {
+                (ip_authority(dest.ip()), Learned::Ip)
+            }
         }
     };
+    // A name learned from the first request's Host binds every later request on this
+    // connection; the first bytes themselves are checked before any of them goes out.
+    let mut follow = (how == Learned::Host).then(|| HttpFollower::new(&name, dest));
+    if let Some(f) = follow.as_mut() {
+        f.feed(&first)?;
+    }
     let mut unix =
         UnixStream::connect(PROXY_SOCKET).map_err(|e| format!("no proxy to ask: {e}"))?;
     let authority = format!("{name}:{port}");
@@ -294,7 +302,12 @@ fn relay_one(mut tcp: TcpStream, dest: SocketAddr) -> Result<(), String> {
     let relayed = match unix.write_all(&request) {
         Err(e) => Err(relay::Refused::Proxy(e.to_string())),
         Ok(()) if how == Learned::Dns => pipe_checked(&tcp, &unix, &name, dest),
-        Ok(()) => relay::relay_tunnel(&tcp, &unix, false, |_| relay::Check::Pass),
+        Ok(()) => match follow.as_mut() {
+            Some(f) => {
+                relay::relay_tunnel(&tcp, &unix, relay::First::Watch, |more| f.verdict(more))
+            }
+            None => relay::relay_tunnel(&tcp, &unix, relay::First::Pass, |_| relay::Check::Pass),
+        },
     };
     match relayed {
         Err(relay::Refused::Check(why)) => Err(why),
@@ -308,25 +321,280 @@ fn relay_one(mut tcp: TcpStream, dest: SocketAddr) -> Result<(), String> {
     }
 }
 
-/// Relay a connection whose name came from its address: the client's first message must not
-/// name another host (domain fronting through an allowed name's address, or a Host header
-/// smuggled past the name that was checked). The server's side flows at once (SSH speaks
-/// first); the client's first bytes are held until they are known not to name another host.
+/// Relay a connection whose name came from its address: the client must not name another
+/// host (domain fronting through an allowed name's address, or a Host header smuggled past the
+/// name that was checked). The server's side flows at once (SSH speaks first); the client's
+/// first bytes are held until they are known not to name another host: a TLS ClientHello's
+/// SNI (reassembled across records) must be the name or absent; plain HTTP is followed request
+/// by request ([`HttpFollower`]); a first message that looks like either but cannot be read is
+/// refused; any other protocol names no host and passes.
 fn pipe_checked(
     tcp: &TcpStream,
     unix: &UnixStream,
     name: &str,
     dest: SocketAddr,
 ) -> Result<(), relay::Refused> {
-    relay::relay_tunnel(tcp, unix, true, |first| match name_in(first) {
-        Found::NeedMore if first.len() < MAX_FIRST => relay::Check::NeedMore,
-        Found::Name(other, _) if other != name => relay::Check::Refuse(format!(
-            "the client named {other} to the address of {name} ({}:{})",
-            dest.ip(),
-            dest.port()
-        )),
-        _ => relay::Check::Pass,
+    let mut follow: Option<HttpFollower> = None;
+    relay::relay_tunnel(tcp, unix, relay::First::Hold, |bytes| {
+        if let Some(f) = follow.as_mut() {
+            return f.verdict(bytes);
+        }
+        match name_in(bytes) {
+            Found::NeedMore => relay::Check::NeedMore,
+            Found::Unreadable(why) => {
+                relay::Check::Refuse(format!("{why}, sent to the address of {name} ({dest})"))
+            }
+            Found::Name(other, _) if other != name => relay::Check::Refuse(format!(
+                "the client named {other} to the address of {name} ({dest})"
+            )),
+            _ if looks_like_http(bytes) => {
+                let mut f = HttpFollower::new(name, dest);
+                let verdict = f.verdict(bytes);
+                follow = Some(f);
+                verdict
+            }
+            _ => relay::Check::Pass,
+        }
     })
+}
+
+/// Whether the first bytes start an HTTP/1 request line (a method token, then a space).
+fn looks_like_http(buf: &[u8]) -> bool {
+    let n = buf.iter().take_while(|b| b.is_ascii_uppercase()).count();
+    (1..=16).contains(&n) && buf.get(n) == Some(&b' ')
+}
+
+/// Follows a plain-HTTP/1 request stream from a client whose connection goes to `name`: every
+/// request's head must name `name` (its Host, and its target when absolute-form) or no name at
+/// all, and the body's framing (Content-Length, or chunked) is tracked to find the next head.
+/// A second request on a kept-alive connection cannot name another host than the first was
+/// checked for; anything the relay cannot frame without guessing (a body framed two ways, an
+/// encoding other than chunked, an Upgrade to another protocol, CONNECT) is refused.
+struct HttpFollower {
+    name: String,
+    dest: SocketAddr,
+    state: Framing,
+    /// The head or line being read.
+    line: Vec<u8>,
+    /// Whether the line being read is blank so far (nothing, or a lone CR).
+    blank: bool,
+}
+
+enum Framing {
+    Head,
+    Body(u64),
+    ChunkSize,
+    ChunkData(u64),
+    /// The CRLF after a chunk's data: how many of its bytes are still to come.
+    ChunkEnd(u8),
+    Trailers,
+}
+
+/// The longest chunk-size line (with its extensions) or trailer section followed.
+const MAX_CHUNK_LINE: usize = 4096;
+
+impl HttpFollower {
+    fn new(name: &str, dest: SocketAddr) -> HttpFollower {
+        HttpFollower {
+            name: name.to_string(),
+            dest,
+            state: Framing::Head,
+            line: Vec::new(),
+            blank: false,
+        }
+    }
+
+    /// Where the section being read (a head, trailers) ends in `bytes`: just past its first
+    /// blank line, ended by LF or CRLF as servers take either (a server never acts on a head
+    /// before it ends, so one passed on in pieces is checked before it can be used).
+    fn section_end(&mut self, bytes: &[u8]) -> Option<usize> {
+        for (i, &b) in bytes.iter().enumerate() {
+            match b {
+                b'\n' if self.blank => return Some(i + 1),
+                b'\n' => self.blank = true,
+                b'\r' if self.blank => {}
+                _ => self.blank = false,
+            }
+        }
+        None
+    }
+
+    fn verdict(&mut self, bytes: &[u8]) -> relay::Check {
+        match self.feed(bytes) {
+            Ok(()) => relay::Check::Watch,
+            Err(why) => relay::Check::Refuse(why),
+        }
+    }
+
+    /// The next bytes the client sends, in order.
+    fn feed(&mut self, mut bytes: &[u8]) -> Result<(), String> {
+        while !bytes.is_empty() {
+            match &mut self.state {
+                Framing::Head => {
+                    // Empty lines before a request line are allowed (RFC 9112 2.2).
+                    if self.line.is_empty() && matches!(bytes[0], b'\r' | b'\n') {
+                        bytes = &bytes[1..];
+                        continue;
+                    }
+                    let Some(end) = self.section_end(bytes) else {
+                        self.line.extend_from_slice(bytes);
+                        if self.line.len() > MAX_FIRST {
+                            return Err(format!(
+                                "a request head larger than {MAX_FIRST} bytes to {}",
+                                self.name
+                            ));
+                        }
+                        return Ok(());
+                    };
+                    self.line.extend_from_slice(&bytes[..end]);
+                    bytes = &bytes[end..];
+                    let head = std::mem::take(&mut self.line);
+                    self.blank = false;
+                    self.state = self.check_head(&head)?;
+                }
+                Framing::Body(left) => {
+                    let n = (*left).min(bytes.len() as u64);
+                    *left -= n;
+                    bytes = &bytes[n as usize..];
+                    if *left == 0 {
+                        self.state = Framing::Head;
+                    }
+                }
+                Framing::ChunkSize => {
+                    let Some(end) = bytes.iter().position(|&b| b == b'\n').map(|i| i + 1) else {
+                        self.line.extend_from_slice(bytes);
+                        if self.line.len() > MAX_CHUNK_LINE {
+                            return Err("a chunk-size line too long to follow".into());
+                        }
+                        return Ok(());
+                    };
+                    self.line.extend_from_slice(&bytes[..end]);
+                    bytes = &bytes[end..];
+                    let line = std::mem::take(&mut self.line);
+                    let text = std::str::from_utf8(&line).unwrap_or("");
+                    let digits = text.split(';').next().unwrap_or("").trim();
+                    let size = u64::from_str_radix(digits, 16)
+                        .map_err(|_| format!("a chunk size that is not one: {:?}", text.trim()))?;
+                    self.state = if size == 0 {
+                        self.blank = true;
+                        Framing::Trailers
+                    } else {
+                        Framing::ChunkData(size)
+                    };
+                }
+                Framing::ChunkData(left) => {
+                    let n = (*left).min(bytes.len() as u64);
+                    *left -= n;
+                    bytes = &bytes[n as usize..];
+                    if *left == 0 {
+                        self.state = Framing::ChunkEnd(2);
+                    }
+                }
+                Framing::ChunkEnd(left) => {
+                    let want = if *left == 2 { b'\r' } else { b'\n' };
+                    if bytes[0] != want {
+                        return Err("a chunk not followed by CRLF".into());
+                    }
+                    bytes = &bytes[1..];
+                    *left -= 1;
+                    if *left == 0 {
+                        self.state = Framing::ChunkSize;
+                    }
+                }
+                Framing::Trailers => {
+                    // Trailer lines until a blank one (at once when there are none).
+                    let Some(end) = self.section_end(bytes) else {
+                        self.line.extend_from_slice(bytes);
+                        if self.line.len() > MAX_CHUNK_LINE {
+                            return Err("a chunked body's trailers too long to follow".into());
+                        }
+                        return Ok(());
+                    };
+                    bytes = &bytes[end..];
+                    self.line.clear();
+                    self.blank = false;
+                    self.state = Framing::Head;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One request head: the names it gives, and how its body is framed.
+    fn check_head(&self, head: &[u8]) -> Result<Framing, String> {
+        let mut headers = [httparse::EMPTY_HEADER; 64];
+        let mut req = httparse::Request::new(&mut headers);
+        match req.parse(head) {
+            Ok(httparse::Status::Complete(_)) => {}
+            _ => return Err(format!("a request to {} that is not HTTP/1", self.name)),
+        }
+        if req.method == Some("CONNECT") {
+            return Err(format!("CONNECT sent to {} itself", self.name));
+        }
+        let target = req.path.unwrap_or("");
+        if !target.starts_with('/') && target != "*" {
+            // Absolute form: its authority is a name too.
+            let rest = target.split_once("://").map_or("", |(_, r)| r);
+            let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+            let authority = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
+            self.same_host(authority)?;
+        }
+        let headers: &[httparse::Header] = &*req.headers;
+        let named = |n: &'static str| -> Vec<&str> {
+            headers
+                .iter()
+                .filter(|h| h.name.eq_ignore_ascii_case(n))
+                .map(|h| std::str::from_utf8(h.value).unwrap_or("\u{fffd}").trim())
+                .collect()
+        };
+        let hosts = named("host");
+        match hosts.as_slice() {
+            [] => {}
+            [host] => self.same_host(host)?,
+            _ => return Err(format!("two Host headers in a request to {}", self.name)),
+        }
+        if !named("upgrade").is_empty() {
+            return Err(format!(
+                "an Upgrade over plain HTTP to {} (use wss:// or https://, or the proxy variables)",
+                self.name
+            ));
+        }
+        let te = named("transfer-encoding");
+        let cl = named("content-length");
+        match (te.as_slice(), cl.as_slice()) {
+            ([], []) => Ok(Framing::Body(0)),
+            ([], [first, rest @ ..]) if rest.iter().all(|c| c == first) => first
+                .parse::<u64>()
+                .map(Framing::Body)
+                .map_err(|_| format!("a Content-Length that is not a length: {first:?}")),
+            ([coding], []) if coding.eq_ignore_ascii_case("chunked") => Ok(Framing::ChunkSize),
+            _ => Err(format!(
+                "a request body to {} framed two ways, or by an encoding other than chunked",
+                self.name
+            )),
+        }
+    }
+
+    /// An authority (Host's value, an absolute target's) names this connection's host, an
+    /// address, or nothing readable (refused).
+    fn same_host(&self, authority: &str) -> Result<(), String> {
+        let other = || {
+            format!(
+                "the client named {authority} to the address of {} ({})",
+                self.name, self.dest
+            )
+        };
+        let (host, _) =
+            crate::config::domain::split_authority(authority, Some(80)).ok_or_else(other)?;
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        if bare.parse::<IpAddr>().is_ok() {
+            return Ok(());
+        }
+        match crate::config::domain::normalise_name(bare) {
+            Ok(n) if n == self.name => Ok(()),
+            _ => Err(other()),
+        }
+    }
 }
 
 /// `1.2.3.4` or `[2001:db8::1]`.
@@ -372,6 +640,9 @@ pub enum Found {
     Name(String, Learned),
     /// A protocol that names no host (or a message without one).
     None,
+    /// A ClientHello or an HTTP head that cannot be read whole (malformed, two Host headers,
+    /// larger than [`MAX_FIRST`]): which name it gives a server is anybody's guess.
+    Unreadable(String),
     NeedMore,
 }
 
@@ -395,7 +666,13 @@ pub fn name_in(buf: &[u8]) -> Found {
     match req.parse(buf) {
         Ok(httparse::Status::Complete(_)) => {}
         Ok(httparse::Status::Partial) if buf.len() < MAX_FIRST => return Found::NeedMore,
-        _ => return Found::None,
+        Ok(httparse::Status::Partial) => {
+            return Found::Unreadable(format!("a request head larger than {MAX_FIRST} bytes"))
+        }
+        Err(httparse::Error::TooManyHeaders) => {
+            return Found::Unreadable("a request head with more than 64 headers".into())
+        }
+        Err(_) => return Found::None,
     }
     let hosts: Vec<_> = req
         .headers
@@ -403,13 +680,15 @@ pub fn name_in(buf: &[u8]) -> Found {
         .filter(|h| h.name.eq_ignore_ascii_case("host"))
         .collect();
     // Two Host headers: which one a server believes is its own business. Refused.
-    let [host] = hosts.as_slice() else {
-        return Found::None;
+    let host = match hosts.as_slice() {
+        [] => return Found::None,
+        [host] => host,
+        _ => return Found::Unreadable("two Host headers".into()),
     };
     let Ok(value) = std::str::from_utf8(host.value) else {
         return Found::None;
     };
-    match crate::proxy::request::split_authority(value.trim(), Some(80)) {
+    match crate::config::domain::split_authority(value.trim(), Some(80)) {
         Some((h, _)) => normalised(&h, Learned::Host),
         None => Found::None,
     }
@@ -426,22 +705,54 @@ fn normalised(name: &str, how: Learned) -> Found {
     }
 }
 
-/// The server_name of a ClientHello in one TLS record (RFC 8446 4.1.2, RFC 6066 3), every
+/// The server_name of a ClientHello (RFC 8446 4.1.2, RFC 6066 3), its handshake message
+/// reassembled from as many records as carry it (RFC 8446 5.1: a client may split it), every
 /// length checked against what is there.
 fn sni(buf: &[u8]) -> Found {
-    if buf.len() < 5 {
-        return Found::NeedMore;
-    }
-    let record = u16::from_be_bytes([buf[3], buf[4]]) as usize;
-    if buf.len() < 5 + record {
-        return if 5 + record <= MAX_FIRST {
+    let more = || {
+        if buf.len() < MAX_FIRST {
             Found::NeedMore
         } else {
-            Found::None
+            Found::Unreadable(format!("a TLS ClientHello larger than {MAX_FIRST} bytes"))
+        }
+    };
+    let mut hello = Vec::new();
+    let mut at = 0;
+    loop {
+        let Some(header) = buf.get(at..at + 5) else {
+            return more();
         };
+        if header[0] != 0x16 {
+            return Found::Unreadable("a TLS ClientHello interleaved with another record".into());
+        }
+        let len = u16::from_be_bytes([header[3], header[4]]) as usize;
+        if len == 0 {
+            return Found::Unreadable("an empty TLS handshake record".into());
+        }
+        let Some(payload) = buf.get(at + 5..at + 5 + len) else {
+            return more();
+        };
+        hello.extend_from_slice(payload);
+        at += 5 + len;
+        if hello.len() >= 4 {
+            let whole =
+                4 + ((hello[1] as usize) << 16 | (hello[2] as usize) << 8 | hello[3] as usize);
+            if whole > MAX_FIRST {
+                return Found::Unreadable(format!(
+                    "a TLS ClientHello larger than {MAX_FIRST} bytes"
+                ));
+            }
+            if hello.len() >= whole {
+                hello.truncate(whole);
+                break;
+            }
+        }
     }
-    let r = Reader(&buf[5..5 + record]);
-    sni_in_hello(r).map_or(Found::None, |n| normalised(&n, Learned::Sni))
+    match sni_in_hello(Reader(&hello)) {
+        None => Found::Unreadable("a TLS ClientHello that cannot be read".into()),
+        Some(None) => Found::None,
+        Some(Some(n)) => normalised(&n, Learned::Sni),
+    }
 }
 
 struct Reader<'a>(&'a [u8]);
@@ -468,7 +779,8 @@ impl<'a> Reader<'a> {
     }
 }
 
-fn sni_in_hello(mut r: Reader) -> Option<String> {
+/// None: not a well-formed ClientHello; Some(None): one without a server_name.
+fn sni_in_hello(mut r: Reader) -> Option<Option<String>> {
     if r.u8()? != 1 {
         return None; // not a ClientHello
     }
@@ -481,6 +793,9 @@ fn sni_in_hello(mut r: Reader) -> Option<String> {
     h.take(n)?; // cipher suites
     let n = h.u8()?;
     h.take(n)?; // compression methods
+    if h.0.is_empty() {
+        return Some(None); // no extensions at all
+    }
     let n = h.u16()?;
     let mut ext = Reader(h.take(n)?);
     while !ext.0.is_empty() {
@@ -497,11 +812,11 @@ fn sni_in_hello(mut r: Reader) -> Option<String> {
             let n = list.u16()?;
             let name = list.take(n)?;
             if name_type == 0 {
-                return std::str::from_utf8(name).ok().map(str::to_string);
+                return std::str::from_utf8(name).ok().map(|n| Some(n.to_string()));
             }
         }
     }
-    None
+    Some(None)
 }
 
 /// A refusal: on the workload's stderr (once per destination) and in the audit log.
@@ -585,12 +900,116 @@ mod tests {
         for cut in 1..rec.len() {
             assert_eq!(name_in(&rec[..cut]), Found::NeedMore, "cut at {cut}");
         }
-        // A record whose inner lengths lie: no name, no panic.
+        // A handshake longer than its record continues in the next record; one that another
+        // kind of record interrupts, or whose inner lengths lie, names nobody readable.
+        let mut huge = rec.clone();
+        huge[6] = 0xff; // the handshake claims megabytes
+        assert!(matches!(name_in(&huge), Found::Unreadable(_)));
         let mut bad = rec.clone();
-        bad[6] = 0xff; // the handshake claims more than its record holds
-        assert_eq!(name_in(&bad), Found::None);
+        bad[8] += 10; // the handshake claims more than its record holds
+        assert_eq!(name_in(&bad), Found::NeedMore);
+        bad.extend_from_slice(&[0x17, 3, 3, 0, 1, 0]);
+        assert!(
+            matches!(name_in(&bad), Found::Unreadable(_)),
+            "{:?}",
+            name_in(&bad)
+        );
+        let mut lying = rec.clone();
+        let at = lying.len() - 12; // inside the SNI extension: its length overruns
+        lying[at] = 0xff;
+        assert!(matches!(
+            name_in(&lying),
+            Found::Unreadable(_) | Found::None
+        ));
         // An IP literal in SNI names nothing.
         assert_eq!(name_in(&client_hello("1.2.3.4")), Found::None);
+    }
+
+    /// A client may split its ClientHello over several records (RFC 8446 5.1): the name is
+    /// found across them, and a record cut anywhere asks for more.
+    #[test]
+    fn sni_is_found_across_records() {
+        let rec = client_hello("split.test");
+        let hs = &rec[5..];
+        for cut in [1, 4, 9, hs.len() - 1] {
+            let mut two = vec![0x16, 3, 1];
+            two.extend_from_slice(&(cut as u16).to_be_bytes());
+            two.extend_from_slice(&hs[..cut]);
+            two.extend_from_slice(&[0x16, 3, 1]);
+            two.extend_from_slice(&((hs.len() - cut) as u16).to_be_bytes());
+            two.extend_from_slice(&hs[cut..]);
+            assert_eq!(
+                name_in(&two),
+                Found::Name("split.test".into(), Learned::Sni),
+                "cut at {cut}"
+            );
+            for end in 1..two.len() {
+                assert_eq!(
+                    name_in(&two[..end]),
+                    Found::NeedMore,
+                    "cut {cut}, end {end}"
+                );
+            }
+        }
+    }
+
+    fn follower() -> HttpFollower {
+        HttpFollower::new("allowed.test", "198.18.0.1:80".parse().unwrap())
+    }
+
+    /// Every request on a plain-HTTP connection to an allowed name's address must name it:
+    /// a second request kept alive, an absolute-form target, a head ended by bare LFs, a
+    /// request after a body (sized or chunked) that itself reads like a request — each one
+    /// naming another host is refused, whatever pieces it arrives in.
+    #[test]
+    fn every_request_on_a_kept_alive_connection_is_checked() {
+        let ok = "GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\n";
+        let evil = "GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n";
+        let body = "POST /up HTTP/1.1\r\nHost: Allowed.Test:80\r\nContent-Length: 35\r\n\r\nGET / HTTP/1.1\r\nHost: evil.test\r\n\r\n";
+        let chunked = "POST /up HTTP/1.1\r\nHost: allowed.test\r\nTransfer-Encoding: chunked\r\n\r\n23;x=y\r\nGET / HTTP/1.1\r\nHost: evil.test\r\n\r\n\r\n0\r\nTrailer: t\r\n\r\n";
+        let allowed: &[&str] = &[
+            ok,
+            body,
+            chunked,
+            "GET http://allowed.test/x HTTP/1.1\r\nHost: allowed.test\r\n\r\n",
+            "GET / HTTP/1.0\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: 198.18.0.1\r\n\r\n",
+            "\r\nGET / HTTP/1.1\nHost: allowed.test\n\n",
+        ];
+        let refused: &[&str] = &[
+            evil,
+            "GET http://evil.test/ HTTP/1.1\r\nHost: allowed.test\r\n\r\n",
+            "GET / HTTP/1.1\nHost: evil.test\n\n",
+            "GET / HTTP/1.1\r\nHost: allowed.test\r\nHost: evil.test\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: allowed.test\r\nUpgrade: websocket\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
+            "CONNECT evil.test:443 HTTP/1.1\r\nHost: allowed.test\r\n\r\n",
+        ];
+        for first in allowed {
+            for then in allowed {
+                let stream = format!("{first}{then}");
+                for piece in [1, 7, stream.len()] {
+                    let mut f = follower();
+                    for part in stream.as_bytes().chunks(piece) {
+                        assert_eq!(f.feed(part), Ok(()), "{stream:?} in pieces of {piece}");
+                    }
+                }
+            }
+            for then in refused {
+                let stream = format!("{first}{then}");
+                for piece in [1, 7, stream.len()] {
+                    let mut f = follower();
+                    let r: Result<(), String> =
+                        stream.as_bytes().chunks(piece).try_for_each(|p| f.feed(p));
+                    assert!(r.is_err(), "{stream:?} in pieces of {piece} passed");
+                }
+            }
+        }
+        // A head that never ends is not followed for ever.
+        let mut f = follower();
+        assert!(f.feed(b"GET / HTTP/1.1\r\nX: ").is_ok());
+        assert!(f.feed(&[b'a'; MAX_FIRST + 1]).is_err());
     }
 
     #[test]
@@ -602,7 +1021,7 @@ mod tests {
         );
         assert_eq!(name_in(&get[..20]), Found::NeedMore);
         let two = b"GET / HTTP/1.1\r\nHost: allowed.test\r\nHost: other.test\r\n\r\n";
-        assert_eq!(name_in(two), Found::None);
+        assert!(matches!(name_in(two), Found::Unreadable(_)));
         assert_eq!(name_in(b"SSH-2.0-OpenSSH\r\n"), Found::None);
         assert_eq!(name_in(b"\x00\x0agit-upload-pack"), Found::None);
     }
