@@ -339,29 +339,125 @@ fn pipe_checked(
         if let Some(f) = follow.as_mut() {
             return f.verdict(bytes);
         }
-        match name_in(bytes) {
-            Found::NeedMore => relay::Check::NeedMore,
-            Found::Unreadable(why) => {
-                relay::Check::Refuse(format!("{why}, sent to the address of {name} ({dest})"))
-            }
-            Found::Name(other, _) if other != name => relay::Check::Refuse(format!(
-                "the client named {other} to the address of {name} ({dest})"
-            )),
-            _ if looks_like_http(bytes) => {
+        if bytes.first() == Some(&0x16) {
+            return match sni(bytes) {
+                Found::NeedMore => relay::Check::NeedMore,
+                Found::Unreadable(why) => {
+                    relay::Check::Refuse(format!("{why}, sent to the address of {name} ({dest})"))
+                }
+                Found::Name(other, _) if other != name => relay::Check::Refuse(format!(
+                    "the client named {other} to the address of {name} ({dest})"
+                )),
+                _ => relay::Check::Pass,
+            };
+        }
+        match http_start(bytes) {
+            Start::NeedMore => relay::Check::NeedMore,
+            Start::Other => relay::Check::Pass,
+            Start::Http => {
                 let mut f = HttpFollower::new(name, dest);
                 let verdict = f.verdict(bytes);
                 follow = Some(f);
                 verdict
             }
-            _ => relay::Check::Pass,
         }
     })
 }
 
-/// Whether the first bytes start an HTTP/1 request line (a method token, then a space).
-fn looks_like_http(buf: &[u8]) -> bool {
-    let n = buf.iter().take_while(|b| b.is_ascii_uppercase()).count();
-    (1..=16).contains(&n) && buf.get(n) == Some(&b' ')
+/// What a client's first bytes (not TLS) start.
+#[derive(Debug, PartialEq, Eq)]
+enum Start {
+    /// An HTTP/1 request: a request line with `HTTP/` in it, or a method servers know
+    /// followed by a space (HTTP/0.9's `GET /path` has no version).
+    Http,
+    /// Another protocol (SSH's banner, git's pkt-lines, a database's binary greeting).
+    Other,
+    NeedMore,
+}
+
+/// Methods servers act on, whatever follows them (RFC 9110, WebDAV, SSDP, caches).
+const METHODS: &[&str] = &[
+    "GET",
+    "HEAD",
+    "POST",
+    "PUT",
+    "DELETE",
+    "CONNECT",
+    "OPTIONS",
+    "TRACE",
+    "PATCH",
+    "QUERY",
+    "PROPFIND",
+    "PROPPATCH",
+    "MKCOL",
+    "COPY",
+    "MOVE",
+    "LOCK",
+    "UNLOCK",
+    "SEARCH",
+    "REPORT",
+    "MKACTIVITY",
+    "CHECKOUT",
+    "MERGE",
+    "M-SEARCH",
+    "NOTIFY",
+    "SUBSCRIBE",
+    "UNSUBSCRIBE",
+    "PURGE",
+    "LINK",
+    "UNLINK",
+    "ACL",
+    "BIND",
+    "REBIND",
+    "UNBIND",
+    "MKCALENDAR",
+    "SOURCE",
+];
+
+/// A token character (RFC 9110 5.6.2).
+fn tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+/// Whether the first bytes start an HTTP/1 request (empty lines before it skipped, as servers
+/// skip them): any token and a space, then a line a server could take for a request line.
+fn http_start(buf: &[u8]) -> Start {
+    let buf = &buf[buf
+        .iter()
+        .take_while(|b| matches!(b, b'\r' | b'\n'))
+        .count()..];
+    let n = buf.iter().take_while(|&&b| tchar(b)).count();
+    if n == 0 || n > 32 {
+        return if buf.is_empty() {
+            Start::NeedMore
+        } else {
+            Start::Other
+        };
+    }
+    match buf.get(n) {
+        None => return Start::NeedMore,
+        Some(b' ' | b'\t') => {}
+        Some(_) => return Start::Other,
+    }
+    if std::str::from_utf8(&buf[..n]).is_ok_and(|m| METHODS.contains(&m)) {
+        return Start::Http;
+    }
+    let rest = &buf[n..];
+    let line_end = rest.iter().position(|&b| b == b'\n');
+    let line = &rest[..line_end.unwrap_or(rest.len())];
+    // A control character (git's pkt-lines end in NUL) is no request line.
+    if line
+        .iter()
+        .any(|&b| b.is_ascii_control() && !matches!(b, b'\t' | b'\r'))
+    {
+        return Start::Other;
+    }
+    match line_end {
+        Some(_) if line.windows(6).any(|w| w == b" HTTP/" || w == b"\tHTTP/") => Start::Http,
+        Some(_) => Start::Other,
+        None if buf.len() < MAX_FIRST => Start::NeedMore,
+        None => Start::Http,
+    }
 }
 
 /// Follows a plain-HTTP/1 request stream from a client whose connection goes to `name`: every
@@ -444,6 +540,16 @@ impl HttpFollower {
                                 self.name
                             ));
                         }
+                        // What is passed on before the head ends must already read as the
+                        // start of an HTTP/1 head: a request line with no version (HTTP/0.9,
+                        // which some servers answer at once) or anything else is refused.
+                        let mut headers = [httparse::EMPTY_HEADER; 64];
+                        if httparse::Request::new(&mut headers)
+                            .parse(&self.line)
+                            .is_err()
+                        {
+                            return Err(format!("a request to {} that is not HTTP/1", self.name));
+                        }
                         return Ok(());
                     };
                     self.line.extend_from_slice(&bytes[..end]);
@@ -471,10 +577,12 @@ impl HttpFollower {
                     self.line.extend_from_slice(&bytes[..end]);
                     bytes = &bytes[end..];
                     let line = std::mem::take(&mut self.line);
-                    let text = std::str::from_utf8(&line).unwrap_or("");
-                    let digits = text.split(';').next().unwrap_or("").trim();
-                    let size = u64::from_str_radix(digits, 16)
-                        .map_err(|_| format!("a chunk size that is not one: {:?}", text.trim()))?;
+                    let size = chunk_size(&line).ok_or_else(|| {
+                        format!(
+                            "a chunk-size line that is not one: {:?}",
+                            String::from_utf8_lossy(&line)
+                        )
+                    })?;
                     self.state = if size == 0 {
                         self.blank = true;
                         Framing::Trailers
@@ -528,15 +636,22 @@ impl HttpFollower {
             Ok(httparse::Status::Complete(_)) => {}
             _ => return Err(format!("a request to {} that is not HTTP/1", self.name)),
         }
-        if req.method == Some("CONNECT") {
+        let method = req.method.unwrap_or("");
+        if method == "CONNECT" {
             return Err(format!("CONNECT sent to {} itself", self.name));
         }
         let target = req.path.unwrap_or("");
         if !target.starts_with('/') && target != "*" {
-            // Absolute form: its authority is a name too.
+            // Absolute form: its authority is a name too. Userinfo and backslashes, which
+            // URL parsers disagree on, are refused rather than guessed.
             let rest = target.split_once("://").map_or("", |(_, r)| r);
             let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-            let authority = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
+            if authority.contains(['@', '\\']) {
+                return Err(format!(
+                    "a request target with userinfo or a backslash sent to {}",
+                    self.name
+                ));
+            }
             self.same_host(authority)?;
         }
         let headers: &[httparse::Header] = &*req.headers;
@@ -544,7 +659,11 @@ impl HttpFollower {
             headers
                 .iter()
                 .filter(|h| h.name.eq_ignore_ascii_case(n))
-                .map(|h| std::str::from_utf8(h.value).unwrap_or("\u{fffd}").trim())
+                .map(|h| {
+                    std::str::from_utf8(h.value)
+                        .unwrap_or("\u{fffd}")
+                        .trim_matches([' ', '\t'])
+                })
                 .collect()
         };
         let hosts = named("host");
@@ -561,18 +680,30 @@ impl HttpFollower {
         }
         let te = named("transfer-encoding");
         let cl = named("content-length");
-        match (te.as_slice(), cl.as_slice()) {
-            ([], []) => Ok(Framing::Body(0)),
-            ([], [first, rest @ ..]) if rest.iter().all(|c| c == first) => first
-                .parse::<u64>()
-                .map(Framing::Body)
-                .map_err(|_| format!("a Content-Length that is not a length: {first:?}")),
-            ([coding], []) if coding.eq_ignore_ascii_case("chunked") => Ok(Framing::ChunkSize),
-            _ => Err(format!(
-                "a request body to {} framed two ways, or by an encoding other than chunked",
-                self.name
-            )),
+        let framing = match (te.as_slice(), cl.as_slice()) {
+            ([], []) => Framing::Body(0),
+            ([], [first, rest @ ..]) if rest.iter().all(|c| c == first) => {
+                match first.bytes().all(|b| b.is_ascii_digit()) {
+                    true => first.parse::<u64>().ok().map(Framing::Body),
+                    false => None,
+                }
+                .ok_or_else(|| format!("a Content-Length that is not a length: {first:?}"))?
+            }
+            ([coding], []) if coding.eq_ignore_ascii_case("chunked") => Framing::ChunkSize,
+            _ => {
+                return Err(format!(
+                    "a request body to {} framed two ways, or by an encoding other than chunked",
+                    self.name
+                ))
+            }
+        };
+        // Servers disagree on whether a GET or HEAD has a body at all; such a body could
+        // hide the next request from the one reading it differently.
+        let bodiless = matches!(framing, Framing::Body(0));
+        if matches!(method, "GET" | "HEAD") && !bodiless {
+            return Err(format!("a {method} with a body sent to {}", self.name));
         }
+        Ok(framing)
     }
 
     /// An authority (Host's value, an absolute target's) names this connection's host, an
@@ -584,17 +715,45 @@ impl HttpFollower {
                 self.name, self.dest
             )
         };
-        let (host, _) =
-            crate::config::domain::split_authority(authority, Some(80)).ok_or_else(other)?;
+        // The port, when given, is the one connected to.
+        let (host, port) =
+            crate::config::domain::split_authority(authority, Some(self.dest.port()))
+                .ok_or_else(other)?;
+        if port != self.dest.port() {
+            return Err(other());
+        }
         let bare = host.trim_start_matches('[').trim_end_matches(']');
-        if bare.parse::<IpAddr>().is_ok() {
-            return Ok(());
+        // An address names a host only when it is the one connected to.
+        if let Ok(ip) = bare.parse::<IpAddr>() {
+            return match canonical(ip) == canonical(self.dest.ip()) {
+                true => Ok(()),
+                false => Err(other()),
+            };
         }
         match crate::config::domain::normalise_name(bare) {
             Ok(n) if n == self.name => Ok(()),
             _ => Err(other()),
         }
     }
+}
+
+/// A chunk-size line as RFC 9112 7.1 writes it and nothing looser: 1 to 16 hex digits, an
+/// extension without control characters, CRLF. None: not one.
+fn chunk_size(line: &[u8]) -> Option<u64> {
+    let line = line.strip_suffix(b"\r\n")?;
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    if digits == 0 || digits > 16 {
+        return None;
+    }
+    match line.get(digits) {
+        None => {}
+        Some(b';')
+            if !line[digits..]
+                .iter()
+                .any(|&b| b.is_ascii_control() && b != b'\t') => {}
+        Some(_) => return None,
+    }
+    u64::from_str_radix(std::str::from_utf8(&line[..digits]).ok()?, 16).ok()
 }
 
 /// `1.2.3.4` or `[2001:db8::1]`.
@@ -654,13 +813,15 @@ pub fn name_in(buf: &[u8]) -> Found {
     if buf[0] == 0x16 {
         return sni(buf);
     }
-    let method_len = buf.iter().take_while(|b| b.is_ascii_uppercase()).count();
-    if method_len == 0 || method_len > 16 {
-        return Found::None;
+    match http_start(buf) {
+        Start::NeedMore => return Found::NeedMore,
+        Start::Other => return Found::None,
+        Start::Http => {}
     }
-    if method_len == buf.len() {
-        return Found::NeedMore;
-    }
+    let buf = &buf[buf
+        .iter()
+        .take_while(|b| matches!(b, b'\r' | b'\n'))
+        .count()..];
     let mut headers = [httparse::EMPTY_HEADER; 64];
     let mut req = httparse::Request::new(&mut headers);
     match req.parse(buf) {
@@ -688,7 +849,7 @@ pub fn name_in(buf: &[u8]) -> Found {
     let Ok(value) = std::str::from_utf8(host.value) else {
         return Found::None;
     };
-    match crate::config::domain::split_authority(value.trim(), Some(80)) {
+    match crate::config::domain::split_authority(value.trim_matches([' ', '\t']), Some(80)) {
         Some((h, _)) => normalised(&h, Learned::Host),
         None => Found::None,
     }
@@ -749,9 +910,16 @@ fn sni(buf: &[u8]) -> Found {
         }
     }
     match sni_in_hello(Reader(&hello)) {
-        None => Found::Unreadable("a TLS ClientHello that cannot be read".into()),
-        Some(None) => Found::None,
-        Some(Some(n)) => normalised(&n, Learned::Sni),
+        Err(why) => Found::Unreadable(why.into()),
+        Ok(None) => Found::None,
+        Ok(Some(n)) => match normalised(&n, Learned::Sni) {
+            // An address is no name; anything else that is no host name names nobody
+            // readable (a server may still route on it).
+            Found::None if n.trim_matches(['[', ']']).parse::<IpAddr>().is_err() => {
+                Found::Unreadable(format!("a TLS server name that is no host name: {n:?}"))
+            }
+            found => found,
+        },
     }
 }
 
@@ -779,8 +947,26 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// None: not a well-formed ClientHello; Some(None): one without a server_name.
-fn sni_in_hello(mut r: Reader) -> Option<Option<String>> {
+/// The ClientHello's server_name (None: it has none); Err: it cannot be read, names more
+/// than one, or hides its real name (ECH).
+fn sni_in_hello(r: Reader) -> Result<Option<String>, &'static str> {
+    const UNREADABLE: &str = "a TLS ClientHello that cannot be read";
+    let (seen, name) = hello_extensions(r).ok_or(UNREADABLE)?;
+    let mut kinds = seen.clone();
+    kinds.sort_unstable();
+    kinds.dedup();
+    if kinds.len() != seen.len() {
+        return Err("a TLS ClientHello with an extension twice");
+    }
+    // encrypted_client_hello (RFC 9849): the outer SNI is a cover, the real name is inside.
+    if seen.contains(&0xfe0d) {
+        return Err("an encrypted ClientHello (ECH), whose real server name cannot be checked");
+    }
+    Ok(name)
+}
+
+/// Every extension type in the ClientHello, in order, and its server_name if it has one.
+fn hello_extensions(mut r: Reader) -> Option<(Vec<usize>, Option<String>)> {
     if r.u8()? != 1 {
         return None; // not a ClientHello
     }
@@ -793,8 +979,10 @@ fn sni_in_hello(mut r: Reader) -> Option<Option<String>> {
     h.take(n)?; // cipher suites
     let n = h.u8()?;
     h.take(n)?; // compression methods
+    let mut kinds = Vec::new();
+    let mut found = None;
     if h.0.is_empty() {
-        return Some(None); // no extensions at all
+        return Some((kinds, found)); // no extensions at all
     }
     let n = h.u16()?;
     let mut ext = Reader(h.take(n)?);
@@ -802,6 +990,7 @@ fn sni_in_hello(mut r: Reader) -> Option<Option<String>> {
         let kind = ext.u16()?;
         let n = ext.u16()?;
         let mut body = Reader(ext.take(n)?);
+        kinds.push(kind);
         if kind != 0 {
             continue;
         }
@@ -812,11 +1001,14 @@ fn sni_in_hello(mut r: Reader) -> Option<Option<String>> {
             let n = list.u16()?;
             let name = list.take(n)?;
             if name_type == 0 {
-                return std::str::from_utf8(name).ok().map(|n| Some(n.to_string()));
+                if found.is_some() {
+                    return None; // two host names
+                }
+                found = Some(std::str::from_utf8(name).ok()?.to_string());
             }
         }
     }
-    Some(None)
+    Some((kinds, found))
 }
 
 /// A refusal: on the workload's stderr (once per destination) and in the audit log.
@@ -985,6 +1177,14 @@ mod tests {
             "POST / HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
             "POST / HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
             "CONNECT evil.test:443 HTTP/1.1\r\nHost: allowed.test\r\n\r\n",
+            // HTTP/0.9: no version, no headers; some servers answer at once.
+            "GET http://evil.test/\r\n",
+            "GET http://evil.test\\@allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: 10.0.0.5\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: allowed.test:6379\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: +3\r\n\r\nabc",
+            "POST / HTTP/1.1\r\nHost: allowed.test\r\nTransfer-Encoding: chunked\r\n\r\n3\nabc\r\n0\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: 5\r\n\r\nhello",
         ];
         for first in allowed {
             for then in allowed {
@@ -1010,6 +1210,102 @@ mod tests {
         let mut f = follower();
         assert!(f.feed(b"GET / HTTP/1.1\r\nX: ").is_ok());
         assert!(f.feed(&[b'a'; MAX_FIRST + 1]).is_err());
+    }
+
+    /// What is followed as HTTP: any request line with a version, a known method even
+    /// without one, after empty lines too; SSH's banner, git's pkt-lines and other
+    /// protocols' first words are not HTTP and pass.
+    #[test]
+    fn http_is_told_from_other_protocols() {
+        for http in [
+            &b"GET / HTTP/1.1\r\n"[..],
+            b"\r\n\r\nGET / HTTP/1.1\r\n",
+            b"M-SEARCH * HTTP/1.1\r\n",
+            b"FOO / HTTP/1.1\r\n",
+            b"GET http://evil.test/\r\n",
+            b"get / HTTP/1.1\r\n",
+        ] {
+            assert_eq!(
+                http_start(http),
+                Start::Http,
+                "{:?}",
+                String::from_utf8_lossy(http)
+            );
+        }
+        for other in [
+            &b"SSH-2.0-OpenSSH_9.2p1 Debian-2+deb12u3\r\n"[..],
+            b"0032git-upload-pack /repo.git\0host=git.test\0",
+            b"EHLO client.test\r\n",
+            b"\x00\x00\x00\x08\x04\xd2\x16\x2f",
+            b"*1\r\n$4\r\nPING\r\n",
+        ] {
+            assert_eq!(
+                http_start(other),
+                Start::Other,
+                "{:?}",
+                String::from_utf8_lossy(other)
+            );
+        }
+        for partial in [&b"GE"[..], b"\r\n", b"FOO /path"] {
+            assert_eq!(http_start(partial), Start::NeedMore);
+        }
+    }
+
+    /// An encrypted ClientHello's outer name is a cover; two server names or an extension
+    /// twice leave the real one unknown; a server name that is no host name names nobody.
+    #[test]
+    fn a_hello_that_hides_or_doubles_its_name_is_unreadable() {
+        let hello = |exts: &[(u16, Vec<u8>)]| {
+            let mut ext = Vec::new();
+            for (kind, body) in exts {
+                ext.extend_from_slice(&kind.to_be_bytes());
+                ext.extend_from_slice(&(body.len() as u16).to_be_bytes());
+                ext.extend_from_slice(body);
+            }
+            let mut h = vec![3, 3];
+            h.extend_from_slice(&[0u8; 32]);
+            h.push(0);
+            h.extend_from_slice(&[0, 2, 0x13, 0x01, 1, 0]);
+            h.extend_from_slice(&(ext.len() as u16).to_be_bytes());
+            h.extend_from_slice(&ext);
+            let mut hs = vec![1];
+            hs.extend_from_slice(&(h.len() as u32).to_be_bytes()[1..]);
+            hs.extend_from_slice(&h);
+            let mut rec = vec![0x16, 3, 1];
+            rec.extend_from_slice(&(hs.len() as u16).to_be_bytes());
+            rec.extend_from_slice(&hs);
+            rec
+        };
+        let sni = |name: &str| {
+            let mut b = ((name.len() + 3) as u16).to_be_bytes().to_vec();
+            b.push(0);
+            b.extend_from_slice(&(name.len() as u16).to_be_bytes());
+            b.extend_from_slice(name.as_bytes());
+            b
+        };
+        assert_eq!(
+            name_in(&hello(&[(0, sni("allowed.test"))])),
+            Found::Name("allowed.test".into(), Learned::Sni)
+        );
+        for (what, exts) in [
+            ("ECH", vec![(0, sni("allowed.test")), (0xfe0d, vec![0; 8])]),
+            (
+                "two SNI",
+                vec![(0, sni("allowed.test")), (0, sni("evil.test"))],
+            ),
+            (
+                "an extension twice",
+                vec![(0, sni("allowed.test")), (10, vec![0, 0]), (10, vec![0, 0])],
+            ),
+            ("no host name", vec![(0, sni("evil_x.test!"))]),
+        ] {
+            assert!(
+                matches!(name_in(&hello(&exts)), Found::Unreadable(_)),
+                "{what}: {:?}",
+                name_in(&hello(&exts))
+            );
+        }
+        assert_eq!(name_in(&hello(&[(10, vec![0, 0])])), Found::None);
     }
 
     #[test]
