@@ -76,9 +76,16 @@ pub fn run(
     // If aisb dies (even by SIGKILL), the helper gets SIGTERM, forwards it to the sandbox,
     // waits for it and deletes the container: nothing is left running.
     // SAFETY: prctl is async-signal-safe.
+    // Nothing aisb inherited reaches the helper, hence the container: not a descriptor beyond
+    // those named above, and not systemd's socket activation, which youki would honour by
+    // keeping LISTEN_FDS descriptors open into the container.
+    for var in ["LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"] {
+        cmd.env_remove(var);
+    }
     unsafe {
         std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
             nix::sys::prctl::set_pdeathsig(Signal::SIGTERM)?;
+            super::cloexec_from(3)?;
             let handshake = child_ends.map(|(r, g)| [r, g]).unwrap_or([-1, -1]);
             for fd in [ready.unwrap_or(-1)].into_iter().chain(handshake) {
                 if fd >= 0 {

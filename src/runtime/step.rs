@@ -170,12 +170,17 @@ fn rootful(step: &Step, exe: &Path, p: &Prepared, out: OwnedFd) -> Result<Child,
     cmd.spawn().map_err(io("starting the build step"))
 }
 
-/// If aisb dies, the step goes too.
+/// If aisb dies, the step goes too; nothing aisb inherited reaches it (no descriptor beyond
+/// 0-2, no socket activation that youki would keep open into the container).
 fn die_with_parent(cmd: &mut Command) {
-    // SAFETY: prctl is async-signal-safe.
+    for var in ["LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"] {
+        cmd.env_remove(var);
+    }
+    // SAFETY: prctl and close_range (or fcntl) are async-signal-safe.
     unsafe {
         std::os::unix::process::CommandExt::pre_exec(cmd, || {
             nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)?;
+            super::cloexec_from(3)?;
             Ok(())
         });
     }
@@ -184,8 +189,8 @@ fn die_with_parent(cmd: &mut Command) {
 /// The first component of `target` (absolute) that is a symbolic link in the merged view of
 /// `layers` (overlay directories, top first), as a path relative to the root. Each layer is
 /// looked into only as far as it holds directories on the way, so nothing is followed on this
-/// side either; a layer that an opaque directory hides still counts (a refusal too many, never
-/// one too few).
+/// side either; a layer that an opaque directory hides still counts, and so does a path this
+/// side cannot look into (a refusal too many, never one too few).
 fn link_on_the_way(layers: &[PathBuf], target: &Path) -> Option<PathBuf> {
     let rel = target.strip_prefix("/").unwrap_or(target);
     let mut live: Vec<&Path> = layers.iter().map(PathBuf::as_path).collect();
@@ -195,7 +200,10 @@ fn link_on_the_way(layers: &[PathBuf], target: &Path) -> Option<PathBuf> {
         let mut next = Vec::new();
         for l in live {
             match std::fs::symlink_metadata(l.join(&at)) {
-                Err(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                // A directory this side cannot look into (a layer's 0700 of another id): what
+                // bwrap, root over those ids, would find there is unknown. Refused.
+                Err(_) => return Some(at),
                 Ok(m) if m.file_type().is_symlink() && next.is_empty() => return Some(at),
                 Ok(m) if m.is_dir() => next.push(l),
                 // A file or a whiteout on top hides everything below it; below a directory,
@@ -380,6 +388,8 @@ fn rootless(step: &Step, p: &Prepared, out: OwnedFd) -> Result<Child, RuntimeErr
     // SAFETY: fcntl and prctl are async-signal-safe.
     unsafe {
         std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+            // Only bwrap's two descriptors (and the output on 1-2) reach the step.
+            super::cloexec_from(3)?;
             for fd in [b, i] {
                 nix::fcntl::fcntl(
                     fd,
