@@ -82,6 +82,8 @@ pub enum JoinError {
     Fork(nix::Error),
     #[error("cannot keep the helper's descriptors from the command: {0}")]
     Cloexec(std::io::Error),
+    #[error("cannot make the session helper non-dumpable: {0}")]
+    Dumpable(nix::Error),
     #[error("cannot open a terminal in the sandbox ({what}): {source}")]
     Pty {
         what: &'static str,
@@ -175,6 +177,12 @@ fn join_and_start(r: Request) -> Result<i32, JoinError> {
         .map(<[u8]>::to_vec);
     let program = crate::init::exec::Exec::prepare(&r.command, env)?;
     crate::init::harden(&crate::init::Options::default())?;
+    // The child is born inside the sandbox's PID namespace, holding the caller's terminal on
+    // 0-2 until it makes the session's its own: not dumpable from birth (runc's
+    // CVE-2016-9962), nothing inside may open its descriptors through /proc. Its exec makes
+    // the command dumpable again, holding only what it should. (This helper itself is in no
+    // namespace's /proc inside: it joined the PID namespace for its children only.)
+    nix::sys::prctl::set_dumpable(false).map_err(JoinError::Dumpable)?;
     // SAFETY: this process is single-threaded (checked above), so the child inherits no lock
     // another thread held; it still calls only async-signal-safe functions (`start`).
     match unsafe { fork() }.map_err(JoinError::Fork)? {
