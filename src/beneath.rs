@@ -274,12 +274,35 @@ pub fn remove_tree(path: &Path) -> io::Result<()> {
     }
     let id = |fd: &OwnedFd| nix::sys::stat::fstat(fd.as_raw_fd()).map(|st| (st.st_dev, st.st_ino));
     let open_dir = |at: &OwnedFd, name: &OsStr| {
-        open_at(
-            Some(at),
-            name,
-            OFlag::O_DIRECTORY | OFlag::O_RDONLY,
-            Mode::empty(),
-        )
+        let open = || {
+            open_at(
+                Some(at),
+                name,
+                OFlag::O_DIRECTORY | OFlag::O_RDONLY,
+                Mode::empty(),
+            )
+        };
+        match open() {
+            // A directory its owner made unreadable (0300, 000): made 0700 first, through a
+            // descriptor that names it without following a link (fchmod refuses O_PATH
+            // descriptors; /proc/self/fd/N is the same inode).
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                let path = open_at(
+                    Some(at),
+                    name,
+                    OFlag::O_PATH | OFlag::O_DIRECTORY,
+                    Mode::empty(),
+                )?;
+                nix::sys::stat::fchmodat(
+                    None,
+                    format!("/proc/self/fd/{}", path.as_raw_fd()).as_str(),
+                    Mode::from_bits_truncate(0o700),
+                    nix::sys::stat::FchmodatFlags::FollowSymlink,
+                )?;
+                open()
+            }
+            r => r,
+        }
     };
     // The directories from `path` down to the current one: each one's name in its parent,
     // its identity (to check the way back up) and, once listed, its subdirectories still to
@@ -290,11 +313,15 @@ pub fn remove_tree(path: &Path) -> io::Result<()> {
         pending: Option<Vec<std::ffi::OsString>>,
     }
     let mut cur = open_dir(&parent.0, name)?;
+    let top = id(&cur)?;
     let mut trail = vec![Level {
         name: name.to_os_string(),
-        id: id(&cur)?,
+        id: top,
         pending: None,
     }];
+    // Times a directory was found not empty after its listing (entries added meanwhile, or
+    // missed by a listing that unlinked as it read): listed again, a bounded number of times.
+    let mut relisted = 0;
     loop {
         let level = trail
             .last_mut()
@@ -329,9 +356,17 @@ pub fn remove_tree(path: &Path) -> io::Result<()> {
         }
         if let Some(n) = level.pending.as_mut().and_then(Vec::pop) {
             let next = open_dir(&cur, n.as_os_str())?;
+            let next_id = id(&next)?;
+            if next_id.0 != top.0 {
+                return Err(io::Error::other(format!(
+                    "{}: a mount point below it ({}), not removed",
+                    path.display(),
+                    Path::new(&n).display()
+                )));
+            }
             trail.push(Level {
                 name: n,
-                id: id(&next)?,
+                id: next_id,
                 pending: None,
             });
             cur = next;
@@ -339,28 +374,37 @@ pub fn remove_tree(path: &Path) -> io::Result<()> {
         }
         // `cur` is empty: remove it from its parent, and go on there.
         let done = trail.pop().expect("the trail holds the current directory");
-        let Some(above) = trail.last() else {
-            drop(cur);
-            unlinkat(
-                Some(parent.fd()),
-                done.name.as_os_str(),
-                UnlinkatFlags::RemoveDir,
-            )?;
-            return Ok(());
+        let up = match trail.last() {
+            None => None,
+            Some(above) => {
+                let up = open_dir(&cur, OsStr::new(".."))?;
+                if id(&up)? != above.id {
+                    return Err(io::Error::other(format!(
+                        "{}: a directory moved while it was being removed",
+                        path.display()
+                    )));
+                }
+                Some(up)
+            }
         };
-        let up = open_dir(&cur, OsStr::new(".."))?;
-        if id(&up)? != above.id {
-            return Err(io::Error::other(format!(
-                "{}: a directory moved while it was being removed",
-                path.display()
-            )));
+        let from = up.as_ref().map_or(parent.fd(), |u| u.as_raw_fd());
+        match unlinkat(Some(from), done.name.as_os_str(), UnlinkatFlags::RemoveDir) {
+            // Entries appeared meanwhile, or a listing that unlinked as it read missed some:
+            // this directory again.
+            Err(nix::Error::ENOTEMPTY) if relisted < 16 => {
+                relisted += 1;
+                trail.push(Level {
+                    pending: None,
+                    ..done
+                });
+                continue;
+            }
+            r => r?,
         }
-        unlinkat(
-            Some(up.as_raw_fd()),
-            done.name.as_os_str(),
-            UnlinkatFlags::RemoveDir,
-        )?;
-        cur = up;
+        match up {
+            None => return Ok(()),
+            Some(up) => cur = up,
+        }
     }
 }
 
@@ -396,7 +440,7 @@ fn split(rel: &Path) -> io::Result<(&Path, &OsStr)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::symlink;
+    use std::os::unix::fs::{symlink, PermissionsExt};
 
     /// A tree nested deeper than the descriptor limit (what a build step can make to leave
     /// files behind that a recursive removal cannot reach), with a read-only directory and
@@ -428,6 +472,12 @@ mod tests {
             if i == depth / 2 {
                 middle = Some(cur.0.try_clone().unwrap());
             }
+        }
+        // A directory its owner made unreadable and unsearchable, with files in it.
+        std::fs::create_dir_all(tree.join("locked/inner")).unwrap();
+        std::fs::write(tree.join("locked/inner/f"), "x").unwrap();
+        for d in ["locked/inner", "locked"] {
+            std::fs::set_permissions(tree.join(d), std::fs::Permissions::from_mode(0o000)).unwrap();
         }
         drop(cur);
         let middle = middle.unwrap();
