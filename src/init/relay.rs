@@ -3,8 +3,8 @@
 //!
 //! The init binds them before the workload starts and keeps them: they are close-on-exec, so
 //! the workload cannot accept on them, and the init is PID 1, which nothing inside can kill or
-//! trace. Plain threads (pooled: one per open connection, reused by the next), no runtime: the
-//! init stays small. `connect` is the ProxyCommand for
+//! trace. Plain threads (each accepts a connection and relays it, then waits for the next),
+//! no runtime: the init stays small. `connect` is the ProxyCommand for
 //! SSH (`GIT_SSH_COMMAND`): it opens a CONNECT tunnel and pipes stdin/stdout through it.
 
 use std::io::{Read, Write};
@@ -36,18 +36,61 @@ pub fn bind(port: u16) -> std::io::Result<Vec<TcpListener>> {
     Ok(out)
 }
 
-/// Serve the listeners on their own threads, for as long as the process lives.
+/// Serve the listeners for as long as the process lives.
 pub fn start(listeners: Vec<(TcpListener, Target)>) {
     for (listener, target) in listeners {
-        std::thread::spawn(move || {
-            for conn in listener.incoming().flatten() {
-                // No thread to be had (the sandbox's pids limit): this connection is dropped,
-                // the listener keeps serving.
-                spawn_pooled(move || {
-                    let _ = relay_one(conn, target);
-                });
-            }
+        serve(listener, move |conn| {
+            let _ = relay_one(conn, target);
         });
+    }
+}
+
+/// Serve `listener` with threads that each accept a connection and relay it themselves: no
+/// hand-off from an accepting thread to a worker (a wake-up per connection, measured in the
+/// per-request cost). One thread always waits in `accept`: the one that takes a connection
+/// starts another when none is left waiting, and a thread that finishes while two others
+/// wait ends. Out of threads (the sandbox's pids limit), the last one serves connections one
+/// after another rather than dropping them.
+pub fn serve(listener: TcpListener, handle: impl Fn(TcpStream) + Send + Sync + 'static) {
+    let acceptors = std::sync::Arc::new(Acceptors {
+        listener,
+        waiting: std::sync::atomic::AtomicUsize::new(0),
+        handle: Box::new(handle),
+    });
+    // The process's first acceptor: if even it cannot start, nothing is served (as before).
+    let _ = spawn_acceptor(acceptors);
+}
+
+struct Acceptors {
+    listener: TcpListener,
+    /// Threads blocked in `accept` now.
+    waiting: std::sync::atomic::AtomicUsize,
+    handle: Box<dyn Fn(TcpStream) + Send + Sync>,
+}
+
+fn spawn_acceptor(a: std::sync::Arc<Acceptors>) -> bool {
+    std::thread::Builder::new()
+        .spawn(move || accept_loop(&a))
+        .is_ok()
+}
+
+fn accept_loop(a: &std::sync::Arc<Acceptors>) {
+    use std::sync::atomic::Ordering::SeqCst;
+    loop {
+        a.waiting.fetch_add(1, SeqCst);
+        let conn = a.listener.accept();
+        let others = a.waiting.fetch_sub(1, SeqCst) - 1;
+        if others == 0 {
+            spawn_acceptor(std::sync::Arc::clone(a));
+        }
+        match conn {
+            Ok((c, _)) => (a.handle)(c),
+            // Out of descriptors or memory for a moment: not a busy loop.
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+        }
+        if a.waiting.load(SeqCst) >= 2 {
+            return;
+        }
     }
 }
 
@@ -535,71 +578,6 @@ fn retry(mut call: impl FnMut() -> isize) -> Result<Option<usize>, Stop> {
             std::io::ErrorKind::WouldBlock => return Ok(None),
             _ => return Err(Stop::Failed(e)),
         }
-    }
-}
-
-/// Run `job` on a pooled thread: an idle one if there is one, else a new one. An idle thread
-/// waits [`POOL_IDLE`] for work and ends. False when no thread could be started (the sandbox's
-/// pids limit): the job was dropped.
-pub fn spawn_pooled(job: impl FnOnce() + Send + 'static) -> bool {
-    let pool = pool();
-    let Ok(mut q) = pool.queue.lock() else {
-        return false;
-    };
-    q.jobs.push_back(Box::new(job));
-    if q.idle >= q.jobs.len() {
-        pool.ready.notify_one();
-        return true;
-    }
-    if std::thread::Builder::new().spawn(worker).is_ok() {
-        return true;
-    }
-    q.jobs.pop_back();
-    false
-}
-
-/// How long a pooled thread waits for work before it ends.
-const POOL_IDLE: std::time::Duration = std::time::Duration::from_secs(10);
-
-type Job = Box<dyn FnOnce() + Send>;
-
-#[derive(Default)]
-struct Queue {
-    jobs: std::collections::VecDeque<Job>,
-    idle: usize,
-}
-
-#[derive(Default)]
-struct Pool {
-    queue: std::sync::Mutex<Queue>,
-    ready: std::sync::Condvar,
-}
-
-fn pool() -> &'static Pool {
-    static POOL: std::sync::OnceLock<Pool> = std::sync::OnceLock::new();
-    POOL.get_or_init(Default::default)
-}
-
-fn worker() {
-    let pool = pool();
-    loop {
-        let job = {
-            let Ok(mut q) = pool.queue.lock() else { return };
-            loop {
-                if let Some(job) = q.jobs.pop_front() {
-                    break job;
-                }
-                q.idle += 1;
-                let waited = pool.ready.wait_timeout(q, POOL_IDLE);
-                let Ok((back, timeout)) = waited else { return };
-                q = back;
-                q.idle -= 1;
-                if timeout.timed_out() && q.jobs.is_empty() {
-                    return;
-                }
-            }
-        };
-        job();
     }
 }
 

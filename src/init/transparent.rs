@@ -223,16 +223,11 @@ pub fn bind(port: u16) -> std::io::Result<TcpListener> {
     }
 }
 
-/// Serve the transparent listeners, one thread each, a (pooled) thread per connection.
+/// Serve the transparent listeners, each connection on the thread that accepted it
+/// ([`relay::serve`]).
 pub fn start(listeners: Vec<TcpListener>) {
     for listener in listeners {
-        std::thread::spawn(move || {
-            for conn in listener.incoming().flatten() {
-                // Out of threads (the sandbox's pids limit): this connection is dropped, the
-                // listener keeps serving.
-                relay::spawn_pooled(move || handle(conn));
-            }
-        });
+        relay::serve(listener, handle);
     }
 }
 
