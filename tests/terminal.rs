@@ -197,3 +197,45 @@ fn named_sessions_have_the_sandboxs_own_terminal_and_follow_resizes() {
         }
     }
 }
+
+/// `aisb run` and `aisb exec` with their output on the caller's terminal but their input
+/// elsewhere (`< /dev/null`, a pipe): the workload still sees a terminal, and cannot read what
+/// the user types into it (the terminal a shell passes on is open for reading on 1 and 2 too).
+#[test]
+fn output_on_the_callers_terminal_cannot_be_read_from() {
+    if !support::root_or_skip("the terminal test") {
+        return;
+    }
+    if !support::tool_or_skip("script", "the terminal test") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    for d in ["repo", "home"] {
+        std::fs::create_dir_all(t.path().join(d)).unwrap();
+    }
+    support::git_in(&t.path().join("repo"), &["init", "-q"]);
+    let aisb = env!("CARGO_BIN_EXE_aisb");
+    let probe = "test -t 1 && echo OUT-IS-A-TERMINAL; for fd in 1 2; do timeout 5 head -c1 <&$fd >/dev/null 2>&1; echo READ-$fd-RC=$?; done";
+    for backend in ["bwrap", "libcontainer"] {
+        // `script` gives the command a terminal on 0-2; the command's own input is /dev/null.
+        let inner = format!("{aisb} run --backend {backend} -- sh -c '{probe}' < /dev/null");
+        let o = std::process::Command::new("script")
+            .args(["-qec", &inner, "/dev/null"])
+            .current_dir(t.path().join("repo"))
+            .env("HOME", t.path().join("home"))
+            .env("XDG_CACHE_HOME", t.path().join("cache"))
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&o.stdout).replace('\r', "");
+        assert!(out.contains("OUT-IS-A-TERMINAL"), "[{backend}] {out}");
+        for fd in [1, 2] {
+            // head's read fails at once (EBADF: write-only), rather than waiting 5 s and
+            // timing out (124) or reading a byte the user typed (0).
+            assert!(
+                out.contains(&format!("READ-{fd}-RC=1")),
+                "[{backend}] fd {fd} of the caller's terminal is readable inside:\n{out}"
+            );
+        }
+    }
+}

@@ -110,6 +110,7 @@ pub fn run(
             Ok(())
         });
     }
+    super::terminal_output_write_only(&mut cmd);
     let spawned = cmd.spawn();
     drop(info_w);
     if let Some(l) = live.as_mut() {

@@ -98,6 +98,7 @@ pub fn run(
             Ok(())
         });
     }
+    super::terminal_output_write_only(&mut cmd);
     let spawned = cmd.spawn();
     if let Some(l) = live.as_mut() {
         l.spawned();

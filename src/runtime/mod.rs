@@ -508,6 +508,36 @@ pub(crate) fn take_signals(
     Ok((blocked, forward))
 }
 
+/// When the sandbox is not given the caller's terminal as its input (stdin is not a
+/// terminal), the terminal its output goes to is handed over write-only: a new open of the
+/// same terminal (`/proc/self/fd/N`, O_WRONLY|O_NOCTTY), so the workload still sees a terminal
+/// (colours, line buffering) but cannot read what the user types into it afterwards (the
+/// descriptor a shell passes on is usually open for reading too).
+pub(crate) fn terminal_output_write_only(cmd: &mut std::process::Command) {
+    use std::io::IsTerminal;
+    use std::os::unix::fs::OpenOptionsExt;
+    if std::io::stdin().is_terminal() {
+        return;
+    }
+    let reopen = |fd: i32| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NOCTTY)
+            .open(format!("/proc/self/fd/{fd}"))
+            .ok()
+    };
+    if std::io::stdout().is_terminal() {
+        if let Some(f) = reopen(1) {
+            cmd.stdout(f);
+        }
+    }
+    if std::io::stderr().is_terminal() {
+        if let Some(f) = reopen(2) {
+            cmd.stderr(f);
+        }
+    }
+}
+
 /// Mark every descriptor from `first` up close-on-exec (`close_range(2)` with
 /// CLOSE_RANGE_CLOEXEC, Linux 5.11+; else one `fcntl` each up to the soft limit).
 /// Async-signal-safe: for `pre_exec`.

@@ -138,6 +138,7 @@ pub fn attach(pid: i32, command: &[String], cwd: &std::path::Path) -> Result<i32
             Ok(())
         });
     }
+    crate::runtime::terminal_output_write_only(&mut cmd);
     let spawned = cmd.spawn();
     drop(init);
     drop(cgroups);
