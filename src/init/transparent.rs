@@ -1052,15 +1052,14 @@ fn canonical(ip: IpAddr) -> IpAddr {
 mod tests {
     use super::*;
 
-    fn client_hello(name: &str) -> Vec<u8> {
-        let mut sni = Vec::new();
-        sni.extend_from_slice(&((name.len() + 3) as u16).to_be_bytes());
-        sni.push(0);
-        sni.extend_from_slice(&(name.len() as u16).to_be_bytes());
-        sni.extend_from_slice(name.as_bytes());
-        let mut ext = vec![0, 0];
-        ext.extend_from_slice(&(sni.len() as u16).to_be_bytes());
-        ext.extend_from_slice(&sni);
+    /// A TLS record holding a ClientHello with these extensions (type, body).
+    fn hello_with(exts: &[(u16, Vec<u8>)]) -> Vec<u8> {
+        let mut ext = Vec::new();
+        for (kind, body) in exts {
+            ext.extend_from_slice(&kind.to_be_bytes());
+            ext.extend_from_slice(&(body.len() as u16).to_be_bytes());
+            ext.extend_from_slice(body);
+        }
         let mut hello = vec![3, 3];
         hello.extend_from_slice(&[0u8; 32]);
         hello.push(0); // session id
@@ -1075,6 +1074,19 @@ mod tests {
         rec.extend_from_slice(&(hs.len() as u16).to_be_bytes());
         rec.extend_from_slice(&hs);
         rec
+    }
+
+    /// A server_name extension's body naming `name`.
+    fn sni_ext(name: &str) -> Vec<u8> {
+        let mut b = ((name.len() + 3) as u16).to_be_bytes().to_vec();
+        b.push(0);
+        b.extend_from_slice(&(name.len() as u16).to_be_bytes());
+        b.extend_from_slice(name.as_bytes());
+        b
+    }
+
+    fn client_hello(name: &str) -> Vec<u8> {
+        hello_with(&[(0, sni_ext(name))])
     }
 
     #[test]
@@ -1250,57 +1262,36 @@ mod tests {
     /// twice leave the real one unknown; a server name that is no host name names nobody.
     #[test]
     fn a_hello_that_hides_or_doubles_its_name_is_unreadable() {
-        let hello = |exts: &[(u16, Vec<u8>)]| {
-            let mut ext = Vec::new();
-            for (kind, body) in exts {
-                ext.extend_from_slice(&kind.to_be_bytes());
-                ext.extend_from_slice(&(body.len() as u16).to_be_bytes());
-                ext.extend_from_slice(body);
-            }
-            let mut h = vec![3, 3];
-            h.extend_from_slice(&[0u8; 32]);
-            h.push(0);
-            h.extend_from_slice(&[0, 2, 0x13, 0x01, 1, 0]);
-            h.extend_from_slice(&(ext.len() as u16).to_be_bytes());
-            h.extend_from_slice(&ext);
-            let mut hs = vec![1];
-            hs.extend_from_slice(&(h.len() as u32).to_be_bytes()[1..]);
-            hs.extend_from_slice(&h);
-            let mut rec = vec![0x16, 3, 1];
-            rec.extend_from_slice(&(hs.len() as u16).to_be_bytes());
-            rec.extend_from_slice(&hs);
-            rec
-        };
-        let sni = |name: &str| {
-            let mut b = ((name.len() + 3) as u16).to_be_bytes().to_vec();
-            b.push(0);
-            b.extend_from_slice(&(name.len() as u16).to_be_bytes());
-            b.extend_from_slice(name.as_bytes());
-            b
-        };
         assert_eq!(
-            name_in(&hello(&[(0, sni("allowed.test"))])),
+            name_in(&client_hello("allowed.test")),
             Found::Name("allowed.test".into(), Learned::Sni)
         );
         for (what, exts) in [
-            ("ECH", vec![(0, sni("allowed.test")), (0xfe0d, vec![0; 8])]),
+            (
+                "ECH",
+                vec![(0, sni_ext("allowed.test")), (0xfe0d, vec![0; 8])],
+            ),
             (
                 "two SNI",
-                vec![(0, sni("allowed.test")), (0, sni("evil.test"))],
+                vec![(0, sni_ext("allowed.test")), (0, sni_ext("evil.test"))],
             ),
             (
                 "an extension twice",
-                vec![(0, sni("allowed.test")), (10, vec![0, 0]), (10, vec![0, 0])],
+                vec![
+                    (0, sni_ext("allowed.test")),
+                    (10, vec![0, 0]),
+                    (10, vec![0, 0]),
+                ],
             ),
-            ("no host name", vec![(0, sni("evil_x.test!"))]),
+            ("no host name", vec![(0, sni_ext("evil_x.test!"))]),
         ] {
             assert!(
-                matches!(name_in(&hello(&exts)), Found::Unreadable(_)),
+                matches!(name_in(&hello_with(&exts)), Found::Unreadable(_)),
                 "{what}: {:?}",
-                name_in(&hello(&exts))
+                name_in(&hello_with(&exts))
             );
         }
-        assert_eq!(name_in(&hello(&[(10, vec![0, 0])])), Found::None);
+        assert_eq!(name_in(&hello_with(&[(10, vec![0, 0])])), Found::None);
     }
 
     #[test]
