@@ -242,10 +242,11 @@ fn checks() -> Vec<Check> {
         ok: true,
         detail: cg.into(),
     });
-    // Moving a process into a cgroup waits for an RCU grace period unless a hierarchy is
-    // mounted with `favordynmods` (the lock is shared by all hierarchies): each sandbox start
-    // pays it once. Short on an idle host; on a 2-core cgroup v1 host busy compiling, bwrap's
-    // start went from 39 to 21 ms with it (idle: 12.8 vs 13.6 ms, no difference).
+    // Moving a thread group into a cgroup (`cgroup.procs`) waits for an RCU grace period
+    // unless a hierarchy is mounted with `favordynmods` (the lock is shared by all
+    // hierarchies): measured on a 2-core cgroup v1 host, 9 ms median per move. aisb's own moves
+    // on v1 go through `tasks` (one thread, no such lock); youki's (libcontainer) and v2's
+    // cannot.
     let mounts = read("/proc/mounts").unwrap_or_default();
     let fast = mounts
         .lines()
@@ -258,12 +259,19 @@ fn checks() -> Vec<Check> {
     c.push(Check {
         name: "cgroup migrations",
         ok: true,
-        detail: if fast {
-            "fast (a cgroup hierarchy is mounted with favordynmods)".into()
-        } else if std::path::Path::new(v2_at).exists() {
-            format!("each sandbox start waits for an RCU grace period to enter its cgroup (next to nothing on an idle host, ~10-15 ms when the CPUs are busy); as root, `mount -o remount,favordynmods {v2_at}` removes that wait for every cgroup move on this host (at a small cost to fork and exit)")
-        } else {
-            "each sandbox start waits for an RCU grace period to enter its cgroup (~10-15 ms when the CPUs are busy; no cgroup2 mount to set favordynmods on)".into()
+        detail: {
+            let who = if cg == "v2 (unified)" {
+                "each sandbox start"
+            } else {
+                "bwrap sandboxes and sessions enter their cgroups at once (one thread, through `tasks`); each libcontainer start"
+            };
+            if fast {
+                "fast (a cgroup hierarchy is mounted with favordynmods)".into()
+            } else if std::path::Path::new(v2_at).exists() {
+                format!("{who} waits for an RCU grace period to move a process into its cgroup (~9 ms measured on an idle 2-core host, more when the CPUs are busy); as root, `mount -o remount,favordynmods {v2_at}` removes that wait for every cgroup move on this host (at a small cost to fork and exit)")
+            } else {
+                format!("{who} waits for an RCU grace period to move a process into its cgroup (~9 ms measured on an idle 2-core host; no cgroup2 mount to set favordynmods on)")
+            }
         },
     });
     let (ok, detail) = crate::runtime::limits::describe(&crate::eval::plan::Limits::default());
