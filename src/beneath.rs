@@ -204,44 +204,9 @@ impl Dir {
     }
 
     /// Remove `name` in this directory and, when it is a directory, everything in it; links
-    /// are removed, never followed. At most `depth` levels deep.
+    /// are removed, never followed. At most `depth` levels deep (0: a file or a link only).
     pub fn remove_all(&self, name: &OsStr, depth: usize) -> io::Result<()> {
-        match unlinkat(Some(self.0.as_raw_fd()), name, UnlinkatFlags::NoRemoveDir) {
-            Ok(()) => return Ok(()),
-            Err(nix::Error::ENOENT) => return Ok(()),
-            Err(nix::Error::EISDIR) | Err(nix::Error::EPERM) => {}
-            Err(e) => return Err(e.into()),
-        }
-        if depth == 0 {
-            return Err(io::Error::other(format!(
-                "{}: nested too deep to remove",
-                Path::new(name).display()
-            )));
-        }
-        let sub = Dir(open_at(
-            Some(&self.0),
-            name,
-            OFlag::O_DIRECTORY | OFlag::O_RDONLY,
-            Mode::empty(),
-        )?);
-        let entries: Vec<std::ffi::OsString> = {
-            let raw = std::os::fd::IntoRawFd::into_raw_fd(sub.0.try_clone()?);
-            let d = nix::dir::Dir::from_fd(raw)?;
-            let mut v = Vec::new();
-            for e in d.into_iter() {
-                let e = e?;
-                let n = e.file_name().to_bytes();
-                if n != b"." && n != b".." {
-                    v.push(<OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(n).to_os_string());
-                }
-            }
-            v
-        };
-        for e in entries {
-            sub.remove_all(&e, depth - 1)?;
-        }
-        unlinkat(Some(self.0.as_raw_fd()), name, UnlinkatFlags::RemoveDir)?;
-        Ok(())
+        remove_below(self, name, Some(depth), Path::new(name))
     }
 }
 
@@ -255,7 +220,6 @@ impl Dir {
 /// 0700 first (its owner may; so may root, and root in a user namespace over its ids). The
 /// path itself is aisb's own (its store, its state); a missing one is fine.
 pub fn remove_tree(path: &Path) -> io::Result<()> {
-    use std::os::unix::ffi::OsStrExt;
     let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -267,6 +231,18 @@ pub fn remove_tree(path: &Path) -> io::Result<()> {
     } else {
         parent
     })?;
+    remove_below(&parent, name, None, path)
+}
+
+/// The walker behind [`remove_tree`] and [`Dir::remove_all`]: `name` below `parent`, with at
+/// most `max_depth` levels of directories (None: any); `path` names it in errors.
+fn remove_below(
+    parent: &Dir,
+    name: &OsStr,
+    max_depth: Option<usize>,
+    path: &Path,
+) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
     match unlinkat(Some(parent.fd()), name, UnlinkatFlags::NoRemoveDir) {
         Ok(()) | Err(nix::Error::ENOENT) => return Ok(()),
         Err(nix::Error::EISDIR) | Err(nix::Error::EPERM) => {}
@@ -312,6 +288,15 @@ pub fn remove_tree(path: &Path) -> io::Result<()> {
         id: (u64, u64),
         pending: Option<Vec<std::ffi::OsString>>,
     }
+    // A directory `level` levels down (`name` itself is 0) is entered only within the bound.
+    let enter = |level: usize| match max_depth {
+        Some(d) if level >= d => Err(io::Error::other(format!(
+            "{}: nested too deep to remove",
+            path.display()
+        ))),
+        _ => Ok(()),
+    };
+    enter(0)?;
     let mut cur = open_dir(&parent.0, name)?;
     let top = id(&cur)?;
     let mut trail = vec![Level {
@@ -323,6 +308,8 @@ pub fn remove_tree(path: &Path) -> io::Result<()> {
     // missed by a listing that unlinked as it read): listed again, a bounded number of times.
     let mut relisted = 0;
     loop {
+        // The level of the directories in `cur`.
+        let trail_len = trail.len();
         let level = trail
             .last_mut()
             .expect("the trail holds the current directory");
@@ -344,6 +331,8 @@ pub fn remove_tree(path: &Path) -> io::Result<()> {
                 match unlinkat(Some(cur.as_raw_fd()), n, UnlinkatFlags::NoRemoveDir) {
                     Ok(()) | Err(nix::Error::ENOENT) => {}
                     Err(nix::Error::EISDIR) | Err(nix::Error::EPERM) => {
+                        // A directory beyond the bound is an error, even an empty one.
+                        enter(trail_len)?;
                         match unlinkat(Some(cur.as_raw_fd()), n, UnlinkatFlags::RemoveDir) {
                             Ok(()) | Err(nix::Error::ENOENT) => {}
                             Err(_) => dirs.push(n.to_os_string()),
@@ -355,6 +344,7 @@ pub fn remove_tree(path: &Path) -> io::Result<()> {
             level.pending = Some(dirs);
         }
         if let Some(n) = level.pending.as_mut().and_then(Vec::pop) {
+            enter(trail_len)?;
             let next = open_dir(&cur, n.as_os_str())?;
             let next_id = id(&next)?;
             if next_id.0 != top.0 {
@@ -554,5 +544,16 @@ mod tests {
             .remove_all(OsStr::new("run"), 16)
             .unwrap();
         assert!(outside.join("keep").exists());
+        // The bound on depth holds: a directory one level too deep is an error, and 0 takes a
+        // file (or link) only.
+        std::fs::create_dir_all(root.join("two/levels")).unwrap();
+        let d = Dir::open(&root).unwrap();
+        assert!(d.remove_all(OsStr::new("two"), 1).is_err());
+        assert!(d.remove_all(OsStr::new("two"), 0).is_err());
+        d.remove_all(OsStr::new("two"), 2).unwrap();
+        assert!(!root.join("two").exists());
+        std::fs::write(root.join("file"), "f").unwrap();
+        d.remove_all(OsStr::new("file"), 0).unwrap();
+        assert!(!root.join("file").exists());
     }
 }

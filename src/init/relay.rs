@@ -80,11 +80,13 @@ fn accept_loop(a: &std::sync::Arc<Acceptors>) {
         a.waiting.fetch_add(1, SeqCst);
         let conn = a.listener.accept();
         let others = a.waiting.fetch_sub(1, SeqCst) - 1;
-        if others == 0 {
-            spawn_acceptor(std::sync::Arc::clone(a));
-        }
         match conn {
-            Ok((c, _)) => (a.handle)(c),
+            Ok((c, _)) => {
+                if others == 0 {
+                    spawn_acceptor(std::sync::Arc::clone(a));
+                }
+                (a.handle)(c)
+            }
             // Out of descriptors or memory for a moment: not a busy loop.
             Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
         }

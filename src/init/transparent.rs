@@ -409,6 +409,14 @@ const METHODS: &[&str] = &[
     "SOURCE",
 ];
 
+/// `buf` without the empty lines a server skips before a request line (RFC 9112 2.2).
+fn skip_empty_lines(buf: &[u8]) -> &[u8] {
+    &buf[buf
+        .iter()
+        .take_while(|b| matches!(b, b'\r' | b'\n'))
+        .count()..]
+}
+
 /// A token character (RFC 9110 5.6.2).
 fn tchar(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
@@ -417,10 +425,7 @@ fn tchar(b: u8) -> bool {
 /// Whether the first bytes start an HTTP/1 request (empty lines before it skipped, as servers
 /// skip them): any token and a space, then a line a server could take for a request line.
 fn http_start(buf: &[u8]) -> Start {
-    let buf = &buf[buf
-        .iter()
-        .take_while(|b| matches!(b, b'\r' | b'\n'))
-        .count()..];
+    let buf = skip_empty_lines(buf);
     let n = buf.iter().take_while(|&&b| tchar(b)).count();
     if n == 0 || n > 32 {
         return if buf.is_empty() {
@@ -677,13 +682,11 @@ impl HttpFollower {
         let cl = named("content-length");
         let framing = match (te.as_slice(), cl.as_slice()) {
             ([], []) => Framing::Body(0),
-            ([], [first, rest @ ..]) if rest.iter().all(|c| c == first) => {
-                match first.bytes().all(|b| b.is_ascii_digit()) {
-                    true => first.parse::<u64>().ok().map(Framing::Body),
-                    false => None,
-                }
-                .ok_or_else(|| format!("a Content-Length that is not a length: {first:?}"))?
-            }
+            ([], [first, rest @ ..]) if rest.iter().all(|c| c == first) => Some(*first)
+                .filter(|c| c.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|c| c.parse::<u64>().ok())
+                .map(Framing::Body)
+                .ok_or_else(|| format!("a Content-Length that is not a length: {first:?}"))?,
             ([coding], []) if coding.eq_ignore_ascii_case("chunked") => Framing::ChunkSize,
             _ => {
                 return Err(format!(
@@ -813,10 +816,7 @@ pub fn name_in(buf: &[u8]) -> Found {
         Start::Other => return Found::None,
         Start::Http => {}
     }
-    let buf = &buf[buf
-        .iter()
-        .take_while(|b| matches!(b, b'\r' | b'\n'))
-        .count()..];
+    let buf = skip_empty_lines(buf);
     let mut headers = [httparse::EMPTY_HEADER; 64];
     let mut req = httparse::Request::new(&mut headers);
     match req.parse(buf) {
