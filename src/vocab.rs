@@ -30,6 +30,12 @@ pub const RESOLVE_METHOD: &str = "AISB-RESOLVE";
 pub const LEARNED_HEADER: &str = "X-Aisb-Learned";
 /// On a direct-connection report from the transparent relay: why it refused.
 pub const REASON_HEADER: &str = "X-Aisb-Reason";
+/// The whole request the init sends, with its proxy port's listening sockets attached
+/// (SCM_RIGHTS), as the proxy's first connection: from then on the proxy accepts the
+/// workload's connections to that port itself, with no relay in the sandbox between them.
+pub const LISTEN_REQUEST: &[u8] = b"AISB-LISTEN * HTTP/1.1\r\n\r\n";
+/// The most listening sockets one [`LISTEN_REQUEST`] carries (127.0.0.1 and [::1]).
+pub const LISTEN_MAX: usize = 2;
 /// The request method an agent's tool hook uses to put a tool call into the audit log.
 pub const AGENT_METHOD: &str = "AISB-AGENT-EVENT";
 /// The most of a hook's input forwarded (a Write tool's input holds the whole file).

@@ -13,7 +13,10 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 
 use crate::pipe::Pipe;
-use crate::vocab::{AGENT_EVENT_MAX, AGENT_METHOD, DIRECT_METHOD, LEARNED_HEADER, PROXY_SOCKET};
+use crate::vocab::{
+    AGENT_EVENT_MAX, AGENT_METHOD, DIRECT_METHOD, LEARNED_HEADER, LISTEN_MAX, LISTEN_REQUEST,
+    PROXY_SOCKET,
+};
 
 /// What a listener relays: everything to the proxy, or one host loopback port through it.
 #[derive(Debug, Clone, Copy)]
@@ -36,13 +39,63 @@ pub fn bind(port: u16) -> std::io::Result<Vec<TcpListener>> {
     Ok(out)
 }
 
-/// Serve the listeners for as long as the process lives.
+/// Serve the listeners for as long as the process lives. The proxy port's go to the proxy
+/// itself ([`hand_over`]); only if it does not take them are they relayed from here.
 pub fn start(listeners: Vec<(TcpListener, Target)>) {
-    for (listener, target) in listeners {
+    let (proxy, others): (Vec<_>, Vec<_>) = listeners
+        .into_iter()
+        .partition(|(_, t)| matches!(t, Target::Proxy));
+    let proxy: Vec<TcpListener> = proxy.into_iter().map(|(l, _)| l).collect();
+    if !proxy.is_empty() {
+        // Sent now, before the workload exists, so it is the proxy's first connection; the
+        // answer is waited for on a thread of its own (start-up does not wait for it).
+        let sent = send_listeners(&proxy);
+        let _ = std::thread::Builder::new().spawn(move || {
+            if let Err(e) = sent.and_then(|mut s| tunnel_answer(&mut s)) {
+                // Relayed from here instead, as before the hand-over existed.
+                eprintln!("aisb: the proxy did not take the proxy port ({e}); relaying it");
+                for l in proxy {
+                    // The proxy may have made the shared listener non-blocking.
+                    let _ = l.set_nonblocking(false);
+                    serve(l, |conn| {
+                        let _ = relay_one(conn, Target::Proxy);
+                    });
+                }
+            }
+        });
+    }
+    for (listener, target) in others {
         serve(listener, move |conn| {
             let _ = relay_one(conn, target);
         });
     }
+}
+
+/// Send the proxy port's listening sockets to the proxy ([`LISTEN_REQUEST`]); its answer is
+/// to be read from the connection returned.
+fn send_listeners(listeners: &[TcpListener]) -> std::io::Result<UnixStream> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    if listeners.len() > LISTEN_MAX {
+        return Err(std::io::Error::other(
+            "more listeners than one hand-over carries",
+        ));
+    }
+    let s = UnixStream::connect(PROXY_SOCKET)?;
+    // The proxy answers its first connection at once; never wait on it for ever.
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+    let fds: Vec<i32> = listeners.iter().map(|l| l.as_raw_fd()).collect();
+    let iov = [std::io::IoSlice::new(LISTEN_REQUEST)];
+    let sent = sendmsg::<()>(
+        s.as_raw_fd(),
+        &iov,
+        &[ControlMessage::ScmRights(&fds)],
+        MsgFlags::empty(),
+        None,
+    )?;
+    if sent != LISTEN_REQUEST.len() {
+        return Err(std::io::Error::other("the hand-over request was cut short"));
+    }
+    Ok(s)
 }
 
 /// Serve `listener` with threads that each accept a connection and relay it themselves: no

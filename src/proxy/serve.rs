@@ -131,7 +131,7 @@ pub async fn serve_tcp(
     Ok(())
 }
 
-fn is_transient(e: &std::io::Error) -> bool {
+pub(super) fn is_transient(e: &std::io::Error) -> bool {
     matches!(
         e.raw_os_error(),
         Some(libc::EMFILE | libc::ENFILE | libc::ECONNABORTED | libc::ENOBUFS | libc::ENOMEM)

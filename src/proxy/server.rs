@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixListener, UnixStream};
 
+use super::listen::{self, LISTEN_REQUEST};
 use super::policy::{Allowed, Blocked, Policy};
 use super::request::{
     http_head, http_request, socks5_greeting, socks5_request, Head, HttpRequest, Socks5Greeting,
@@ -65,10 +66,18 @@ impl Conn for TcpStream {
 impl Conn for std::pin::Pin<Box<tokio_io_timeout::TimeoutStream<TcpStream>>> {}
 
 /// Accept connections until the listener fails (the process is killed when the sandbox ends).
+/// The first one may be the init handing over the workload's proxy port ([`super::listen`]).
 pub async fn serve(listener: UnixListener, proxy: Arc<Proxy>) -> std::io::Result<()> {
+    let mut first = true;
     loop {
         let (stream, _) = listener.accept().await?;
         let p = Arc::clone(&proxy);
+        if std::mem::take(&mut first) {
+            tokio::spawn(async move {
+                let _ = p.first(stream).await;
+            });
+            continue;
+        }
         tokio::spawn(async move {
             let _ = p.handle(stream).await;
         });
@@ -94,6 +103,46 @@ impl Proxy {
         if read_more(&mut client, &mut buf).await? == 0 {
             return Ok(());
         }
+        self.handle_read(client, buf).await
+    }
+
+    /// The proxy's first connection: the init handing over the proxy port's listeners
+    /// ([`LISTEN_REQUEST`]), or else any client, served as [`Proxy::handle`] does.
+    async fn first(self: Arc<Self>, mut client: UnixStream) -> std::io::Result<()> {
+        let (buf, fds) = match listen::first_read(&client).await {
+            Ok(got) => got,
+            Err(e) => {
+                respond(&mut client, 400, "Bad Request", &e.to_string(), None).await?;
+                return Ok(());
+            }
+        };
+        if buf.is_empty() {
+            return Ok(());
+        }
+        if !buf.starts_with(b"AISB-LISTEN") {
+            drop(fds);
+            return self.handle_read(client, buf).await;
+        }
+        let taken = if buf == LISTEN_REQUEST {
+            listen::listeners(fds)
+        } else {
+            Err("the hand-over request must come whole in one message".into())
+        };
+        match taken {
+            Ok(listeners) => {
+                for l in listeners {
+                    tokio::spawn(listen::serve_port(l, Arc::clone(&self)));
+                }
+                client
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                    .await
+            }
+            Err(why) => respond(&mut client, 400, "Bad Request", &why, None).await,
+        }
+    }
+
+    /// A client connection whose first bytes were read into `buf` (not empty).
+    async fn handle_read<S: Conn>(&self, mut client: S, buf: Vec<u8>) -> std::io::Result<()> {
         let outcome = if buf[0] == 5 {
             self.socks5(&mut client, buf).await
         } else {

@@ -1,0 +1,310 @@
+//! The proxy port handed over: the init binds the workload's proxy port (`127.0.0.1:3128` and
+//! `[::1]:3128`) in the sandbox's network namespace and sends the listening sockets to the
+//! proxy as its first connection ([`LISTEN_REQUEST`], SCM_RIGHTS). The proxy then accepts the
+//! workload's connections itself: one hop (workload -> proxy -> upstream), where a relay in
+//! the init added a second one (a thread's accept, a Unix connection and a splice each way).
+//!
+//! What arrives is checked, because anything inside may connect to the proxy's socket: only
+//! the first connection the proxy ever accepts may hand over, at most [`LISTEN_MAX`]
+//! descriptors are taken (the kernel closes any past them, and the whole hand-over is then
+//! refused), and each must be a listening TCP socket. A workload that won the race with its
+//! own listener would gain nothing: the proxy would accept connections the workload could
+//! have made to the proxy's socket directly, under the same policy.
+
+use std::io::{Error, ErrorKind, IoSliceMut, Result};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+use tokio::io::Interest;
+use tokio::net::{TcpListener, UnixStream};
+
+use super::server::Proxy;
+pub use crate::vocab::{LISTEN_MAX, LISTEN_REQUEST};
+
+/// The first bytes of a connection and the descriptors that came with them (at most
+/// [`LISTEN_MAX`]; Err when the kernel had to drop some).
+pub async fn first_read(s: &UnixStream) -> Result<(Vec<u8>, Vec<OwnedFd>)> {
+    let mut buf = vec![0u8; 4096];
+    loop {
+        s.readable().await?;
+        let got = s.try_io(Interest::READABLE, || {
+            let mut iov = [IoSliceMut::new(&mut buf)];
+            let mut space = nix::cmsg_space!([RawFd; LISTEN_MAX]);
+            let msg = recvmsg::<()>(
+                s.as_raw_fd(),
+                &mut iov,
+                Some(&mut space),
+                MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT,
+            )
+            .map_err(Error::from)?;
+            let mut fds = Vec::new();
+            for c in msg.cmsgs().map_err(Error::from)? {
+                if let ControlMessageOwned::ScmRights(received) = c {
+                    // SAFETY: the kernel just installed these descriptors for us alone.
+                    fds.extend(
+                        received
+                            .into_iter()
+                            .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+                    );
+                }
+            }
+            if msg.flags.contains(MsgFlags::MSG_CTRUNC) {
+                return Err(Error::new(
+                    ErrorKind::InvalidData,
+                    format!("more than {LISTEN_MAX} descriptors sent to the proxy"),
+                ));
+            }
+            Ok((msg.bytes, fds))
+        });
+        match got {
+            Ok((n, fds)) => {
+                buf.truncate(n);
+                return Ok((buf, fds));
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The handed-over descriptors as listeners, each checked to be a listening TCP socket.
+pub fn listeners(fds: Vec<OwnedFd>) -> std::result::Result<Vec<TcpListener>, String> {
+    if fds.is_empty() {
+        return Err("no listening socket came with the request".into());
+    }
+    let mut out = Vec::new();
+    for fd in fds {
+        let domain = int_option(&fd, libc::SO_DOMAIN)?;
+        if !matches!(domain, libc::AF_INET | libc::AF_INET6)
+            || int_option(&fd, libc::SO_TYPE)? != libc::SOCK_STREAM
+            || int_option(&fd, libc::SO_PROTOCOL)? != libc::IPPROTO_TCP
+            || int_option(&fd, libc::SO_ACCEPTCONN)? != 1
+        {
+            return Err("a descriptor sent is not a listening TCP socket".into());
+        }
+        let l = std::net::TcpListener::from(fd);
+        l.set_nonblocking(true).map_err(|e| e.to_string())?;
+        out.push(TcpListener::from_std(l).map_err(|e| e.to_string())?);
+    }
+    Ok(out)
+}
+
+fn int_option(fd: &OwnedFd, name: libc::c_int) -> std::result::Result<libc::c_int, String> {
+    let mut value: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt(2) writes at most `len` bytes into `value`, which lives across it.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            name,
+            (&mut value as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if r < 0 {
+        return Err(format!(
+            "a descriptor sent is not a socket ({})",
+            Error::last_os_error()
+        ));
+    }
+    Ok(value)
+}
+
+/// Accept the workload's connections on a handed-over port for as long as the process
+/// lives; each is served like one that came through the Unix socket.
+pub async fn serve_port(listener: TcpListener, proxy: Arc<Proxy>) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                let _ = stream.set_nodelay(true);
+                let p = Arc::clone(&proxy);
+                tokio::spawn(async move {
+                    let _ = p.handle(stream).await;
+                });
+            }
+            // Out of descriptors or a connection reset before accept: keep serving.
+            Err(e) if super::serve::is_transient(&e) => {
+                tokio::time::sleep(Duration::from_millis(10)).await
+            }
+            Err(_) => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::policy::{Policy, PolicyConfig};
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream as StdUnix;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// A proxy serving `dir/proxy.sock` on a thread of its own; upstream `up.test` is pinned
+    /// to `upstream`.
+    fn proxy(dir: &std::path::Path, upstream: std::net::SocketAddr) -> std::path::PathBuf {
+        let sock = dir.join("proxy.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let cfg = PolicyConfig {
+            allow: vec!["up.test".into()],
+            pins: vec![("up.test".into(), upstream)],
+            ..Default::default()
+        };
+        std::thread::spawn(move || {
+            runtime().block_on(async move {
+                listener.set_nonblocking(true).unwrap();
+                let l = tokio::net::UnixListener::from_std(listener).unwrap();
+                let p = Arc::new(Proxy {
+                    policy: Policy::new(&cfg),
+                    audit: None,
+                    reported: Default::default(),
+                    buffer: 64 * 1024,
+                });
+                let _ = super::super::server::serve(l, p).await;
+            })
+        });
+        sock
+    }
+
+    /// Send `bytes` with `fds` attached; the answer's status line.
+    fn hand_over(sock: &std::path::Path, bytes: &[u8], fds: &[RawFd]) -> String {
+        use nix::sys::socket::{sendmsg, ControlMessage};
+        let mut s = StdUnix::connect(sock).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let iov = [std::io::IoSlice::new(bytes)];
+        let cmsg = [ControlMessage::ScmRights(fds)];
+        let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &cmsg };
+        sendmsg::<()>(s.as_raw_fd(), &iov, cmsgs, MsgFlags::empty(), None).unwrap();
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        answer.lines().next().unwrap_or("").to_string()
+    }
+
+    /// An HTTP/1.0 server on loopback answering `hello` once per connection.
+    fn upstream() -> std::net::SocketAddr {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for c in l.incoming().take(16) {
+                let Ok(mut c) = c else { continue };
+                let mut buf = [0u8; 4096];
+                let _ = c.read(&mut buf);
+                let _ = c.write_all(b"HTTP/1.0 200 OK\r\nContent-Length: 5\r\n\r\nhello");
+            }
+        });
+        addr
+    }
+
+    fn get_through(port: std::net::SocketAddr, upstream: std::net::SocketAddr) -> String {
+        let mut c = std::net::TcpStream::connect(port).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let target = format!("http://up.test:{}/", upstream.port());
+        c.write_all(format!("GET {target} HTTP/1.1\r\nHost: up.test\r\n\r\n").as_bytes())
+            .unwrap();
+        let mut out = String::new();
+        let _ = c.read_to_string(&mut out);
+        out
+    }
+
+    #[test]
+    fn the_first_connection_hands_over_a_listener_and_the_proxy_serves_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let up = upstream();
+        let sock = proxy(dir.path(), up);
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = port.local_addr().unwrap();
+        let status = hand_over(&sock, LISTEN_REQUEST, &[port.as_raw_fd()]);
+        assert_eq!(status, "HTTP/1.1 200 OK");
+        drop(port);
+        let got = get_through(addr, up);
+        assert!(got.ends_with("hello"), "{got}");
+
+        // Later connections (anything inside can reach the socket) cannot hand over one more
+        // listener: it is refused and never served.
+        let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let status = hand_over(&sock, LISTEN_REQUEST, &[other.as_raw_fd()]);
+        assert!(status.starts_with("HTTP/1.1 400"), "{status}");
+        other.set_nonblocking(true).unwrap();
+        let _c = std::net::TcpStream::connect(other.local_addr().unwrap()).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            other.accept().is_ok(),
+            "the refused listener was accepted on"
+        );
+    }
+
+    #[test]
+    fn a_hand_over_with_too_many_descriptors_or_none_is_refused() {
+        for n in [LISTEN_MAX + 1, 0] {
+            let dir = tempfile::tempdir().unwrap();
+            let sock = proxy(dir.path(), upstream());
+            let ls: Vec<_> = (0..n)
+                .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+                .collect();
+            let fds: Vec<RawFd> = ls.iter().map(|l| l.as_raw_fd()).collect();
+            let status = hand_over(&sock, LISTEN_REQUEST, &fds);
+            assert!(
+                status.starts_with("HTTP/1.1 400"),
+                "{n} descriptors: {status}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_hand_over_cut_in_two_is_refused_and_other_first_clients_are_served() {
+        let dir = tempfile::tempdir().unwrap();
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let sock = proxy(dir.path(), upstream());
+        let status = hand_over(&sock, &LISTEN_REQUEST[..15], &[l.as_raw_fd()]);
+        assert!(status.starts_with("HTTP/1.1 400"), "{status}");
+
+        // A first client that is not a hand-over is an ordinary request (descriptors it sent
+        // are closed, not used).
+        let dir = tempfile::tempdir().unwrap();
+        let up = upstream();
+        let sock = proxy(dir.path(), up);
+        let req = format!(
+            "GET http://up.test:{}/ HTTP/1.1\r\nHost: up.test\r\n\r\n",
+            up.port()
+        );
+        let status = hand_over(&sock, req.as_bytes(), &[l.as_raw_fd()]);
+        assert_eq!(status, "HTTP/1.0 200 OK");
+    }
+
+    #[test]
+    fn only_listening_tcp_sockets_are_taken() {
+        let rt = runtime();
+        let _guard = rt.enter();
+        // SAFETY: dup(2) returns a new descriptor that nothing else owns.
+        let fd = |f: &dyn AsRawFd| unsafe { OwnedFd::from_raw_fd(libc::dup(f.as_raw_fd())) };
+        let listening = std::net::TcpListener::bind("[::1]:0")
+            .or_else(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        assert_eq!(listeners(vec![fd(&listening)]).unwrap().len(), 1);
+
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let connected = std::net::TcpStream::connect(listening.local_addr().unwrap()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let unix = std::os::unix::net::UnixListener::bind(dir.path().join("s")).unwrap();
+        let (pipe_r, _pipe_w) = nix::unistd::pipe().unwrap();
+        let file = std::fs::File::open("/dev/null").unwrap();
+        for (what, bad) in [
+            ("udp", fd(&udp)),
+            ("connected tcp", fd(&connected)),
+            ("unix listener", fd(&unix)),
+            ("pipe", pipe_r),
+            ("file", fd(&file)),
+        ] {
+            assert!(listeners(vec![bad]).is_err(), "{what} was taken");
+        }
+        assert!(listeners(Vec::new()).is_err());
+    }
+}
