@@ -28,6 +28,14 @@ pub const RESOLVE_METHOD: &str = "AISB-RESOLVE";
 /// On a `CONNECT` from the transparent relay: how it learned the name (`dns`, `sni`, `host`,
 /// `ip`), for the audit log.
 pub const LEARNED_HEADER: &str = "X-Aisb-Learned";
+/// On a `CONNECT` from the transparent relay that carries the workload's connection itself
+/// (SCM_RIGHTS): how the proxy serves it, [`HANDED_TUNNEL`] or [`HANDED_HTTP`].
+pub const HANDED_HEADER: &str = "X-Aisb-Handed";
+/// Both ways, as a tunnel (the relay checked what the client's first bytes name).
+pub const HANDED_TUNNEL: &str = "tunnel";
+/// Plain HTTP to the name connected to: one request, whose authority must be that name and
+/// port, forwarded as the proxy forwards any (Host rewritten, `Connection: close`).
+pub const HANDED_HTTP: &str = "http";
 /// On a direct-connection report from the transparent relay: why it refused.
 pub const REASON_HEADER: &str = "X-Aisb-Reason";
 /// The whole request the init sends, with its proxy port's listening sockets attached

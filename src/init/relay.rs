@@ -174,7 +174,7 @@ pub fn connect_learned(authority: &str, how: &str) -> Vec<u8> {
         .into_bytes()
 }
 
-fn tunnel_answer(s: &mut UnixStream) -> std::io::Result<()> {
+pub fn tunnel_answer(s: &mut UnixStream) -> std::io::Result<()> {
     let head = answer_head(s)?;
     let status = String::from_utf8_lossy(&head);
     if status.split(' ').nth(1) == Some("200") {

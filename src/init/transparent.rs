@@ -25,8 +25,10 @@ use std::os::unix::net::UnixStream;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use std::os::fd::AsRawFd;
+
 use super::relay;
-use crate::vocab::PROXY_SOCKET;
+use crate::vocab::{HANDED_HEADER, HANDED_HTTP, HANDED_TUNNEL, PROXY_SOCKET};
 
 /// The synthetic pool: 198.18.0.0/15 (RFC 2544 benchmarking, never routed on the internet,
 /// and internal to the proxy's policy, so a synthetic address is never a real destination).
@@ -281,28 +283,28 @@ fn relay_one(mut tcp: TcpStream, dest: SocketAddr) -> Result<(), String> {
             }
         }
     };
-    // A name learned from the first request's Host binds every later request on this
-    // connection; the first bytes themselves are checked before any of them goes out.
-    let mut follow = (how == Learned::Host).then(|| HttpFollower::new(&name, dest));
-    if let Some(f) = follow.as_mut() {
-        f.feed(&first)?;
+    // Handed to the proxy, which then serves the connection itself (one hop, no relay here),
+    // when its first bytes say how: a name from SNI or an address is a tunnel, one from Host
+    // plain HTTP; to a synthetic address, whatever the client sends first decides, if it
+    // speaks first and soon.
+    let mode = match how {
+        Learned::Dns => decide_soon(&tcp, &name, dest)?,
+        Learned::Host => Some(HANDED_HTTP),
+        Learned::Sni | Learned::Ip => Some(HANDED_TUNNEL),
+    };
+    if let Some(mode) = mode {
+        return hand_over(tcp, &name, dest, how, mode, &first);
     }
+    // A client to a synthetic address that has not decided (it waits for the server, as SSH
+    // does): relayed from here, the server's side at once, the client's checked as it comes.
     let mut unix =
         UnixStream::connect(PROXY_SOCKET).map_err(|e| format!("no proxy to ask: {e}"))?;
     let authority = format!("{name}:{port}");
-    // The CONNECT and the bytes read to learn the name, in one write; the answer is read by
-    // the relay (the proxy forwards nothing before it allowed the tunnel).
-    let mut request = relay::connect_learned(&authority, how.as_str());
-    request.extend_from_slice(&first);
-    let relayed = match unix.write_all(&request) {
+    // The answer is read by the relay (the proxy forwards nothing before it allowed the
+    // tunnel).
+    let relayed = match unix.write_all(&relay::connect_learned(&authority, how.as_str())) {
         Err(e) => Err(relay::Refused::Proxy(e.to_string())),
-        Ok(()) if how == Learned::Dns => pipe_checked(&tcp, &unix, &name, dest),
-        Ok(()) => match follow.as_mut() {
-            Some(f) => {
-                relay::relay_tunnel(&tcp, &unix, relay::First::Watch, |more| f.verdict(more))
-            }
-            None => relay::relay_tunnel(&tcp, &unix, relay::First::Pass, |_| relay::Check::Pass),
-        },
+        Ok(()) => pipe_checked(&tcp, &unix, &name, dest),
     };
     match relayed {
         Err(relay::Refused::Check(why)) => Err(why),
@@ -314,6 +316,125 @@ fn relay_one(mut tcp: TcpStream, dest: SocketAddr) -> Result<(), String> {
         }
         _ => Ok(()),
     }
+}
+
+/// How long a client connected to a synthetic address has to send the bytes that decide how
+/// its connection is served before the relay serves it itself (a client that waits for the
+/// server to speak first: SSH, SMTP).
+const HAND_WAIT: Duration = Duration::from_millis(20);
+
+/// What a client's first bytes to the address of `name` decide.
+enum Verdict {
+    NeedMore,
+    /// TLS naming `name` or nothing, or a protocol that names no host: both ways as they are.
+    Tunnel,
+    /// Plain HTTP: every request must name `name`.
+    Http,
+    Refuse(String),
+}
+
+/// The verdict on a client's first bytes (all of them so far) to the address of `name`: a TLS
+/// ClientHello's SNI (reassembled across records) must be the name or absent; a first message
+/// that looks like TLS or HTTP but cannot be read is refused; any other protocol names no host.
+fn first_verdict(bytes: &[u8], name: &str, dest: SocketAddr) -> Verdict {
+    if bytes.first() == Some(&0x16) {
+        return match sni(bytes) {
+            Found::NeedMore => Verdict::NeedMore,
+            Found::Unreadable(why) => {
+                Verdict::Refuse(format!("{why}, sent to the address of {name} ({dest})"))
+            }
+            Found::Name(other, _) if other != name => Verdict::Refuse(format!(
+                "the client named {other} to the address of {name} ({dest})"
+            )),
+            _ => Verdict::Tunnel,
+        };
+    }
+    match http_start(bytes) {
+        Start::NeedMore => Verdict::NeedMore,
+        Start::Other => Verdict::Tunnel,
+        Start::Http => Verdict::Http,
+    }
+}
+
+/// For a connection to the synthetic address of `name`: how the proxy is to serve it, from
+/// what the client sends within [`HAND_WAIT`] (peeked, not read: nothing is consumed). None:
+/// undecided by then; the relay serves it ([`pipe_checked`]).
+fn decide_soon(
+    tcp: &TcpStream,
+    name: &str,
+    dest: SocketAddr,
+) -> Result<Option<&'static str>, String> {
+    let deadline = Instant::now() + HAND_WAIT;
+    let mut buf = vec![0u8; MAX_FIRST];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(None);
+        }
+        let mut fds = [libc::pollfd {
+            fd: tcp.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        // SAFETY: one pollfd this function owns.
+        if unsafe { libc::poll(fds.as_mut_ptr(), 1, left.as_millis().max(1) as i32) } <= 0 {
+            continue;
+        }
+        let n = match tcp.peek(&mut buf) {
+            Ok(0) | Err(_) => return Ok(None),
+            Ok(n) => n,
+        };
+        match first_verdict(&buf[..n], name, dest) {
+            Verdict::Tunnel => return Ok(Some(HANDED_TUNNEL)),
+            Verdict::Http => return Ok(Some(HANDED_HTTP)),
+            Verdict::Refuse(why) => return Err(why),
+            // More is on its way (poll would say readable at once for what is there).
+            Verdict::NeedMore => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
+}
+
+/// Hand the workload's connection to the proxy with `CONNECT name:port` (SCM_RIGHTS) and the
+/// bytes already read from it, then wait for its answer: 200, and the proxy serves it from
+/// then on; a refusal is shown to the workload as the relay shows its own.
+fn hand_over(
+    tcp: TcpStream,
+    name: &str,
+    dest: SocketAddr,
+    how: Learned,
+    mode: &str,
+    early: &[u8],
+) -> Result<(), String> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    let mut unix =
+        UnixStream::connect(PROXY_SOCKET).map_err(|e| format!("no proxy to ask: {e}"))?;
+    let authority = format!("{name}:{}", dest.port());
+    let mut request = relay::connect_learned(&authority, how.as_str());
+    // The head's end, with the mode before it.
+    request.truncate(request.len() - 2);
+    request.extend_from_slice(format!("{HANDED_HEADER}: {mode}\r\n\r\n").as_bytes());
+    let head = request.len();
+    request.extend_from_slice(early);
+    let sent = sendmsg::<()>(
+        unix.as_raw_fd(),
+        &[std::io::IoSlice::new(&request)],
+        &[ControlMessage::ScmRights(&[tcp.as_raw_fd()])],
+        MsgFlags::empty(),
+        None,
+    )
+    .map_err(|e| format!("handing the connection to the proxy: {e}"))?;
+    if sent < head {
+        return Err("handing the connection to the proxy: cut short".into());
+    }
+    unix.write_all(&request[sent..])
+        .and_then(|()| unix.shutdown(Shutdown::Write))
+        .map_err(|e| format!("handing the connection to the proxy: {e}"))?;
+    if let Err(e) = relay::tunnel_answer(&mut unix) {
+        let _ = tcp.shutdown(Shutdown::Both);
+        // The proxy logged it; the workload's stderr gets the rule too.
+        say(dest, &format!("{authority}: {e}"));
+    }
+    Ok(())
 }
 
 /// Relay a connection whose name came from its address: the client must not name another
@@ -334,22 +455,11 @@ fn pipe_checked(
         if let Some(f) = follow.as_mut() {
             return f.verdict(bytes);
         }
-        if bytes.first() == Some(&0x16) {
-            return match sni(bytes) {
-                Found::NeedMore => relay::Check::NeedMore,
-                Found::Unreadable(why) => {
-                    relay::Check::Refuse(format!("{why}, sent to the address of {name} ({dest})"))
-                }
-                Found::Name(other, _) if other != name => relay::Check::Refuse(format!(
-                    "the client named {other} to the address of {name} ({dest})"
-                )),
-                _ => relay::Check::Pass,
-            };
-        }
-        match http_start(bytes) {
-            Start::NeedMore => relay::Check::NeedMore,
-            Start::Other => relay::Check::Pass,
-            Start::Http => {
+        match first_verdict(bytes, name, dest) {
+            Verdict::NeedMore => relay::Check::NeedMore,
+            Verdict::Refuse(why) => relay::Check::Refuse(why),
+            Verdict::Tunnel => relay::Check::Pass,
+            Verdict::Http => {
                 let mut f = HttpFollower::new(name, dest);
                 let verdict = f.verdict(bytes);
                 follow = Some(f);

@@ -25,7 +25,7 @@ pub use crate::vocab::{LISTEN_MAX, LISTEN_REQUEST};
 
 /// The first bytes of a connection and the descriptors that came with them (at most
 /// [`LISTEN_MAX`]; Err when the kernel had to drop some).
-pub async fn first_read(s: &UnixStream) -> Result<(Vec<u8>, Vec<OwnedFd>)> {
+pub async fn read_with_fds(s: &UnixStream) -> Result<(Vec<u8>, Vec<OwnedFd>)> {
     let mut buf = vec![0u8; 4096];
     loop {
         s.readable().await?;
@@ -89,6 +89,24 @@ pub fn listeners(fds: Vec<OwnedFd>) -> std::result::Result<Vec<TcpListener>, Str
         out.push(TcpListener::from_std(l).map_err(|e| e.to_string())?);
     }
     Ok(out)
+}
+
+/// A workload's connection the transparent relay handed over: it must be a connected TCP
+/// socket (anything else, a file or a netlink socket, is never written to by this process).
+pub fn connection(fd: OwnedFd) -> std::result::Result<tokio::net::TcpStream, String> {
+    let domain = int_option(&fd, libc::SO_DOMAIN)?;
+    if !matches!(domain, libc::AF_INET | libc::AF_INET6)
+        || int_option(&fd, libc::SO_TYPE)? != libc::SOCK_STREAM
+        || int_option(&fd, libc::SO_PROTOCOL)? != libc::IPPROTO_TCP
+        || int_option(&fd, libc::SO_ACCEPTCONN)? != 0
+    {
+        return Err("the descriptor sent is not a TCP connection".into());
+    }
+    let s = std::net::TcpStream::from(fd);
+    s.peer_addr()
+        .map_err(|e| format!("the descriptor sent is not a TCP connection ({e})"))?;
+    s.set_nonblocking(true).map_err(|e| e.to_string())?;
+    tokio::net::TcpStream::from_std(s).map_err(|e| e.to_string())
 }
 
 fn int_option(fd: &OwnedFd, name: libc::c_int) -> std::result::Result<libc::c_int, String> {
@@ -183,6 +201,8 @@ mod tests {
         let cmsg = [ControlMessage::ScmRights(fds)];
         let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &cmsg };
         sendmsg::<()>(s.as_raw_fd(), &iov, cmsgs, MsgFlags::empty(), None).unwrap();
+        // As the relay does: the proxy reads a hand-over to its end.
+        s.shutdown(std::net::Shutdown::Write).unwrap();
         let mut answer = String::new();
         let _ = s.read_to_string(&mut answer);
         answer.lines().next().unwrap_or("").to_string()
@@ -266,8 +286,8 @@ mod tests {
         let status = hand_over(&sock, &LISTEN_REQUEST[..15], &[l.as_raw_fd()]);
         assert!(status.starts_with("HTTP/1.1 400"), "{status}");
 
-        // A first client that is not a hand-over is an ordinary request (descriptors it sent
-        // are closed, not used).
+        // A first client that is not a hand-over is an ordinary request; with descriptors,
+        // it is refused (they are closed, not used).
         let dir = tempfile::tempdir().unwrap();
         let up = upstream();
         let sock = proxy(dir.path(), up);
@@ -276,7 +296,125 @@ mod tests {
             up.port()
         );
         let status = hand_over(&sock, req.as_bytes(), &[l.as_raw_fd()]);
+        assert!(status.starts_with("HTTP/1.1 400"), "{status}");
+        let dir = tempfile::tempdir().unwrap();
+        let sock = proxy(dir.path(), up);
+        let status = hand_over(&sock, req.as_bytes(), &[]);
         assert_eq!(status, "HTTP/1.0 200 OK");
+    }
+
+    /// A workload's connection (the proxy's end, and the workload's) over loopback.
+    fn connection_pair() -> (std::net::TcpStream, std::net::TcpStream) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let workload = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        workload
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        (l.accept().unwrap().0, workload)
+    }
+
+    fn handed_request(mode: &str, port: u16) -> Vec<u8> {
+        format!(
+            "CONNECT up.test:{port} HTTP/1.1\r\nHost: up.test:{port}\r\nX-Aisb-Learned: dns\r\nX-Aisb-Handed: {mode}\r\n\r\n"
+        )
+        .into_bytes()
+    }
+
+    #[test]
+    fn a_handed_connection_is_served_as_a_tunnel_or_as_one_checked_http_request() {
+        let dir = tempfile::tempdir().unwrap();
+        let up = upstream();
+        let sock = proxy(dir.path(), up);
+        let _ = hand_over(&sock, b"GET / HTTP/1.0\r\n\r\n", &[]); // the first connection
+
+        // A tunnel: the relay's early bytes go first, then the workload's.
+        let (theirs, mut workload) = connection_pair();
+        let mut req = handed_request("tunnel", up.port());
+        req.extend_from_slice(b"GET / HTTP/1.0\r\n");
+        let status = hand_over(&sock, &req, &[theirs.as_raw_fd()]);
+        assert_eq!(status, "HTTP/1.1 200 Connection established");
+        drop(theirs);
+        workload.write_all(b"\r\n").unwrap();
+        let mut got = String::new();
+        let _ = workload.read_to_string(&mut got);
+        assert!(got.ends_with("hello"), "{got}");
+
+        // Plain HTTP naming the host and port connected to: forwarded.
+        let (theirs, mut workload) = connection_pair();
+        let status = hand_over(
+            &sock,
+            &handed_request("http", up.port()),
+            &[theirs.as_raw_fd()],
+        );
+        assert_eq!(status, "HTTP/1.1 200 OK");
+        drop(theirs);
+        let head = format!("GET / HTTP/1.1\r\nHost: up.test:{}\r\n\r\n", up.port());
+        workload.write_all(head.as_bytes()).unwrap();
+        let mut got = String::new();
+        let _ = workload.read_to_string(&mut got);
+        assert!(got.ends_with("hello"), "{got}");
+
+        // Another host, another port, an absolute target naming another host, or a CONNECT
+        // through the handed connection: refused, with the reason.
+        for head in [
+            "GET / HTTP/1.1\r\nHost: other.test\r\n\r\n".to_string(),
+            "GET / HTTP/1.1\r\nHost: up.test:1\r\n\r\n".to_string(),
+            format!(
+                "GET http://other.test:{}/ HTTP/1.1\r\nHost: up.test:{}\r\n\r\n",
+                up.port(),
+                up.port()
+            ),
+            format!("CONNECT up.test:{} HTTP/1.1\r\n\r\n", up.port()),
+        ] {
+            let (theirs, mut workload) = connection_pair();
+            let status = hand_over(
+                &sock,
+                &handed_request("http", up.port()),
+                &[theirs.as_raw_fd()],
+            );
+            assert_eq!(status, "HTTP/1.1 200 OK");
+            drop(theirs);
+            workload.write_all(head.as_bytes()).unwrap();
+            let mut got = String::new();
+            let _ = workload.read_to_string(&mut got);
+            assert!(got.starts_with("HTTP/1.1 4"), "{head}: {got}");
+            assert!(!got.contains("hello"), "{head}: {got}");
+        }
+    }
+
+    #[test]
+    fn only_one_tcp_connection_may_be_handed_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let up = upstream();
+        let sock = proxy(dir.path(), up);
+        let _ = hand_over(&sock, b"GET / HTTP/1.0\r\n\r\n", &[]);
+        let req = handed_request("tunnel", up.port());
+        let listening = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let (a, _wa) = connection_pair();
+        let (b, _wb) = connection_pair();
+        let (unix, _other) = StdUnix::pair().unwrap();
+        let file = std::fs::File::open("/dev/null").unwrap();
+        for (what, fds) in [
+            ("a listener", vec![listening.as_raw_fd()]),
+            ("udp", vec![udp.as_raw_fd()]),
+            ("a unix socket", vec![unix.as_raw_fd()]),
+            ("a file", vec![file.as_raw_fd()]),
+            ("two connections", vec![a.as_raw_fd(), b.as_raw_fd()]),
+        ] {
+            let status = hand_over(&sock, &req, &fds);
+            assert!(status.starts_with("HTTP/1.1 400"), "{what}: {status}");
+        }
+        // A connection with no hand-over header, or something that is not a CONNECT.
+        let plain = format!("CONNECT up.test:{} HTTP/1.1\r\n\r\n", up.port());
+        let status = hand_over(&sock, plain.as_bytes(), &[a.as_raw_fd()]);
+        assert!(status.starts_with("HTTP/1.1 400"), "{status}");
+        let status = hand_over(
+            &sock,
+            b"GET / HTTP/1.1\r\nX-Aisb-Handed: http\r\n\r\n",
+            &[a.as_raw_fd()],
+        );
+        assert!(status.starts_with("HTTP/1.1 400"), "{status}");
     }
 
     #[test]

@@ -72,6 +72,9 @@ pub struct Forward {
     pub path: String,
     pub host: String,
     pub port: u16,
+    /// The authority as the request gave it (the absolute URI's, else Host's; no user info),
+    /// for a check that tells a port given from one defaulted.
+    pub authority: String,
     /// The body's length: exactly this many bytes are forwarded, whatever else the client sends.
     pub length: u64,
     /// End-to-end headers in their order (hop-by-hop ones and `Host` dropped).
@@ -191,6 +194,7 @@ pub fn http_request(head: &[u8]) -> HttpRequest {
         path,
         host,
         port,
+        authority: authority.to_string(),
         length,
         headers,
     })

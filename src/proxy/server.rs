@@ -8,6 +8,7 @@
 //! second request on the same client connection is never forwarded, so it cannot ride on an
 //! earlier request's check (no header smuggling).
 
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,12 +18,14 @@ use tokio::net::{TcpStream, UnixListener, UnixStream};
 use super::listen::{self, LISTEN_REQUEST};
 use super::policy::{Allowed, Blocked, Policy};
 use super::request::{
-    http_head, http_request, socks5_greeting, socks5_request, Head, HttpRequest, Socks5Greeting,
-    Socks5Request, MAX_HEAD,
+    http_head, http_request, socks5_greeting, socks5_request, split_authority, Forward, Head,
+    HttpRequest, Socks5Greeting, Socks5Request, MAX_HEAD,
 };
 use super::splice::Socket;
 use crate::audit::{Kind, Log};
-use crate::vocab::{LEARNED_HEADER, REASON_HEADER, RESOLVE_METHOD};
+use crate::vocab::{
+    HANDED_HEADER, HANDED_HTTP, HANDED_TUNNEL, LEARNED_HEADER, REASON_HEADER, RESOLVE_METHOD,
+};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Copy buffer per direction for a run's own proxy (a few connections): tokio's default 8 KiB
@@ -66,22 +69,28 @@ impl Conn for TcpStream {
 impl Conn for std::pin::Pin<Box<tokio_io_timeout::TimeoutStream<TcpStream>>> {}
 
 /// Accept connections until the listener fails (the process is killed when the sandbox ends).
-/// The first one may be the init handing over the workload's proxy port ([`super::listen`]).
+/// The first one may be the init handing over the workload's proxy port ([`super::listen`]);
+/// any may carry a connection the transparent relay hands over ([`HANDED_HEADER`]).
 pub async fn serve(listener: UnixListener, proxy: Arc<Proxy>) -> std::io::Result<()> {
     let mut first = true;
     loop {
         let (stream, _) = listener.accept().await?;
         let p = Arc::clone(&proxy);
-        if std::mem::take(&mut first) {
-            tokio::spawn(async move {
-                let _ = p.first(stream).await;
-            });
-            continue;
-        }
+        let may_listen = std::mem::take(&mut first);
         tokio::spawn(async move {
-            let _ = p.handle(stream).await;
+            let _ = p.handle_unix(stream, may_listen).await;
         });
     }
+}
+
+/// How the proxy serves a connection the transparent relay handed over.
+struct Handed {
+    /// The name (and port) the relay learned; a plain HTTP request must name them.
+    name: String,
+    port: u16,
+    proto: &'static str,
+    /// Where the workload connected (told on its stderr with a refusal).
+    dest: Option<std::net::SocketAddr>,
 }
 
 struct Outcome {
@@ -106,39 +115,122 @@ impl Proxy {
         self.handle_read(client, buf).await
     }
 
-    /// The proxy's first connection: the init handing over the proxy port's listeners
-    /// ([`LISTEN_REQUEST`]), or else any client, served as [`Proxy::handle`] does.
-    async fn first(self: Arc<Self>, mut client: UnixStream) -> std::io::Result<()> {
-        let (buf, fds) = match listen::first_read(&client).await {
+    /// A connection on the Unix socket: its first bytes are read with any descriptors sent
+    /// along. With them it may be the init handing over the proxy port (the first connection
+    /// only) or the transparent relay handing over a workload's connection.
+    async fn handle_unix(
+        self: Arc<Self>,
+        mut client: UnixStream,
+        may_listen: bool,
+    ) -> std::io::Result<()> {
+        let (buf, fds) = match listen::read_with_fds(&client).await {
             Ok(got) => got,
             Err(e) => {
-                respond(&mut client, 400, "Bad Request", &e.to_string(), None).await?;
-                return Ok(());
+                return respond(&mut client, 400, "Bad Request", &e.to_string(), None).await;
             }
         };
         if buf.is_empty() {
             return Ok(());
         }
-        if !buf.starts_with(b"AISB-LISTEN") {
-            drop(fds);
+        if buf.starts_with(b"AISB-LISTEN") {
+            let taken = match (may_listen, buf == LISTEN_REQUEST) {
+                (false, _) => Err("only the proxy's first connection hands over listeners".into()),
+                (true, false) => Err("the hand-over request must come whole in one message".into()),
+                (true, true) => listen::listeners(fds),
+            };
+            return match taken {
+                Ok(listeners) => {
+                    for l in listeners {
+                        tokio::spawn(listen::serve_port(l, Arc::clone(&self)));
+                    }
+                    client
+                        .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                        .await
+                }
+                Err(why) => respond(&mut client, 400, "Bad Request", &why, None).await,
+            };
+        }
+        if fds.is_empty() {
             return self.handle_read(client, buf).await;
         }
-        let taken = if buf == LISTEN_REQUEST {
-            listen::listeners(fds)
-        } else {
-            Err("the hand-over request must come whole in one message".into())
-        };
-        match taken {
-            Ok(listeners) => {
-                for l in listeners {
-                    tokio::spawn(listen::serve_port(l, Arc::clone(&self)));
-                }
-                client
-                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
-                    .await
+        self.handed(client, buf, fds).await
+    }
+
+    /// A workload's connection the transparent relay handed over, with `CONNECT name:port`
+    /// and [`HANDED_HEADER`] whole in the message that carried it, and what the relay read of
+    /// the client's bytes behind. The relay is answered on `client` (200 once the proxy has the
+    /// connection, or the refusal, which it shows the workload) and left; the workload's
+    /// connection is served from here.
+    async fn handed(
+        &self,
+        mut client: UnixStream,
+        buf: Vec<u8>,
+        mut fds: Vec<OwnedFd>,
+    ) -> std::io::Result<()> {
+        let start = Instant::now();
+        let head_len = match http_head(&buf) {
+            Head::Complete(n) => n,
+            _ => {
+                let why = "descriptors came with something other than a whole CONNECT";
+                return respond(&mut client, 400, "Bad Request", why, None).await;
             }
-            Err(why) => respond(&mut client, 400, "Bad Request", &why, None).await,
+        };
+        // What the relay read of the client's bytes follows, to the relay's end of writing.
+        let mut buf = buf;
+        while read_more(&mut client, &mut buf).await? > 0 {
+            if buf.len() > head_len + MAX_HEAD {
+                let why = "more than 64 KiB of a client's bytes came with a hand-over";
+                return respond(&mut client, 400, "Bad Request", why, None).await;
+            }
         }
+        let head = &buf[..head_len];
+        let mode = header_of(head, HANDED_HEADER);
+        let (host, port) = match (http_request(head), mode.as_deref(), fds.len()) {
+            (HttpRequest::Connect { host, port }, Some(HANDED_TUNNEL | HANDED_HTTP), 1) => {
+                (host, port)
+            }
+            _ => {
+                let why =
+                    "descriptors came with something other than a hand-over of one connection";
+                return respond(&mut client, 400, "Bad Request", why, None).await;
+            }
+        };
+        let mut tcp = match listen::connection(fds.remove(0)) {
+            Ok(t) => t,
+            Err(why) => return respond(&mut client, 400, "Bad Request", &why, None).await,
+        };
+        let proto = learned_proto(header_of(head, LEARNED_HEADER).as_deref());
+        let early = &buf[head_len..];
+        if mode.as_deref() == Some(HANDED_HTTP) {
+            client
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                .await?;
+            drop(client);
+            let handed = Handed {
+                name: host,
+                port,
+                proto,
+                dest: tcp.local_addr().ok(),
+            };
+            if let Some(o) = self.http(&mut tcp, early.to_vec(), Some(handed)).await? {
+                self.record(&o);
+            }
+            return Ok(());
+        }
+        let (mut o, upstream) = self.open(proto, host, port, start).await;
+        match (&o.result, upstream) {
+            (Ok(_), Some(up)) => {
+                client
+                    .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                    .await?;
+                drop(client);
+                (o.up, o.down) = self.tunnel(&mut tcp, up, early).await;
+            }
+            (Err(b), _) => blocked(&mut client, "CONNECT", &o.host, o.port, b).await?,
+            (Ok(_), None) => {}
+        }
+        self.record(&o);
+        Ok(())
     }
 
     /// A client connection whose first bytes were read into `buf` (not empty).
@@ -146,7 +238,7 @@ impl Proxy {
         let outcome = if buf[0] == 5 {
             self.socks5(&mut client, buf).await
         } else {
-            self.http(&mut client, buf).await
+            self.http(&mut client, buf, None).await
         };
         if let Some(o) = outcome? {
             self.record(&o);
@@ -253,10 +345,13 @@ impl Proxy {
         }
     }
 
+    /// An HTTP request on `client` (CONNECT, a plain one to forward, or the init's own), or
+    /// with `handed`, only a plain request to the handed connection's name and port.
     async fn http<S: Conn>(
         &self,
         client: &mut S,
         mut buf: Vec<u8>,
+        handed: Option<Handed>,
     ) -> std::io::Result<Option<Outcome>> {
         let start = Instant::now();
         let head_len = loop {
@@ -291,6 +386,9 @@ impl Proxy {
                 }
             }
         };
+        if let Some(h) = handed {
+            return self.http_handed(client, buf, head_len, h, start).await;
+        }
         if buf.starts_with(RESOLVE_METHOD.as_bytes()) {
             return self.resolve_name(client, &buf[..head_len], start).await;
         }
@@ -340,13 +438,7 @@ impl Proxy {
                 return Ok(None);
             }
             HttpRequest::Connect { host, port } => {
-                let proto = match learned.as_deref() {
-                    Some("dns") => "transparent-dns",
-                    Some("sni") => "transparent-sni",
-                    Some("host") => "transparent-host",
-                    Some("ip") => "transparent-ip",
-                    _ => "connect",
-                };
+                let proto = learned_proto(learned.as_deref());
                 let (mut o, upstream) = self.open(proto, host, port, start).await;
                 match (&o.result, upstream) {
                     (Ok(_), Some(up)) => {
@@ -366,9 +458,75 @@ impl Proxy {
             }
             HttpRequest::Forward(f) => f,
         };
-        let (mut o, upstream) = self
+        let (o, upstream) = self
             .open("http", forward.host.clone(), forward.port, start)
             .await;
+        self.forward(client, buf, head_len, forward, o, upstream)
+            .await
+    }
+
+    /// A plain HTTP request on a connection the transparent relay handed over: it must be a
+    /// request to forward, naming the host and port connected to (no other host through an
+    /// allowed name's address); it goes to that name and port, and is the connection's only
+    /// one (the upstream is told `Connection: close`, and so the client).
+    async fn http_handed<S: Conn>(
+        &self,
+        client: &mut S,
+        buf: Vec<u8>,
+        head_len: usize,
+        h: Handed,
+        start: Instant,
+    ) -> std::io::Result<Option<Outcome>> {
+        let refused = |why: String| {
+            say_refused(h.dest, &why);
+            Outcome {
+                proto: h.proto,
+                host: h.name.clone(),
+                port: h.port,
+                result: Err(Blocked {
+                    rule: format!("transparent: {why}"),
+                    hint: None,
+                }),
+                addr: None,
+                up: 0,
+                down: 0,
+                start,
+            }
+        };
+        let forward = match http_request(&buf[..head_len]) {
+            HttpRequest::Forward(f) => f,
+            _ => {
+                let why = format!(
+                    "not a plain HTTP request, sent to the address of {}",
+                    h.name
+                );
+                respond(client, 400, "Bad Request", &why, Some(&why)).await?;
+                return Ok(Some(refused(why)));
+            }
+        };
+        if let Err(why) = names_handed(&forward.authority, &h) {
+            let o = refused(why);
+            if let Err(b) = &o.result {
+                blocked(client, &forward.method, &h.name, h.port, b).await?;
+            }
+            return Ok(Some(o));
+        }
+        let (o, upstream) = self.open(h.proto, h.name.clone(), h.port, start).await;
+        self.forward(client, buf, head_len, forward, o, upstream)
+            .await
+    }
+
+    /// Forward one checked plain HTTP request (`o` and `upstream`: what [`Proxy::open`] said)
+    /// and its answer.
+    async fn forward<S: Conn>(
+        &self,
+        client: &mut S,
+        buf: Vec<u8>,
+        head_len: usize,
+        forward: Forward,
+        mut o: Outcome,
+        upstream: Option<TcpStream>,
+    ) -> std::io::Result<Option<Outcome>> {
         let (checked, mut up) = match (&o.result, upstream) {
             (Ok(a), Some(up)) => (a.clone(), up),
             (Err(b), _) => {
@@ -513,6 +671,50 @@ impl Proxy {
             _ => client.write_all(&reply(4)).await?,
         }
         Ok(Some(o))
+    }
+}
+
+/// A refusal of a handed connection, on stderr (the workload's, as the relay's refusals are),
+/// once per destination.
+fn say_refused(dest: Option<std::net::SocketAddr>, why: &str) {
+    static SAID: std::sync::Mutex<Vec<Option<std::net::SocketAddr>>> =
+        std::sync::Mutex::new(Vec::new());
+    let first = SAID
+        .lock()
+        .map(|mut said| {
+            let new = said.len() < 1024 && !said.contains(&dest);
+            if new {
+                said.push(dest);
+            }
+            new
+        })
+        .unwrap_or(false);
+    if first {
+        let to = dest.map_or("the network".to_string(), |d| d.to_string());
+        eprintln!("aisb: refused a connection to {to}: {}", why.trim());
+    }
+}
+
+/// The audit log's protocol for a CONNECT, by how the transparent relay learned its name.
+fn learned_proto(learned: Option<&str>) -> &'static str {
+    match learned {
+        Some("dns") => "transparent-dns",
+        Some("sni") => "transparent-sni",
+        Some("host") => "transparent-host",
+        Some("ip") => "transparent-ip",
+        _ => "connect",
+    }
+}
+
+/// Whether a handed connection's request names the host and port connected to: the port, when
+/// the authority gives one, must be the one connected to; the host must be the name.
+fn names_handed(authority: &str, h: &Handed) -> Result<(), String> {
+    let other = || format!("the client named {authority} to the address of {}", h.name);
+    let (host, port) = split_authority(authority, Some(h.port)).ok_or_else(other)?;
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    match crate::config::domain::normalise_name(bare) {
+        Ok(n) if n == h.name && port == h.port => Ok(()),
+        _ => Err(other()),
     }
 }
 
