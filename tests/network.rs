@@ -267,6 +267,14 @@ l = socket.socket(); l.bind(("127.0.0.1", 0)); l.listen()
 s = socket.socket(socket.AF_UNIX); s.settimeout(10); s.connect("/run/aisb/net/proxy.sock")
 socket.send_fds(s, [b"AISB-LISTEN * HTTP/1.1\r\n\r\n"], [l.fileno()])
 print(s.recv(200).split(b"\r\n")[0].decode())')"
+echo "handed=$(python3 -c '
+import socket
+l = socket.socket(); l.bind(("127.0.0.1", 0)); l.listen()
+c = socket.create_connection(l.getsockname()); a, _ = l.accept()
+s = socket.socket(socket.AF_UNIX); s.settimeout(10); s.connect("/run/aisb/net/proxy.sock")
+socket.send_fds(s, [b"CONNECT good.test:{port} HTTP/1.1\r\nX-Aisb-Handed: tunnel\r\n\r\n"], [a.fileno()])
+s.shutdown(socket.SHUT_WR)
+print(s.recv(200).split(b"\r\n")[0].decode())')"
 echo "http=$(curl -s -m 10 http://good.test:{port}/hello.txt)"
 echo "connect=$(curl -s -m 10 -p http://good.test:{port}/hello.txt)"
 echo "socks=$(curl -s -m 10 -x socks5h://127.0.0.1:3128 http://good.test:{port}/hello.txt)"
@@ -316,6 +324,8 @@ echo "git_err=$(cat /tmp/git.err | tr '\n' ' ')"
         assert_eq!(o.code, 0, "[{backend}]\n{}\n{}", o.stdout, o.stderr);
         // The proxy took the init's listeners first; the workload cannot hand over its own.
         o.expect("handover", "HTTP/1.1 400 Bad Request");
+        // Nor hand over a connection of its own: only the init's sockets are taken.
+        o.expect("handed", "HTTP/1.1 400 Bad Request");
         o.expect("http", "hello from the host");
         o.expect("connect", "hello from the host");
         o.expect("socks", "hello from the host");

@@ -52,7 +52,17 @@ pub fn start(listeners: Vec<(TcpListener, Target)>) {
         let sent = send_listeners(&proxy);
         let _ = std::thread::Builder::new().spawn(move || {
             if let Err(e) = sent.and_then(|mut s| tunnel_answer(&mut s)) {
-                // Relayed from here instead, as before the hand-over existed.
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) {
+                    // No answer: the proxy may hold the listeners; never share them.
+                    eprintln!(
+                        "aisb: the proxy did not answer the hand-over of the proxy port ({e})"
+                    );
+                    return;
+                }
+                // Refused: relayed from here instead, as before the hand-over existed.
                 eprintln!("aisb: the proxy did not take the proxy port ({e}); relaying it");
                 for l in proxy {
                     // The proxy may have made the shared listener non-blocking.

@@ -408,6 +408,8 @@ fn hand_over(
     use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
     let mut unix =
         UnixStream::connect(PROXY_SOCKET).map_err(|e| format!("no proxy to ask: {e}"))?;
+    // The proxy answers once it connected upstream (its own limit is 10 s).
+    let _ = unix.set_read_timeout(Some(Duration::from_secs(30)));
     let authority = format!("{name}:{}", dest.port());
     let mut request = relay::connect_learned(&authority, how.as_str());
     // The head's end, with the mode before it.

@@ -23,15 +23,17 @@ use tokio::net::{TcpListener, UnixStream};
 use super::server::Proxy;
 pub use crate::vocab::{LISTEN_MAX, LISTEN_REQUEST};
 
-/// The first bytes of a connection and the descriptors that came with them (at most
-/// [`LISTEN_MAX`]; Err when the kernel had to drop some).
+/// The first bytes of a connection and the descriptors that came with them (Err, with them
+/// closed, when there are more than [`LISTEN_MAX`]).
 pub async fn read_with_fds(s: &UnixStream) -> Result<(Vec<u8>, Vec<OwnedFd>)> {
     let mut buf = vec![0u8; 4096];
     loop {
         s.readable().await?;
         let got = s.try_io(Interest::READABLE, || {
             let mut iov = [IoSliceMut::new(&mut buf)];
-            let mut space = nix::cmsg_space!([RawFd; LISTEN_MAX]);
+            // Room for as many as one message can carry (the kernel's SCM_MAX_FD), so none
+            // is ever dropped unowned; more than LISTEN_MAX is refused below.
+            let mut space = nix::cmsg_space!([RawFd; 253]);
             let msg = recvmsg::<()>(
                 s.as_raw_fd(),
                 &mut iov,
@@ -50,7 +52,8 @@ pub async fn read_with_fds(s: &UnixStream) -> Result<(Vec<u8>, Vec<OwnedFd>)> {
                     );
                 }
             }
-            if msg.flags.contains(MsgFlags::MSG_CTRUNC) {
+            if fds.len() > LISTEN_MAX || msg.flags.contains(MsgFlags::MSG_CTRUNC) {
+                discard(fds);
                 return Err(Error::new(
                     ErrorKind::InvalidData,
                     format!("more than {LISTEN_MAX} descriptors sent to the proxy"),
@@ -66,6 +69,14 @@ pub async fn read_with_fds(s: &UnixStream) -> Result<(Vec<u8>, Vec<OwnedFd>)> {
             Err(e) if e.kind() == ErrorKind::WouldBlock => continue,
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// Close descriptors the proxy refused, off its one thread: a socket sent with a long
+/// `SO_LINGER` and a full send buffer would block the close.
+pub fn discard(fds: Vec<OwnedFd>) {
+    if !fds.is_empty() {
+        tokio::task::spawn_blocking(move || drop(fds));
     }
 }
 

@@ -173,10 +173,22 @@ pub fn http_request(head: &[u8]) -> HttpRequest {
             "chunked request bodies are not proxied over plain HTTP; use https",
         );
     }
-    let length: u64 = match header("content-length").map(|v| v.parse::<u64>()) {
+    // One Content-Length, digits only (`+3`, two values or two headers would let the upstream
+    // frame the body differently from the proxy).
+    let lengths = req
+        .headers
+        .iter()
+        .filter(|h| h.name.eq_ignore_ascii_case("content-length"))
+        .count();
+    let length: u64 = match header("content-length") {
         None => 0,
-        Some(Ok(n)) => n,
-        Some(Err(_)) => return refused(400, "Bad Request", "bad Content-Length"),
+        Some(v) if lengths == 1 && !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) => {
+            match v.parse::<u64>() {
+                Ok(n) => n,
+                Err(_) => return refused(400, "Bad Request", "bad Content-Length"),
+            }
+        }
+        Some(_) => return refused(400, "Bad Request", "bad Content-Length"),
     };
     let headers = req
         .headers
@@ -455,5 +467,33 @@ mod tests {
             Socks5Request::Refused(8)
         );
         assert_eq!(socks5_request(&[5, 1, 0, 9, 0]), Socks5Request::Partial);
+    }
+}
+
+#[cfg(test)]
+mod length_tests {
+    use super::*;
+
+    /// A body the upstream could frame differently from the proxy is refused.
+    #[test]
+    fn content_length_is_one_header_of_digits() {
+        let req = |cl: &str| {
+            http_request(
+                format!("POST http://a.test/ HTTP/1.1\r\nHost: a.test\r\n{cl}\r\n").as_bytes(),
+            )
+        };
+        assert!(matches!(req("Content-Length: 3\r\n"), HttpRequest::Forward(f) if f.length == 3));
+        for bad in [
+            "Content-Length: +3\r\n",
+            "Content-Length: 3, 3\r\n",
+            "Content-Length: 3\r\nContent-Length: 40\r\n",
+            "Content-Length: \r\n",
+            "Content-Length: 0x3\r\n",
+        ] {
+            assert!(
+                matches!(req(bad), HttpRequest::Refused { code: 400, .. }),
+                "{bad:?} was taken"
+            );
+        }
     }
 }

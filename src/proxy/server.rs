@@ -72,13 +72,17 @@ impl Conn for std::pin::Pin<Box<tokio_io_timeout::TimeoutStream<TcpStream>>> {}
 /// The first one may be the init handing over the workload's proxy port ([`super::listen`]);
 /// any may carry a connection the transparent relay hands over ([`HANDED_HEADER`]).
 pub async fn serve(listener: UnixListener, proxy: Arc<Proxy>) -> std::io::Result<()> {
-    let mut first = true;
+    // The process that made the first connection: the sandbox's init (the workload does not
+    // exist before the init hands over its listeners). Only it may hand over sockets.
+    let mut init: Option<Option<i32>> = None;
     loop {
         let (stream, _) = listener.accept().await?;
         let p = Arc::clone(&proxy);
-        let may_listen = std::mem::take(&mut first);
+        let peer = stream.peer_cred().ok().and_then(|c| c.pid());
+        let first = init.is_none();
+        let from_init = *init.get_or_insert(peer) == peer && peer.is_some();
         tokio::spawn(async move {
-            let _ = p.handle_unix(stream, may_listen).await;
+            let _ = p.handle_unix(stream, first, from_init).await;
         });
     }
 }
@@ -122,6 +126,7 @@ impl Proxy {
         self: Arc<Self>,
         mut client: UnixStream,
         may_listen: bool,
+        from_init: bool,
     ) -> std::io::Result<()> {
         let (buf, fds) = match listen::read_with_fds(&client).await {
             Ok(got) => got,
@@ -131,6 +136,11 @@ impl Proxy {
         };
         if buf.is_empty() {
             return Ok(());
+        }
+        if !fds.is_empty() && !from_init {
+            listen::discard(fds);
+            let why = "only the sandbox's init hands sockets to the proxy";
+            return respond(&mut client, 400, "Bad Request", why, None).await;
         }
         if buf.starts_with(b"AISB-LISTEN") {
             let taken = match (may_listen, buf == LISTEN_REQUEST) {
