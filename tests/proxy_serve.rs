@@ -384,3 +384,56 @@ fn two_hundred_clients_for_thirty_seconds_lose_nothing_and_leak_nothing() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// A sandbox's own proxy (`aisb __proxy`, on its Unix socket) that runs out of descriptors
+/// because the workload holds connections open keeps serving once they close (it used to
+/// exit at the first failed accept, cutting the sandbox off for the rest of its run).
+#[test]
+fn the_run_proxy_serves_on_after_running_out_of_descriptors() {
+    use std::os::unix::net::UnixStream;
+    use std::os::unix::process::CommandExt;
+    let t = tempfile::tempdir().unwrap();
+    let sock = t.path().join("proxy.sock");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_aisb"));
+    cmd.args(["__proxy", "--socket"])
+        .arg(&sock)
+        .args(["--policy", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
+    // SAFETY: setrlimit is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, 32, 32)?;
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(br#"{"allow":[],"deny":[],"localhost_ports":[],"resolve":[]}"#)
+        .unwrap();
+    let mut ready = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut ready)
+        .unwrap();
+    assert_eq!(ready.trim(), "ready");
+    // More connections than the proxy has descriptors, all silent.
+    let held: Vec<UnixStream> = (0..64)
+        .filter_map(|_| UnixStream::connect(&sock).ok())
+        .collect();
+    assert!(held.len() > 32, "only {} connections", held.len());
+    std::thread::sleep(Duration::from_millis(300));
+    drop(held);
+    std::thread::sleep(Duration::from_millis(300));
+    let mut c = UnixStream::connect(&sock).expect("the proxy stopped listening");
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(b"GET http://x.test/ HTTP/1.1\r\nHost: x.test\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    let _ = c.read_to_string(&mut answer);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(answer.starts_with("HTTP/1.1 403"), "{answer:?}");
+}

@@ -68,7 +68,8 @@ impl Conn for TcpStream {
 
 impl Conn for std::pin::Pin<Box<tokio_io_timeout::TimeoutStream<TcpStream>>> {}
 
-/// Accept connections until the listener fails (the process is killed when the sandbox ends).
+/// Accept connections until the listener fails (the process is killed when the sandbox ends;
+/// running out of descriptors is not failing).
 /// The first one may be the init handing over the workload's proxy port ([`super::listen`]);
 /// any may carry a connection the transparent relay hands over ([`HANDED_HEADER`]).
 pub async fn serve(listener: UnixListener, proxy: Arc<Proxy>) -> std::io::Result<()> {
@@ -76,7 +77,15 @@ pub async fn serve(listener: UnixListener, proxy: Arc<Proxy>) -> std::io::Result
     // exist before the init hands over its listeners). Only it may hand over sockets.
     let mut init: Option<Option<i32>> = None;
     loop {
-        let (stream, _) = listener.accept().await?;
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            // Out of descriptors (connections the workload holds open): serve on as they end.
+            Err(e) if super::serve::is_transient(&e) => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         let p = Arc::clone(&proxy);
         let peer = stream.peer_cred().ok().and_then(|c| c.pid());
         let first = init.is_none();
