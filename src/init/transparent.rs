@@ -395,8 +395,8 @@ fn decide_soon(
 }
 
 /// Hand the workload's connection to the proxy with `CONNECT name:port` (SCM_RIGHTS) and the
-/// bytes already read from it, then wait for its answer: 200, and the proxy serves it from
-/// then on; a refusal is shown to the workload as the relay shows its own.
+/// bytes already read from it, and leave it: the proxy serves it from then on, and says a
+/// refusal itself. Nothing is waited for, so this thread is back in `accept` at once.
 fn hand_over(
     tcp: TcpStream,
     name: &str,
@@ -406,10 +406,9 @@ fn hand_over(
     early: &[u8],
 ) -> Result<(), String> {
     use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    let failed = |e: &dyn std::fmt::Display| format!("handing the connection to the proxy: {e}");
     let mut unix =
         UnixStream::connect(PROXY_SOCKET).map_err(|e| format!("no proxy to ask: {e}"))?;
-    // The proxy answers once it connected upstream (its own limit is 10 s).
-    let _ = unix.set_read_timeout(Some(Duration::from_secs(30)));
     let authority = format!("{name}:{}", dest.port());
     let mut request = relay::connect_learned(&authority, how.as_str());
     // The head's end, with the mode before it.
@@ -424,19 +423,12 @@ fn hand_over(
         MsgFlags::empty(),
         None,
     )
-    .map_err(|e| format!("handing the connection to the proxy: {e}"))?;
+    .map_err(|e| failed(&e))?;
     if sent < head {
-        return Err("handing the connection to the proxy: cut short".into());
+        return Err(failed(&"cut short"));
     }
-    unix.write_all(&request[sent..])
-        .and_then(|()| unix.shutdown(Shutdown::Write))
-        .map_err(|e| format!("handing the connection to the proxy: {e}"))?;
-    if let Err(e) = relay::tunnel_answer(&mut unix) {
-        let _ = tcp.shutdown(Shutdown::Both);
-        // The proxy logged it; the workload's stderr gets the rule too.
-        say(dest, &format!("{authority}: {e}"));
-    }
-    Ok(())
+    // The rest, if any; then the proxy reads to the end (the connection's close).
+    unix.write_all(&request[sent..]).map_err(|e| failed(&e))
 }
 
 /// Relay a connection whose name came from its address: the client must not name another

@@ -177,9 +177,9 @@ impl Proxy {
 
     /// A workload's connection the transparent relay handed over, with `CONNECT name:port`
     /// and [`HANDED_HEADER`] whole in the message that carried it, and what the relay read of
-    /// the client's bytes behind. The relay is answered on `client` (200 once the proxy has the
-    /// connection, or the refusal, which it shows the workload) and left; the workload's
-    /// connection is served from here.
+    /// the client's bytes behind, to the relay's end of writing. The relay waits for nothing
+    /// (only a malformed hand-over is answered); the workload's connection is served from
+    /// here, and a refusal is said on stderr (the workload's) as the relay says its own.
     async fn handed(
         &self,
         mut client: UnixStream,
@@ -220,16 +220,21 @@ impl Proxy {
         };
         let proto = learned_proto(header_of(head, LEARNED_HEADER).as_deref());
         let early = &buf[head_len..];
+        drop(client);
+        // Where the workload connected (a listener on [::] sees IPv4 as mapped: unmapped).
+        let dest = tcp.local_addr().ok().map(|d| match d.ip() {
+            std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => std::net::SocketAddr::new(v4.into(), d.port()),
+                None => d,
+            },
+            _ => d,
+        });
         if mode.as_deref() == Some(HANDED_HTTP) {
-            client
-                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
-                .await?;
-            drop(client);
             let handed = Handed {
                 name: host,
                 port,
                 proto,
-                dest: tcp.local_addr().ok(),
+                dest,
             };
             if let Some(o) = self.http(&mut tcp, early.to_vec(), Some(handed)).await? {
                 self.record(&o);
@@ -238,14 +243,12 @@ impl Proxy {
         }
         let (mut o, upstream) = self.open(proto, host, port, start).await;
         match (&o.result, upstream) {
-            (Ok(_), Some(up)) => {
-                client
-                    .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
-                    .await?;
-                drop(client);
-                (o.up, o.down) = self.tunnel(&mut tcp, up, early).await;
+            (Ok(_), Some(up)) => (o.up, o.down) = self.tunnel(&mut tcp, up, early).await,
+            (Err(b), _) => {
+                let authority = format!("{}:{}", o.host, o.port);
+                let text = blocked_text("CONNECT", &o.host, o.port, b);
+                say_refused(dest, &format!("{authority}: {text}"));
             }
-            (Err(b), _) => blocked(&mut client, "CONNECT", &o.host, o.port, b).await?,
             (Ok(_), None) => {}
         }
         self.record(&o);
@@ -781,11 +784,17 @@ async fn blocked<W: AsyncWrite + Unpin>(
     port: u16,
     b: &Blocked,
 ) -> std::io::Result<()> {
+    let body = blocked_text(what, host, port, b);
+    respond(w, 403, "Forbidden", &body, Some(&b.rule)).await
+}
+
+/// What a refusal says: the rule, and what to add to allow it.
+fn blocked_text(what: &str, host: &str, port: u16, b: &Blocked) -> String {
     let mut body = format!("aisb: blocked {what} {host}:{port}: {}\n", b.rule);
     if let Some(h) = &b.hint {
         body.push_str(&format!("to allow it: {h} (in sandbox.kdl)\n"));
     }
-    respond(w, 403, "Forbidden", &body, Some(&b.rule)).await
+    body
 }
 
 #[cfg(test)]
