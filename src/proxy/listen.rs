@@ -87,12 +87,7 @@ pub fn listeners(fds: Vec<OwnedFd>) -> std::result::Result<Vec<TcpListener>, Str
     }
     let mut out = Vec::new();
     for fd in fds {
-        let domain = int_option(&fd, libc::SO_DOMAIN)?;
-        if !matches!(domain, libc::AF_INET | libc::AF_INET6)
-            || int_option(&fd, libc::SO_TYPE)? != libc::SOCK_STREAM
-            || int_option(&fd, libc::SO_PROTOCOL)? != libc::IPPROTO_TCP
-            || int_option(&fd, libc::SO_ACCEPTCONN)? != 1
-        {
+        if !is_tcp(&fd, true)? {
             return Err("a descriptor sent is not a listening TCP socket".into());
         }
         let l = std::net::TcpListener::from(fd);
@@ -105,12 +100,7 @@ pub fn listeners(fds: Vec<OwnedFd>) -> std::result::Result<Vec<TcpListener>, Str
 /// A workload's connection the transparent relay handed over: it must be a connected TCP
 /// socket (anything else, a file or a netlink socket, is never written to by this process).
 pub fn connection(fd: OwnedFd) -> std::result::Result<tokio::net::TcpStream, String> {
-    let domain = int_option(&fd, libc::SO_DOMAIN)?;
-    if !matches!(domain, libc::AF_INET | libc::AF_INET6)
-        || int_option(&fd, libc::SO_TYPE)? != libc::SOCK_STREAM
-        || int_option(&fd, libc::SO_PROTOCOL)? != libc::IPPROTO_TCP
-        || int_option(&fd, libc::SO_ACCEPTCONN)? != 0
-    {
+    if !is_tcp(&fd, false)? {
         return Err("the descriptor sent is not a TCP connection".into());
     }
     let s = std::net::TcpStream::from(fd);
@@ -118,6 +108,16 @@ pub fn connection(fd: OwnedFd) -> std::result::Result<tokio::net::TcpStream, Str
         .map_err(|e| format!("the descriptor sent is not a TCP connection ({e})"))?;
     s.set_nonblocking(true).map_err(|e| e.to_string())?;
     tokio::net::TcpStream::from_std(s).map_err(|e| e.to_string())
+}
+
+/// Whether `fd` is an IPv4 or IPv6 TCP socket that is listening (or, `listening` false, not);
+/// Err when it is no socket at all.
+fn is_tcp(fd: &OwnedFd, listening: bool) -> std::result::Result<bool, String> {
+    let domain = int_option(fd, libc::SO_DOMAIN)?;
+    Ok(matches!(domain, libc::AF_INET | libc::AF_INET6)
+        && int_option(fd, libc::SO_TYPE)? == libc::SOCK_STREAM
+        && int_option(fd, libc::SO_PROTOCOL)? == libc::IPPROTO_TCP
+        && int_option(fd, libc::SO_ACCEPTCONN)? == i32::from(listening))
 }
 
 fn int_option(fd: &OwnedFd, name: libc::c_int) -> std::result::Result<libc::c_int, String> {
