@@ -57,13 +57,17 @@ pub fn start(listeners: Vec<(TcpListener, Target)>) {
                     std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                 ) {
                     // No answer: the proxy may hold the listeners; never share them.
-                    eprintln!(
+                    let _ = writeln!(
+                        std::io::stderr(),
                         "aisb: the proxy did not answer the hand-over of the proxy port ({e})"
                     );
                     return;
                 }
                 // Refused: relayed from here instead, as before the hand-over existed.
-                eprintln!("aisb: the proxy did not take the proxy port ({e}); relaying it");
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "aisb: the proxy did not take the proxy port ({e}); relaying it"
+                );
                 for l in proxy {
                     // The proxy may have made the shared listener non-blocking.
                     let _ = l.set_nonblocking(false);

@@ -8,6 +8,7 @@
 //! second request on the same client connection is never forwarded, so it cannot ride on an
 //! earlier request's check (no header smuggling).
 
+use std::io::Write as _;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -713,7 +714,12 @@ fn say_refused(dest: Option<std::net::SocketAddr>, why: &str) {
         .unwrap_or(false);
     if first {
         let to = dest.map_or("the network".to_string(), |d| d.to_string());
-        eprintln!("aisb: refused a connection to {to}: {}", why.trim());
+        // Not eprintln!, which panics when the caller's stderr is gone.
+        let _ = writeln!(
+            std::io::stderr(),
+            "aisb: refused a connection to {to}: {}",
+            why.trim()
+        );
     }
 }
 
