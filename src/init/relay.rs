@@ -14,8 +14,8 @@ use std::os::unix::net::UnixStream;
 
 use crate::pipe::Pipe;
 use crate::vocab::{
-    AGENT_EVENT_MAX, AGENT_METHOD, DIRECT_METHOD, LEARNED_HEADER, LISTEN_MAX, LISTEN_REQUEST,
-    PROXY_SOCKET,
+    AGENT_EVENT_MAX, AGENT_METHOD, DIRECT_METHOD, HANDED_HEADER, LEARNED_HEADER, LISTEN_MAX,
+    LISTEN_REQUEST, PROXY_SOCKET,
 };
 
 /// What a listener relays: everything to the proxy, or one host loopback port through it.
@@ -182,13 +182,17 @@ fn tunnel(s: &mut UnixStream, authority: &str) -> std::io::Result<()> {
 }
 
 /// The transparent relay's CONNECT for `authority`, saying how it learned the name (for the
-/// audit log). Its answer is not waited for: [`relay_tunnel`] reads it.
-pub fn connect_learned(authority: &str, how: &str) -> Vec<u8> {
-    format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n{LEARNED_HEADER}: {how}\r\n\r\n")
-        .into_bytes()
+/// audit log) and, when the connection itself goes with it, how the proxy is to serve it
+/// (`handed`, [`HANDED_HEADER`]). Its answer is not waited for: [`relay_tunnel`] reads it.
+pub fn connect_learned(authority: &str, how: &str, handed: Option<&str>) -> Vec<u8> {
+    let mode = handed.map_or(String::new(), |m| format!("{HANDED_HEADER}: {m}\r\n"));
+    format!(
+        "CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n{LEARNED_HEADER}: {how}\r\n{mode}\r\n"
+    )
+    .into_bytes()
 }
 
-pub fn tunnel_answer(s: &mut UnixStream) -> std::io::Result<()> {
+fn tunnel_answer(s: &mut UnixStream) -> std::io::Result<()> {
     let head = answer_head(s)?;
     let status = String::from_utf8_lossy(&head);
     if status.split(' ').nth(1) == Some("200") {

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use std::os::fd::AsRawFd;
 
 use super::relay;
-use crate::vocab::{HANDED_HEADER, HANDED_HTTP, HANDED_TUNNEL, PROXY_SOCKET};
+use crate::vocab::{HANDED_HTTP, HANDED_TUNNEL, PROXY_SOCKET};
 
 /// The synthetic pool: 198.18.0.0/15 (RFC 2544 benchmarking, never routed on the internet,
 /// and internal to the proxy's policy, so a synthetic address is never a real destination).
@@ -302,7 +302,7 @@ fn relay_one(mut tcp: TcpStream, dest: SocketAddr) -> Result<(), String> {
     let authority = format!("{name}:{port}");
     // The answer is read by the relay (the proxy forwards nothing before it allowed the
     // tunnel).
-    let relayed = match unix.write_all(&relay::connect_learned(&authority, how.as_str())) {
+    let relayed = match unix.write_all(&relay::connect_learned(&authority, how.as_str(), None)) {
         Err(e) => Err(relay::Refused::Proxy(e.to_string())),
         Ok(()) => pipe_checked(&tcp, &unix, &name, dest),
     };
@@ -410,10 +410,7 @@ fn hand_over(
     let mut unix =
         UnixStream::connect(PROXY_SOCKET).map_err(|e| format!("no proxy to ask: {e}"))?;
     let authority = format!("{name}:{}", dest.port());
-    let mut request = relay::connect_learned(&authority, how.as_str());
-    // The head's end, with the mode before it.
-    request.truncate(request.len() - 2);
-    request.extend_from_slice(format!("{HANDED_HEADER}: {mode}\r\n\r\n").as_bytes());
+    let mut request = relay::connect_learned(&authority, how.as_str(), Some(mode));
     let head = request.len();
     request.extend_from_slice(early);
     let sent = sendmsg::<()>(

@@ -331,6 +331,27 @@ mod tests {
         .into_bytes()
     }
 
+    /// Hand a fresh connection over in `mode` with `early` (what the relay read), then send
+    /// `then` from the workload's end: all it gets back.
+    fn through_handed(
+        sock: &std::path::Path,
+        mode: &str,
+        port: u16,
+        early: &[u8],
+        then: &[u8],
+    ) -> String {
+        let (theirs, mut workload) = connection_pair();
+        let mut req = handed_request(mode, port);
+        req.extend_from_slice(early);
+        let status = hand_over(sock, &req, &[theirs.as_raw_fd()]);
+        assert_eq!(status, "", "a hand-over is not answered");
+        drop(theirs);
+        workload.write_all(then).unwrap();
+        let mut got = String::new();
+        let _ = workload.read_to_string(&mut got);
+        got
+    }
+
     #[test]
     fn a_handed_connection_is_served_as_a_tunnel_or_as_one_checked_http_request() {
         let dir = tempfile::tempdir().unwrap();
@@ -339,30 +360,12 @@ mod tests {
         let _ = hand_over(&sock, b"GET / HTTP/1.0\r\n\r\n", &[]); // the first connection
 
         // A tunnel: the relay's early bytes go first, then the workload's.
-        let (theirs, mut workload) = connection_pair();
-        let mut req = handed_request("tunnel", up.port());
-        req.extend_from_slice(b"GET / HTTP/1.0\r\n");
-        let status = hand_over(&sock, &req, &[theirs.as_raw_fd()]);
-        assert_eq!(status, "", "a hand-over is not answered");
-        drop(theirs);
-        workload.write_all(b"\r\n").unwrap();
-        let mut got = String::new();
-        let _ = workload.read_to_string(&mut got);
+        let got = through_handed(&sock, "tunnel", up.port(), b"GET / HTTP/1.0\r\n", b"\r\n");
         assert!(got.ends_with("hello"), "{got}");
 
         // Plain HTTP naming the host and port connected to: forwarded.
-        let (theirs, mut workload) = connection_pair();
-        let status = hand_over(
-            &sock,
-            &handed_request("http", up.port()),
-            &[theirs.as_raw_fd()],
-        );
-        assert_eq!(status, "", "a hand-over is not answered");
-        drop(theirs);
         let head = format!("GET / HTTP/1.1\r\nHost: up.test:{}\r\n\r\n", up.port());
-        workload.write_all(head.as_bytes()).unwrap();
-        let mut got = String::new();
-        let _ = workload.read_to_string(&mut got);
+        let got = through_handed(&sock, "http", up.port(), b"", head.as_bytes());
         assert!(got.ends_with("hello"), "{got}");
 
         // Another host, another port, an absolute target naming another host, or a CONNECT
@@ -377,17 +380,7 @@ mod tests {
             ),
             format!("CONNECT up.test:{} HTTP/1.1\r\n\r\n", up.port()),
         ] {
-            let (theirs, mut workload) = connection_pair();
-            let status = hand_over(
-                &sock,
-                &handed_request("http", up.port()),
-                &[theirs.as_raw_fd()],
-            );
-            assert_eq!(status, "", "a hand-over is not answered");
-            drop(theirs);
-            workload.write_all(head.as_bytes()).unwrap();
-            let mut got = String::new();
-            let _ = workload.read_to_string(&mut got);
+            let got = through_handed(&sock, "http", up.port(), b"", head.as_bytes());
             assert!(got.starts_with("HTTP/1.1 4"), "{head}: {got}");
             assert!(!got.contains("hello"), "{head}: {got}");
         }

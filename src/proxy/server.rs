@@ -118,6 +118,28 @@ struct Outcome {
     start: Instant,
 }
 
+impl Outcome {
+    /// A decision on `host:port` with no address and no bytes moved yet.
+    fn new(
+        proto: &'static str,
+        host: String,
+        port: u16,
+        result: Result<Allowed, Blocked>,
+        start: Instant,
+    ) -> Outcome {
+        Outcome {
+            proto,
+            host,
+            port,
+            result,
+            addr: None,
+            up: 0,
+            down: 0,
+            start,
+        }
+    }
+}
+
 impl Proxy {
     /// One client connection, whatever carries it (the run's Unix socket, `aisb proxy serve`'s
     /// TCP).
@@ -317,19 +339,11 @@ impl Proxy {
         port: u16,
         start: Instant,
     ) -> (Outcome, Option<TcpStream>) {
-        let mut o = Outcome {
-            proto,
-            host,
-            port,
-            result: Err(Blocked {
-                rule: String::new(),
-                hint: None,
-            }),
-            addr: None,
-            up: 0,
-            down: 0,
-            start,
-        };
+        let unchecked = Err(Blocked {
+            rule: String::new(),
+            hint: None,
+        });
+        let mut o = Outcome::new(proto, host, port, unchecked, start);
         let allowed = match self.policy.check(&o.host, port) {
             Ok(a) => a,
             Err(b) => {
@@ -424,16 +438,8 @@ impl Proxy {
                     .unwrap_or_else(|| "direct-connect-not-via-proxy".into());
                 // The init saw the workload try to connect around the proxy (it was refused).
                 client.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await?;
-                return Ok(Some(Outcome {
-                    proto: "direct",
-                    host,
-                    port,
-                    result: Err(Blocked { rule, hint: None }),
-                    addr: None,
-                    up: 0,
-                    down: 0,
-                    start,
-                }));
+                let refused = Err(Blocked { rule, hint: None });
+                return Ok(Some(Outcome::new("direct", host, port, refused, start)));
             }
             HttpRequest::AgentEvent { target, body_len } => {
                 let mut body = buf[head_len..].to_vec();
@@ -502,19 +508,9 @@ impl Proxy {
     ) -> std::io::Result<Option<Outcome>> {
         let refused = |why: String| {
             say_refused(h.dest, &why);
-            Outcome {
-                proto: h.proto,
-                host: h.name.clone(),
-                port: h.port,
-                result: Err(Blocked {
-                    rule: format!("transparent: {why}"),
-                    hint: None,
-                }),
-                addr: None,
-                up: 0,
-                down: 0,
-                start,
-            }
+            let rule = format!("transparent: {why}");
+            let result = Err(Blocked { rule, hint: None });
+            Outcome::new(h.proto, h.name.clone(), h.port, result, start)
         };
         let forward = match http_request(&buf[..head_len]) {
             HttpRequest::Forward(f) => f,
@@ -633,17 +629,7 @@ impl Proxy {
             }
             Err(b) => blocked(client, "DNS", &name, 53, b).await?,
         }
-        let o = Outcome {
-            proto: "dns",
-            host: name,
-            port: 53,
-            result,
-            addr: None,
-            up: 0,
-            down: 0,
-            start,
-        };
-        Ok(Some(o))
+        Ok(Some(Outcome::new("dns", name, 53, result, start)))
     }
 
     async fn socks5<S: Conn>(
