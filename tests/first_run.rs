@@ -412,7 +412,7 @@ fn doctor_says_how_bwrap_gets_copy_on_write_directories() {
     s.give_to(user);
     let o = s.aisb(Some(user), &["doctor"]);
     assert!(
-        line(&o).contains("private copies: an unprivileged bwrap cannot mount overlayfs"),
+        line(&o).contains("mounted by aisb's init in a mount namespace of its own"),
         "as nobody: {}",
         o.stdout
     );

@@ -405,6 +405,7 @@ fn bwrap_inputs() -> aisb_bwrap::Inputs {
         new_session: true,
         info_fd: Some(3),
         userns_block_fd: None,
+        mask_file: Some("/store/masked-0000".into()),
     }
 }
 

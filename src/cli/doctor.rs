@@ -351,12 +351,12 @@ fn backends(c: &[Check]) -> Vec<Backend> {
         }
     } else {
         // bubblewrap itself mounts no overlayfs; aisb's init mounts them when it may.
-        let cow = if root && ok("overlayfs") {
+        let cow = if ok("overlayfs") && root {
             "copy-on-write directories are overlayfs, mounted by aisb's init"
-        } else if root {
-            "a copy-on-write directory is refused: no overlayfs on this kernel"
+        } else if ok("overlayfs") {
+            "copy-on-write directories are overlayfs, mounted by aisb's init in a mount namespace of its own"
         } else {
-            "copy-on-write directories are private copies: an unprivileged bwrap cannot mount overlayfs"
+            "a copy-on-write directory is refused: no overlayfs on this kernel"
         };
         Backend {
             name: "bwrap",

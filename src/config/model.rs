@@ -293,6 +293,17 @@ pub struct SecretsCfg {
     pub gitignored: Option<S<bool>>,
     pub git_crypt: Option<S<bool>>,
     pub tool_dirs: Vec<S<String>>,
+    /// `dependency-dirs`: directories added to the built-in dependency and build-output
+    /// directories (exempt from the gitignored layer, copy-on-write; see `eval::deps`).
+    #[serde(default)]
+    pub dependency_dirs: Vec<S<String>>,
+    /// `not-dependency-dirs`: built-in ones this project uses for its own files (masked again
+    /// when git ignores them).
+    #[serde(default)]
+    pub not_dependency_dirs: Vec<S<String>>,
+    /// `write-through`: dependency directories the sandbox writes in place (a loosening).
+    #[serde(default)]
+    pub write_through: Vec<S<String>>,
 }
 
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]

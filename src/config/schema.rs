@@ -46,7 +46,15 @@ pub const ROOTFS_CHILDREN: &[&str] = &["network"];
 pub const PROJECT_PROPS: &[&str] = &["access"];
 pub const MOUNT_PROPS: &[&str] = &["access", "optional"];
 pub const TMPFS_PROPS: &[&str] = &["size"];
-pub const SECRETS_CHILDREN: &[&str] = &["defaults", "gitignored", "git-crypt", "tool-dirs"];
+pub const SECRETS_CHILDREN: &[&str] = &[
+    "defaults",
+    "gitignored",
+    "git-crypt",
+    "tool-dirs",
+    "dependency-dirs",
+    "not-dependency-dirs",
+    "write-through",
+];
 pub const ENV_CHILDREN: &[&str] = &[
     "inherit",
     "filter-secrets",

@@ -210,13 +210,46 @@ pub(super) fn resolve(
     if !cx.errors.is_empty() {
         return Err(ConfigErrors::new(std::mem::take(&mut cx.errors.list)).into());
     }
+    let tool_set = PatternSet::new(tool_patterns.iter().copied());
+    let dep_patterns: Vec<&str> = super::deps::DEFAULT_DEPENDENCY_DIRS
+        .iter()
+        .copied()
+        .chain(s.secrets.dependency_dirs.iter().map(|t| t.value.as_str()))
+        .collect();
+    let not_dep_patterns: Vec<&str> = s
+        .secrets
+        .not_dependency_dirs
+        .iter()
+        .map(|t| t.value.as_str())
+        .collect();
+    // Inside dependency directories: the project's own `block` list, and credential files
+    // instead of the broad built-in globs.
+    let dep_block_patterns: Vec<&str> = s
+        .block
+        .iter()
+        .map(|b| b.value.as_str())
+        .filter(|p| !crate::config::pattern::is_outside(p))
+        .chain(
+            defaults
+                .then_some(super::deps::DEPENDENCY_SENSITIVE)
+                .unwrap_or_default()
+                .iter()
+                .copied(),
+        )
+        .collect();
+    let roles = super::deps::RoleRules {
+        deps: PatternSet::new(dep_patterns.iter().copied()),
+        caches: PatternSet::new(super::deps::DEFAULT_CACHE_DIRS.iter().copied()),
+        not_deps: PatternSet::new(not_dep_patterns.iter().copied()),
+        dep_block: PatternSet::new(dep_block_patterns.iter().copied()),
+    };
     let live = LiveRules {
         block: PatternSet::new(block_patterns.iter().map(String::as_str)),
         allow: PatternSet::new(allow_patterns.iter().copied()),
         explicit,
         since: std::time::SystemTime::now(),
+        roles,
     };
-    let tool_set = PatternSet::new(tool_patterns.iter().copied());
     let gitignored = s.secrets.gitignored.as_ref().is_none_or(|b| b.value);
     let git_crypt = s.secrets.git_crypt.as_ref().is_none_or(|b| b.value);
     let block_rule = |p: &str| live.rule_name(p);
@@ -225,9 +258,12 @@ pub(super) fn resolve(
             &block_patterns,
             &allow_patterns,
             &tool_patterns,
+            &dep_patterns,
+            &not_dep_patterns,
+            &dep_block_patterns,
             gitignored,
             git_crypt,
-            "v1",
+            "v2",
         ))
         .unwrap_or_default()
         .as_bytes(),
@@ -237,6 +273,7 @@ pub(super) fn resolve(
         block_rule: &block_rule,
         allow: &live.allow,
         tool_dirs: &tool_set,
+        roles: &live.roles,
         gitignored,
         git_crypt,
         key,

@@ -72,6 +72,15 @@ pub fn merge(
     base.secrets
         .tool_dirs
         .extend(over.secrets.tool_dirs.iter().cloned());
+    base.secrets
+        .dependency_dirs
+        .extend(over.secrets.dependency_dirs.iter().cloned());
+    base.secrets
+        .not_dependency_dirs
+        .extend(over.secrets.not_dependency_dirs.iter().cloned());
+    base.secrets
+        .write_through
+        .extend(over.secrets.write_through.iter().cloned());
 
     scalar(&mut base.env.inherit, &over.env.inherit);
     scalar(&mut base.env.filter_secrets, &over.env.filter_secrets);

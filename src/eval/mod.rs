@@ -3,6 +3,7 @@
 //! project scanned by `scan`, the environment filtered by `env`.
 
 pub mod agents;
+pub mod deps;
 pub mod env;
 mod host;
 pub mod load;
@@ -306,6 +307,9 @@ fn resolve(
         scanned,
         memos,
     } = masks::resolve(cx, &sc, home_mode)?;
+    mounts.extend(deps::mounts(&sc, &scanned.roles));
+    // Parents before children again (stable: equal depths keep their order).
+    mounts.sort_by_key(|m| m.target.components().count());
     let rootfs = rootfs::resolve(cx, &sc);
     let build_network = network::build(cx, s, groups);
     let tools = tool_policy(cx, &s.tools);

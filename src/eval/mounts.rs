@@ -27,7 +27,7 @@ pub(super) struct Base {
 }
 
 /// A state directory's name for a mount target: a hash of the path and its last component.
-fn slug(target: &Path) -> String {
+pub(super) fn slug(target: &Path) -> String {
     let name = target
         .file_name()
         .map_or_else(|| "root".into(), |n| n.to_string_lossy().into_owned());

@@ -230,6 +230,8 @@ pub struct LiveRules {
     pub explicit: std::collections::BTreeSet<String>,
     /// When the project scan began: a directory not changed since holds nothing it missed.
     pub since: std::time::SystemTime,
+    /// Inside dependency and cache directories only credential files are masked.
+    pub roles: crate::eval::deps::RoleRules,
 }
 
 impl LiveRules {
@@ -238,7 +240,12 @@ impl LiveRules {
         if self.allow.covers(rel, is_dir).is_some() {
             return None;
         }
-        self.block.matching(rel, is_dir).map(|p| self.rule_name(p))
+        let set = if self.roles.inside(rel.as_ref(), is_dir) {
+            &self.roles.dep_block
+        } else {
+            &self.block
+        };
+        set.matching(rel, is_dir).map(|p| self.rule_name(p))
     }
 
     /// `block "P"` for a pattern of the `block` list, `sensitive "P"` for a built-in one.

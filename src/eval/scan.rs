@@ -8,7 +8,7 @@
 //! renaming or deleting a file changes its directory's mtime). Entries modified within
 //! `RACY_NS` of the scan are never trusted, so a change racing the scan forces a rescan.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
@@ -21,7 +21,7 @@ use sha2::{Digest, Sha256};
 
 use super::masks::PatternSet;
 
-const CACHE_VERSION: u32 = 2;
+const CACHE_VERSION: u32 = 3;
 const RACY_NS: i128 = 100_000_000;
 /// A project bigger than this without git is almost certainly a mistake (`/` or `$HOME`).
 const MAX_WALK_ENTRIES: usize = 1_000_000;
@@ -33,6 +33,10 @@ pub struct ScanRules<'a> {
     pub block_rule: &'a dyn Fn(&str) -> String,
     pub allow: &'a PatternSet,
     pub tool_dirs: &'a PatternSet,
+    /// Dependency and build-output directories (exempt from the gitignored layer, written
+    /// copy-on-write), caches (private and empty inside), and what is masked inside them
+    /// instead of `block` (see [`super::deps`]).
+    pub roles: &'a super::deps::RoleRules,
     pub gitignored: bool,
     pub git_crypt: bool,
     /// Hash of everything above, part of the cache key.
@@ -47,9 +51,29 @@ pub struct Masked {
     pub rule: String,
 }
 
+/// What an ignored directory is for, when it is not a secret (see [`super::deps`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Role {
+    /// Installed dependencies or build outputs: the host's content, written copy-on-write.
+    Dependency,
+    /// A cache or report: private and empty inside.
+    Cache,
+}
+
+/// A directory git ignores as a whole that has a role, with the pattern that gave it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoleDir {
+    pub rel: Vec<u8>,
+    pub role: Role,
+    pub pattern: String,
+}
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ScanResult {
     pub masks: Vec<Masked>,
+    /// Ignored directories with a role, outermost only, none below a mask.
+    #[serde(default)]
+    pub roles: Vec<RoleDir>,
     pub notes: Vec<String>,
     pub git: bool,
     pub entries_seen: usize,
@@ -281,31 +305,93 @@ impl Collector {
     }
 }
 
-/// Check one path (and its not-yet-checked ancestor dirs) against allow and block.
-fn classify(
+fn role_of<'r>(rules: &'r ScanRules<'_>, dir: &[u8]) -> Option<(Role, &'r str)> {
+    rules.roles.role_of(dir)
+}
+
+/// Directories seen so far, each with whether it is inside a dependency or cache directory
+/// (itself included): decided once per directory, top down, never per file.
+type Dirs = HashMap<Vec<u8>, bool>;
+
+/// Whether `rel` is inside a directory with a role (or is one, for a directory), recording
+/// every ancestor on the way; each newly seen ancestor is checked against allow and the
+/// masks that apply there.
+fn in_role_dir(
     rules: &ScanRules<'_>,
-    seen_dirs: &mut HashSet<Vec<u8>>,
+    dirs: &mut Dirs,
     col: &mut Collector,
     rel: &[u8],
     is_dir: bool,
-) {
+) -> bool {
+    let mut inside = false;
     for (i, c) in rel.iter().enumerate() {
         if *c == b'/' {
             let dir = &rel[..i];
-            if seen_dirs.insert(dir.to_vec()) && rules.allow.covers(dir, true).is_none() {
-                if let Some(p) = rules.block.matching(dir, true) {
-                    col.add(dir, true, (rules.block_rule)(p));
+            inside = match dirs.get(dir) {
+                Some(d) => *d,
+                None => {
+                    let d = inside || role_of(rules, dir).is_some();
+                    dirs.insert(dir.to_vec(), d);
+                    if rules.allow.covers(dir, true).is_none() {
+                        if let Some(p) = masks_at(rules, d).matching(dir, true) {
+                            col.add(dir, true, (rules.block_rule)(p));
+                        }
+                    }
+                    d
                 }
-            }
+            };
         }
     }
-    if is_dir && !seen_dirs.insert(rel.to_vec()) {
+    if is_dir {
+        if let Some(d) = dirs.get(rel) {
+            return *d;
+        }
+        let d = inside || role_of(rules, rel).is_some();
+        dirs.insert(rel.to_vec(), d);
+        return d;
+    }
+    inside
+}
+
+fn masks_at<'r>(rules: &'r ScanRules<'_>, in_role: bool) -> &'r PatternSet {
+    if in_role {
+        &rules.roles.dep_block
+    } else {
+        rules.block
+    }
+}
+
+/// Role directories outermost first, without any inside another or below a masked directory
+/// (the mask or the outer one decides there).
+fn outside_masks(mut roles: Vec<RoleDir>, masks: &[Masked]) -> Vec<RoleDir> {
+    let below = |inner: &[u8], outer: &[u8]| {
+        inner.len() > outer.len() && inner.starts_with(outer) && inner[outer.len()] == b'/'
+    };
+    roles.sort_by(|a, b| a.rel.cmp(&b.rel));
+    let mut out: Vec<RoleDir> = Vec::new();
+    for r in roles {
+        let covered = out.iter().any(|o| below(&r.rel, &o.rel))
+            || masks
+                .iter()
+                .any(|m| m.rel == r.rel || (m.dir && below(&r.rel, &m.rel)));
+        if !covered {
+            out.push(r);
+        }
+    }
+    out
+}
+
+/// Check one path (and its not-yet-checked ancestor dirs) against allow and block (inside a
+/// dependency directory: against the credential patterns).
+fn classify(rules: &ScanRules<'_>, dirs: &mut Dirs, col: &mut Collector, rel: &[u8], is_dir: bool) {
+    if is_dir && dirs.contains_key(rel) {
         return;
     }
+    let in_role = in_role_dir(rules, dirs, col, rel, is_dir);
     if rules.allow.covers(rel, is_dir).is_some() {
         return;
     }
-    if let Some(p) = rules.block.matching(rel, is_dir) {
+    if let Some(p) = masks_at(rules, in_role).matching(rel, is_dir) {
         col.add(rel, is_dir, (rules.block_rule)(p));
     }
 }
@@ -316,7 +402,8 @@ fn scan_git(
     rules: &ScanRules<'_>,
 ) -> Result<(ScanResult, Vec<Vec<u8>>), ScanError> {
     let mut col = Collector::default();
-    let mut seen_dirs = HashSet::new();
+    let mut dirs = Dirs::new();
+    let mut roles: Vec<RoleDir> = Vec::new();
     let mut notes = Vec::new();
     let mut entries_seen = 0;
 
@@ -335,7 +422,7 @@ fn scan_git(
     let mut tracked_or_visible: Vec<&[u8]> = Vec::new();
     for rel in split_z(&visible) {
         entries_seen += 1;
-        classify(rules, &mut seen_dirs, &mut col, rel, false);
+        classify(rules, &mut dirs, &mut col, rel, false);
         if rel == b".gitattributes" || rel.ends_with(b"/.gitattributes") {
             attr_files.push(rel);
         }
@@ -362,21 +449,42 @@ fn scan_git(
         }
         let exempt = rules.allow.covers(rel, is_dir).is_some()
             || rules.tool_dirs.covers(rel, is_dir).is_some();
-        if rules.gitignored && !exempt {
+        // A dependency or cache directory (or something inside one) is the project's, not a
+        // secret: exempt from the gitignored layer.
+        let role = rules.gitignored && in_role_dir(rules, &mut dirs, &mut col, rel, is_dir);
+        if rules.gitignored && !exempt && !role {
             col.add(rel, is_dir, "gitignored".into());
             continue;
         }
+        let own = if is_dir && role { role_of(rules, rel) } else { None };
+        if let Some((Role::Cache, pattern)) = own {
+            // Private and empty inside: nothing of the host's to check.
+            roles.push(RoleDir {
+                rel: rel.to_vec(),
+                role: Role::Cache,
+                pattern: pattern.to_string(),
+            });
+            continue;
+        }
+        if let Some((r, pattern)) = own {
+            roles.push(RoleDir {
+                rel: rel.to_vec(),
+                role: r,
+                pattern: pattern.to_string(),
+            });
+        }
         if is_dir {
-            // An exempt ignored dir (a tool dir such as `.claude/`): check what is inside.
-            classify(rules, &mut seen_dirs, &mut col, rel, true);
+            // An exempt ignored dir (a tool dir such as `.claude/`, a dependency dir): check
+            // what is inside.
+            classify(rules, &mut dirs, &mut col, rel, true);
             let dir = root.join(os(rel));
             walk(&dir, &mut |sub, sub_dir| {
                 let r = [rel, b"/", bytes(sub)].concat();
                 entries_seen += 1;
-                classify(rules, &mut seen_dirs, &mut col, &r, sub_dir);
+                classify(rules, &mut dirs, &mut col, &r, sub_dir);
             })?;
         } else {
-            classify(rules, &mut seen_dirs, &mut col, rel, false);
+            classify(rules, &mut dirs, &mut col, rel, false);
         }
     }
     if !rules.gitignored {
@@ -413,11 +521,19 @@ fn scan_git(
     }
 
     let masks = col.finish();
-    // Record every directory not hidden by a mask, and git's control files.
+    let roles = outside_masks(roles, &masks);
+    // Record every directory not hidden by a mask or a cache's private one, and git's
+    // control files.
     let masked_dirs: BTreeSet<&[u8]> = masks
         .iter()
         .filter(|m| m.dir)
         .map(|m| m.rel.as_slice())
+        .chain(
+            roles
+                .iter()
+                .filter(|r| r.role == Role::Cache)
+                .map(|r| r.rel.as_slice()),
+        )
         .collect();
     let mut stamped = vec![Vec::new()];
     let git_rel = git_dir.strip_prefix(root).ok().map(bytes);
@@ -439,6 +555,7 @@ fn scan_git(
     Ok((
         ScanResult {
             masks,
+            roles,
             notes,
             git: true,
             entries_seen,
@@ -467,7 +584,7 @@ fn global_excludes() -> Option<PathBuf> {
 
 fn scan_plain(root: &Path, rules: &ScanRules<'_>) -> Result<(ScanResult, Vec<Vec<u8>>), ScanError> {
     let mut col = Collector::default();
-    let mut seen_dirs = HashSet::new();
+    let mut dirs = Dirs::new();
     let mut entries_seen = 0usize;
     let mut too_big = false;
     walk(root, &mut |rel, is_dir| {
@@ -476,7 +593,7 @@ fn scan_plain(root: &Path, rules: &ScanRules<'_>) -> Result<(ScanResult, Vec<Vec
             too_big = true;
             return;
         }
-        classify(rules, &mut seen_dirs, &mut col, bytes(rel), is_dir);
+        classify(rules, &mut dirs, &mut col, bytes(rel), is_dir);
     })?;
     if too_big {
         return Err(ScanError::TooBig { root: root.into() });
@@ -494,6 +611,7 @@ fn scan_plain(root: &Path, rules: &ScanRules<'_>) -> Result<(ScanResult, Vec<Vec
     Ok((
         ScanResult {
             masks,
+            roles: Vec::new(),
             notes,
             git: false,
             entries_seen,

@@ -184,6 +184,10 @@ pub fn main_from_args(args: impl IntoIterator<Item = OsString>) -> i32 {
                 }
                 _ => ok = false,
             }
+        } else if let Some(p) = a.strip_prefix("--mask=").filter(|p| p.starts_with('/')) {
+            opts.masks.push((p.to_string(), false));
+        } else if let Some(p) = a.strip_prefix("--mask-dir=").filter(|p| p.starts_with('/')) {
+            opts.masks.push((p.to_string(), true));
         } else if let Some(fd) = a.strip_prefix("--ready-fd=") {
             match fd.parse::<i32>() {
                 Ok(fd) if fd > 2 => opts.ready_fd = Some(fd),
@@ -262,6 +266,8 @@ pub enum InitError {
     NoCommand,
     #[error("cannot mount the copy-on-write directory {target}: {source}")]
     Overlay { target: String, source: nix::Error },
+    #[error("cannot mask {target} inside a copy-on-write directory: {source}")]
+    Mask { target: String, source: nix::Error },
     #[error("cannot listen on 127.0.0.1:{port} for the network relay: {source}")]
     Relay { port: u16, source: std::io::Error },
     #[error("cannot set up transparent egress ({what}): {source}\n  help: `network transparent=#false` in sandbox.kdl turns it off (proxy-aware clients keep working)")]
@@ -286,6 +292,8 @@ pub struct Options {
     pub transparent_ports: Vec<u16>,
     /// Copy-on-write directories to mount (bwrap cannot): layers already bound in by bwrap.
     pub overlays: Vec<Overlay>,
+    /// Masks inside those directories, mounted after them: (path, is a directory).
+    pub masks: Vec<(String, bool)>,
     /// An image build step (root in its user namespace, installing packages): keep the
     /// capabilities the runtime gave, except CAP_NET_ADMIN (only the init needed it, for `lo`).
     pub keep_caps: bool,
@@ -307,15 +315,9 @@ pub struct Overlay {
 }
 
 /// Mount an overlay from layers bound at staging paths (the lower dir, and the directory
-/// holding the upper and work dirs, which overlayfs wants on one mount), then unmount them
-/// (overlayfs keeps its own references to the layers), so the upper dir is only reachable
-/// through the overlay.
-fn mount_overlay(o: &Overlay) -> Result<(), InitError> {
-    use nix::mount::{mount, umount2, MntFlags, MsFlags};
-    let err = |source| InitError::Overlay {
-        target: o.target.clone(),
-        source,
-    };
+/// holding the upper and work dirs, which overlayfs wants on one mount).
+fn mount_overlay(o: &Overlay) -> Result<(), nix::Error> {
+    use nix::mount::{mount, MsFlags};
     let data = format!(
         "lowerdir={},upperdir={},workdir={},userxattr",
         o.lower, o.upper, o.work
@@ -327,14 +329,104 @@ fn mount_overlay(o: &Overlay) -> Result<(), InitError> {
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
         Some(data.as_str()),
     )
-    .map_err(err)?;
-    let rw = std::path::Path::new(&o.upper)
-        .parent()
-        .map_or_else(|| o.upper.clone(), |p| p.to_string_lossy().into_owned());
-    for stage in [&o.lower, &rw] {
-        umount2(stage.as_str(), MntFlags::MNT_DETACH).map_err(err)?;
+}
+
+/// The copy-on-write directories and the masks inside them, then the staging mounts made
+/// unreachable (overlayfs keeps its own references to its layers), so an upper dir is only
+/// reachable through its overlay and a lower dir only through the masks.
+///
+/// bwrap run by an ordinary user leaves the init in a user namespace nested below the one
+/// that owns the mount namespace: no mounting there (EPERM). The init then makes a mount
+/// namespace of its own, owned by its user namespace (overlayfs mounts in a user namespace
+/// since Linux 5.11); the mounts it inherits are locked there, so the stages are covered by
+/// an empty read-only tmpfs instead of unmounted.
+fn mount_layers(opts: &Options) -> Result<(), InitError> {
+    use nix::mount::{mount, umount2, MntFlags, MsFlags};
+    let Some(first) = opts.overlays.first() else {
+        return Ok(());
+    };
+    let overlay_err = |o: &Overlay| {
+        let target = o.target.clone();
+        move |source| InitError::Overlay { target, source }
+    };
+    match mount_overlay(first) {
+        Ok(()) => {}
+        Err(nix::Error::EPERM) => {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).map_err(overlay_err(first))?;
+            mount_overlay(first).map_err(overlay_err(first))?;
+        }
+        Err(e) => return Err(overlay_err(first)(e)),
+    }
+    for o in &opts.overlays[1..] {
+        mount_overlay(o).map_err(overlay_err(o))?;
+    }
+    for (target, dir) in &opts.masks {
+        mask(target, *dir).map_err(|source| InitError::Mask {
+            target: target.clone(),
+            source,
+        })?;
+    }
+    let ro_empty = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    for o in &opts.overlays {
+        let rw = std::path::Path::new(&o.upper)
+            .parent()
+            .map_or_else(|| o.upper.clone(), |p| p.to_string_lossy().into_owned());
+        for stage in [&o.lower, &rw] {
+            match umount2(stage.as_str(), MntFlags::MNT_DETACH) {
+                Ok(()) => {}
+                Err(nix::Error::EINVAL | nix::Error::EPERM) => mount(
+                    Some("tmpfs"),
+                    stage.as_str(),
+                    Some("tmpfs"),
+                    ro_empty,
+                    Some("mode=000,size=4k"),
+                )
+                .map_err(overlay_err(o))?,
+                Err(e) => return Err(overlay_err(o)(e)),
+            }
+        }
     }
     Ok(())
+}
+
+/// One mask, as the runtime makes them: an empty read-only directory, or the mode-0000 file
+/// (bound at [`aisb_bwrap::MASK_STAGE`]) over a file, read-only.
+fn mask(target: &str, dir: bool) -> Result<(), nix::Error> {
+    use nix::mount::{mount, MsFlags};
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    // Gone since the scan: nothing to hide. A symbolic link holds no content of its own
+    // (what it names is masked by its own rule) and is never followed to mount over.
+    match std::fs::symlink_metadata(target) {
+        Ok(md) if md.file_type().is_symlink() => return Ok(()),
+        Ok(md) if md.is_dir() != dir => return Err(nix::Error::ENOTDIR),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EIO))),
+    }
+    if dir {
+        mount(
+            Some("tmpfs"),
+            target,
+            Some("tmpfs"),
+            flags | MsFlags::MS_RDONLY,
+            Some("mode=555,size=4k"),
+        )
+    } else {
+        mount(
+            Some(aisb_bwrap::MASK_STAGE),
+            target,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )?;
+        mount(
+            None::<&str>,
+            target,
+            None::<&str>,
+            flags | MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+            None::<&str>,
+        )
+    }
 }
 
 /// Everything up to the exec, in the order that keeps each step possible: the loopback needs
@@ -343,9 +435,7 @@ fn mount_overlay(o: &Overlay) -> Result<(), InitError> {
 /// Returns the relay listeners, bound; the caller serves them (threads started after this
 /// inherit the seccomp filter).
 pub fn harden(opts: &Options) -> Result<Bound, InitError> {
-    for o in &opts.overlays {
-        mount_overlay(o)?;
-    }
+    mount_layers(opts)?;
     if opts.loopback {
         loopback_up().map_err(InitError::Loopback)?;
     }

@@ -22,6 +22,7 @@ pub fn run(
     root_mount: Option<&super::rootmount::RootMount>,
     cgroup_procs: Vec<std::os::fd::RawFd>,
     mut live: Option<&mut super::live::Live>,
+    mask_file: Option<&std::path::Path>,
 ) -> Result<i32, RuntimeError> {
     let root_mount = root_mount.cloned();
     // The init tells the live mask layer when the sandbox is complete (bwrap's info pipe
@@ -42,6 +43,7 @@ pub fn run(
         move |source| RuntimeError::Io { what, source }
     };
     let mut inputs = aisb_bwrap::inputs(spec, rootfs_symlinks);
+    inputs.mask_file = mask_file.map(std::path::Path::to_path_buf);
     let (info_r, info_w): (OwnedFd, OwnedFd) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .map_err(|e| RuntimeError::Io {
             what: "creating a pipe".into(),
@@ -189,96 +191,6 @@ pub fn run(
     });
     let status = child.wait().map_err(io("waiting for bwrap"))?;
     Ok(exit_code(status))
-}
-
-/// An unprivileged bwrap cannot mount overlayfs (its sandbox ends in a nested user namespace
-/// that does not own the mount namespace), so each copy-on-write directory becomes a private
-/// copy in the sandbox's state, taken on first use (`<state>/overlay/<dir>/copy`) and
-/// bind-mounted writable: writes still never reach the host, but later changes on the host are
-/// not seen until the copy is removed. Root's bwrap mounts real overlays (see `aisb_bwrap`).
-pub fn private_copies(
-    plan: &crate::eval::Plan,
-) -> Result<std::borrow::Cow<'_, crate::eval::Plan>, RuntimeError> {
-    use crate::eval::plan::MountKind;
-    use std::borrow::Cow;
-    if !plan
-        .mounts
-        .iter()
-        .any(|m| matches!(m.kind, MountKind::Overlay { .. }))
-    {
-        return Ok(Cow::Borrowed(plan));
-    }
-    let mut plan = plan.clone();
-    for m in &mut plan.mounts {
-        let MountKind::Overlay { lower, upper, .. } = &m.kind else {
-            continue;
-        };
-        let copy = upper.with_file_name("copy");
-        if !copy.is_dir() {
-            eprintln!(
-                "aisb: bwrap without root cannot mount copy-on-write; {} is a private copy in \
-                 the sandbox's state from now on (root's one-time `aisb setup-user {}` lets \
-                 libcontainer mount it)",
-                m.target.display(),
-                plan.identity.name
-            );
-            copy_tree(lower, &copy).map_err(|source| RuntimeError::Io {
-                what: format!("copying {} to {}", lower.display(), copy.display()),
-                source,
-            })?;
-        }
-        m.kind = MountKind::Bind {
-            source: copy,
-            writable: true,
-        };
-    }
-    Ok(Cow::Owned(plan))
-}
-
-/// Copy a directory tree (modes, symlinks as links; what the caller cannot read is left
-/// out, as it could not be read through an overlay either) into a temporary directory, then
-/// rename it to `to`.
-fn copy_tree(from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
-    use std::fs;
-    use std::os::unix::fs::PermissionsExt;
-    let parent = to.parent().unwrap_or(std::path::Path::new("."));
-    fs::create_dir_all(parent)?;
-    let tmp = parent.join(format!(".copy-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&tmp);
-    let result = (|| {
-        let mut dirs = Vec::new();
-        for e in walkdir::WalkDir::new(from).follow_links(false) {
-            let Ok(e) = e else { continue };
-            let rel = e.path().strip_prefix(from).unwrap_or(e.path());
-            let dst = tmp.join(rel);
-            let ft = e.file_type();
-            if ft.is_dir() {
-                fs::create_dir_all(&dst)?;
-                if let Ok(md) = e.metadata() {
-                    dirs.push((dst, md.permissions().mode()));
-                }
-            } else if ft.is_symlink() {
-                if let Ok(target) = fs::read_link(e.path()) {
-                    std::os::unix::fs::symlink(target, &dst)?;
-                }
-            } else if ft.is_file() {
-                match fs::copy(e.path(), &dst) {
-                    Ok(_) => {}
-                    Err(err) if err.kind() == std::io::ErrorKind::PermissionDenied => {}
-                    Err(err) => return Err(err),
-                }
-            }
-        }
-        // Directory modes last: a read-only one would have refused its contents.
-        for (d, mode) in dirs.iter().rev() {
-            fs::set_permissions(d, fs::Permissions::from_mode(mode & 0o7777))?;
-        }
-        fs::rename(&tmp, to)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_dir_all(&tmp);
-    }
-    result
 }
 
 /// bwrap's `--info-fd` JSON (`{"child-pid": N, ...}`), read up to its closing brace (bwrap

@@ -217,13 +217,6 @@ pub fn run(
         // bwrap needs no bundle on disk: the spec goes straight into its arguments, and it
         // hands the sandbox our terminal as it is.
         Backend::Bwrap => {
-            let private;
-            let plan = if nix::unistd::geteuid().is_root() {
-                plan
-            } else {
-                private = bwrap::private_copies(plan)?;
-                &*private
-            };
             let _layers = claim_layers(plan)?;
             let mask_file = crate::graph::realise::realise(plan)?;
             let paths = crate::spec::SpecPaths {
@@ -240,6 +233,7 @@ pub fn run(
                 },
             };
             let spec = crate::spec::build(plan, &paths).map_err(BundleError::from)?;
+            let mask_file = paths.mask_file.clone();
             // Unique per run: two runs of one project at once each get their own.
             let cgroup = match limits_by {
                 LimitsBy::Cgroup => {
@@ -272,6 +266,7 @@ pub fn run(
                     .map(cgroup::Cgroup::procs_fds)
                     .unwrap_or_default(),
                 live.as_mut(),
+                Some(&mask_file),
             )?;
             (
                 code,

@@ -36,6 +36,10 @@ pub enum BwrapError {
 /// Where the layers of an overlay the init mounts are bound (`N/lower`, `N/upper`, `N/work`).
 pub const OVERLAY_STAGE: &str = "/run/aisb/overlay";
 
+/// Where the masking file is bound for the init, which binds it over masked files inside the
+/// copy-on-write directories it mounts (`--mask=PATH`; `--mask-dir=PATH` for a directory).
+pub const MASK_STAGE: &str = "/run/aisb/overlay-mask";
+
 /// The capabilities the init gets for transparent egress (its init argument `--transparent=`):
 /// routes on `lo`, and the DNS stub and relays on ports below 1024; CAP_SYS_ADMIN for a
 /// network namespace of its own when bwrap, run by an ordinary user, leaves the sandbox's in a
@@ -79,6 +83,9 @@ pub struct Inputs {
     /// exists: the caller writes the namespace's map meanwhile (bwrap writes none itself).
     /// Needs `info_fd` (the pid to map).
     pub userns_block_fd: Option<i32>,
+    /// The empty mode-0000 file the spec binds over masked files: a mask inside a
+    /// copy-on-write directory is the init's to mount (see [`OVERLAY_STAGE`]).
+    pub mask_file: Option<PathBuf>,
 }
 
 fn opt_value<'a>(options: &'a [String], key: &str) -> Option<&'a str> {
@@ -159,8 +166,14 @@ pub fn argv(spec: &Spec, inputs: &Inputs) -> Result<Vec<String>, BwrapError> {
     let mounts = spec.mounts().clone().unwrap_or_default();
     let masked = linux.masked_paths().clone().unwrap_or_default();
     let mut overlays: Vec<String> = Vec::new();
+    // Masks inside copy-on-write directories, for the init (their paths, skipped here).
+    let mut init_masks: Vec<String> = Vec::new();
+    let mut by_init_masks: std::collections::BTreeSet<String> = Default::default();
     for (i, m) in mounts.iter().enumerate() {
         let dest = m.destination().to_string_lossy().into_owned();
+        if by_init_masks.contains(&dest) {
+            continue;
+        }
         let options = m.options().clone().unwrap_or_default();
         let ro = options.iter().any(|o| o == "ro");
         let source = m.source().as_ref().map(|s| {
@@ -207,25 +220,44 @@ pub fn argv(spec: &Spec, inputs: &Inputs) -> Result<Vec<String>, BwrapError> {
                               aisb's init, which could; use the libcontainer backend",
                     });
                 }
-                if process.user().uid() != 0 {
-                    // An unprivileged bwrap gives the process its uid in a nested user
-                    // namespace, which does not own the mount namespace: no mounting there.
-                    return Err(BwrapError::Unsupported {
-                        what: what(),
-                        why: "an unprivileged bwrap runs the sandbox in a nested user namespace \
-                              that cannot mount; let root run `aisb setup-user YOU` once, and \
-                              the libcontainer backend (then the default) mounts it",
-                    });
-                }
+                // The init mounts the overlay after bwrap is done: masks inside it are the
+                // init's to mount after it; anything else mounted inside would be covered.
                 let inside = |p: &Path| p != Path::new(&dest) && p.starts_with(&dest);
-                if mounts[i + 1..].iter().any(|n| inside(n.destination()))
-                    || masked.iter().any(|p| inside(Path::new(p)))
-                {
+                for n in &mounts[i + 1..] {
+                    if !inside(n.destination()) {
+                        continue;
+                    }
+                    match mask_kind(n, inputs.mask_file.as_deref()) {
+                        Some(dir) => {
+                            if !dir && !init_masks.iter().any(|m| m.starts_with("--mask=")) {
+                                let file = inputs
+                                    .mask_file
+                                    .as_ref()
+                                    .ok_or(BwrapError::Missing("masking file"))?;
+                                push(&["--ro-bind", &file.to_string_lossy(), MASK_STAGE]);
+                            }
+                            let at = n.destination().to_string_lossy().into_owned();
+                            by_init_masks.insert(at.clone());
+                            init_masks.push(if dir {
+                                format!("--mask-dir={at}")
+                            } else {
+                                format!("--mask={at}")
+                            });
+                        }
+                        None => {
+                            return Err(BwrapError::Unsupported {
+                                what: what(),
+                                why: "with bwrap the init mounts copy-on-write directories \
+                                      last, so nothing but a mask may be mounted inside one; \
+                                      use the libcontainer backend",
+                            })
+                        }
+                    }
+                }
+                if masked.iter().any(|p| inside(Path::new(p))) {
                     return Err(BwrapError::Unsupported {
                         what: what(),
-                        why: "with bwrap the init mounts copy-on-write directories last, so \
-                              nothing may be mounted or masked inside one; use the \
-                              libcontainer backend",
+                        why: "a masked kernel path inside a copy-on-write directory",
                     });
                 }
                 let layer = |k: &str| opt_value(&options, k).map(str::to_string);
@@ -332,10 +364,26 @@ pub fn argv(spec: &Spec, inputs: &Inputs) -> Result<Vec<String>, BwrapError> {
             .iter()
             .flat_map(|c| ["--cap-add".to_string(), c.to_string()]);
         a.splice(at..at, caps);
+        overlays.extend(init_masks);
         args.splice(2..2, overlays);
     }
     a.extend(args);
     Ok(a)
+}
+
+/// Whether `m` is one of the spec's masks: `Some(true)` an empty read-only tmpfs over a
+/// directory, `Some(false)` the masking file bound over a file.
+fn mask_kind(m: &oci_spec::runtime::Mount, mask_file: Option<&Path>) -> Option<bool> {
+    let options = m.options().clone().unwrap_or_default();
+    let has = |o: &str| options.iter().any(|x| x == o);
+    if !(has("ro") && has("noexec")) {
+        return None;
+    }
+    match m.typ().as_deref() {
+        Some("tmpfs") if has("mode=555") => Some(true),
+        Some("bind") if mask_file.is_some() && m.source().as_deref() == mask_file => Some(false),
+        _ => None,
+    }
 }
 
 /// `65536k`, `4k`, `1048576`: bwrap wants bytes.
@@ -372,6 +420,7 @@ pub fn inputs(spec: &Spec, rootfs_symlinks: Vec<(PathBuf, PathBuf)>) -> Inputs {
         new_session: false,
         info_fd: None,
         userns_block_fd: None,
+        mask_file: None,
     }
 }
 

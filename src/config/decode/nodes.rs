@@ -404,11 +404,25 @@ impl Decoder<'_> {
                 "defaults" => s.defaults = self.bool_arg_default_true(child),
                 "gitignored" => s.gitignored = self.bool_arg_default_true(child),
                 "git-crypt" => s.git_crypt = self.bool_arg_default_true(child),
-                "tool-dirs" => {
+                name @ ("tool-dirs" | "dependency-dirs" | "not-dependency-dirs"
+                | "write-through") => {
+                    let list = match name {
+                        "tool-dirs" => &mut s.tool_dirs,
+                        "dependency-dirs" => &mut s.dependency_dirs,
+                        "not-dependency-dirs" => &mut s.not_dependency_dirs,
+                        _ => &mut s.write_through,
+                    };
                     for e in self.args(child, 1, usize::MAX, "directory globs") {
                         if let Some(g) = self.string(e) {
                             match crate::config::pattern::validate(&g.value) {
-                                Ok(()) => s.tool_dirs.push(g),
+                                Ok(()) if crate::config::pattern::is_outside(&g.value) => self
+                                    .err(
+                                        e.span(),
+                                        format!("`{}` is outside the project", g.value),
+                                        "not a project path",
+                                        Some("these globs name directories of the project, relative to its root".into()),
+                                    ),
+                                Ok(()) => list.push(g),
                                 Err(msg) => self.err(
                                     e.span(),
                                     format!("invalid glob `{}`: {msg}", g.value),

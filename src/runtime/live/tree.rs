@@ -294,6 +294,12 @@ mod tests {
             allow: PatternSet::new([".env.example", "vendor/"]),
             explicit: ["*.dump".to_string()].into_iter().collect(),
             since,
+            roles: crate::eval::deps::RoleRules {
+                deps: PatternSet::new(["node_modules/"]),
+                caches: PatternSet::new(["__pycache__/"]),
+                not_deps: PatternSet::new(["build/"]),
+                dep_block: PatternSet::new([".env"]),
+            },
         }
     }
 

@@ -1,0 +1,292 @@
+//! Files have roles. Dependency and build-output directories (`node_modules/`, `.venv/`,
+//! `target/`, …) are the project's, not its secrets: git ignores them because they are
+//! reproducible, not because they are private. So they are exempt from the gitignored layer,
+//! and inside them only credential files are masked (a library's `credentials.py` or
+//! `secret_key.rs` is code the project imports). The host runs what is in them (an editor's
+//! `.venv/bin/python`, a hook's `node_modules/.bin`, build scripts under `target/`), so the
+//! sandbox writes them copy-on-write: its `npm install` or build lands in its own layer.
+//!
+//! Directories that hold state with secrets (`.terraform/`, `.bundle/` with its registry
+//! credentials, `.vercel/`, `.serverless/`) are deliberately not in the list: ignored, they
+//! stay masked.
+
+use std::path::Path;
+
+use super::host::Scope;
+use super::plan::{Mount, MountKind};
+use super::scan::{Role, RoleDir};
+use crate::config::model::Access;
+use crate::eval::masks::PatternSet;
+
+/// Where a dependency directory's copy-on-write layer lives in the sandbox's state
+/// (`<state>/deps/<slug>/upper`): the runtime gives a run its own layer when another run holds
+/// this one (see [`is_dependency_layer`]).
+pub const LAYER_DIR: &str = "deps";
+
+/// How a written-through dependency directory's mount starts its `why` (trust lists it).
+pub const WRITE_THROUGH: &str = "dependency dir written in place:";
+
+/// Whether an overlay's upper dir is a dependency directory's layer.
+pub fn is_dependency_layer(state_dir: &Path, upper: &Path) -> bool {
+    upper.starts_with(state_dir.join(LAYER_DIR))
+}
+
+/// The mounts that give each role directory its rule: a dependency directory copy-on-write
+/// over the host's (or in place, when `write-through` names it), a cache private and empty.
+/// None when the project is not written in place (read-only: the host's content is seen as
+/// it is; copy-on-write: the whole project is a layer already).
+pub(super) fn mounts(sc: &Scope<'_>, roles: &[RoleDir]) -> Vec<Mount> {
+    if sc.read_only || sc.project_access != Access::Rw {
+        return Vec::new();
+    }
+    let through = PatternSet::new(sc.s.secrets.write_through.iter().map(|w| w.value.as_str()));
+    let mut out = Vec::new();
+    for r in roles {
+        let rel = <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&r.rel);
+        let target = sc.project.join(rel);
+        let name = String::from_utf8_lossy(&r.rel);
+        if let Some(w) = through.matching(&r.rel, true) {
+            // Bound over itself, writable: a loosening that `aisb plan` and trust can see.
+            out.push(Mount {
+                target: target.clone(),
+                kind: MountKind::Bind {
+                    source: target,
+                    writable: true,
+                },
+                why: format!("{WRITE_THROUGH} {name}/ (write-through \"{w}\")"),
+            });
+            continue;
+        }
+        let (kind, why) = match r.role {
+            Role::Dependency => {
+                let d = sc.state_dir.join(LAYER_DIR).join(super::mounts::slug(&target));
+                (
+                    MountKind::Overlay {
+                        lower: target.clone(),
+                        upper: d.join("upper"),
+                        work: d.join("work"),
+                    },
+                    format!(
+                        "dependency dir {name}/ (\"{}\"): the host's, written copy-on-write",
+                        r.pattern
+                    ),
+                )
+            }
+            Role::Cache => (
+                MountKind::Tmpfs {
+                    size: None,
+                    mode: 0o755,
+                    owner: Some((sc.identity.uid, sc.identity.gid)),
+                },
+                format!("cache dir {name}/ (\"{}\"): private and empty", r.pattern),
+            ),
+        };
+        out.push(Mount { target, kind, why });
+    }
+    out
+}
+
+/// The role patterns, compiled: which directories are dependency or cache directories, and
+/// what is masked inside them.
+#[derive(Debug, Clone)]
+pub struct RoleRules {
+    pub deps: PatternSet,
+    pub caches: PatternSet,
+    /// `not-dependency-dirs`: names neither list may claim.
+    pub not_deps: PatternSet,
+    /// Masked inside a role directory instead of the `block` set.
+    pub dep_block: PatternSet,
+}
+
+impl RoleRules {
+    /// The role a directory has by its own name (`not-dependency-dirs` wins), with the
+    /// pattern that gave it.
+    pub fn role_of(&self, dir: &[u8]) -> Option<(Role, &str)> {
+        if self.not_deps.matching(dir, true).is_some() {
+            return None;
+        }
+        if let Some(p) = self.caches.matching(dir, true) {
+            return Some((Role::Cache, p));
+        }
+        self.deps.matching(dir, true).map(|p| (Role::Dependency, p))
+    }
+
+    /// Whether `rel` is a role directory or inside one.
+    pub fn inside(&self, rel: &[u8], is_dir: bool) -> bool {
+        rel.iter()
+            .enumerate()
+            .filter(|(_, c)| **c == b'/')
+            .any(|(i, _)| self.role_of(&rel[..i]).is_some())
+            || (is_dir && self.role_of(rel).is_some())
+    }
+}
+
+/// Caches and reports a tool recreates at will, found by the dozen in a source tree (one
+/// `__pycache__/` per package): the sandbox gets each as a private, empty, writable directory
+/// (one tmpfs, as cheap as the mask it replaces), never the host's content, which the host's
+/// tools read back (a planted `.pyc` runs in the host's Python).
+pub const DEFAULT_CACHE_DIRS: &[&str] = &[
+    "__pycache__/",
+    ".pytest_cache/",
+    ".mypy_cache/",
+    ".ruff_cache/",
+    ".hypothesis/",
+    ".parcel-cache/",
+    ".nyc_output/",
+    "htmlcov/",
+    "coverage/",
+];
+
+/// Dependency and build-output directories of the common ecosystems, by name at any depth.
+/// Researched from the ecosystems' own `.gitignore` templates (github/gitignore) and their
+/// tools' defaults; each is a directory a tool recreates from the project's sources or lock
+/// file.
+pub const DEFAULT_DEPENDENCY_DIRS: &[&str] = &[
+    // JavaScript and TypeScript: npm/yarn/pnpm/bun installs, framework build outputs, caches.
+    "node_modules/",
+    "bower_components/",
+    ".pnpm-store/",
+    ".next/",
+    ".nuxt/",
+    ".output/",
+    ".svelte-kit/",
+    ".turbo/",
+    ".angular/",
+    ".vite/",
+    ".docusaurus/",
+    "storybook-static/",
+    // Python: virtual environments, packaging.
+    ".venv/",
+    "venv/",
+    ".tox/",
+    ".nox/",
+    ".eggs/",
+    "*.egg-info/",
+    // Rust, Go, PHP, Ruby (Bundler's `vendor/bundle`), Java/Kotlin, .NET, Dart, Swift, C/C++.
+    "target/",
+    "vendor/",
+    ".gradle/",
+    ".dart_tool/",
+    "Pods/",
+    "DerivedData/",
+    ".build/",
+    "obj/",
+    "cmake-build-*/",
+    // Elixir, Haskell, Zig, Elm.
+    "_build/",
+    "deps/",
+    "dist-newstyle/",
+    ".stack-work/",
+    ".zig-cache/",
+    "zig-cache/",
+    "zig-out/",
+    "elm-stuff/",
+    // Generic build outputs.
+    "build/",
+    "dist/",
+    "out/",
+];
+
+/// What is masked inside a dependency or build directory when the built-in sensitive set is
+/// on: credential files, never the broad `*credentials*` / `*secret*` globs, which match
+/// library code (`botocore/credentials.py`, `google/auth/credentials.py`, a Go
+/// `vendor/…/aws/credentials/` package, a crate's `secret_key.rs`). The project's own `block`
+/// patterns still apply there in full.
+pub const DEPENDENCY_SENSITIVE: &[&str] = &[
+    ".env",
+    ".env.*",
+    ".envrc",
+    "*.pem",
+    "*.key",
+    "*.p12",
+    "*.pfx",
+    "*.keystore",
+    "*.jks",
+    ".aws/",
+    ".ssh/",
+    ".gnupg/",
+    ".netrc",
+    ".git-credentials",
+    ".npmrc",
+    ".pypirc",
+    ".docker/",
+    ".kube/",
+    "id_rsa",
+    "id_ed25519",
+    "id_ecdsa",
+    "id_dsa",
+    "*.tfvars",
+    "*.tfstate",
+    ".vault-token",
+    "credentials",
+    "credentials.json",
+    "credentials.toml",
+    "credentials.yml",
+    "credentials.yaml",
+    "client_secret*.json",
+    "secrets.json",
+    "secrets.toml",
+    "secrets.yml",
+    "secrets.yaml",
+    "service-account*.json",
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::eval::masks::{PatternSet, DEFAULT_SENSITIVE};
+
+    #[test]
+    fn every_pattern_is_valid() {
+        for p in DEFAULT_DEPENDENCY_DIRS
+            .iter()
+            .chain(DEFAULT_CACHE_DIRS)
+            .chain(DEPENDENCY_SENSITIVE) {
+            crate::config::pattern::validate(p).unwrap_or_else(|e| panic!("{p}: {e}"));
+        }
+        assert!(DEFAULT_DEPENDENCY_DIRS
+            .iter()
+            .chain(DEFAULT_CACHE_DIRS)
+            .all(|p| p.ends_with('/')));
+    }
+
+    #[test]
+    fn library_code_is_not_a_credential_but_credential_files_are() {
+        let inside = PatternSet::new(DEPENDENCY_SENSITIVE.iter().copied());
+        for code in [
+            "botocore/credentials.py",
+            "google/auth/credentials.py",
+            "github.com/aws/aws-sdk-go/aws/credentials/provider.go",
+            "ring/src/secret_key.rs",
+            "lib/secrets.js",
+        ] {
+            assert_eq!(inside.matching(code, false), None, "{code}");
+        }
+        let everywhere = PatternSet::new(DEFAULT_SENSITIVE.iter().copied());
+        assert!(everywhere
+            .matching("botocore/credentials.py", false)
+            .is_some());
+        for secret in [
+            "some-pkg/.env",
+            "some-pkg/.env.local",
+            "certs/server.pem",
+            "pkg/.npmrc",
+            "gcloud/credentials.json",
+            "cfg/secrets.yml",
+        ] {
+            assert!(inside.matching(secret, false).is_some(), "{secret}");
+        }
+    }
+
+    #[test]
+    fn state_with_secrets_is_not_a_dependency_dir() {
+        let deps = PatternSet::new(DEFAULT_DEPENDENCY_DIRS.iter().copied());
+        for d in [".terraform", ".bundle", ".vercel", ".serverless", "config"] {
+            assert_eq!(deps.matching(d, true), None, "{d}");
+        }
+        for d in ["node_modules", "a/b/node_modules", ".venv", "target", "x.egg-info"] {
+            assert!(deps.matching(d, true).is_some(), "{d}");
+        }
+        assert_eq!(deps.matching("target", false), None, "directories only");
+    }
+}
