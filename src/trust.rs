@@ -72,6 +72,13 @@ pub fn loosenings(plan: &Plan) -> Vec<String> {
         ));
     }
     for m in &plan.mounts {
+        if m.why.starts_with(crate::eval::deps::WRITE_THROUGH) {
+            out.push(format!(
+                "{} is written in place: what the sandbox installs or builds there, the host runs",
+                m.target.display()
+            ));
+            continue;
+        }
         let configured = m.why.starts_with("mount at ");
         let home = m.target == plan.identity.home && !matches!(m.kind, MountKind::Tmpfs { .. });
         if !(configured || home) {

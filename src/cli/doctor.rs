@@ -324,7 +324,42 @@ fn checks() -> Vec<Check> {
         ok: true,
         detail,
     });
+    c.push(toolchains());
     c
+}
+
+/// Which PATH entries below the home the embedded default shows (known toolchain managers,
+/// read-only) and which it hides: a command found there on the host is "not found" inside.
+fn toolchains() -> Check {
+    use crate::eval::toolchains::{below_home, hidden_path_entries, manager_for};
+    let home = std::env::var_os("HOME")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_default();
+    let path = std::env::var("PATH").unwrap_or_default();
+    let mut shown: Vec<&str> = path
+        .split(':')
+        .filter(|e| below_home(&home, e).is_some())
+        .filter_map(|e| manager_for(&home, e).map(|m| m.name))
+        .collect();
+    shown.dedup();
+    let hidden = hidden_path_entries(&home, &path);
+    let mut detail = if shown.is_empty() {
+        "none of PATH is below the home".to_string()
+    } else {
+        format!("read-only inside: {}", shown.join(", "))
+    };
+    if !hidden.is_empty() {
+        detail.push_str(&format!(
+            "; hidden inside (no known toolchain there): {} — `mount \"{}\" access=\"ro\"` in sandbox.kdl shows one",
+            hidden.join(", "),
+            hidden[0]
+        ));
+    }
+    Check {
+        name: "toolchains in the home",
+        ok: true,
+        detail,
+    }
 }
 
 fn backends(c: &[Check]) -> Vec<Backend> {

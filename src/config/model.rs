@@ -231,6 +231,9 @@ pub struct Settings {
     pub mounts: Vec<MountCfg>,
     pub tmpfs: Vec<TmpfsCfg>,
     pub home: Option<S<HomeMode>>,
+    /// `home … toolchains=#false`: no toolchain from the home (see `eval::toolchains`).
+    #[serde(default)]
+    pub toolchains: Option<S<bool>>,
     pub xdg: Option<S<XdgMode>>,
     pub block: Vec<S<String>>,
     pub allow: Vec<S<String>>,

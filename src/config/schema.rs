@@ -45,6 +45,7 @@ pub const ROOTFS_PROPS: &[&str] = &["dockerfile", "image", "from"];
 pub const ROOTFS_CHILDREN: &[&str] = &["network"];
 pub const PROJECT_PROPS: &[&str] = &["access"];
 pub const MOUNT_PROPS: &[&str] = &["access", "optional"];
+pub const HOME_PROPS: &[&str] = &["toolchains"];
 pub const TMPFS_PROPS: &[&str] = &["size"];
 pub const SECRETS_CHILDREN: &[&str] = &[
     "defaults",
@@ -132,7 +133,10 @@ pub fn shape(path: &[&str]) -> Option<Shape> {
             ..s(MOUNT_PROPS, &[], &[])
         },
         "tmpfs" => s(TMPFS_PROPS, &[], &[]),
-        "home" => s(&[], &[], &HomeMode::NAMES),
+        "home" => Shape {
+            prop_values: &[("toolchains", BOOLS)],
+            ..s(HOME_PROPS, &[], &HomeMode::NAMES)
+        },
         "xdg" => s(&[], &[], &XdgMode::NAMES),
         "read-only" => s(&[], &[], BOOLS),
         "backend" => s(&[], &[], &BACKENDS),

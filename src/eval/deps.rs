@@ -59,7 +59,10 @@ pub(super) fn mounts(sc: &Scope<'_>, roles: &[RoleDir]) -> Vec<Mount> {
         }
         let (kind, why) = match r.role {
             Role::Dependency => {
-                let d = sc.state_dir.join(LAYER_DIR).join(super::mounts::slug(&target));
+                let d = sc
+                    .state_dir
+                    .join(LAYER_DIR)
+                    .join(super::mounts::slug(&target));
                 (
                     MountKind::Overlay {
                         lower: target.clone(),
@@ -241,7 +244,8 @@ mod tests {
         for p in DEFAULT_DEPENDENCY_DIRS
             .iter()
             .chain(DEFAULT_CACHE_DIRS)
-            .chain(DEPENDENCY_SENSITIVE) {
+            .chain(DEPENDENCY_SENSITIVE)
+        {
             crate::config::pattern::validate(p).unwrap_or_else(|e| panic!("{p}: {e}"));
         }
         assert!(DEFAULT_DEPENDENCY_DIRS
@@ -284,7 +288,13 @@ mod tests {
         for d in [".terraform", ".bundle", ".vercel", ".serverless", "config"] {
             assert_eq!(deps.matching(d, true), None, "{d}");
         }
-        for d in ["node_modules", "a/b/node_modules", ".venv", "target", "x.egg-info"] {
+        for d in [
+            "node_modules",
+            "a/b/node_modules",
+            ".venv",
+            "target",
+            "x.egg-info",
+        ] {
             assert!(deps.matching(d, true).is_some(), "{d}");
         }
         assert_eq!(deps.matching("target", false), None, "directories only");

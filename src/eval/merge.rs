@@ -34,6 +34,7 @@ pub fn merge(
     scalar(&mut base.project.access, &over.project.access);
     scalar(&mut base.read_only, &over.read_only);
     scalar(&mut base.home, &over.home);
+    scalar(&mut base.toolchains, &over.toolchains);
     scalar(&mut base.xdg, &over.xdg);
     base.mounts.extend(over.mounts.iter().cloned());
     base.tmpfs.extend(over.tmpfs.iter().cloned());

@@ -16,6 +16,7 @@ mod process;
 pub mod rootfs;
 pub mod scan;
 mod tasks;
+pub mod toolchains;
 pub mod vars;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -308,6 +309,11 @@ fn resolve(
         memos,
     } = masks::resolve(cx, &sc, home_mode)?;
     mounts.extend(deps::mounts(&sc, &scanned.roles));
+    if home_mode == crate::config::model::HomeMode::Empty
+        && s.toolchains.as_ref().is_none_or(|t| t.value)
+    {
+        mounts.extend(toolchains::mounts(&sc));
+    }
     // Parents before children again (stable: equal depths keep their order).
     mounts.sort_by_key(|m| m.target.components().count());
     let rootfs = rootfs::resolve(cx, &sc);

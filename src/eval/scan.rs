@@ -456,7 +456,11 @@ fn scan_git(
             col.add(rel, is_dir, "gitignored".into());
             continue;
         }
-        let own = if is_dir && role { role_of(rules, rel) } else { None };
+        let own = if is_dir && role {
+            role_of(rules, rel)
+        } else {
+            None
+        };
         if let Some((Role::Cache, pattern)) = own {
             // Private and empty inside: nothing of the host's to check.
             roles.push(RoleDir {

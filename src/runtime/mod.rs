@@ -132,15 +132,34 @@ impl Drop for BundleGuard {
     }
 }
 
+/// The copy-on-write layers a run holds: the locks, and the layers made for this run alone
+/// (removed when it ends).
+struct Layers {
+    _locks: Vec<Flock<std::fs::File>>,
+    own: Option<PathBuf>,
+}
+
+impl Drop for Layers {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.own {
+            let _ = crate::beneath::remove_tree(dir);
+        }
+    }
+}
+
 /// Claim each copy-on-write layer (`MountKind::Overlay`) of `plan` for this run: an exclusive
 /// lock on `<layer>/lock`, held until the returned locks drop. overlayfs refuses an upper or
 /// work dir that another mount uses (EINVAL from mount(2), deep in the backend), so a second
-/// run of the same profile at once gets a clear error instead. The lock file is opened
-/// without following links and never written.
-fn claim_layers(plan: &Plan) -> Result<Vec<Flock<std::fs::File>>, RuntimeError> {
+/// run of the same profile at once gets a clear error instead — except for a dependency
+/// directory's layer (`eval::deps`), which is a convenience, not the sandbox's work: a second
+/// run gets a fresh layer of its own, removed when it ends (returned as a new plan). The lock
+/// file is opened without following links and never written.
+fn claim_layers(plan: &Plan) -> Result<(Layers, Option<Plan>), RuntimeError> {
     use std::os::unix::fs::OpenOptionsExt;
     let mut held = Vec::new();
-    for m in &plan.mounts {
+    let mut own: Option<PathBuf> = None;
+    let mut changed: Option<Plan> = None;
+    for (i, m) in plan.mounts.iter().enumerate() {
         let crate::eval::plan::MountKind::Overlay { upper, .. } = &m.kind else {
             continue;
         };
@@ -161,6 +180,28 @@ fn claim_layers(plan: &Plan) -> Result<Vec<Flock<std::fs::File>>, RuntimeError> 
             .map_err(io)?;
         match Flock::lock(f, FlockArg::LockExclusiveNonblock) {
             Ok(l) => held.push(l),
+            Err((_, nix::errno::Errno::EWOULDBLOCK))
+                if crate::eval::deps::is_dependency_layer(&plan.state_dir, upper) =>
+            {
+                let run = own.get_or_insert_with(|| {
+                    plan.state_dir
+                        .join(format!("{}-run", crate::eval::deps::LAYER_DIR))
+                        .join(std::process::id().to_string())
+                });
+                let fresh = run.join(dir.file_name().unwrap_or_default());
+                let _ = crate::beneath::remove_tree(&fresh);
+                std::fs::create_dir_all(&fresh).map_err(|source| RuntimeError::Io {
+                    what: format!("making a copy-on-write layer in {}", fresh.display()),
+                    source,
+                })?;
+                let p = changed.get_or_insert_with(|| plan.clone());
+                if let crate::eval::plan::MountKind::Overlay { upper, work, .. } =
+                    &mut p.mounts[i].kind
+                {
+                    *upper = fresh.join("upper");
+                    *work = fresh.join("work");
+                }
+            }
             Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
                 return Err(RuntimeError::LayerBusy {
                     target: m.target.clone(),
@@ -169,7 +210,7 @@ fn claim_layers(plan: &Plan) -> Result<Vec<Flock<std::fs::File>>, RuntimeError> 
             Err((_, e)) => return Err(io(e.into())),
         }
     }
-    Ok(held)
+    Ok((Layers { _locks: held, own }, changed))
 }
 
 /// Run `plan` on `backend` to the end. On an image, `root_mount` is the image's root, which
@@ -217,7 +258,8 @@ pub fn run(
         // bwrap needs no bundle on disk: the spec goes straight into its arguments, and it
         // hands the sandbox our terminal as it is.
         Backend::Bwrap => {
-            let _layers = claim_layers(plan)?;
+            let (_layers, own_layers) = claim_layers(plan)?;
+            let plan = own_layers.as_ref().unwrap_or(plan);
             let mask_file = crate::graph::realise::realise(plan)?;
             let paths = crate::spec::SpecPaths {
                 rootfs: PathBuf::from("rootfs"),
@@ -279,7 +321,8 @@ pub fn run(
         // libcontainer reads `config.json` from a bundle; it also needs a pseudo-terminal of
         // its own on a terminal, passed back through a console socket.
         Backend::Libcontainer => {
-            let _layers = claim_layers(plan)?;
+            let (_layers, own_layers) = claim_layers(plan)?;
+            let plan = own_layers.as_ref().unwrap_or(plan);
             // An ordinary user's image holds files of their subordinate ids: the helper runs
             // in a user namespace with their whole map, and the spec makes none of its own.
             let userns = match root_mount {

@@ -114,10 +114,13 @@ impl Decoder<'_> {
                 }
             }
             "home" => {
-                self.only_props(node, &[]);
+                self.only_props(node, HOME_PROPS);
                 self.no_children(node);
                 if let Some(e) = self.args(node, 1, 1, "one of: empty, ro, overlay").first() {
                     s.home = self.enumerated(e, &HomeMode::NAMES, HomeMode::parse);
+                }
+                if let Some(e) = self.prop(node, "toolchains") {
+                    s.toolchains = self.boolean(e);
                 }
             }
             "xdg" => {
@@ -404,7 +407,9 @@ impl Decoder<'_> {
                 "defaults" => s.defaults = self.bool_arg_default_true(child),
                 "gitignored" => s.gitignored = self.bool_arg_default_true(child),
                 "git-crypt" => s.git_crypt = self.bool_arg_default_true(child),
-                name @ ("tool-dirs" | "dependency-dirs" | "not-dependency-dirs"
+                name @ ("tool-dirs"
+                | "dependency-dirs"
+                | "not-dependency-dirs"
                 | "write-through") => {
                     let list = match name {
                         "tool-dirs" => &mut s.tool_dirs,

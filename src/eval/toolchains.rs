@@ -1,0 +1,304 @@
+//! The user's own toolchains, seen through a hidden home. With the home empty (the default),
+//! a developer whose `cargo` comes from rustup, whose `node` from nvm or whose `python` from
+//! pyenv would find none of them inside. Each known manager whose directory is on the
+//! caller's PATH gets exactly its binaries and toolchains mounted read-only, never the home,
+//! never its configuration (which holds tokens: `~/.cargo/config.toml` and
+//! `credentials.toml`, npmrc files, `pip.conf`, `gradle.properties`, `~/.m2/settings.xml`,
+//! `~/.gem/credentials` are not among the paths below), and its package cache copy-on-write:
+//! usable, and what the sandbox downloads stays in its own layer.
+//!
+//! PATH entries that are the home itself, `.`, relative, or not below the home are not
+//! looked at; one below the home that no manager claims stays hidden (`aisb doctor` names it).
+
+use std::path::{Path, PathBuf};
+
+use super::host::Scope;
+use super::plan::{Mount, MountKind};
+
+/// A toolchain manager: the PATH entries (below the home) that show it is in use, what of it
+/// is mounted read-only, and its package caches (copy-on-write).
+pub struct Manager {
+    pub name: &'static str,
+    /// PATH entries, relative to the home; a `*` component matches one directory name.
+    pub path: &'static [&'static str],
+    pub read_only: &'static [&'static str],
+    pub caches: &'static [&'static str],
+}
+
+pub const MANAGERS: &[Manager] = &[
+    Manager {
+        name: "rustup",
+        path: &[".cargo/bin"],
+        read_only: &[".cargo/bin", ".rustup/toolchains", ".rustup/settings.toml"],
+        caches: &[".cargo/registry", ".cargo/git"],
+    },
+    Manager {
+        name: "nvm",
+        path: &[".nvm/versions/node/*/bin"],
+        read_only: &[".nvm/versions", ".nvm/alias"],
+        caches: &[],
+    },
+    Manager {
+        name: "pyenv",
+        path: &[".pyenv/shims", ".pyenv/bin"],
+        read_only: &[
+            ".pyenv/bin",
+            ".pyenv/libexec",
+            ".pyenv/shims",
+            ".pyenv/versions",
+            ".pyenv/plugins",
+            ".pyenv/version",
+        ],
+        caches: &[],
+    },
+    Manager {
+        name: "rbenv",
+        path: &[".rbenv/shims", ".rbenv/bin"],
+        read_only: &[
+            ".rbenv/bin",
+            ".rbenv/libexec",
+            ".rbenv/shims",
+            ".rbenv/versions",
+            ".rbenv/plugins",
+            ".rbenv/version",
+        ],
+        caches: &[],
+    },
+    Manager {
+        name: "volta",
+        path: &[".volta/bin"],
+        read_only: &[".volta/bin", ".volta/tools/image", ".volta/tools/user"],
+        caches: &[],
+    },
+    Manager {
+        name: "asdf",
+        path: &[".asdf/shims", ".asdf/bin"],
+        read_only: &[
+            ".asdf/bin",
+            ".asdf/lib",
+            ".asdf/libexec",
+            ".asdf/shims",
+            ".asdf/installs",
+            ".asdf/plugins",
+            ".asdf/asdf.sh",
+            ".tool-versions",
+        ],
+        caches: &[],
+    },
+    Manager {
+        name: "mise",
+        path: &[
+            ".local/share/mise/shims",
+            ".local/share/mise/installs/*/*/bin",
+        ],
+        read_only: &[".local/share/mise/shims", ".local/share/mise/installs"],
+        caches: &[],
+    },
+    Manager {
+        name: "go",
+        path: &["go/bin", "sdk/*/bin", ".go/bin"],
+        read_only: &["go/bin", "sdk", ".go"],
+        caches: &["go/pkg/mod"],
+    },
+    Manager {
+        name: "bun",
+        path: &[".bun/bin"],
+        read_only: &[".bun/bin"],
+        caches: &[".bun/install/cache"],
+    },
+    Manager {
+        name: "deno",
+        path: &[".deno/bin"],
+        read_only: &[".deno/bin"],
+        caches: &[],
+    },
+    Manager {
+        name: "sdkman",
+        path: &[
+            ".sdkman/candidates/*/current/bin",
+            ".sdkman/candidates/*/*/bin",
+        ],
+        read_only: &[".sdkman/candidates"],
+        caches: &[],
+    },
+    Manager {
+        // pipx and uv install tools as links into their own directories.
+        name: "~/.local/bin",
+        path: &[".local/bin"],
+        read_only: &[
+            ".local/bin",
+            ".local/share/pipx/venvs",
+            ".local/share/uv/tools",
+            ".local/share/uv/python",
+        ],
+        caches: &[],
+    },
+];
+
+/// A PATH entry's manager, when it is below `home` and one claims it.
+pub fn manager_for(home: &Path, entry: &str) -> Option<&'static Manager> {
+    let rel = below_home(home, entry)?;
+    MANAGERS.iter().find(|m| {
+        m.path.iter().any(|p| {
+            let want: Vec<&str> = p.split('/').collect();
+            let got: Vec<&str> = rel.split('/').filter(|c| !c.is_empty()).collect();
+            want.len() == got.len() && want.iter().zip(&got).all(|(w, g)| *w == "*" || w == g)
+        })
+    })
+}
+
+/// `entry` relative to `home`, for an absolute entry strictly below it (`.`, relative entries,
+/// the home itself and anything with `..` are not).
+pub fn below_home(home: &Path, entry: &str) -> Option<String> {
+    let p = Path::new(entry);
+    if !p.is_absolute() || p.components().any(|c| c == std::path::Component::ParentDir) {
+        return None;
+    }
+    let rel = p.strip_prefix(home).ok()?;
+    let rel = rel.to_str()?.trim_end_matches('/');
+    (!rel.is_empty()).then(|| rel.to_string())
+}
+
+/// The mounts for every manager on the caller's PATH: read-only binaries and toolchains,
+/// copy-on-write caches (their layers with the dependency directories', `eval::deps`), in
+/// PATH order, each path once. Only under an empty home (a visible home shows them anyway)
+/// and unless `home … toolchains=#false`.
+pub(super) fn mounts(sc: &Scope<'_>) -> Vec<Mount> {
+    let home = &sc.host.home;
+    if home == Path::new("/") {
+        return Vec::new();
+    }
+    let Some(path) = sc.host.env.get("PATH") else {
+        return Vec::new();
+    };
+    let mut seen: Vec<&'static str> = Vec::new();
+    let mut out = Vec::new();
+    let mut taken: Vec<PathBuf> = Vec::new();
+    for entry in path.split(':') {
+        let Some(m) = manager_for(home, entry) else {
+            continue;
+        };
+        if seen.contains(&m.name) {
+            continue;
+        }
+        seen.push(m.name);
+        for (rel, cache) in m
+            .read_only
+            .iter()
+            .map(|r| (r, false))
+            .chain(m.caches.iter().map(|c| (c, true)))
+        {
+            let p = home.join(rel);
+            // The real thing only: a link could lead anywhere on the host.
+            let Ok(md) = std::fs::symlink_metadata(&p) else {
+                continue;
+            };
+            if md.file_type().is_symlink() || taken.iter().any(|t| p.starts_with(t)) {
+                continue;
+            }
+            taken.push(p.clone());
+            let kind = if cache && md.is_dir() {
+                let d = sc
+                    .state_dir
+                    .join(super::deps::LAYER_DIR)
+                    .join(super::mounts::slug(&p));
+                MountKind::Overlay {
+                    lower: p.clone(),
+                    upper: d.join("upper"),
+                    work: d.join("work"),
+                }
+            } else {
+                MountKind::Bind {
+                    source: p.clone(),
+                    writable: false,
+                }
+            };
+            let how = if cache {
+                "package cache, copy-on-write"
+            } else {
+                "read-only"
+            };
+            out.push(Mount {
+                target: p,
+                kind,
+                why: format!("toolchain {} on PATH ({how})", m.name),
+            });
+        }
+    }
+    out
+}
+
+/// The caller's PATH entries below the home that no manager claims: hidden inside.
+pub fn hidden_path_entries(home: &Path, path: &str) -> Vec<String> {
+    path.split(':')
+        .filter(|e| below_home(home, e).is_some() && manager_for(home, e).is_none())
+        .map(str::to_string)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_entries_find_their_manager() {
+        let home = Path::new("/home/u");
+        let name = |e: &str| manager_for(home, e).map(|m| m.name);
+        assert_eq!(name("/home/u/.cargo/bin"), Some("rustup"));
+        assert_eq!(name("/home/u/.cargo/bin/"), Some("rustup"));
+        assert_eq!(name("/home/u/.nvm/versions/node/v20.1.0/bin"), Some("nvm"));
+        assert_eq!(name("/home/u/.pyenv/shims"), Some("pyenv"));
+        assert_eq!(name("/home/u/go/bin"), Some("go"));
+        assert_eq!(name("/home/u/.local/bin"), Some("~/.local/bin"));
+        // Not below the home, the home itself, relative, `.`, or climbing out: never.
+        for e in [
+            "/usr/bin",
+            "/home/u",
+            "/home/u/",
+            ".",
+            "bin",
+            "/home/u/../u/.cargo/bin",
+            "/home/u/.cargo",
+            "/home/u/.cargo/bin/../../.ssh",
+        ] {
+            assert_eq!(name(e), None, "{e}");
+        }
+    }
+
+    #[test]
+    fn configuration_with_tokens_is_never_mounted() {
+        for m in MANAGERS {
+            for p in m.read_only.iter().chain(m.caches) {
+                for secret in [
+                    ".cargo/config.toml",
+                    ".cargo/credentials.toml",
+                    ".cargo/credentials",
+                    ".npmrc",
+                    ".config/pip",
+                    ".pip",
+                    ".gradle",
+                    ".m2",
+                    ".gem",
+                    ".config",
+                    ".ssh",
+                ] {
+                    assert!(
+                        !Path::new(secret).starts_with(p),
+                        "{}: {p} covers {secret}",
+                        m.name
+                    );
+                }
+                assert!(!p.is_empty() && !p.starts_with('/') && !p.contains(".."));
+            }
+        }
+    }
+
+    #[test]
+    fn unclaimed_entries_below_home_are_reported() {
+        let home = Path::new("/home/u");
+        assert_eq!(
+            hidden_path_entries(home, "/home/u/.cargo/bin:/home/u/bin:/usr/bin:.:/home/u"),
+            vec!["/home/u/bin".to_string()]
+        );
+    }
+}

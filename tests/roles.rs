@@ -1,0 +1,359 @@
+//! Real projects run in the embedded default sandbox (no `sandbox.kdl`): their installed
+//! dependencies, build outputs and toolchains are there, while their secrets are not.
+//!
+//! Each project has what git ignores in a real one: `node_modules/` (a package and a
+//! package's `.env`), a Python `.venv` holding a library module named `credentials.py`,
+//! `__pycache__/`, a make `build/` and a Rust `target/` built on the host first, and a
+//! gitignored `config/master.key`. Inside, `npm test`, pytest, make and cargo run against
+//! them; the `.env`, the `.pem` and `master.key` stay masked; and afterwards the host's
+//! `node_modules/`, `build/` and `target/` are byte for byte what they were (writes went to
+//! the sandbox's copy-on-write layer), unless `secrets { write-through … }` says otherwise.
+//! Both backends, as root and as an ordinary user.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use support::Out;
+
+const BACKENDS: &[&str] = &["bwrap", "libcontainer"];
+
+/// Every name, kind, mode and content below `dir`, links as their targets.
+fn tree(dir: &Path) -> BTreeMap<PathBuf, String> {
+    let mut out = BTreeMap::new();
+    for e in walkdir::WalkDir::new(dir).follow_links(false) {
+        let e = e.unwrap();
+        let rel = e.path().strip_prefix(dir).unwrap().to_path_buf();
+        let md = e.path().symlink_metadata().unwrap();
+        let what = if md.file_type().is_symlink() {
+            format!("link {}", std::fs::read_link(e.path()).unwrap().display())
+        } else if md.is_dir() {
+            format!("dir {:o}", md.permissions().mode())
+        } else {
+            let bytes = std::fs::read(e.path()).unwrap();
+            format!(
+                "file {:o} {:x}",
+                md.permissions().mode(),
+                sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(&bytes))
+            )
+        };
+        out.insert(rel, what);
+    }
+    out
+}
+
+struct Project {
+    dir: tempfile::TempDir,
+    /// The ordinary user who owns it and runs aisb (None: root).
+    user: Option<(u32, u32)>,
+    exe: PathBuf,
+}
+
+impl Project {
+    /// The project, with `sandbox.kdl` = `config` when given.
+    fn new(user: Option<(u32, u32)>, config: Option<&str>) -> Project {
+        let dir = tempfile::tempdir().unwrap();
+        let p = Project {
+            dir,
+            user,
+            exe: PathBuf::from(env!("CARGO_BIN_EXE_aisb")),
+        };
+        let proj = p.proj();
+        std::fs::create_dir_all(p.root().join("home")).unwrap();
+        std::fs::create_dir_all(&proj).unwrap();
+        support::git_in(&proj, &["init", "-q"]);
+        if let Some(c) = config {
+            p.write("sandbox.kdl", c);
+        }
+        p.write(
+            ".gitignore",
+            "node_modules/\n.venv/\n__pycache__/\nbuild/\ntarget/\nconfig/master.key\n",
+        );
+        // Node: an installed package, and a package that shipped its author's secrets next
+        // to library code whose name matches the broad `*credentials*` glob.
+        p.write(
+            "package.json",
+            r#"{"name":"app","version":"1.0.0","scripts":{"test":"node test.js"}}"#,
+        );
+        p.write(
+            "test.js",
+            "const pad = require('left-pad');\nconst creds = require('some-sdk/credentials');\n\
+             if (pad('7', 3) !== '007' || creds.kind !== 'provider') process.exit(1);\n\
+             console.log('node-test=ok');\n",
+        );
+        p.write(
+            "node_modules/left-pad/index.js",
+            "module.exports = (s, n) => s.padStart(n, '0');\n",
+        );
+        p.write(
+            "node_modules/some-sdk/credentials.js",
+            "module.exports = { kind: 'provider' };\n",
+        );
+        p.write("node_modules/some-sdk/.env", "SDK_AUTHOR_TOKEN=leaked\n");
+        p.write("node_modules/some-sdk/test/server.pem", "PRIVATE KEY\n");
+        // Python: a library module named credentials.py in the venv (botocore's shape).
+        let venv = Command::new("/usr/bin/python3")
+            .args(["-m", "venv", "--without-pip", "--system-site-packages"])
+            .arg(proj.join(".venv"))
+            .status()
+            .unwrap();
+        assert!(venv.success(), "python3 -m venv (python3-venv)");
+        let site = std::fs::read_dir(proj.join(".venv/lib"))
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path()
+            .join("site-packages/fakeboto");
+        std::fs::create_dir_all(&site).unwrap();
+        std::fs::write(site.join("__init__.py"), "").unwrap();
+        std::fs::write(site.join("credentials.py"), "KIND = 'chain'\n").unwrap();
+        p.write(
+            "tests/test_creds.py",
+            "from fakeboto.credentials import KIND\n\ndef test_kind():\n    assert KIND == 'chain'\n",
+        );
+        p.write("tests/__pycache__/stale.pyc", "host's bytecode\n");
+        // make: an output built on the host.
+        p.write(
+            "Makefile",
+            "build/out.txt: src.txt\n\tmkdir -p build && cp src.txt build/out.txt\n",
+        );
+        p.write("src.txt", "v1\n");
+        let made = Command::new("make")
+            .arg("-s")
+            .current_dir(&proj)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        // A gitignored secret next to tracked configuration.
+        p.write("config/app.yml", "name: app\n");
+        p.write("config/master.key", "MASTER-KEY-SECRET\n");
+        support::git_in(&proj, &["add", "-A"]);
+        support::git_in(
+            &proj,
+            &[
+                "-c",
+                "user.email=t@t",
+                "-c",
+                "user.name=t",
+                "commit",
+                "-qm",
+                "init",
+            ],
+        );
+        if let Some((uid, gid)) = user {
+            let exe = support::hand_to_user(p.root(), uid, gid);
+            return Project { exe, ..p };
+        }
+        p
+    }
+    fn root(&self) -> &Path {
+        self.dir.path()
+    }
+    fn proj(&self) -> PathBuf {
+        self.root().join("proj")
+    }
+    fn write(&self, rel: &str, content: &str) {
+        let p = self.proj().join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, content).unwrap();
+    }
+    fn run(&self, backend: &str, home: &Path, path: &str, script: &str) -> Out {
+        let mut cmd = Command::new(&self.exe);
+        cmd.current_dir(self.proj())
+            .env_clear()
+            .env("PATH", path)
+            .env("HOME", home)
+            .env("XDG_CACHE_HOME", self.root().join("cache"))
+            .env("XDG_CONFIG_HOME", self.root().join("config"))
+            .args([
+                "--trust",
+                "run",
+                "--backend",
+                backend,
+                "--",
+                "/bin/sh",
+                "-c",
+            ])
+            .arg(script)
+            .stdin(std::process::Stdio::null());
+        if let Some((uid, gid)) = self.user {
+            std::os::unix::process::CommandExt::uid(&mut cmd, uid);
+            std::os::unix::process::CommandExt::gid(&mut cmd, gid);
+        }
+        Out::from(cmd.output().unwrap())
+    }
+}
+
+fn ready() -> bool {
+    support::root_or_skip("the real-project suite")
+        && support::tool_or_skip("node", "the real-project suite")
+        && support::tool_or_skip("make", "the real-project suite")
+}
+
+const SYSTEM_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+/// Node, Python and make in the default sandbox; secrets masked; the host's directories
+/// untouched by what the sandbox wrote.
+fn ecosystems(user: Option<(u32, u32)>) {
+    for backend in BACKENDS {
+        let p = Project::new(user, None);
+        let proj = p.proj();
+        let before: Vec<_> = ["node_modules", "build", ".venv", "tests/__pycache__"]
+            .iter()
+            .map(|d| tree(&proj.join(d)))
+            .collect();
+        let home = p.root().join("home");
+        let o = p.run(
+            backend,
+            &home,
+            SYSTEM_PATH,
+            "npm test --silent 2>&1 | tail -1; \
+             .venv/bin/python -m pytest -q -p no:cacheprovider tests >/dev/null 2>&1; echo pytest=$?; \
+             echo v2 > src.txt; make -s; echo make=$?; echo built=$(cat build/out.txt); \
+             echo x > node_modules/left-pad/installed-inside; echo nm-write=$?; \
+             cat tests/__pycache__/stale.pyc >/dev/null 2>&1; echo stale-pyc=$?; \
+             cat node_modules/some-sdk/.env >/dev/null 2>&1; echo dep-env=$?; \
+             cat node_modules/some-sdk/test/server.pem >/dev/null 2>&1; echo dep-pem=$?; \
+             cat config/master.key >/dev/null 2>&1; echo master-key=$?",
+        );
+        let who = format!(
+            "[{backend}, {}]",
+            if user.is_some() { "user" } else { "root" }
+        );
+        assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
+        o.expect("node-test", "ok");
+        o.expect("pytest", "0");
+        o.expect("make", "0");
+        o.expect("built", "v2");
+        o.expect("nm-write", "0");
+        // The host's bytecode is not the sandbox's, nor the sandbox's the host's (a planted
+        // .pyc would run in the host's Python).
+        o.expect_failed("stale-pyc", "a cache directory is private and empty inside");
+        o.expect_failed("dep-env", "a .env inside node_modules stays masked");
+        o.expect_failed("dep-pem", "a key inside node_modules stays masked");
+        o.expect_failed("master-key", "a gitignored secret stays masked");
+        let after: Vec<_> = ["node_modules", "build", ".venv", "tests/__pycache__"]
+            .iter()
+            .map(|d| tree(&proj.join(d)))
+            .collect();
+        assert_eq!(before, after, "{who} the host's directories changed");
+        // A second run sees its own earlier writes (the layer is the sandbox's, kept).
+        let o = p.run(
+            backend,
+            &home,
+            SYSTEM_PATH,
+            "test -f node_modules/left-pad/installed-inside; echo kept=$?",
+        );
+        o.expect("kept", "0");
+    }
+}
+
+#[test]
+fn node_python_and_make_projects_work_as_root() {
+    if !ready() {
+        return;
+    }
+    ecosystems(None);
+}
+
+#[test]
+fn node_python_and_make_projects_work_as_a_user() {
+    if !ready() {
+        return;
+    }
+    ecosystems(Some(support::test_user()));
+}
+
+#[test]
+fn write_through_writes_the_hosts_directory() {
+    if !ready() {
+        return;
+    }
+    for backend in BACKENDS {
+        let p = Project::new(
+            None,
+            Some("secrets {\n    write-through \"node_modules/\"\n}\n"),
+        );
+        let home = p.root().join("home");
+        let o = p.run(
+            backend,
+            &home,
+            SYSTEM_PATH,
+            "echo x > node_modules/left-pad/installed-inside; echo nm-write=$?; \
+             cat node_modules/some-sdk/.env >/dev/null 2>&1; echo dep-env=$?",
+        );
+        o.expect("nm-write", "0");
+        o.expect_failed("dep-env", "masked even when written through");
+        assert!(
+            p.proj()
+                .join("node_modules/left-pad/installed-inside")
+                .exists(),
+            "[{backend}] write-through must reach the host"
+        );
+    }
+}
+
+/// The caller's rustup toolchain (root's, where CI runs) works from the hidden home: cargo
+/// builds and tests a crate whose `target/` the host built first, and the host's `target/`
+/// is unchanged afterwards.
+#[test]
+fn cargo_from_rustup_in_the_home_builds_over_the_hosts_target() {
+    if !ready() {
+        return;
+    }
+    let home = PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into()));
+    let cargo_bin = home.join(".cargo/bin");
+    if !cargo_bin.join("cargo").exists() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI builds with rustup: {} must exist",
+            cargo_bin.display()
+        );
+        eprintln!("SKIPPED: no rustup toolchain in {}", home.display());
+        return;
+    }
+    let path = format!("{}:{SYSTEM_PATH}", cargo_bin.display());
+    for backend in BACKENDS {
+        let p = Project::new(None, None);
+        p.write(
+            "Cargo.toml",
+            "[package]\nname = \"tiny\"\nversion = \"0.1.0\"\nedition = \"2021\"\n",
+        );
+        p.write(
+            "src/main.rs",
+            "fn main() { println!(\"answer={}\", 6 * 7); }\n#[test]\nfn adds() { assert_eq!(2 + 2, 4); }\n",
+        );
+        let host_build = Command::new(cargo_bin.join("cargo"))
+            .args(["build", "--offline", "-q"])
+            .current_dir(p.proj())
+            .env("PATH", &path)
+            .status()
+            .unwrap();
+        assert!(host_build.success());
+        let before = tree(&p.proj().join("target"));
+        let o = p.run(
+            backend,
+            &home,
+            &path,
+            "cargo --version >/dev/null; echo cargo=$?; \
+             cat ~/.cargo/config.toml ~/.cargo/credentials.toml 2>/dev/null | wc -c | sed 's/^ */cargo-config-bytes=/'; \
+             echo 'fn main() { println!(\"answer={}\", 7 * 6); }' > src/main.rs; \
+             cargo build --offline -q && ./target/debug/tiny; \
+             cargo test --offline -q 2>&1 | grep -c 'test result: ok' | sed 's/^/tested=/'",
+        );
+        assert_eq!(o.code, 0, "[{backend}] {}\n{}", o.stdout, o.stderr);
+        o.expect("cargo", "0");
+        o.expect("cargo-config-bytes", "0");
+        o.expect("answer", "42");
+        o.expect("tested", "1");
+        assert_eq!(
+            before,
+            tree(&p.proj().join("target")),
+            "[{backend}] the host's target/ changed"
+        );
+    }
+}
