@@ -312,7 +312,12 @@ fn resolve(
     if home_mode == crate::config::model::HomeMode::Empty
         && s.toolchains.as_ref().is_none_or(|t| t.value)
     {
-        mounts.extend(toolchains::mounts(&sc));
+        let before = mask_list.len();
+        mounts.extend(toolchains::mounts(&sc, &mut mask_list));
+        if mask_list.len() != before {
+            mask_list.sort_by(|a, b| a.path.cmp(&b.path));
+            mask_list.dedup_by(|a, b| a.path == b.path);
+        }
     }
     // Parents before children again (stable: equal depths keep their order).
     mounts.sort_by_key(|m| m.target.components().count());

@@ -23,6 +23,11 @@ pub struct Manager {
     pub path: &'static [&'static str],
     pub read_only: &'static [&'static str],
     pub caches: &'static [&'static str],
+    /// Configuration files inside what is mounted that may hold tokens (a `*` component
+    /// matches one directory name): masked. npm's global config lives in the prefix of the
+    /// node that wrote it (`npm config set -g //registry…/:_authToken=…` writes
+    /// `PREFIX/etc/npmrc`), pip reads a `pip.conf` in each interpreter's prefix.
+    pub secrets: &'static [&'static str],
 }
 
 pub const MANAGERS: &[Manager] = &[
@@ -31,12 +36,14 @@ pub const MANAGERS: &[Manager] = &[
         path: &[".cargo/bin"],
         read_only: &[".cargo/bin", ".rustup/toolchains", ".rustup/settings.toml"],
         caches: &[".cargo/registry", ".cargo/git"],
+        secrets: &[],
     },
     Manager {
         name: "nvm",
         path: &[".nvm/versions/node/*/bin"],
         read_only: &[".nvm/versions", ".nvm/alias"],
         caches: &[],
+        secrets: &[".nvm/versions/node/*/etc/npmrc"],
     },
     Manager {
         name: "pyenv",
@@ -50,6 +57,7 @@ pub const MANAGERS: &[Manager] = &[
             ".pyenv/version",
         ],
         caches: &[],
+        secrets: &[".pyenv/versions/*/pip.conf", ".pyenv/versions/*/pip.ini"],
     },
     Manager {
         name: "rbenv",
@@ -63,12 +71,14 @@ pub const MANAGERS: &[Manager] = &[
             ".rbenv/version",
         ],
         caches: &[],
+        secrets: &[".rbenv/versions/*/etc/gemrc"],
     },
     Manager {
         name: "volta",
         path: &[".volta/bin"],
         read_only: &[".volta/bin", ".volta/tools/image", ".volta/tools/user"],
         caches: &[],
+        secrets: &[".volta/tools/image/node/*/etc/npmrc"],
     },
     Manager {
         name: "asdf",
@@ -84,6 +94,10 @@ pub const MANAGERS: &[Manager] = &[
             ".tool-versions",
         ],
         caches: &[],
+        secrets: &[
+            ".asdf/installs/nodejs/*/etc/npmrc",
+            ".asdf/installs/python/*/pip.conf",
+        ],
     },
     Manager {
         name: "mise",
@@ -93,24 +107,31 @@ pub const MANAGERS: &[Manager] = &[
         ],
         read_only: &[".local/share/mise/shims", ".local/share/mise/installs"],
         caches: &[],
+        secrets: &[
+            ".local/share/mise/installs/node/*/etc/npmrc",
+            ".local/share/mise/installs/python/*/pip.conf",
+        ],
     },
     Manager {
         name: "go",
         path: &["go/bin", "sdk/*/bin", ".go/bin"],
         read_only: &["go/bin", "sdk", ".go"],
         caches: &["go/pkg/mod"],
+        secrets: &[],
     },
     Manager {
         name: "bun",
         path: &[".bun/bin"],
         read_only: &[".bun/bin"],
         caches: &[".bun/install/cache"],
+        secrets: &[],
     },
     Manager {
         name: "deno",
         path: &[".deno/bin"],
         read_only: &[".deno/bin"],
         caches: &[],
+        secrets: &[],
     },
     Manager {
         name: "sdkman",
@@ -120,6 +141,7 @@ pub const MANAGERS: &[Manager] = &[
         ],
         read_only: &[".sdkman/candidates"],
         caches: &[],
+        secrets: &[],
     },
     Manager {
         // pipx and uv install tools as links into their own directories.
@@ -132,6 +154,7 @@ pub const MANAGERS: &[Manager] = &[
             ".local/share/uv/python",
         ],
         caches: &[],
+        secrets: &[],
     },
 ];
 
@@ -159,11 +182,46 @@ pub fn below_home(home: &Path, entry: &str) -> Option<String> {
     (!rel.is_empty()).then(|| rel.to_string())
 }
 
+/// What the mounts show and must not: each manager's `secrets` that exist, as masks.
+fn secret_masks(home: &Path, m: &Manager, out: &mut Vec<super::plan::Mask>) {
+    for pattern in m.secrets {
+        let mut found = vec![home.to_path_buf()];
+        for part in pattern.split('/') {
+            let mut next = Vec::new();
+            for dir in &found {
+                if part == "*" {
+                    let Ok(rd) = std::fs::read_dir(dir) else {
+                        continue;
+                    };
+                    // Bounded: a toolchain has a handful of versions, not thousands.
+                    for e in rd.flatten().take(256) {
+                        if e.file_type().is_ok_and(|t| t.is_dir()) {
+                            next.push(e.path());
+                        }
+                    }
+                } else {
+                    next.push(dir.join(part));
+                }
+            }
+            found = next;
+        }
+        for p in found {
+            if let Ok(md) = std::fs::symlink_metadata(&p) {
+                out.push(super::plan::Mask {
+                    dir: md.is_dir(),
+                    path: p,
+                    rule: format!("toolchain {} \"~/{pattern}\"", m.name),
+                });
+            }
+        }
+    }
+}
+
 /// The mounts for every manager on the caller's PATH: read-only binaries and toolchains,
 /// copy-on-write caches (their layers with the dependency directories', `eval::deps`), in
 /// PATH order, each path once. Only under an empty home (a visible home shows them anyway)
 /// and unless `home … toolchains=#false`.
-pub(super) fn mounts(sc: &Scope<'_>) -> Vec<Mount> {
+pub(super) fn mounts(sc: &Scope<'_>, masks: &mut Vec<super::plan::Mask>) -> Vec<Mount> {
     let home = &sc.host.home;
     if home == Path::new("/") {
         return Vec::new();
@@ -182,6 +240,7 @@ pub(super) fn mounts(sc: &Scope<'_>) -> Vec<Mount> {
             continue;
         }
         seen.push(m.name);
+        secret_masks(home, m, masks);
         for (rel, cache) in m
             .read_only
             .iter()
@@ -291,6 +350,24 @@ mod tests {
                 assert!(!p.is_empty() && !p.starts_with('/') && !p.contains(".."));
             }
         }
+    }
+
+    #[test]
+    fn a_global_npmrc_in_a_toolchain_is_masked() {
+        let home = tempfile::tempdir().unwrap();
+        let etc = home.path().join(".nvm/versions/node/v20.1.0/etc");
+        std::fs::create_dir_all(&etc).unwrap();
+        std::fs::write(
+            etc.join("npmrc"),
+            "//registry.npmjs.org/:_authToken=npm_x\n",
+        )
+        .unwrap();
+        let nvm = MANAGERS.iter().find(|m| m.name == "nvm").unwrap();
+        let mut masks = Vec::new();
+        secret_masks(home.path(), nvm, &mut masks);
+        assert_eq!(masks.len(), 1);
+        assert_eq!(masks[0].path, etc.join("npmrc"));
+        assert!(!masks[0].dir);
     }
 
     #[test]
