@@ -93,7 +93,9 @@ impl Project {
             "module.exports = { kind: 'provider' };\n",
         );
         p.write("node_modules/some-sdk/.env", "SDK_AUTHOR_TOKEN=leaked\n");
-        p.write("node_modules/some-sdk/test/server.pem", "PRIVATE KEY\n");
+        p.write("node_modules/some-sdk/test/server-key.pem", "PRIVATE KEY\n");
+        // A CA bundle stays readable: TLS clients load it (certifi's shape).
+        p.write("node_modules/some-sdk/cacert.pem", "CERTIFICATE\n");
         // Python: a library module named credentials.py in the venv (botocore's shape).
         let venv = Command::new("/usr/bin/python3")
             .args(["-m", "venv", "--without-pip", "--system-site-packages"])
@@ -217,7 +219,8 @@ fn ecosystems(user: Option<(u32, u32)>) {
              echo x > node_modules/left-pad/installed-inside; echo nm-write=$?; \
              cat tests/__pycache__/stale.pyc >/dev/null 2>&1; echo stale-pyc=$?; \
              cat node_modules/some-sdk/.env >/dev/null 2>&1; echo dep-env=$?; \
-             cat node_modules/some-sdk/test/server.pem >/dev/null 2>&1; echo dep-pem=$?; \
+             cat node_modules/some-sdk/test/server-key.pem >/dev/null 2>&1; echo dep-pem=$?; \
+             cat node_modules/some-sdk/cacert.pem >/dev/null 2>&1; echo ca-bundle=$?; \
              cat config/master.key >/dev/null 2>&1; echo master-key=$?",
         );
         let who = format!(
@@ -235,6 +238,7 @@ fn ecosystems(user: Option<(u32, u32)>) {
         o.expect_failed("stale-pyc", "a cache directory is private and empty inside");
         o.expect_failed("dep-env", "a .env inside node_modules stays masked");
         o.expect_failed("dep-pem", "a key inside node_modules stays masked");
+        o.expect("ca-bundle", "0");
         o.expect_failed("master-key", "a gitignored secret stays masked");
         let after: Vec<_> = ["node_modules", "build", ".venv", "tests/__pycache__"]
             .iter()

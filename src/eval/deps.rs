@@ -99,6 +99,9 @@ pub struct RoleRules {
     pub not_deps: PatternSet,
     /// Masked inside a role directory instead of the `block` set.
     pub dep_block: PatternSet,
+    /// The role directories the project scan found (ignored as a whole), project-relative:
+    /// only below these is `dep_block` the rule.
+    pub roots: Vec<Vec<u8>>,
 }
 
 impl RoleRules {
@@ -114,14 +117,19 @@ impl RoleRules {
         self.deps.matching(dir, true).map(|p| (Role::Dependency, p))
     }
 
-    /// Whether `rel` is a role directory or inside one.
+    /// Whether `rel` is one of the scan's role directories or inside one.
     pub fn inside(&self, rel: &[u8], is_dir: bool) -> bool {
-        rel.iter()
-            .enumerate()
-            .filter(|(_, c)| **c == b'/')
-            .any(|(i, _)| self.role_of(&rel[..i]).is_some())
-            || (is_dir && self.role_of(rel).is_some())
+        self.roots.iter().any(|r| {
+            (is_dir && rel == r.as_slice())
+                || (rel.len() > r.len() && rel.starts_with(r) && rel[r.len()] == b'/')
+        })
     }
+}
+
+/// Whether `m` is one of the mounts [`mounts`] makes (a named sandbox's clone has none of
+/// the host's ignored directories: it drops them).
+pub fn is_role_mount(m: &Mount) -> bool {
+    m.why.starts_with("dependency dir") || m.why.starts_with("cache dir")
 }
 
 /// Caches and reports a tool recreates at will, found by the dozen in a source tree (one
@@ -199,7 +207,9 @@ pub const DEPENDENCY_SENSITIVE: &[&str] = &[
     ".env",
     ".env.*",
     ".envrc",
-    "*.pem",
+    // Keys, not every `.pem`: a CA bundle (certifi's `cacert.pem`) is what TLS reads.
+    "*key*.pem",
+    "*private*.pem",
     "*.key",
     "*.p12",
     "*.pfx",
@@ -263,6 +273,7 @@ mod tests {
             "github.com/aws/aws-sdk-go/aws/credentials/provider.go",
             "ring/src/secret_key.rs",
             "lib/secrets.js",
+            "certifi/cacert.pem",
         ] {
             assert_eq!(inside.matching(code, false), None, "{code}");
         }
@@ -273,7 +284,8 @@ mod tests {
         for secret in [
             "some-pkg/.env",
             "some-pkg/.env.local",
-            "certs/server.pem",
+            "certs/server-key.pem",
+            "certs/private.pem",
             "pkg/.npmrc",
             "gcloud/credentials.json",
             "cfg/secrets.yml",

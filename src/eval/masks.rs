@@ -242,8 +242,9 @@ pub(super) fn resolve(
         caches: PatternSet::new(super::deps::DEFAULT_CACHE_DIRS.iter().copied()),
         not_deps: PatternSet::new(not_dep_patterns.iter().copied()),
         dep_block: PatternSet::new(dep_block_patterns.iter().copied()),
+        roots: Vec::new(),
     };
-    let live = LiveRules {
+    let mut live = LiveRules {
         block: PatternSet::new(block_patterns.iter().map(String::as_str)),
         allow: PatternSet::new(allow_patterns.iter().copied()),
         explicit,
@@ -283,6 +284,7 @@ pub(super) fn resolve(
         .then(|| host.cache_home().join("aisb").join("scan"));
     let mut memos = Vec::new();
     let scanned = scan::scan(project, &rules, cache_dir.as_deref(), &mut memos)?;
+    live.roles.roots = scanned.roles.iter().map(|r| r.rel.clone()).collect();
     let mut mask_list: Vec<Mask> = scanned
         .masks
         .iter()

@@ -310,12 +310,13 @@ fn role_of<'r>(rules: &'r ScanRules<'_>, dir: &[u8]) -> Option<(Role, &'r str)> 
 }
 
 /// Directories seen so far, each with whether it is inside a dependency or cache directory
-/// (itself included): decided once per directory, top down, never per file.
+/// that git ignores as a whole (recorded as such when found): decided once per directory,
+/// top down, never per file. A directory only named like one (a tracked `build/` with some
+/// ignored files, any directory of a project without git) keeps every mask.
 type Dirs = HashMap<Vec<u8>, bool>;
 
-/// Whether `rel` is inside a directory with a role (or is one, for a directory), recording
-/// every ancestor on the way; each newly seen ancestor is checked against allow and the
-/// masks that apply there.
+/// Whether `rel` is below a recorded role directory (or is one), recording every ancestor on
+/// the way; each newly seen ancestor is checked against allow and the masks that apply there.
 fn in_role_dir(
     rules: &ScanRules<'_>,
     dirs: &mut Dirs,
@@ -330,14 +331,13 @@ fn in_role_dir(
             inside = match dirs.get(dir) {
                 Some(d) => *d,
                 None => {
-                    let d = inside || role_of(rules, dir).is_some();
-                    dirs.insert(dir.to_vec(), d);
+                    dirs.insert(dir.to_vec(), inside);
                     if rules.allow.covers(dir, true).is_none() {
-                        if let Some(p) = masks_at(rules, d).matching(dir, true) {
+                        if let Some(p) = masks_at(rules, inside).matching(dir, true) {
                             col.add(dir, true, (rules.block_rule)(p));
                         }
                     }
-                    d
+                    inside
                 }
             };
         }
@@ -346,9 +346,6 @@ fn in_role_dir(
         if let Some(d) = dirs.get(rel) {
             return *d;
         }
-        let d = inside || role_of(rules, rel).is_some();
-        dirs.insert(rel.to_vec(), d);
-        return d;
     }
     inside
 }
@@ -388,6 +385,9 @@ fn classify(rules: &ScanRules<'_>, dirs: &mut Dirs, col: &mut Collector, rel: &[
         return;
     }
     let in_role = in_role_dir(rules, dirs, col, rel, is_dir);
+    if is_dir {
+        dirs.insert(rel.to_vec(), in_role);
+    }
     if rules.allow.covers(rel, is_dir).is_some() {
         return;
     }
@@ -449,33 +449,31 @@ fn scan_git(
         }
         let exempt = rules.allow.covers(rel, is_dir).is_some()
             || rules.tool_dirs.covers(rel, is_dir).is_some();
-        // A dependency or cache directory (or something inside one) is the project's, not a
-        // secret: exempt from the gitignored layer.
-        let role = rules.gitignored && in_role_dir(rules, &mut dirs, &mut col, rel, is_dir);
-        if rules.gitignored && !exempt && !role {
-            col.add(rel, is_dir, "gitignored".into());
-            continue;
-        }
-        let own = if is_dir && role {
+        // A dependency or cache directory that git ignores as a whole is the project's, not
+        // a secret: exempt from the gitignored layer, and its own name still checked against
+        // `block` (a mask on it wins: `outside_masks`).
+        let own = if rules.gitignored && is_dir {
             role_of(rules, rel)
         } else {
             None
         };
-        if let Some((Role::Cache, pattern)) = own {
-            // Private and empty inside: nothing of the host's to check.
-            roles.push(RoleDir {
-                rel: rel.to_vec(),
-                role: Role::Cache,
-                pattern: pattern.to_string(),
-            });
+        let inside = rules.gitignored && in_role_dir(rules, &mut dirs, &mut col, rel, is_dir);
+        if rules.gitignored && !exempt && own.is_none() && !inside {
+            col.add(rel, is_dir, "gitignored".into());
             continue;
         }
-        if let Some((r, pattern)) = own {
+        if let (Some((role, pattern)), false) = (own, inside) {
+            classify(rules, &mut dirs, &mut col, rel, true);
             roles.push(RoleDir {
                 rel: rel.to_vec(),
-                role: r,
+                role,
                 pattern: pattern.to_string(),
             });
+            if role == Role::Cache {
+                // Private and empty inside: nothing of the host's to check.
+                continue;
+            }
+            dirs.insert(rel.to_vec(), true);
         }
         if is_dir {
             // An exempt ignored dir (a tool dir such as `.claude/`, a dependency dir): check

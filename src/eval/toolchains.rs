@@ -4,8 +4,9 @@
 //! caller's PATH gets exactly its binaries and toolchains mounted read-only, never the home,
 //! never its configuration (which holds tokens: `~/.cargo/config.toml` and
 //! `credentials.toml`, npmrc files, `pip.conf`, `gradle.properties`, `~/.m2/settings.xml`,
-//! `~/.gem/credentials` are not among the paths below), and its package cache copy-on-write:
-//! usable, and what the sandbox downloads stays in its own layer.
+//! `~/.gem/credentials` are not among the paths below; the configuration files that live inside
+//! an install prefix are masked). Package caches (`~/.cargo/registry`, `~/go/pkg/mod`) stay
+//! hidden: they hold every project's private dependencies, not just this one's.
 //!
 //! PATH entries that are the home itself, `.`, relative, or not below the home are not
 //! looked at; one below the home that no manager claims stays hidden (`aisb doctor` names it).
@@ -15,14 +16,13 @@ use std::path::{Path, PathBuf};
 use super::host::Scope;
 use super::plan::{Mount, MountKind};
 
-/// A toolchain manager: the PATH entries (below the home) that show it is in use, what of it
-/// is mounted read-only, and its package caches (copy-on-write).
+/// A toolchain manager: the PATH entries (below the home) that show it is in use, and what of
+/// it is mounted read-only.
 pub struct Manager {
     pub name: &'static str,
     /// PATH entries, relative to the home; a `*` component matches one directory name.
     pub path: &'static [&'static str],
     pub read_only: &'static [&'static str],
-    pub caches: &'static [&'static str],
     /// Configuration files inside what is mounted that may hold tokens (a `*` component
     /// matches one directory name): masked. npm's global config lives in the prefix of the
     /// node that wrote it (`npm config set -g //registry…/:_authToken=…` writes
@@ -35,14 +35,12 @@ pub const MANAGERS: &[Manager] = &[
         name: "rustup",
         path: &[".cargo/bin"],
         read_only: &[".cargo/bin", ".rustup/toolchains", ".rustup/settings.toml"],
-        caches: &[".cargo/registry", ".cargo/git"],
         secrets: &[],
     },
     Manager {
         name: "nvm",
         path: &[".nvm/versions/node/*/bin"],
         read_only: &[".nvm/versions", ".nvm/alias"],
-        caches: &[],
         secrets: &[".nvm/versions/node/*/etc/npmrc"],
     },
     Manager {
@@ -56,7 +54,6 @@ pub const MANAGERS: &[Manager] = &[
             ".pyenv/plugins",
             ".pyenv/version",
         ],
-        caches: &[],
         secrets: &[".pyenv/versions/*/pip.conf", ".pyenv/versions/*/pip.ini"],
     },
     Manager {
@@ -70,14 +67,12 @@ pub const MANAGERS: &[Manager] = &[
             ".rbenv/plugins",
             ".rbenv/version",
         ],
-        caches: &[],
         secrets: &[".rbenv/versions/*/etc/gemrc"],
     },
     Manager {
         name: "volta",
         path: &[".volta/bin"],
         read_only: &[".volta/bin", ".volta/tools/image", ".volta/tools/user"],
-        caches: &[],
         secrets: &[".volta/tools/image/node/*/etc/npmrc"],
     },
     Manager {
@@ -93,7 +88,6 @@ pub const MANAGERS: &[Manager] = &[
             ".asdf/asdf.sh",
             ".tool-versions",
         ],
-        caches: &[],
         secrets: &[
             ".asdf/installs/nodejs/*/etc/npmrc",
             ".asdf/installs/python/*/pip.conf",
@@ -106,7 +100,6 @@ pub const MANAGERS: &[Manager] = &[
             ".local/share/mise/installs/*/*/bin",
         ],
         read_only: &[".local/share/mise/shims", ".local/share/mise/installs"],
-        caches: &[],
         secrets: &[
             ".local/share/mise/installs/node/*/etc/npmrc",
             ".local/share/mise/installs/python/*/pip.conf",
@@ -116,21 +109,18 @@ pub const MANAGERS: &[Manager] = &[
         name: "go",
         path: &["go/bin", "sdk/*/bin", ".go/bin"],
         read_only: &["go/bin", "sdk", ".go"],
-        caches: &["go/pkg/mod"],
         secrets: &[],
     },
     Manager {
         name: "bun",
         path: &[".bun/bin"],
         read_only: &[".bun/bin"],
-        caches: &[".bun/install/cache"],
         secrets: &[],
     },
     Manager {
         name: "deno",
         path: &[".deno/bin"],
         read_only: &[".deno/bin"],
-        caches: &[],
         secrets: &[],
     },
     Manager {
@@ -140,7 +130,6 @@ pub const MANAGERS: &[Manager] = &[
             ".sdkman/candidates/*/*/bin",
         ],
         read_only: &[".sdkman/candidates"],
-        caches: &[],
         secrets: &[],
     },
     Manager {
@@ -153,7 +142,6 @@ pub const MANAGERS: &[Manager] = &[
             ".local/share/uv/tools",
             ".local/share/uv/python",
         ],
-        caches: &[],
         secrets: &[],
     },
 ];
@@ -217,9 +205,8 @@ fn secret_masks(home: &Path, m: &Manager, out: &mut Vec<super::plan::Mask>) {
     }
 }
 
-/// The mounts for every manager on the caller's PATH: read-only binaries and toolchains,
-/// copy-on-write caches (their layers with the dependency directories', `eval::deps`), in
-/// PATH order, each path once. Only under an empty home (a visible home shows them anyway)
+/// The mounts for every manager on the caller's PATH: read-only binaries and toolchains, in
+/// PATH order, each path once (masks for the configuration inside them go to `masks`). Only under an empty home (a visible home shows them anyway)
 /// and unless `home … toolchains=#false`.
 pub(super) fn mounts(sc: &Scope<'_>, masks: &mut Vec<super::plan::Mask>) -> Vec<Mount> {
     let home = &sc.host.home;
@@ -241,12 +228,7 @@ pub(super) fn mounts(sc: &Scope<'_>, masks: &mut Vec<super::plan::Mask>) -> Vec<
         }
         seen.push(m.name);
         secret_masks(home, m, masks);
-        for (rel, cache) in m
-            .read_only
-            .iter()
-            .map(|r| (r, false))
-            .chain(m.caches.iter().map(|c| (c, true)))
-        {
+        for rel in m.read_only {
             let p = home.join(rel);
             // The real thing only: a link could lead anywhere on the host.
             let Ok(md) = std::fs::symlink_metadata(&p) else {
@@ -256,31 +238,13 @@ pub(super) fn mounts(sc: &Scope<'_>, masks: &mut Vec<super::plan::Mask>) -> Vec<
                 continue;
             }
             taken.push(p.clone());
-            let kind = if cache && md.is_dir() {
-                let d = sc
-                    .state_dir
-                    .join(super::deps::LAYER_DIR)
-                    .join(super::mounts::slug(&p));
-                MountKind::Overlay {
-                    lower: p.clone(),
-                    upper: d.join("upper"),
-                    work: d.join("work"),
-                }
-            } else {
-                MountKind::Bind {
-                    source: p.clone(),
-                    writable: false,
-                }
-            };
-            let how = if cache {
-                "package cache, copy-on-write"
-            } else {
-                "read-only"
-            };
             out.push(Mount {
-                target: p,
-                kind,
-                why: format!("toolchain {} on PATH ({how})", m.name),
+                target: p.clone(),
+                kind: MountKind::Bind {
+                    source: p,
+                    writable: false,
+                },
+                why: format!("toolchain {} on PATH (read-only)", m.name),
             });
         }
     }
@@ -327,7 +291,7 @@ mod tests {
     #[test]
     fn configuration_with_tokens_is_never_mounted() {
         for m in MANAGERS {
-            for p in m.read_only.iter().chain(m.caches) {
+            for p in m.read_only {
                 for secret in [
                     ".cargo/config.toml",
                     ".cargo/credentials.toml",

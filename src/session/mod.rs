@@ -293,6 +293,8 @@ pub fn prepare(plan: &mut Plan, name: &str) -> Result<Session, SessionError> {
         &serde_json::to_vec_pretty(&st).unwrap_or_default(),
     )?;
 
+    // The host's ignored dependency and cache directories are not the clone's.
+    plan.mounts.retain(|m| !crate::eval::deps::is_role_mount(m));
     for m in &mut plan.mounts {
         if m.target != repo {
             continue;

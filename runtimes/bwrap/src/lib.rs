@@ -224,10 +224,15 @@ pub fn argv(spec: &Spec, inputs: &Inputs) -> Result<Vec<String>, BwrapError> {
                 // init's to mount after it; anything else mounted inside would be covered.
                 let inside = |p: &Path| p != Path::new(&dest) && p.starts_with(&dest);
                 for n in &mounts[i + 1..] {
-                    if !inside(n.destination()) {
+                    // A mask on the overlay's own target too: mounted before it, the overlay
+                    // would cover it.
+                    let mask = mask_kind(n, inputs.mask_file.as_deref());
+                    if !(inside(n.destination())
+                        || (mask.is_some() && n.destination() == Path::new(&dest)))
+                    {
                         continue;
                     }
-                    match mask_kind(n, inputs.mask_file.as_deref()) {
+                    match mask {
                         Some(dir) => {
                             if !dir && !init_masks.iter().any(|m| m.starts_with("--mask=")) {
                                 let file = inputs

@@ -299,6 +299,7 @@ mod tests {
                 caches: PatternSet::new(["__pycache__/"]),
                 not_deps: PatternSet::new(["build/"]),
                 dep_block: PatternSet::new([".env"]),
+                roots: vec![b"node_modules".to_vec()],
             },
         }
     }
