@@ -334,6 +334,7 @@ fn cargo_from_rustup_in_the_home_builds_over_the_hosts_target() {
         let host_build = Command::new(cargo_bin.join("cargo"))
             .args(["build", "--offline", "-q"])
             .current_dir(p.proj())
+            .env_remove("CARGO_TARGET_DIR")
             .env("PATH", &path)
             .status()
             .unwrap();

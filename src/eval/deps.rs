@@ -198,39 +198,16 @@ pub const DEFAULT_DEPENDENCY_DIRS: &[&str] = &[
     "out/",
 ];
 
-/// What is masked inside a dependency or build directory when the built-in sensitive set is
-/// on: credential files, never the broad `*credentials*` / `*secret*` globs, which match
-/// library code (`botocore/credentials.py`, `google/auth/credentials.py`, a Go
-/// `vendor/…/aws/credentials/` package, a crate's `secret_key.rs`). The project's own `block`
-/// patterns still apply there in full.
-pub const DEPENDENCY_SENSITIVE: &[&str] = &[
-    ".env",
-    ".env.*",
-    ".envrc",
-    // Keys, not every `.pem`: a CA bundle (certifi's `cacert.pem`) is what TLS reads.
+/// The built-in sensitive patterns (`masks::DEFAULT_SENSITIVE`) that match library code and
+/// CA bundles rather than credentials, left out inside a dependency or build directory:
+/// `botocore/credentials.py`, `google/auth/credentials.py`, a Go `vendor/…/aws/credentials/`
+/// package, a crate's `secret_key.rs`, certifi's `cacert.pem`.
+const TOO_BROAD_FOR_DEPENDENCIES: &[&str] = &["*credentials*", "*secret*", "*.pem"];
+
+/// Credential files by name, masked inside dependency directories in place of the broad ones.
+const DEPENDENCY_CREDENTIALS: &[&str] = &[
     "*key*.pem",
     "*private*.pem",
-    "*.key",
-    "*.p12",
-    "*.pfx",
-    "*.keystore",
-    "*.jks",
-    ".aws/",
-    ".ssh/",
-    ".gnupg/",
-    ".netrc",
-    ".git-credentials",
-    ".npmrc",
-    ".pypirc",
-    ".docker/",
-    ".kube/",
-    "id_rsa",
-    "id_ed25519",
-    "id_ecdsa",
-    "id_dsa",
-    "*.tfvars",
-    "*.tfstate",
-    ".vault-token",
     "credentials",
     "credentials.json",
     "credentials.toml",
@@ -244,6 +221,17 @@ pub const DEPENDENCY_SENSITIVE: &[&str] = &[
     "service-account*.json",
 ];
 
+/// What is masked inside a dependency or build directory when the built-in sensitive set is
+/// on: the built-in set without its broad globs, and credential files by name. The project's
+/// own `block` patterns still apply there in full.
+pub fn dependency_sensitive() -> impl Iterator<Item = &'static str> {
+    super::masks::DEFAULT_SENSITIVE
+        .iter()
+        .copied()
+        .filter(|p| !TOO_BROAD_FOR_DEPENDENCIES.contains(p))
+        .chain(DEPENDENCY_CREDENTIALS.iter().copied())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -254,7 +242,8 @@ mod tests {
         for p in DEFAULT_DEPENDENCY_DIRS
             .iter()
             .chain(DEFAULT_CACHE_DIRS)
-            .chain(DEPENDENCY_SENSITIVE)
+            .copied()
+            .chain(dependency_sensitive())
         {
             crate::config::pattern::validate(p).unwrap_or_else(|e| panic!("{p}: {e}"));
         }
@@ -266,7 +255,7 @@ mod tests {
 
     #[test]
     fn library_code_is_not_a_credential_but_credential_files_are() {
-        let inside = PatternSet::new(DEPENDENCY_SENSITIVE.iter().copied());
+        let inside = PatternSet::new(dependency_sensitive());
         for code in [
             "botocore/credentials.py",
             "google/auth/credentials.py",

@@ -224,19 +224,18 @@ pub(super) fn resolve(
         .collect();
     // Inside dependency directories: the project's own `block` list, and credential files
     // instead of the broad built-in globs.
-    let dep_block_patterns: Vec<&str> = s
+    let mut dep_block_patterns: Vec<&str> = s
         .block
         .iter()
         .map(|b| b.value.as_str())
         .filter(|p| !crate::config::pattern::is_outside(p))
-        .chain(
-            defaults
-                .then_some(super::deps::DEPENDENCY_SENSITIVE)
-                .unwrap_or_default()
-                .iter()
-                .copied(),
-        )
         .collect();
+    if defaults {
+        // Pushed one by one: each `&'static str` shortens to the list's lifetime.
+        for p in super::deps::dependency_sensitive() {
+            dep_block_patterns.push(p);
+        }
+    }
     let roles = super::deps::RoleRules {
         deps: PatternSet::new(dep_patterns.iter().copied()),
         caches: PatternSet::new(super::deps::DEFAULT_CACHE_DIRS.iter().copied()),
