@@ -67,7 +67,6 @@ fn three_layers_with_tool_dirs_and_allow() {
             "certs/server.pem [sensitive \"*.pem\"]",
             "config/credentials.json [sensitive \"*credentials*\"]",
             "deep/er/.ssh/ [sensitive \".ssh/\"]",
-            "node_modules/ [gitignored]",
             "sub/local.txt [gitignored]",
             "vault/prod.yaml [git-crypt]",
         ]
