@@ -119,10 +119,9 @@ impl RoleRules {
 
     /// Whether `rel` is one of the scan's role directories or inside one.
     pub fn inside(&self, rel: &[u8], is_dir: bool) -> bool {
-        self.roots.iter().any(|r| {
-            (is_dir && rel == r.as_slice())
-                || (rel.len() > r.len() && rel.starts_with(r) && rel[r.len()] == b'/')
-        })
+        self.roots
+            .iter()
+            .any(|r| (is_dir && rel == r.as_slice()) || super::scan::below(rel, r))
     }
 }
 

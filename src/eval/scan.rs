@@ -296,7 +296,7 @@ impl Collector {
                 .iter()
                 .rev()
                 .take_while(|p| m.rel.starts_with(&p.rel))
-                .any(|p| p.dir && m.rel.len() > p.rel.len() && m.rel[p.rel.len()] == b'/');
+                .any(|p| p.dir && below(&m.rel, &p.rel));
             if !covered {
                 out.push(m);
             }
@@ -305,8 +305,9 @@ impl Collector {
     }
 }
 
-fn role_of<'r>(rules: &'r ScanRules<'_>, dir: &[u8]) -> Option<(Role, &'r str)> {
-    rules.roles.role_of(dir)
+/// Whether the project-relative `inner` is strictly below the directory `outer`.
+pub fn below(inner: &[u8], outer: &[u8]) -> bool {
+    inner.len() > outer.len() && inner.starts_with(outer) && inner[outer.len()] == b'/'
 }
 
 /// Directories seen so far, each with whether it is inside a dependency or cache directory
@@ -361,9 +362,6 @@ fn masks_at<'r>(rules: &'r ScanRules<'_>, in_role: bool) -> &'r PatternSet {
 /// Role directories outermost first, without any inside another or below a masked directory
 /// (the mask or the outer one decides there).
 fn outside_masks(mut roles: Vec<RoleDir>, masks: &[Masked]) -> Vec<RoleDir> {
-    let below = |inner: &[u8], outer: &[u8]| {
-        inner.len() > outer.len() && inner.starts_with(outer) && inner[outer.len()] == b'/'
-    };
     roles.sort_by(|a, b| a.rel.cmp(&b.rel));
     let mut out: Vec<RoleDir> = Vec::new();
     for r in roles {
@@ -453,7 +451,7 @@ fn scan_git(
         // a secret: exempt from the gitignored layer, and its own name still checked against
         // `block` (a mask on it wins: `outside_masks`).
         let own = if rules.gitignored && is_dir {
-            role_of(rules, rel)
+            rules.roles.role_of(rel)
         } else {
             None
         };
