@@ -21,6 +21,10 @@ pub const PROXY_PORT: u16 = 3128;
 /// `runtime::live::masker`).
 pub const MASK_SOURCE: &str = "/run/aisb/masked";
 
+/// Where the list of paths the init masks is mounted (`--mask-list=`): one mount per mask,
+/// made by the init, never a runtime argument or an OCI mount each.
+pub const MASK_LIST: &str = "/run/aisb/mask-list";
+
 /// The request method the init uses to report a direct connection attempt to the proxy.
 pub const DIRECT_METHOD: &str = "AISB-DIRECT-CONNECT";
 /// The request method the init's DNS stub uses to ask whether a name may be answered.

@@ -1021,3 +1021,79 @@ fn the_hook_holds_for_root_and_an_ordinary_user_on_both_backends() {
         );
     }
 }
+
+/// Issue 28: an agent runs the project's tests. Claude Code in its preset, with the embedded
+/// defaults for the project's files: the (scripted) model asks its Bash tool for `npm test`
+/// in a Node project whose installed `node_modules/` git ignores, and gets the test's output
+/// back, on both backends; the package's own `.env` stays masked all the same.
+#[test]
+fn claude_runs_the_projects_tests_through_its_shell_tool() {
+    if !needs("claude") || !needs("npm") {
+        return;
+    }
+    for backend in ["libcontainer", "bwrap"] {
+        let t = tempfile::tempdir().unwrap();
+        let (home, proj) = project(t.path(), "import \"preset:claude\"\n");
+        let write = |rel: &str, content: &str| {
+            let p = proj.join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, content).unwrap();
+        };
+        write(".gitignore", "node_modules/\n");
+        write(
+            "package.json",
+            r#"{"name":"app","version":"1.0.0","scripts":{"test":"node test.js"}}"#,
+        );
+        write(
+            "test.js",
+            "const pad = require('left-pad');\n\
+             if (pad('7', 3) !== '007') process.exit(1);\n\
+             console.log('tests passed: ' + pad('7', 3));\n",
+        );
+        write(
+            "node_modules/left-pad/index.js",
+            "module.exports = (s, n) => s.padStart(n, '0');\n",
+        );
+        write("node_modules/left-pad/.env", "PKG_AUTHOR_TOKEN=leaked\n");
+        support::git_in(&proj, &["add", "-A"]);
+        support::git_in(&proj, &["commit", "-qm", "node project"]);
+        let mock = Mock::start(
+            t.path(),
+            &[
+                "npm test",
+                "cat node_modules/left-pad/.env; echo env-read=$?",
+            ],
+        );
+        let out = Out::from(
+            aisb(t.path(), &home, &proj)
+                .args([
+                    "--trust",
+                    "run",
+                    "--backend",
+                    backend,
+                    "--",
+                    "claude",
+                    "-p",
+                    "run the tests",
+                    "--output-format",
+                    "json",
+                ])
+                .env("ANTHROPIC_API_KEY", "sk-ant-test")
+                .env("ANTHROPIC_BASE_URL", "http://api.anthropic.com")
+                .env("AISB_PROXY_PIN", mock.pins())
+                .output()
+                .unwrap(),
+        );
+        assert_eq!(out.code, 0, "[{backend}] {}\n{}", out.stdout, out.stderr);
+        let results = tool_results(&mock);
+        assert_eq!(results.len(), 2, "[{backend}] {results:?}");
+        let text = |i: usize| results[i]["content"].as_str().unwrap_or("").to_string();
+        assert!(
+            text(0).contains("tests passed: 007"),
+            "[{backend}] npm test through the Bash tool: {results:?}"
+        );
+        assert_ne!(results[0]["is_error"], true, "[{backend}] {results:?}");
+        assert!(!text(1).contains("leaked"), "[{backend}] {}", text(1));
+        assert!(text(1).contains("env-read=1"), "[{backend}] {}", text(1));
+    }
+}

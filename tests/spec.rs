@@ -160,6 +160,7 @@ fn paths() -> SpecPaths {
         proxy_dir: None,
         rootless: None,
         limits: spec::LimitsBy::Cgroup,
+        mask_list: None,
     }
 }
 
@@ -523,4 +524,67 @@ fn a_block_on_a_mount_target_hides_the_mount() {
         .unwrap()
         .iter()
         .any(|o| o == "ro"));
+}
+
+/// With a list (`SpecPaths::mask_list`), the masks are the init's: no OCI mount per mask, one
+/// read-only bind of the list, the masking file bound for it, `--mask-list=` and the
+/// capability to mount (which the init drops). bwrap's argv then grows by nothing per mask.
+#[test]
+fn the_init_mounts_the_masks_from_a_list() {
+    let mut plan = sample_plan();
+    plan.mounts
+        .retain(|m| !matches!(m.kind, MountKind::Overlay { .. }));
+    assert_eq!(
+        spec::mask_list(&plan),
+        b"/src/p/.env\0/src/p/node_modules\0".to_vec(),
+        "visible masks only, each ended by NUL"
+    );
+    let listed = SpecPaths {
+        mask_list: Some("/b/masks".into()),
+        ..paths()
+    };
+    let v = serde_json::to_value(spec::build(&plan, &listed).unwrap()).unwrap();
+    let mounts = v["mounts"].as_array().unwrap();
+    let at = |p: &str| mounts.iter().find(|m| m["destination"] == p);
+    assert!(at("/src/p/.env").is_none() && at("/src/p/node_modules").is_none());
+    let list = at(aisb::vocab::MASK_LIST).expect("the list is bound");
+    assert_eq!(list["source"], "/b/masks");
+    assert!(list["options"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|o| o == "ro"));
+    assert_eq!(at(aisb::vocab::MASK_SOURCE).unwrap()["source"], "/b/masked");
+    let args: Vec<&str> = v["process"]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(
+        args.contains(&"--mask-list=/run/aisb/mask-list"),
+        "{args:?}"
+    );
+    assert!(v["process"]["capabilities"]["bounding"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c == "CAP_SYS_ADMIN"));
+    let spec = spec::build(&plan, &listed).unwrap();
+    let argv = aisb_bwrap::argv(&spec, &bwrap_inputs()).unwrap();
+    assert!(!argv.iter().any(|a| a == "/src/p/.env"), "{argv:?}");
+    assert!(argv.windows(2).any(|w| w == ["--cap-add", "CAP_SYS_ADMIN"]));
+    // Without masks, no list and no capability.
+    plan.masks.clear();
+    let v = serde_json::to_value(spec::build(&plan, &listed).unwrap()).unwrap();
+    assert!(!v["process"]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|a| a.as_str().unwrap().starts_with("--mask-list")));
+    assert!(!v["process"]["capabilities"]["bounding"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c == "CAP_SYS_ADMIN"));
 }

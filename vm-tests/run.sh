@@ -75,11 +75,15 @@ for backend in $backends; do
         [ -n "$owner" ] && chown -R "$owner" "$root"
         # Host-side steps (`# host: CMD`, with $PROJ): run while the sandbox runs, once the
         # scenario inside has created .host-go-NAME in the project (a secret that appears late).
+        # Every scenario before it runs first (under TCG, minutes): each waits as long as the
+        # sandbox runs, at most 15 minutes, and is stopped when it ends.
+        host_steps=""
         for f in "$here"/scenarios/*.sh; do
             hostcmd=$(sed -n 's/^# host: *//p' "$f"); [ -n "$hostcmd" ] || continue
             go="$root/proj/.host-go-$(basename "$f" .sh)"
-            ( i=0; while [ ! -e "$go" ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+            ( i=0; while [ ! -e "$go" ] && [ $i -lt 9000 ]; do sleep 0.1; i=$((i+1)); done
               [ -e "$go" ] && PROJ="$root/proj" sh -c "$hostcmd" ) &
+            host_steps="$host_steps $!"
         done
         out=$(cd "$root/proj" && as_caller "$uid" "$gid" env -i PATH=/usr/local/bin:/usr/bin:/bin \
             HOME="$root/home" XDG_CACHE_HOME="$root/cache" GITHUB_TOKEN=ghp_leaked \
@@ -87,6 +91,7 @@ for backend in $backends; do
             "$root/aisb" run --backend "$backend" -- env PROJ="$root/proj" PROBE="$root/proj/bin/aisb-probe" \
             HOST_PID=$$ /bin/sh "$root/proj/bin/driver.sh" 2>"$root/stderr")
         rc=$?
+        for p in $host_steps; do kill "$p" 2>/dev/null; done
         wait
         errfile="$root/stderr"
         report "$out" "$rc" $plain

@@ -52,6 +52,8 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
         rootless: None,
         init: Some(crate::init::binary_beside(&exe)),
         limits: spec::LimitsBy::Cgroup,
+        // Each mask a mount of its own: the spec is for reading and for other runtimes.
+        mask_list: None,
     };
     let spec = spec::build(&plan, &paths)?;
     println!("{}", spec::to_json(&spec)?);

@@ -188,6 +188,11 @@ pub fn main_from_args(args: impl IntoIterator<Item = OsString>) -> i32 {
             opts.masks.push((p.to_string(), false));
         } else if let Some(p) = a.strip_prefix("--mask-dir=").filter(|p| p.starts_with('/')) {
             opts.masks.push((p.to_string(), true));
+        } else if let Some(p) = a
+            .strip_prefix("--mask-list=")
+            .filter(|p| p.starts_with('/'))
+        {
+            opts.mask_list = Some(p.to_string());
         } else if let Some(fd) = a.strip_prefix("--ready-fd=") {
             match fd.parse::<i32>() {
                 Ok(fd) if fd > 2 => opts.ready_fd = Some(fd),
@@ -266,8 +271,13 @@ pub enum InitError {
     NoCommand,
     #[error("cannot mount the copy-on-write directory {target}: {source}")]
     Overlay { target: String, source: nix::Error },
-    #[error("cannot mask {target} inside a copy-on-write directory: {source}")]
+    #[error("cannot mask {target}: {source}")]
     Mask { target: String, source: nix::Error },
+    #[error("cannot read the list of masks {path}: {source}")]
+    MaskList {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("cannot listen on 127.0.0.1:{port} for the network relay: {source}")]
     Relay { port: u16, source: std::io::Error },
     #[error("cannot set up transparent egress ({what}): {source}\n  help: `network transparent=#false` in sandbox.kdl turns it off (proxy-aware clients keep working)")]
@@ -294,6 +304,10 @@ pub struct Options {
     pub overlays: Vec<Overlay>,
     /// Masks inside those directories, mounted after them: (path, is a directory).
     pub masks: Vec<(String, bool)>,
+    /// A file of paths to mask (each ended by NUL), mounted after the overlays: every mask of
+    /// the sandbox, so that their number costs one mount each and never a runtime argument
+    /// (bubblewrap caps those at 9,000; libcontainer re-reads the mount table for each).
+    pub mask_list: Option<String>,
     /// An image build step (root in its user namespace, installing packages): keep the
     /// capabilities the runtime gave, except CAP_NET_ADMIN (only the init needed it, for `lo`).
     pub keep_caps: bool,
@@ -331,40 +345,54 @@ fn mount_overlay(o: &Overlay) -> Result<(), nix::Error> {
     )
 }
 
-/// The copy-on-write directories and the masks inside them, then the staging mounts made
-/// unreachable (overlayfs keeps its own references to its layers), so an upper dir is only
+/// The copy-on-write directories, then every mask (the listed ones and those inside the
+/// copy-on-write directories), then the staging mounts made unreachable: an upper dir is
 /// reachable through its overlay and a lower dir only through the masks.
 ///
 /// bwrap run by an ordinary user leaves the init in a user namespace nested below the one
-/// that owns the mount namespace: no mounting there (EPERM). The init then makes a mount
-/// namespace of its own, owned by its user namespace (overlayfs mounts in a user namespace
-/// since Linux 5.11); the mounts it inherits are locked there, so the stages are covered by
-/// an empty read-only tmpfs instead of unmounted.
+/// that owns the mount namespace: no mounting there. The init then makes a mount namespace of
+/// its own, owned by its user namespace (overlayfs mounts in a user namespace since Linux
+/// 5.11); the mounts it inherits are locked there, so the stages are covered by an empty
+/// read-only tmpfs instead of unmounted.
 fn mount_layers(opts: &Options) -> Result<(), InitError> {
     use nix::mount::{mount, umount2, MntFlags, MsFlags};
-    let Some(first) = opts.overlays.first() else {
-        return Ok(());
+    let list = match &opts.mask_list {
+        Some(path) => std::fs::read(path).map_err(|source| InitError::MaskList {
+            path: path.clone(),
+            source,
+        })?,
+        None => Vec::new(),
     };
+    let listed = list.split(|b| *b == 0).filter(|p| !p.is_empty());
+    if opts.overlays.is_empty() && opts.masks.is_empty() && opts.mask_list.is_none() {
+        return Ok(());
+    }
+    if !owns_mount_namespace() {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).map_err(|source| {
+            InitError::Mask {
+                target: "a mount namespace of its own".into(),
+                source,
+            }
+        })?;
+    }
     let overlay_err = |o: &Overlay| {
         let target = o.target.clone();
         move |source| InitError::Overlay { target, source }
     };
-    match mount_overlay(first) {
-        Ok(()) => {}
-        Err(nix::Error::EPERM) => {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).map_err(overlay_err(first))?;
-            mount_overlay(first).map_err(overlay_err(first))?;
-        }
-        Err(e) => return Err(overlay_err(first)(e)),
-    }
-    for o in &opts.overlays[1..] {
+    for o in &opts.overlays {
         mount_overlay(o).map_err(overlay_err(o))?;
     }
-    for (target, dir) in &opts.masks {
-        mask(target, *dir).map_err(|source| InitError::Mask {
-            target: target.clone(),
-            source,
-        })?;
+    let mut masker = Masker::new(if opts.mask_list.is_some() {
+        crate::vocab::MASK_SOURCE
+    } else {
+        aisb_bwrap::MASK_STAGE
+    });
+    let mask_err = |target: &[u8]| {
+        let target = String::from_utf8_lossy(target).into_owned();
+        move |source| InitError::Mask { target, source }
+    };
+    for target in opts.masks.iter().map(|(p, _)| p.as_bytes()).chain(listed) {
+        masker.mask(target).map_err(mask_err(target))?;
     }
     let ro_empty = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     for o in &opts.overlays {
@@ -386,47 +414,177 @@ fn mount_layers(opts: &Options) -> Result<(), InitError> {
             }
         }
     }
+    // The list names only what is masked (which the sandbox sees anyway), but it is ours:
+    // gone, or covered where it is locked in place.
+    if let Some(path) = &opts.mask_list {
+        match umount2(path.as_str(), MntFlags::MNT_DETACH) {
+            Ok(()) => {}
+            Err(nix::Error::EINVAL | nix::Error::EPERM) => masker
+                .mask(path.as_bytes())
+                .map_err(mask_err(path.as_bytes()))?,
+            Err(e) => return Err(mask_err(path.as_bytes())(e)),
+        }
+    }
     Ok(())
 }
 
-/// One mask, as the runtime makes them: an empty read-only directory, or the mode-0000 file
-/// (bound at [`aisb_bwrap::MASK_STAGE`]) over a file, read-only.
-fn mask(target: &str, dir: bool) -> Result<(), nix::Error> {
-    use nix::mount::{mount, MsFlags};
-    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-    // Gone since the scan: nothing to hide. A symbolic link holds no content of its own
-    // (what it names is masked by its own rule) and is never followed to mount over.
-    match std::fs::symlink_metadata(target) {
-        Ok(md) if md.file_type().is_symlink() => return Ok(()),
-        Ok(md) if md.is_dir() != dir => return Err(nix::Error::ENOTDIR),
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EIO))),
+/// Whether the init's user namespace owns its mount namespace (it can mount there).
+fn owns_mount_namespace() -> bool {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::fs::MetadataExt;
+    /// `ioctl(NS_GET_USERNS)`: the user namespace that owns a namespace (`_IO(0xb7, 0x1)`).
+    const NS_GET_USERNS: libc::c_ulong = 0xb701;
+    let (Ok(mnt), Ok(own)) = (
+        std::fs::File::open("/proc/self/ns/mnt"),
+        std::fs::metadata("/proc/self/ns/user"),
+    ) else {
+        return true;
+    };
+    // SAFETY: an ioctl on a namespace descriptor we hold; on success it returns a new
+    // descriptor, which we take ownership of.
+    let fd = unsafe { libc::ioctl(mnt.as_raw_fd(), NS_GET_USERNS) };
+    if fd < 0 {
+        // EPERM: the owner is an ancestor of our user namespace, not ours.
+        return false;
     }
-    if dir {
-        mount(
-            Some("tmpfs"),
-            target,
-            Some("tmpfs"),
-            flags | MsFlags::MS_RDONLY,
-            Some("mode=555,size=4k"),
-        )
-    } else {
-        mount(
-            Some(aisb_bwrap::MASK_STAGE),
-            target,
-            None::<&str>,
-            MsFlags::MS_BIND,
-            None::<&str>,
-        )?;
-        mount(
-            None::<&str>,
-            target,
-            None::<&str>,
-            flags | MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
-            None::<&str>,
-        )
+    // SAFETY: `fd` was just returned by the kernel and is owned by nobody else.
+    let owner = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    owner
+        .metadata()
+        .is_ok_and(|m| m.ino() == own.ino() && m.dev() == own.dev())
+}
+
+/// Masks, as the runtimes make them: over a file, a bind of the empty mode-0000 file (already
+/// bound read-only at `source`: reading fails with EACCES, and the clone is read-only like
+/// it); over a directory, an empty read-only tmpfs of mode 0555, made once and bound over the
+/// others. One open, one stat and one mount(2) per mask; the target is pinned by a descriptor
+/// between the check and the mount.
+struct Masker {
+    source: &'static str,
+    file: Option<std::os::fd::OwnedFd>,
+    dir: Option<std::os::fd::OwnedFd>,
+}
+
+impl Masker {
+    fn new(source: &'static str) -> Masker {
+        Masker {
+            source,
+            file: None,
+            dir: None,
+        }
     }
+
+    /// The masking file, checked once: never bind anything readable over a secret.
+    fn file_source(&mut self) -> Result<std::os::fd::BorrowedFd<'_>, nix::Error> {
+        use rustix::fs::{
+            fstatvfs, openat2, FileType, Mode, OFlags, ResolveFlags, StatVfsMountFlags, CWD,
+        };
+        use std::os::fd::AsFd;
+        if self.file.is_none() {
+            let fd = openat2(
+                CWD,
+                self.source,
+                OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+                ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+            )
+            .map_err(errno)?;
+            let st = rustix::fs::fstat(&fd).map_err(errno)?;
+            let ro = fstatvfs(&fd)
+                .map_err(errno)?
+                .f_flag
+                .contains(StatVfsMountFlags::RDONLY);
+            if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile
+                || st.st_size != 0
+                || st.st_mode & 0o7777 != 0
+                || !ro
+            {
+                return Err(nix::Error::EPERM);
+            }
+            self.file = Some(fd);
+        }
+        Ok(self.file.as_ref().expect("set above").as_fd())
+    }
+
+    /// Mask `target` (an absolute path inside). Gone since the scan, or a symbolic link that
+    /// leads nowhere: nothing to hide. A link that leads somewhere is followed, as the
+    /// runtimes follow it (never through /proc's magic links): what it names is hidden.
+    fn mask(&mut self, target: &[u8]) -> Result<(), nix::Error> {
+        use nix::mount::{mount, MsFlags};
+        use rustix::fs::{openat2, FileType, Mode, OFlags, ResolveFlags, CWD};
+        use rustix::mount::{
+            fsconfig_create, fsconfig_set_string, fsmount, fsopen, move_mount, FsMountFlags,
+            FsOpenFlags, MountAttrFlags, MoveMountFlags,
+        };
+        use std::os::fd::AsRawFd;
+        use std::os::unix::ffi::OsStrExt;
+        let path = std::ffi::OsStr::from_bytes(target);
+        let fd = match openat2(
+            CWD,
+            path,
+            OFlags::PATH | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::NO_MAGICLINKS,
+        ) {
+            Ok(fd) => fd,
+            // ELOOP: a loop, or a link through a magic link (what it names has its own mask).
+            Err(rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR | rustix::io::Errno::LOOP) => {
+                return Ok(())
+            }
+            Err(e) => return Err(errno(e)),
+        };
+        let at = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        if FileType::from_raw_mode(rustix::fs::fstat(&fd).map_err(errno)?.st_mode)
+            != FileType::Directory
+        {
+            let src = format!("/proc/self/fd/{}", self.file_source()?.as_raw_fd());
+            return mount(
+                Some(src.as_str()),
+                at.as_str(),
+                None::<&str>,
+                MsFlags::MS_BIND,
+                None::<&str>,
+            );
+        }
+        if let Some(dir) = &self.dir {
+            let src = format!("/proc/self/fd/{}", dir.as_raw_fd());
+            return mount(
+                Some(src.as_str()),
+                at.as_str(),
+                None::<&str>,
+                MsFlags::MS_BIND,
+                None::<&str>,
+            );
+        }
+        let fs = fsopen(c"tmpfs", FsOpenFlags::FSOPEN_CLOEXEC).map_err(errno)?;
+        fsconfig_set_string(&fs, c"mode", c"555").map_err(errno)?;
+        fsconfig_set_string(&fs, c"size", c"4k").map_err(errno)?;
+        fsconfig_create(&fs).map_err(errno)?;
+        let empty = fsmount(
+            &fs,
+            FsMountFlags::FSMOUNT_CLOEXEC,
+            MountAttrFlags::MOUNT_ATTR_RDONLY
+                | MountAttrFlags::MOUNT_ATTR_NOSUID
+                | MountAttrFlags::MOUNT_ATTR_NODEV
+                | MountAttrFlags::MOUNT_ATTR_NOEXEC,
+        )
+        .map_err(errno)?;
+        move_mount(
+            &empty,
+            c"",
+            &fd,
+            c"",
+            MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH | MoveMountFlags::MOVE_MOUNT_T_EMPTY_PATH,
+        )
+        .map_err(errno)?;
+        // Attached now, in this namespace: the others are binds of it.
+        self.dir = Some(empty);
+        Ok(())
+    }
+}
+
+fn errno(e: rustix::io::Errno) -> nix::Error {
+    nix::Error::from_raw(e.raw_os_error())
 }
 
 /// Everything up to the exec, in the order that keeps each step possible: the loopback needs

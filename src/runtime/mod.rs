@@ -132,6 +132,35 @@ impl Drop for BundleGuard {
     }
 }
 
+/// A file made for one run on the host, removed when the run ends.
+struct RunFile(PathBuf);
+
+impl RunFile {
+    fn write(path: PathBuf, bytes: &[u8]) -> Result<RunFile, RuntimeError> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let _ = std::fs::remove_file(&path);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path)
+            .and_then(|mut f| f.write_all(bytes))
+            .map_err(|source| RuntimeError::Io {
+                what: format!("writing {}", path.display()),
+                source,
+            })?;
+        Ok(RunFile(path))
+    }
+}
+
+impl Drop for RunFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// The copy-on-write layers a run holds: the locks, and the layers made for this run alone
 /// (removed when it ends).
 struct Layers {
@@ -261,7 +290,13 @@ pub fn run(
             let (_layers, own_layers) = claim_layers(plan)?;
             let plan = own_layers.as_ref().unwrap_or(plan);
             let mask_file = crate::graph::realise::realise(plan)?;
+            // The init's list of masks, for this run alone (removed when it ends).
+            let mask_list = RunFile::write(
+                plan.state_dir.join(format!("masks-{}", std::process::id())),
+                &crate::spec::mask_list(plan),
+            )?;
             let paths = crate::spec::SpecPaths {
+                mask_list: Some(mask_list.0.clone()),
                 rootfs: PathBuf::from("rootfs"),
                 mask_file,
                 cgroups_path: bundle::cgroups_path(plan, &plan.state_dir, None),

@@ -12,8 +12,9 @@
 //!    second user namespace nested in the first, which owns the mount, network and other
 //!    namespaces; joining the inner one first leaves no capability over them, the EPERM
 //!    this order fixes), then mount, network, IPC, UTS, PID and cgroup, then the init's own
-//!    user namespace when it is another one. The caller owns every one of them, so each join
-//!    is allowed, and every capability it gives is dropped in step 3.
+//!    user namespace when it is another one, and the namespaces that one owns (the mount
+//!    namespace the init makes to mount its masks there). The caller owns every one of them,
+//!    so each join is allowed, and every capability it gives is dropped in step 3.
 //!    With a terminal, open the session's pseudo-terminal in the sandbox's devpts (now that
 //!    its mount namespace is ours) and send the controlling side back to the caller.
 //! 2. Take the init's resource limits (never above our own), its working directory and
@@ -319,26 +320,41 @@ fn join_namespaces(init: BorrowedFd<'_>) -> Result<bool, JoinError> {
         let own = open_at(own_dir.as_fd(), name)?;
         namespaces.push((name, flag, target, own));
     }
-    let owning = owner(namespaces[0].2.as_fd(), "mnt")?;
-    for (name, _, target, _) in &namespaces[1..] {
-        if !same(owner(target.as_fd(), name)?.as_fd(), owning.as_fd()) {
-            return Err(JoinError::Owners(name));
+    // Each namespace is owned by the outer user namespace or by the init's own (the mount
+    // namespace the init made to mount its masks and overlays, where bwrap's was not its).
+    let mut by_init = Vec::new();
+    let mut outer: Option<OwnedFd> = None;
+    for (name, _, target, _) in &namespaces {
+        let o = owner(target.as_fd(), name)?;
+        if same(o.as_fd(), target_user.as_fd()) {
+            by_init.push(true);
+            continue;
+        }
+        by_init.push(false);
+        match &outer {
+            Some(x) if !same(x.as_fd(), o.as_fd()) => return Err(JoinError::Owners(name)),
+            Some(_) => {}
+            None => outer = Some(o),
         }
     }
     let mut current = own_user;
-    if !same(owning.as_fd(), current.as_fd()) {
-        join(owning.as_fd(), "owning user", CloneFlags::CLONE_NEWUSER)?;
-        current = owning;
-    }
     let mut joined_pid_namespace = false;
-    for (name, flag, target, own) in &namespaces {
-        if !same(target.as_fd(), own.as_fd()) {
-            join(target.as_fd(), name, *flag)?;
-            joined_pid_namespace |= *flag == CloneFlags::CLONE_NEWPID;
+    for (owned, user) in [(false, outer), (true, Some(target_user))] {
+        let Some(user) = user else { continue };
+        if !same(user.as_fd(), current.as_fd()) {
+            join(user.as_fd(), "user", CloneFlags::CLONE_NEWUSER)?;
+            current = user;
         }
-    }
-    if !same(target_user.as_fd(), current.as_fd()) {
-        join(target_user.as_fd(), "user", CloneFlags::CLONE_NEWUSER)?;
+        for ((name, flag, target, own), _) in namespaces
+            .iter()
+            .zip(&by_init)
+            .filter(|(_, b)| **b == owned)
+        {
+            if !same(target.as_fd(), own.as_fd()) {
+                join(target.as_fd(), name, *flag)?;
+                joined_pid_namespace |= *flag == CloneFlags::CLONE_NEWPID;
+            }
+        }
     }
     Ok(joined_pid_namespace)
 }

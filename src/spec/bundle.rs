@@ -90,6 +90,15 @@ pub fn write(
             io(&link, symlink(target, &link))?;
         }
     }
+    // The init mounts the masks from a list in the bundle (see `SpecPaths::mask_list`).
+    let mask_list = match init {
+        Some(_) => {
+            let list = dir.join("masks");
+            io(&list, fs::write(&list, super::mask_list(plan)))?;
+            Some(list)
+        }
+        None => None,
+    };
     let spec = build(
         plan,
         &SpecPaths {
@@ -101,6 +110,7 @@ pub fn write(
             proxy_dir: proxy_dir.map(Path::to_path_buf),
             rootless: rootless.cloned(),
             limits,
+            mask_list,
         },
     )?;
     let json = super::to_json(&spec)?;

@@ -41,6 +41,36 @@ pub struct SpecPaths {
     pub rootless: Option<Rootless>,
     /// How the plan's limits are enforced here (see `runtime::limits`).
     pub limits: LimitsBy,
+    /// Host file holding [`mask_list`]'s bytes, mounted at [`crate::vocab::MASK_LIST`]: with
+    /// an init, the masks are its to mount, one mount(2) each (thousands of OCI mounts cost
+    /// libcontainer a mount-table read each, and bubblewrap caps its arguments at 9,000).
+    /// `None`: each mask is a mount of the spec (specs for other runtimes).
+    pub mask_list: Option<PathBuf>,
+}
+
+/// The masks a spec makes: only where something is mounted (a mask on a mount's own target
+/// hides the whole mount: `block` wins over `mount`); elsewhere the path does not exist inside.
+fn visible_masks(plan: &Plan) -> impl Iterator<Item = &crate::eval::plan::Mask> {
+    let visible = |p: &Path| {
+        plan.mounts.iter().any(|m| p.starts_with(&m.target))
+            || plan
+                .system
+                .iter()
+                .any(|sp| sp.mounted_at().is_some_and(|path| p.starts_with(path)))
+    };
+    plan.masks.iter().filter(move |m| visible(&m.path))
+}
+
+/// The contents of [`SpecPaths::mask_list`] for `plan`: each masked path, ended by NUL (a path
+/// may hold any other byte). Parents come before what is inside them (the plan's order).
+pub fn mask_list(plan: &Plan) -> Vec<u8> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut out = Vec::new();
+    for m in visible_masks(plan) {
+        out.extend_from_slice(m.path.as_os_str().as_bytes());
+        out.push(0);
+    }
+    out
 }
 
 /// What enforces a sandbox's limits on this host, for this caller.
@@ -294,16 +324,18 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
         };
         mounts.push(v);
     }
-    // Masks matter only where something is mounted (a mask on a mount's own target hides the
-    // whole mount: `block` wins over `mount`); elsewhere the path does not exist inside.
-    let visible = |p: &Path| {
-        plan.mounts.iter().any(|m| p.starts_with(&m.target))
-            || plan
-                .system
-                .iter()
-                .any(|sp| sp.mounted_at().is_some_and(|path| p.starts_with(path)))
-    };
-    for m in plan.masks.iter().filter(|m| visible(&m.path)) {
+    // With an init and a list, the init mounts the masks (after everything else, as here).
+    let listed =
+        paths.init.is_some() && paths.mask_list.is_some() && visible_masks(plan).next().is_some();
+    if let (true, Some(list)) = (listed, &paths.mask_list) {
+        mounts.push(mount(
+            Path::new(crate::vocab::MASK_LIST),
+            "bind",
+            &s(list),
+            &opts(&["bind", "ro", "nosuid", "nodev", "noexec"]),
+        ));
+    }
+    for m in visible_masks(plan).filter(|_| !listed) {
         mounts.push(if m.dir {
             mount(
                 &m.path,
@@ -324,7 +356,7 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
     // The live mask layer binds this file over secrets that appear while the sandbox runs
     // (`runtime::live`): a clone of a mount already in the sandbox's namespace is what the new
     // mount API lets it attach there on every kernel.
-    if plan.live.is_some() && paths.init.is_some() {
+    if (plan.live.is_some() || listed) && paths.init.is_some() {
         mounts.push(mount(
             Path::new(crate::vocab::MASK_SOURCE),
             "bind",
@@ -418,6 +450,15 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
         (Some(_), false) => opts(&["CAP_SETPCAP"]),
         (None, _) => Vec::new(),
     };
+    // The init mounts the masks (and a mount namespace of its own where bwrap's is not its
+    // user namespace's), then drops this with the rest.
+    let init_caps = if listed {
+        let mut caps = init_caps;
+        caps.push("CAP_SYS_ADMIN".to_string());
+        caps
+    } else {
+        init_caps
+    };
     let mut args: Vec<String> = Vec::new();
     if paths.init.is_some() {
         args.extend([INIT_PATH.to_string(), "__init".to_string()]);
@@ -438,6 +479,9 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
                     .collect();
                 args.push(format!("--transparent={}", ports.join(",")));
             }
+        }
+        if listed {
+            args.push(format!("--mask-list={}", crate::vocab::MASK_LIST));
         }
         if paths.limits == LimitsBy::Rlimit {
             let n = plan.limits.pids;

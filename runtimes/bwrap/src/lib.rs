@@ -64,6 +64,12 @@ pub const OVERLAY_CAPS: [&str; 7] = [
     "CAP_FSETID",
 ];
 
+/// The capabilities the init gets to mount the masks it is given as a list
+/// (`--mask-list=`), and to make a mount namespace of its own first where bwrap, run by an
+/// ordinary user, leaves it in a user namespace that does not own bwrap's. It drops them
+/// before the workload starts (CAP_SETPCAP: it empties the bounding set too).
+pub const MASK_CAPS: [&str; 2] = ["CAP_SYS_ADMIN", "CAP_SETPCAP"];
+
 /// Facts the translation needs from outside the spec, gathered by the caller.
 #[derive(Debug, Clone, Default)]
 pub struct Inputs {
@@ -352,6 +358,16 @@ pub fn argv(spec: &Spec, inputs: &Inputs) -> Result<Vec<String>, BwrapError> {
             .position(|x| x == "--cap-drop")
             .map_or(0, |i| i + 2);
         let caps = TRANSPARENT_CAPS
+            .iter()
+            .flat_map(|c| ["--cap-add".to_string(), c.to_string()]);
+        a.splice(at..at, caps);
+    }
+    if overlays.is_empty() && args.iter().any(|a| a.starts_with("--mask-list=")) {
+        let at = a
+            .iter()
+            .position(|x| x == "--cap-drop")
+            .map_or(0, |i| i + 2);
+        let caps = MASK_CAPS
             .iter()
             .flat_map(|c| ["--cap-add".to_string(), c.to_string()]);
         a.splice(at..at, caps);
