@@ -137,3 +137,108 @@ fn the_readme_tour_runs_top_to_bottom_as_written() {
     }
     assert!(proj.join("config.json").is_file());
 }
+
+/// The README's lines for real projects (the `sh` block holding `aisb run -- npm test`), run as
+/// written in a project that git ignores `node_modules/` and `target/` in, with both installed
+/// or built on the host first and the caller's rustup cargo on PATH: `npm test` finds the
+/// installed package and `cargo test` runs the crate's test, each inside the default sandbox.
+#[test]
+fn the_readme_s_real_project_lines_run_as_written() {
+    if !support::root_or_skip("the README's real-project lines")
+        || !support::tool_or_skip("npm", "the README's real-project lines")
+    {
+        return;
+    }
+    let readme = include_str!("../README.md");
+    let at = readme
+        .find("aisb run -- npm test")
+        .expect("the README shows `aisb run -- npm test`");
+    let start = readme[..at].rfind("```sh\n").unwrap() + 6;
+    let lines: Vec<String> = readme[start..][..readme[start..].find("```").unwrap()]
+        .lines()
+        .map(|l| l.split("  #").next().unwrap().trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect();
+    assert!(
+        lines.iter().any(|l| l == "aisb run -- npm test")
+            && lines.iter().any(|l| l == "aisb run -- cargo test"),
+        "{lines:?}"
+    );
+    let home = std::path::PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into()));
+    let cargo_bin = home.join(".cargo/bin");
+    assert!(
+        cargo_bin.join("cargo").exists() || std::env::var_os("CI").is_none(),
+        "CI builds with rustup: {} must exist",
+        cargo_bin.display()
+    );
+    if !cargo_bin.join("cargo").exists() {
+        eprintln!("SKIPPED: no rustup toolchain in {}", home.display());
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let proj = t.path().join("proj");
+    let bin = t.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::copy(env!("CARGO_BIN_EXE_aisb"), bin.join("aisb")).unwrap();
+    std::fs::copy(env!("CARGO_BIN_EXE_aisb-init"), bin.join("aisb-init")).unwrap();
+    let write = |rel: &str, text: &str| {
+        let p = proj.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    };
+    write(".gitignore", "node_modules/\ntarget/\n");
+    write(
+        "package.json",
+        r#"{"name":"app","version":"1.0.0","scripts":{"test":"node test.js"}}"#,
+    );
+    write(
+        "test.js",
+        "const pad = require('left-pad');\nconsole.log('npm-test=' + pad('7', 3));\n",
+    );
+    write(
+        "node_modules/left-pad/index.js",
+        "module.exports = (s, n) => s.padStart(n, '0');\n",
+    );
+    write(
+        "Cargo.toml",
+        "[package]\nname = \"tiny\"\nversion = \"0.1.0\"\nedition = \"2021\"\n",
+    );
+    write(
+        "src/lib.rs",
+        "#[test]\nfn readme_crate_test() { assert_eq!(6 * 7, 42); }\n",
+    );
+    let path = format!("{}:{}:/usr/local/bin:/usr/bin:/bin", bin.display(), cargo_bin.display());
+    let host_build = Command::new(cargo_bin.join("cargo"))
+        .args(["build", "--offline", "-q"])
+        .current_dir(&proj)
+        .env_remove("CARGO_TARGET_DIR")
+        .env("PATH", &path)
+        .status()
+        .unwrap();
+    assert!(host_build.success());
+    support::git_in(&proj, &["init", "-q", "-b", "main"]);
+    support::git_in(&proj, &["add", "-A"]);
+    let mut transcript = String::new();
+    for line in &lines {
+        let out = Command::new("sh")
+            .args(["-c", line])
+            .current_dir(&proj)
+            .env_clear()
+            .env("PATH", &path)
+            .env("HOME", &home)
+            .env("XDG_CACHE_HOME", t.path().join("cache"))
+            .env("XDG_CONFIG_HOME", t.path().join("config"))
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        transcript.push_str(&format!("$ {line}\n{text}"));
+        assert!(out.status.success(), "`{line}` failed:\n{transcript}");
+    }
+    assert!(transcript.contains("npm-test=007"), "{transcript}");
+    assert!(
+        transcript.contains("test readme_crate_test ... ok"),
+        "{transcript}"
+    );
+}

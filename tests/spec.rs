@@ -107,6 +107,7 @@ fn sample_plan() -> Plan {
             },
         ],
         live: None,
+        protected: vec![],
         scan: ScanSummary {
             git: true,
             cached: false,

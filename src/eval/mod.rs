@@ -13,6 +13,7 @@ mod mounts;
 mod network;
 pub mod plan;
 mod process;
+pub mod protect;
 pub mod rootfs;
 pub mod scan;
 mod tasks;
@@ -309,6 +310,20 @@ fn resolve(
         memos,
     } = masks::resolve(cx, &sc, home_mode)?;
     mounts.extend(deps::mounts(&sc, &scanned.roles));
+    let imports: Vec<PathBuf> = cx
+        .loaded
+        .sources
+        .iter()
+        .filter_map(|src| src.path.clone())
+        .filter(|p| !protect::PROTECTED.iter().any(|(rel, _)| sc.project.join(rel) == *p))
+        .collect();
+    let is_masked = |p: &std::path::Path| {
+        mask_list
+            .iter()
+            .any(|m| m.path == p || (m.dir && p.starts_with(&m.path)))
+    };
+    let (protect_mounts, protected) = protect::resolve(&sc, &imports, &mounts, &is_masked);
+    mounts.extend(protect_mounts);
     if home_mode == crate::config::model::HomeMode::Empty
         && s.toolchains.as_ref().is_none_or(|t| t.value)
     {
@@ -392,6 +407,7 @@ fn resolve(
         system,
         mounts,
         masks: mask_list,
+        protected,
         live,
         scan: ScanSummary {
             git: scanned.git,

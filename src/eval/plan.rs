@@ -47,6 +47,8 @@ pub struct Plan {
     pub mounts: Vec<Mount>,
     /// Paths hidden inside, each with the rule that hid it.
     pub masks: Vec<Mask>,
+    /// Protected files absent at start (see [`Protected`]).
+    pub protected: Vec<Protected>,
     /// What is masked when it appears in the project while the sandbox runs (see
     /// `runtime::live`); `None` when nothing is watched.
     #[serde(skip)]
@@ -211,6 +213,15 @@ pub enum MountKind {
 pub struct GeneratedFile {
     pub name: String,
     pub content: String,
+}
+
+/// A file the host runs or obeys that did not exist when the sandbox started (see
+/// `eval::protect`): one the sandbox creates is moved aside when the run ends.
+#[derive(Debug, Clone, Serialize)]
+pub struct Protected {
+    pub path: PathBuf,
+    pub dir: bool,
+    pub why: String,
 }
 
 #[derive(Debug, Clone, Serialize)]

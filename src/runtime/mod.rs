@@ -8,6 +8,7 @@ mod libcontainer;
 pub mod limits;
 pub mod live;
 pub mod net;
+pub mod protect;
 pub mod rootless;
 pub mod rootmount;
 pub mod step;
@@ -260,6 +261,8 @@ pub fn run(
     })?;
     let limits_by = limits::decide(plan)?;
     let audit = crate::audit::Log::open(&plan.state_dir.join("audit.jsonl")).ok();
+    let (protect_record, swept) = protect::begin(plan, audit.as_ref());
+    let plan = swept.as_ref().unwrap_or(plan);
     let proxy = net::start(plan, &exe)?;
     if let Some(log) = &audit {
         let _ = log.write(crate::audit::Kind::Start {
@@ -448,6 +451,7 @@ pub fn run(
         eprintln!("{line}");
     }
     disarm_git(plan, audit.as_ref(), &git_before);
+    protect_record.finish(audit.as_ref());
     if let Some(log) = &audit {
         let _ = log.write(crate::audit::Kind::Exit {
             exit_code,

@@ -1,0 +1,157 @@
+//! Files have roles, and some of them are policy: aisb's own configuration, and the files the
+//! host's tools run or obey — an editor's tasks and settings, direnv's `.envrc`, git's
+//! `.gitmodules`, the hook managers' configuration, toolchain files, the agents' settings and
+//! commands. Whatever the sandbox writes there would act on the host the next time the user
+//! opens the editor, enters the directory, commits, or starts an agent. So inside a project
+//! written in place they are read-only: each that exists is bound read-only over itself (an
+//! agent's local settings, which the agent writes when told "always allow", are a private copy
+//! instead). One that does not exist yet cannot be bound without creating it on the host; the
+//! runtime moves any the sandbox created aside when the run ends (or at the next start, after
+//! a crash), into the sandbox's state, and says so ([`crate::runtime::protect`]).
+
+use std::path::{Path, PathBuf};
+
+use super::host::Scope;
+use super::plan::{Mount, MountKind, Protected};
+use crate::config::model::Access;
+
+/// How a protected file's mount starts its `why`.
+pub const PROTECT: &str = "protected:";
+
+/// Whether `m` is one of the mounts [`resolve`] makes.
+pub fn is_protect_mount(m: &Mount) -> bool {
+    m.why.starts_with(PROTECT)
+}
+
+/// Project-relative paths and what obeys each. A trailing `/`: a directory.
+pub const PROTECTED: &[(&str, &str)] = &[
+    // aisb's own policy (the files a configuration imports are added by the evaluator).
+    ("sandbox.kdl", "aisb's policy"),
+    ("sandbox.lock", "aisb's image pins"),
+    // Editors.
+    (".vscode/", "VS Code runs its tasks and obeys its settings"),
+    (".idea/", "JetBrains IDEs run its run configurations"),
+    (".devcontainer/", "editors build and start the container it describes"),
+    (".zed/", "Zed runs its tasks and obeys its settings"),
+    // Shells and git.
+    (".envrc", "direnv runs it on cd"),
+    (".bashrc", "a shell sources it"),
+    (".bash_profile", "a shell sources it"),
+    (".zshrc", "a shell sources it"),
+    (".profile", "a shell sources it"),
+    (".gitmodules", "git clones what it names"),
+    (".lfsconfig", "git-lfs obeys it"),
+    (".gitattributes", "git runs the filters it names"),
+    // Hook managers.
+    (".husky/", "husky's git hooks run on commit"),
+    (".lefthook.yml", "lefthook's hooks run on commit"),
+    ("lefthook.yml", "lefthook's hooks run on commit"),
+    (".pre-commit-config.yaml", "pre-commit's hooks run on commit"),
+    // Toolchains the host obeys in this directory.
+    (".cargo/config.toml", "cargo runs what it configures"),
+    (".cargo/config", "cargo runs what it configures"),
+    ("rust-toolchain.toml", "rustup installs and runs what it names"),
+    ("rust-toolchain", "rustup installs and runs what it names"),
+    (".yarnrc.yml", "yarn runs the plugins it names"),
+    (".yarnrc", "yarn obeys it"),
+    (".pnpmfile.cjs", "pnpm runs it on install"),
+    (".npmrc", "npm obeys it"),
+    ("gradle/wrapper/gradle-wrapper.properties", "the Gradle wrapper downloads what it names"),
+    (".mvn/wrapper/maven-wrapper.properties", "the Maven wrapper downloads what it names"),
+    (".mvn/extensions.xml", "Maven loads the extensions it names"),
+    ("mise.toml", "mise installs and runs what it names"),
+    (".mise.toml", "mise installs and runs what it names"),
+    (".tool-versions", "asdf and mise install what it names"),
+    // Agents: settings, hooks, commands, MCP servers (all five presets).
+    (".mcp.json", "agents start the MCP servers it names"),
+    (".claude/settings.json", "Claude Code's permissions and hooks"),
+    (".claude/commands/", "Claude Code's commands"),
+    (".claude/agents/", "Claude Code's subagents"),
+    (".claude/hooks/", "Claude Code's hooks"),
+    (".codex/", "Codex's configuration"),
+    (".gemini/", "Gemini CLI's settings"),
+    ("opencode.json", "OpenCode's configuration"),
+    ("opencode.jsonc", "OpenCode's configuration"),
+    (".opencode/", "OpenCode's agents, commands and plugins"),
+    (".aider.conf.yml", "aider's configuration"),
+];
+
+/// Written by the agent itself (an "always allow" answer): a private copy inside, never the
+/// host's file.
+pub const PRIVATE: &[(&str, &str)] = &[(
+    ".claude/settings.local.json",
+    "Claude Code's local permissions",
+)];
+
+/// The read-only binds and private copies for the protected files that exist, and the list of
+/// those that do not (the runtime's to check after the run). Nothing when the project is not
+/// written in place. `imports`: files of the configuration other than the root one, by host
+/// path. A path another mount already covers (a dependency directory, an agent preset's own
+/// mount) or that a mask hides is left to that.
+pub(super) fn resolve(
+    sc: &Scope<'_>,
+    imports: &[PathBuf],
+    mounts: &[Mount],
+    masked: &dyn Fn(&Path) -> bool,
+) -> (Vec<Mount>, Vec<Protected>) {
+    if sc.read_only || sc.project_access != Access::Rw {
+        return (Vec::new(), Vec::new());
+    }
+    let project = &sc.project;
+    // Mounts below the project (those above it, such as a private /tmp, hold it whole).
+    let covered = |p: &Path| {
+        masked(p)
+            || mounts.iter().any(|m| {
+                m.target != *project
+                    && m.target.starts_with(project)
+                    && (p.starts_with(&m.target) || m.target.starts_with(p))
+            })
+    };
+    let mut out = Vec::new();
+    let mut absent = Vec::new();
+    let listed = PROTECTED
+        .iter()
+        .map(|(rel, why)| (project.join(rel.trim_end_matches('/')), rel.ends_with('/'), why.to_string(), false))
+        .chain(PRIVATE.iter().map(|(rel, why)| (project.join(rel), false, why.to_string(), true)))
+        .chain(
+            imports
+                .iter()
+                .filter(|p| p.starts_with(project))
+                .map(|p| (p.clone(), false, "aisb's policy (imported)".to_string(), false)),
+        );
+    for (path, dir, why, private) in listed {
+        if covered(&path) {
+            continue;
+        }
+        match std::fs::symlink_metadata(&path) {
+            // A link is never bound over (the bind would follow it); it is the user's, or, made
+            // by a sandbox, moved aside like any other protected file it creates.
+            Ok(md) if md.file_type().is_symlink() => continue,
+            Ok(md) if private && md.is_file() => out.push(Mount {
+                target: path.clone(),
+                kind: MountKind::Copy {
+                    source: path.clone(),
+                    copy: sc
+                        .state_dir
+                        .join("protected")
+                        .join(super::mounts::slug(&path)),
+                },
+                why: format!("{PROTECT} {why}, written to a private copy"),
+            }),
+            Ok(_) => out.push(Mount {
+                target: path.clone(),
+                kind: MountKind::Bind {
+                    source: path.clone(),
+                    writable: false,
+                },
+                why: format!("{PROTECT} {why}, read-only"),
+            }),
+            Err(_) => absent.push(Protected {
+                path,
+                dir,
+                why,
+            }),
+        }
+    }
+    (out, absent)
+}

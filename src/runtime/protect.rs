@@ -1,0 +1,188 @@
+//! After the workload: the protected files (`eval::protect`) that did not exist when the
+//! sandbox started and exist now were written by the sandbox (or, rarely, by the user while it
+//! ran): each is moved into the sandbox's quarantine and named on stderr and in the audit
+//! log, so nothing the host runs or obeys comes from inside, and nothing is lost. A run that
+//! never reaches its end (aisb killed) leaves its record behind; the next run of the sandbox
+//! sweeps for it first.
+
+use std::path::{Path, PathBuf};
+
+use crate::eval::plan::{Plan, Protected};
+
+/// Where each run records what it sweeps for (one file per run, named by its pid).
+const PENDING: &str = "protect-pending";
+
+/// This run's sweep: done by [`Pending::finish`] at the end of the run, or when dropped (an
+/// error on the way out); a killed run leaves its record for the next.
+pub struct Pending {
+    project: PathBuf,
+    quarantine: PathBuf,
+    protected: Vec<Protected>,
+    record: Option<PathBuf>,
+    done: bool,
+}
+
+impl Pending {
+    pub fn finish(mut self, audit: Option<&crate::audit::Log>) {
+        self.done = true;
+        self.sweep(audit);
+    }
+
+    /// Move aside what appeared of the protected paths, then drop the run's record.
+    fn sweep(&mut self, audit: Option<&crate::audit::Log>) {
+        let paths: Vec<PathBuf> = self.protected.iter().map(|p| p.path.clone()).collect();
+        quarantine(&self.project, &self.quarantine, &self.protected, &paths, audit);
+        if let Some(r) = self.record.take() {
+            let _ = std::fs::remove_file(r);
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.done {
+            self.sweep(None);
+        }
+    }
+}
+
+/// Sweep for runs of this sandbox that ended without doing so (aisb killed), then record
+/// `plan`'s protected paths for this run. When the first moved a file `plan` binds, the plan
+/// without that bind (the file is absent now, and swept for again at the end) is returned.
+pub fn begin(plan: &Plan, audit: Option<&crate::audit::Log>) -> (Pending, Option<Plan>) {
+    use std::os::unix::ffi::OsStrExt;
+    let quarantine_dir = plan.state_dir.join("quarantine");
+    let dir = plan.state_dir.join(PENDING);
+    let mut moved = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(&dir) {
+        for e in entries.flatten() {
+            let pid = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok());
+            let alive = pid.is_some_and(|p| {
+                p != std::process::id() as i32
+                    && nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None).is_ok()
+            });
+            if alive {
+                continue;
+            }
+            // Our own file, never followed: a record is a list of NUL-ended paths.
+            if let Ok(Some(bytes)) =
+                crate::beneath::read(&dir, Path::new(&e.file_name()), 1 << 20)
+            {
+                let paths: Vec<PathBuf> = bytes
+                    .split(|b| *b == 0)
+                    .filter(|p| !p.is_empty())
+                    .map(|p| PathBuf::from(std::ffi::OsStr::from_bytes(p)))
+                    .collect();
+                moved.extend(quarantine(
+                    &plan.project,
+                    &quarantine_dir,
+                    &plan.protected,
+                    &paths,
+                    audit,
+                ));
+            }
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+    let changed = moved
+        .iter()
+        .any(|p| plan.mounts.iter().any(|m| m.target == *p))
+        .then(|| {
+            let mut p = plan.clone();
+            for path in &moved {
+                if let Some(i) = p.mounts.iter().position(|m| {
+                    m.target == *path && crate::eval::protect::is_protect_mount(m)
+                }) {
+                    let m = p.mounts.remove(i);
+                    p.protected.push(Protected {
+                        path: path.clone(),
+                        dir: false,
+                        why: m.why,
+                    });
+                }
+            }
+            p
+        });
+    let plan = changed.as_ref().unwrap_or(plan);
+    let mut record = None;
+    if !plan.protected.is_empty() {
+        let mut bytes = Vec::new();
+        for p in &plan.protected {
+            bytes.extend_from_slice(p.path.as_os_str().as_bytes());
+            bytes.push(0);
+        }
+        let path = dir.join(std::process::id().to_string());
+        if std::fs::create_dir_all(&dir).is_ok()
+            && crate::atomic::write_atomic(&path, &bytes).is_ok()
+        {
+            record = Some(path);
+        }
+    }
+    let pending = Pending {
+        project: plan.project.clone(),
+        quarantine: quarantine_dir,
+        protected: plan.protected.clone(),
+        record,
+        done: false,
+    };
+    (pending, changed)
+}
+
+/// Move each of `paths` that exists into `into`; returns those moved.
+fn quarantine(
+    project: &Path,
+    into: &Path,
+    protected: &[Protected],
+    paths: &[PathBuf],
+    audit: Option<&crate::audit::Log>,
+) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for path in paths {
+        // Only below the project, by a path with no link on the way (a link the sandbox made
+        // for a parent directory would move something else).
+        if !path.starts_with(project) || has_link_between(project, path) {
+            continue;
+        }
+        let Some((from, to)) = crate::git::quarantine_file(path, into) else {
+            continue;
+        };
+        let why = protected
+            .iter()
+            .find(|p| p.path == from)
+            .map_or("the host runs or obeys it", |p| p.why.as_str());
+        eprintln!(
+            "aisb: the sandbox created {} ({why}); moved to {}\n  help: nothing inside may write what the host runs; look at it there, and move it back yourself if you want it",
+            from.display(),
+            to.display()
+        );
+        if let Some(log) = audit {
+            let _ = log.write(crate::audit::Kind::Quarantine {
+                path: from.to_string_lossy().into_owned(),
+                moved_to: to.to_string_lossy().into_owned(),
+                why: why.to_string(),
+            });
+        }
+        out.push(from);
+    }
+    out
+}
+
+/// Whether a directory strictly between `root` and `path` is a symbolic link (or missing).
+fn has_link_between(root: &Path, path: &Path) -> bool {
+    let Ok(rel) = path.strip_prefix(root) else {
+        return true;
+    };
+    let mut at = root.to_path_buf();
+    let mut parts = rel.components().peekable();
+    while let Some(c) = parts.next() {
+        if parts.peek().is_none() {
+            break;
+        }
+        at.push(c);
+        match std::fs::symlink_metadata(&at) {
+            Ok(md) if md.is_dir() => {}
+            _ => return true,
+        }
+    }
+    false
+}
