@@ -1,9 +1,10 @@
 //! A checked-in `sandbox.kdl` is untrusted input: whoever wrote it may widen what the sandbox
 //! can reach. Before a sandbox runs under a configuration that loosens the defaults (a network
 //! allowlist or host network, host paths, a visible home, secret-looking variables passed
-//! in), aisb shows what it loosens and asks once. The answer is pinned to the exact text of
-//! the configuration (every file read from disk) in `$XDG_CONFIG_HOME/aisb/trust/`; a changed
-//! file asks again. Without a terminal, or in CI (`CI` set), it refuses, unless `--trust` says
+//! in, unmasking, a moved project root), aisb shows what it loosens and asks once. The answer
+//! is pinned to what the plan loosens, per configuration file and profile, in
+//! `$XDG_CONFIG_HOME/aisb/trust/`: an edit that loosens nothing new never asks, and one that
+//! does lists only what is new. Without a terminal, or in CI (`CI` set), it refuses, unless `--trust` says
 //! yes.
 
 use std::io::{BufRead, IsTerminal, Write};
@@ -17,7 +18,7 @@ use crate::eval::plan::{MountKind, NetMode, Plan};
 pub enum TrustError {
     #[error("{file} loosens the sandbox and has not been trusted:\n{list}")]
     #[diagnostic(help(
-        "run once on a terminal to review and trust it, or pass `--trust` (CI) if you trust this file"
+        "review it (`aisb plan`), then run once on a terminal, or `aisb trust` to approve it; `--trust` runs it once without recording (CI)"
     ))]
     Untrusted { file: String, list: String },
     #[error("not trusted: nothing was run")]
@@ -99,6 +100,7 @@ pub fn loosenings(plan: &Plan) -> Vec<String> {
             m.why
         ));
     }
+    out.extend(plan.exposures.iter().cloned());
     if plan.limits.pids > crate::eval::plan::Limits::DEFAULT_PIDS {
         out.push(format!(
             "pids limit raised to {} (default {}): more room for a runaway process to crowd the host",
@@ -124,9 +126,16 @@ pub fn loosenings(plan: &Plan) -> Vec<String> {
     out
 }
 
+/// Per configuration file and profile: what one profile was approved for says nothing about
+/// another.
 fn trust_file(plan: &Plan, config_home: &std::path::Path) -> Option<PathBuf> {
     let file = plan.config_file.as_ref()?;
-    let key: String = Sha256::digest(file.as_os_str().as_encoded_bytes())
+    let mut h = Sha256::new();
+    h.update(file.as_os_str().as_encoded_bytes());
+    h.update([0]);
+    h.update(plan.profile.as_bytes());
+    let key: String = h
+        .finalize()
         .iter()
         .take(16)
         .map(|b| format!("{b:02x}"))
@@ -148,7 +157,14 @@ pub fn check(
     if list.is_empty() || assume_yes {
         return Ok(());
     }
-    if std::fs::read_to_string(&path).is_ok_and(|t| t.lines().next() == Some(digest.as_str())) {
+    // Pinned to what the plan exposes, not to the text: an edit that exposes nothing new
+    // (or narrows) runs; anything not approved before asks, and only it is listed.
+    let approved = approved(&path, digest, &list);
+    let list: Vec<String> = list
+        .into_iter()
+        .filter(|l| !approved.iter().any(|a| key(a) == key(l)))
+        .collect();
+    if list.is_empty() {
         return Ok(());
     }
     let file = plan
@@ -175,8 +191,33 @@ pub fn check(
     if !matches!(answer.trim(), "y" | "Y" | "yes") {
         return Err(TrustError::Declined { file });
     }
+    let all: Vec<String> = approved.into_iter().chain(list).collect();
+    record(&path, &file, &all)
+}
+
+/// `aisb trust`: record every loosening of `plan` as approved (the user's act, outside the
+/// sandbox). `None` for the embedded default (nothing to trust).
+pub fn approve(
+    plan: &Plan,
+    config_home: &std::path::Path,
+) -> Result<Option<Vec<String>>, TrustError> {
+    let Some(path) = trust_file(plan, config_home) else {
+        return Ok(None);
+    };
+    let file = plan
+        .config_file
+        .as_ref()
+        .map_or_else(String::new, |f| f.display().to_string());
+    let list = loosenings(plan);
+    if !list.is_empty() {
+        record(&path, &file, &list)?;
+    }
+    Ok(Some(list))
+}
+
+fn record(path: &std::path::Path, file: &str, approved: &[String]) -> Result<(), TrustError> {
     let io = |source| TrustError::Io {
-        path: path.clone(),
+        path: path.to_path_buf(),
         source,
     };
     if let Some(dir) = path.parent() {
@@ -185,6 +226,36 @@ pub fn check(
         }
         std::fs::create_dir_all(dir).map_err(io)?;
     }
-    std::fs::write(&path, format!("{digest}\n{file}\n")).map_err(io)?;
-    Ok(())
+    let mut text = format!("{FORMAT}\n{}\n", file.replace('\n', " "));
+    for l in approved {
+        text.push_str(&l.replace('\n', " "));
+        text.push('\n');
+    }
+    crate::atomic::write_atomic(path, text.as_bytes()).map_err(io)
+}
+
+/// What identifies a loosening: its line without where it was written (` (at FILE:LINE)`),
+/// so that moving a line in the file asks nothing.
+fn key(line: &str) -> &str {
+    match line.rfind(" (at ") {
+        Some(i) if line.ends_with(')') => &line[..i],
+        _ => line,
+    }
+}
+
+/// The first line of a trust record that lists the approved loosenings (after the file's
+/// name, one a line). A record of the older format (the text's digest) approves what the
+/// plan loosens today when the text is the one it pinned.
+const FORMAT: &str = "aisb-trust v2";
+
+fn approved(path: &std::path::Path, digest: &str, now: &[String]) -> Vec<String> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Vec::new();
+    };
+    let mut lines = text.lines();
+    match lines.next() {
+        Some(FORMAT) => lines.skip(1).map(str::to_string).collect(),
+        Some(d) if d == digest => now.to_vec(),
+        _ => Vec::new(),
+    }
 }

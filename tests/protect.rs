@@ -37,7 +37,15 @@ impl Project {
         support::git_in(&proj, &["add", "-A"]);
         support::git_in(
             &proj,
-            &["-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init"],
+            &[
+                "-c",
+                "user.email=t@t",
+                "-c",
+                "user.name=t",
+                "commit",
+                "-qm",
+                "init",
+            ],
         );
         let exe = match user {
             Some((uid, gid)) => support::hand_to_user(dir.path(), uid, gid),
@@ -87,7 +95,10 @@ fn files(dir: &Path) -> Vec<String> {
 
 fn case(user: Option<(u32, u32)>) {
     for backend in ["bwrap", "libcontainer"] {
-        let who = format!("[{backend}, {}]", if user.is_some() { "user" } else { "root" });
+        let who = format!(
+            "[{backend}, {}]",
+            if user.is_some() { "user" } else { "root" }
+        );
         let p = Project::new(user);
         let o = p.run(
             backend,
@@ -103,12 +114,19 @@ fn case(user: Option<(u32, u32)>) {
         assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
         o.expect_failed("policy", "sandbox.kdl is read-only inside");
         o.expect_failed("vscode-settings", "an existing editor setting is read-only");
-        o.expect_failed("vscode-tasks", "nothing new in an existing protected directory");
+        o.expect_failed(
+            "vscode-tasks",
+            "nothing new in an existing protected directory",
+        );
         o.expect("local-settings", "0");
         o.expect("ordinary", "0");
         // The host: its policy and settings as they were; what was created, moved aside.
         assert_eq!(p.read("sandbox.kdl").as_deref(), Some(CONFIG), "{who}");
-        assert_eq!(p.read(".vscode/settings.json").as_deref(), Some("{}\n"), "{who}");
+        assert_eq!(
+            p.read(".vscode/settings.json").as_deref(),
+            Some("{}\n"),
+            "{who}"
+        );
         assert!(!p.exists(".vscode/tasks.json"), "{who}");
         assert_eq!(
             p.read(".claude/settings.local.json").as_deref(),
@@ -116,9 +134,16 @@ fn case(user: Option<(u32, u32)>) {
             "{who} the agent's own answer stays in the sandbox's copy"
         );
         for rel in [".gitmodules", ".husky", ".envrc"] {
-            assert!(!p.exists(rel), "{who} {rel} is still in the project:\n{}", o.stderr);
             assert!(
-                o.stderr.contains(&format!("the sandbox created {}", p.proj().join(rel).display())),
+                !p.exists(rel),
+                "{who} {rel} is still in the project:\n{}",
+                o.stderr
+            );
+            assert!(
+                o.stderr.contains(&format!(
+                    "the sandbox created {}",
+                    p.proj().join(rel).display()
+                )),
                 "{who} {rel} not reported:\n{}",
                 o.stderr
             );
@@ -126,7 +151,9 @@ fn case(user: Option<(u32, u32)>) {
         assert_eq!(p.read("notes-free.txt").as_deref(), Some("ok\n"), "{who}");
         let moved = files(&p.dir.path().join("cache"));
         assert!(
-            moved.iter().any(|f| f.contains(".gitmodules.aisb-quarantined-")),
+            moved
+                .iter()
+                .any(|f| f.contains(".gitmodules.aisb-quarantined-")),
             "{who} nothing lost: {moved:?}"
         );
         // The second run: the agent's own answer is still its own; nothing planted is back.
@@ -148,13 +175,20 @@ fn case(user: Option<(u32, u32)>) {
         while !p.exists(".gitmodules") && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
-        assert!(p.exists(".gitmodules"), "{who} the sandbox never wrote .gitmodules");
+        assert!(
+            p.exists(".gitmodules"),
+            "{who} the sandbox never wrote .gitmodules"
+        );
         child.kill().unwrap();
         child.wait().unwrap();
         let o = p.run(backend, "true");
         assert_eq!(o.code, 0, "{who} {}", o.stderr);
         assert!(!p.exists(".gitmodules"), "{who} after a kill: {}", o.stderr);
-        assert!(o.stderr.contains("the sandbox created"), "{who} {}", o.stderr);
+        assert!(
+            o.stderr.contains("the sandbox created"),
+            "{who} {}",
+            o.stderr
+        );
     }
 }
 

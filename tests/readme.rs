@@ -207,7 +207,11 @@ fn the_readme_s_real_project_lines_run_as_written() {
         "src/lib.rs",
         "#[test]\nfn readme_crate_test() { assert_eq!(6 * 7, 42); }\n",
     );
-    let path = format!("{}:{}:/usr/local/bin:/usr/bin:/bin", bin.display(), cargo_bin.display());
+    let path = format!(
+        "{}:{}:/usr/local/bin:/usr/bin:/bin",
+        bin.display(),
+        cargo_bin.display()
+    );
     let host_build = Command::new(cargo_bin.join("cargo"))
         .args(["build", "--offline", "-q"])
         .current_dir(&proj)

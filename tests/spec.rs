@@ -108,6 +108,7 @@ fn sample_plan() -> Plan {
         ],
         live: None,
         protected: vec![],
+        exposures: vec![],
         scan: ScanSummary {
             git: true,
             cached: false,

@@ -25,6 +25,7 @@ mod spec;
 mod store;
 mod tasks;
 mod tasks_export;
+mod trust;
 mod up;
 
 use std::ffi::OsString;
@@ -97,6 +98,7 @@ pub enum Command {
     Up(up::Args),
     Check(check::Args),
     Plan(plan::Args),
+    Trust(trust::Args),
     Build(build::Args),
     Spec(spec::Args),
     Export(export::Args),
@@ -161,6 +163,7 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
         Command::Up(a) => up::run(&g, a),
         Command::Check(a) => check::run(&g, a),
         Command::Plan(a) => plan::run(&g, a),
+        Command::Trust(a) => trust::run(&g, a),
         Command::Build(a) => build::run(&g, a),
         Command::Spec(a) => spec::run(&g, a),
         Command::Export(a) => export::run(&g, a),

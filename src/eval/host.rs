@@ -196,10 +196,28 @@ pub(super) fn scope<'a>(
             });
         }
     };
+    // Never a root that holds the home or the system: written in place, everything under it
+    // would be the sandbox's to change.
+    const SYSTEM_TREES: &[&str] = &[
+        "/usr", "/etc", "/boot", "/proc", "/sys", "/dev", "/bin", "/sbin", "/lib", "/lib32",
+        "/lib64", "/libx32",
+    ];
+    const SYSTEM_DIRS: &[&str] = &[
+        "/var", "/opt", "/srv", "/home", "/tmp", "/run", "/mnt", "/media", "/root", "/snap",
+    ];
     if project == Path::new("/") || project == host.home {
         return Err(EvalError::BadProject {
             path: project,
             why: "it would share everything under it".into(),
+        });
+    }
+    if host.home.starts_with(&project)
+        || SYSTEM_TREES.iter().any(|d| project.starts_with(d))
+        || SYSTEM_DIRS.iter().any(|d| project == Path::new(d))
+    {
+        return Err(EvalError::BadProject {
+            path: project,
+            why: "it holds your home or the system's files, which the sandbox would share".into(),
         });
     }
     builtins.insert("PROJECT", project.to_string_lossy().into_owned());

@@ -315,7 +315,11 @@ fn resolve(
         .sources
         .iter()
         .filter_map(|src| src.path.clone())
-        .filter(|p| !protect::PROTECTED.iter().any(|(rel, _)| sc.project.join(rel) == *p))
+        .filter(|p| {
+            !protect::PROTECTED
+                .iter()
+                .any(|(rel, _)| sc.project.join(rel) == *p)
+        })
         .collect();
     let is_masked = |p: &std::path::Path| {
         mask_list
@@ -370,6 +374,7 @@ fn resolve(
             why: format!("{BREAK_ISOLATION_ENV}=ssh"),
         });
     }
+    let exposures = exposures(cx, s, &sc.project);
     let mut profile_list: Vec<String> = profiles.keys().map(|s| s.to_string()).collect();
     profile_list.sort();
     let config_digest = cx
@@ -408,6 +413,7 @@ fn resolve(
         mounts,
         masks: mask_list,
         protected,
+        exposures,
         live,
         scan: ScanSummary {
             git: scanned.git,
@@ -461,6 +467,84 @@ fn tool_policy(cx: &mut Ctx<'_>, t: &crate::config::model::ToolsCfg) -> crate::t
         deny: rules(&t.deny),
         agents: vec![],
     }
+}
+
+/// What the configuration files on disk (never the embedded defaults or the presets) expose
+/// beyond the defaults that mounts, network and env do not show: unmasking and a moved project
+/// root. See [`plan::Plan::exposures`].
+fn exposures(cx: &Ctx<'_>, s: &Settings, project: &std::path::Path) -> Vec<String> {
+    let on_disk = |loc: Loc| cx.loaded.sources[loc.file].path.is_some();
+    let at = |loc: Loc| {
+        let (file, line) = loc_line(cx, loc);
+        format!("{file}:{line}")
+    };
+    let mut out = Vec::new();
+    for a in s.allow.iter().filter(|a| on_disk(a.loc)) {
+        out.push(format!(
+            "allow \"{}\": what it matches is not masked (at {})",
+            a.value,
+            at(a.loc)
+        ));
+    }
+    let layers = [
+        (
+            &s.secrets.defaults,
+            "defaults",
+            "the built-in sensitive patterns (.env, keys, …)",
+        ),
+        (
+            &s.secrets.gitignored,
+            "gitignored",
+            "everything git ignores",
+        ),
+        (
+            &s.secrets.git_crypt,
+            "git-crypt",
+            "files encrypted with git-crypt",
+        ),
+    ];
+    for (flag, name, what) in layers {
+        if let Some(f) = flag.as_ref().filter(|f| !f.value && on_disk(f.loc)) {
+            out.push(format!(
+                "secrets {{ {name} #false }}: {what} no longer masked (at {})",
+                at(f.loc)
+            ));
+        }
+    }
+    for t in s.secrets.tool_dirs.iter().filter(|t| on_disk(t.loc)) {
+        out.push(format!(
+            "tool-dirs \"{}\": visible although git ignores it (at {})",
+            t.value,
+            at(t.loc)
+        ));
+    }
+    for d in s.secrets.dependency_dirs.iter().filter(|d| on_disk(d.loc)) {
+        out.push(format!(
+            "dependency-dirs \"{}\": visible although git ignores it, only credential files masked inside (at {})",
+            d.value,
+            at(d.loc)
+        ));
+    }
+    if let Some(r) = s.project.root.as_ref().filter(|r| on_disk(r.loc)) {
+        let base = cx.loaded.base_dir();
+        let base = base.canonicalize().unwrap_or(base);
+        let top = crate::git::discover(&base)
+            .args(["rev-parse", "--show-toplevel"])
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| std::path::PathBuf::from(String::from_utf8_lossy(&o.stdout).trim_end()));
+        if project != base && top.as_deref() != Some(project) {
+            out.push(format!(
+                "project root {}: beyond the configuration's own directory (at {})",
+                project.display(),
+                at(r.loc)
+            ));
+        }
+    }
+    out
 }
 
 fn loc_line(cx: &Ctx<'_>, loc: Loc) -> (String, usize) {

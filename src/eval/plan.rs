@@ -49,6 +49,11 @@ pub struct Plan {
     pub masks: Vec<Mask>,
     /// Protected files absent at start (see [`Protected`]).
     pub protected: Vec<Protected>,
+    /// What the configuration files on disk expose beyond the defaults that the rest of the
+    /// plan does not show (`allow`, a secrets layer turned off, `tool-dirs`,
+    /// `dependency-dirs`, the project root moved), one line each with where it was written:
+    /// trust asks about them like any other loosening.
+    pub exposures: Vec<String>,
     /// What is masked when it appears in the project while the sandbox runs (see
     /// `runtime::live`); `None` when nothing is watched.
     #[serde(skip)]

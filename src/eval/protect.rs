@@ -31,7 +31,10 @@ pub const PROTECTED: &[(&str, &str)] = &[
     // Editors.
     (".vscode/", "VS Code runs its tasks and obeys its settings"),
     (".idea/", "JetBrains IDEs run its run configurations"),
-    (".devcontainer/", "editors build and start the container it describes"),
+    (
+        ".devcontainer/",
+        "editors build and start the container it describes",
+    ),
     (".zed/", "Zed runs its tasks and obeys its settings"),
     // Shells and git.
     (".envrc", "direnv runs it on cd"),
@@ -46,25 +49,40 @@ pub const PROTECTED: &[(&str, &str)] = &[
     (".husky/", "husky's git hooks run on commit"),
     (".lefthook.yml", "lefthook's hooks run on commit"),
     ("lefthook.yml", "lefthook's hooks run on commit"),
-    (".pre-commit-config.yaml", "pre-commit's hooks run on commit"),
+    (
+        ".pre-commit-config.yaml",
+        "pre-commit's hooks run on commit",
+    ),
     // Toolchains the host obeys in this directory.
     (".cargo/config.toml", "cargo runs what it configures"),
     (".cargo/config", "cargo runs what it configures"),
-    ("rust-toolchain.toml", "rustup installs and runs what it names"),
+    (
+        "rust-toolchain.toml",
+        "rustup installs and runs what it names",
+    ),
     ("rust-toolchain", "rustup installs and runs what it names"),
     (".yarnrc.yml", "yarn runs the plugins it names"),
     (".yarnrc", "yarn obeys it"),
     (".pnpmfile.cjs", "pnpm runs it on install"),
     (".npmrc", "npm obeys it"),
-    ("gradle/wrapper/gradle-wrapper.properties", "the Gradle wrapper downloads what it names"),
-    (".mvn/wrapper/maven-wrapper.properties", "the Maven wrapper downloads what it names"),
+    (
+        "gradle/wrapper/gradle-wrapper.properties",
+        "the Gradle wrapper downloads what it names",
+    ),
+    (
+        ".mvn/wrapper/maven-wrapper.properties",
+        "the Maven wrapper downloads what it names",
+    ),
     (".mvn/extensions.xml", "Maven loads the extensions it names"),
     ("mise.toml", "mise installs and runs what it names"),
     (".mise.toml", "mise installs and runs what it names"),
     (".tool-versions", "asdf and mise install what it names"),
     // Agents: settings, hooks, commands, MCP servers (all five presets).
     (".mcp.json", "agents start the MCP servers it names"),
-    (".claude/settings.json", "Claude Code's permissions and hooks"),
+    (
+        ".claude/settings.json",
+        "Claude Code's permissions and hooks",
+    ),
     (".claude/commands/", "Claude Code's commands"),
     (".claude/agents/", "Claude Code's subagents"),
     (".claude/hooks/", "Claude Code's hooks"),
@@ -111,14 +129,27 @@ pub(super) fn resolve(
     let mut absent = Vec::new();
     let listed = PROTECTED
         .iter()
-        .map(|(rel, why)| (project.join(rel.trim_end_matches('/')), rel.ends_with('/'), why.to_string(), false))
-        .chain(PRIVATE.iter().map(|(rel, why)| (project.join(rel), false, why.to_string(), true)))
+        .map(|(rel, why)| {
+            (
+                project.join(rel.trim_end_matches('/')),
+                rel.ends_with('/'),
+                why.to_string(),
+                false,
+            )
+        })
         .chain(
-            imports
+            PRIVATE
                 .iter()
-                .filter(|p| p.starts_with(project))
-                .map(|p| (p.clone(), false, "aisb's policy (imported)".to_string(), false)),
-        );
+                .map(|(rel, why)| (project.join(rel), false, why.to_string(), true)),
+        )
+        .chain(imports.iter().filter(|p| p.starts_with(project)).map(|p| {
+            (
+                p.clone(),
+                false,
+                "aisb's policy (imported)".to_string(),
+                false,
+            )
+        }));
     for (path, dir, why, private) in listed {
         if covered(&path) {
             continue;
@@ -146,11 +177,7 @@ pub(super) fn resolve(
                 },
                 why: format!("{PROTECT} {why}, read-only"),
             }),
-            Err(_) => absent.push(Protected {
-                path,
-                dir,
-                why,
-            }),
+            Err(_) => absent.push(Protected { path, dir, why }),
         }
     }
     (out, absent)

@@ -31,7 +31,13 @@ impl Pending {
     /// Move aside what appeared of the protected paths, then drop the run's record.
     fn sweep(&mut self, audit: Option<&crate::audit::Log>) {
         let paths: Vec<PathBuf> = self.protected.iter().map(|p| p.path.clone()).collect();
-        quarantine(&self.project, &self.quarantine, &self.protected, &paths, audit);
+        quarantine(
+            &self.project,
+            &self.quarantine,
+            &self.protected,
+            &paths,
+            audit,
+        );
         if let Some(r) = self.record.take() {
             let _ = std::fs::remove_file(r);
         }
@@ -65,8 +71,7 @@ pub fn begin(plan: &Plan, audit: Option<&crate::audit::Log>) -> (Pending, Option
                 continue;
             }
             // Our own file, never followed: a record is a list of NUL-ended paths.
-            if let Ok(Some(bytes)) =
-                crate::beneath::read(&dir, Path::new(&e.file_name()), 1 << 20)
+            if let Ok(Some(bytes)) = crate::beneath::read(&dir, Path::new(&e.file_name()), 1 << 20)
             {
                 let paths: Vec<PathBuf> = bytes
                     .split(|b| *b == 0)
@@ -84,25 +89,26 @@ pub fn begin(plan: &Plan, audit: Option<&crate::audit::Log>) -> (Pending, Option
             let _ = std::fs::remove_file(e.path());
         }
     }
-    let changed = moved
-        .iter()
-        .any(|p| plan.mounts.iter().any(|m| m.target == *p))
-        .then(|| {
-            let mut p = plan.clone();
-            for path in &moved {
-                if let Some(i) = p.mounts.iter().position(|m| {
-                    m.target == *path && crate::eval::protect::is_protect_mount(m)
-                }) {
-                    let m = p.mounts.remove(i);
-                    p.protected.push(Protected {
-                        path: path.clone(),
-                        dir: false,
-                        why: m.why,
-                    });
+    let changed =
+        moved
+            .iter()
+            .any(|p| plan.mounts.iter().any(|m| m.target == *p))
+            .then(|| {
+                let mut p = plan.clone();
+                for path in &moved {
+                    if let Some(i) = p.mounts.iter().position(|m| {
+                        m.target == *path && crate::eval::protect::is_protect_mount(m)
+                    }) {
+                        let m = p.mounts.remove(i);
+                        p.protected.push(Protected {
+                            path: path.clone(),
+                            dir: false,
+                            why: m.why,
+                        });
+                    }
                 }
-            }
-            p
-        });
+                p
+            });
     let plan = changed.as_ref().unwrap_or(plan);
     let mut record = None;
     if !plan.protected.is_empty() {

@@ -296,7 +296,8 @@ pub fn prepare(plan: &mut Plan, name: &str) -> Result<Session, SessionError> {
     // The host's ignored dependency and cache directories are not the clone's.
     plan.mounts.retain(|m| !crate::eval::deps::is_role_mount(m));
     // Nor are the host's protected files: the clone's own never act on the host.
-    plan.mounts.retain(|m| !crate::eval::protect::is_protect_mount(m));
+    plan.mounts
+        .retain(|m| !crate::eval::protect::is_protect_mount(m));
     plan.protected.clear();
     for m in &mut plan.mounts {
         if m.target != repo {
