@@ -150,6 +150,14 @@ pub fn check(
     config_home: &std::path::Path,
     assume_yes: bool,
 ) -> Result<(), TrustError> {
+    if let Some(first) = plan.kept_masked.first() {
+        eprintln!(
+            "aisb: {} path(s) stay masked though the rules no longer mask them ({}{}): an earlier run masked them, and a sandbox can write .gitignore\n  help: `aisb plan` lists them; `aisb trust` unmasks them",
+            plan.kept_masked.len(),
+            first.display(),
+            if plan.kept_masked.len() > 1 { ", …" } else { "" }
+        );
+    }
     let (Some(digest), Some(path)) = (&plan.config_digest, trust_file(plan, config_home)) else {
         return Ok(()); // the embedded default: nothing to trust
     };

@@ -207,3 +207,131 @@ fn protected_files_as_a_user() {
     }
     case(Some(support::test_user()));
 }
+
+/// Masks never weaken because of what the sandbox wrote: the first run writes a negation into
+/// a nested `.gitignore`, stages the secret as tracked (without reading it) and sets its
+/// directory's mtime back; the second run still cannot read it. `aisb plan` says why it stays
+/// masked, and `aisb trust`, outside, approves unmasking it.
+fn sticky(user: Option<(u32, u32)>) {
+    for backend in ["bwrap", "libcontainer"] {
+        let who = format!(
+            "[{backend}, {}]",
+            if user.is_some() { "user" } else { "root" }
+        );
+        let p = Project::new(user);
+        let secret = p.proj().join("config/database.yml");
+        std::fs::create_dir_all(secret.parent().unwrap()).unwrap();
+        std::fs::write(&secret, "DB_PASSWORD=hunter2\n").unwrap();
+        std::fs::write(p.proj().join(".gitignore"), "config/database.yml\n").unwrap();
+        // Tracked configuration beside it: the directory is not masked whole.
+        std::fs::write(p.proj().join("config/app.yml"), "name: app\n").unwrap();
+        for args in [
+            &["add", ".gitignore", "config/app.yml"][..],
+            &[
+                "-c",
+                "user.email=t@t",
+                "-c",
+                "user.name=t",
+                "commit",
+                "-qm",
+                "config",
+            ],
+        ] {
+            let ok = Command::new("git")
+                .args(["-c", "safe.directory=*"])
+                .args(args)
+                .current_dir(p.proj())
+                .status()
+                .unwrap();
+            assert!(ok.success(), "git {args:?}");
+        }
+        if let Some((uid, gid)) = user {
+            support::chown_r(&p.proj(), uid, gid);
+        }
+        let o = p.run(
+            backend,
+            "cat config/database.yml >/dev/null 2>&1; echo first-read=$?; \
+             printf '!database.yml\\n' > config/.gitignore; echo negation=$?; \
+             blob=$(echo decoy | git hash-object -w --stdin) && \
+             git update-index --add --cacheinfo 100644,$blob,config/database.yml; echo staged=$?; \
+             touch -d 2001-01-01 config; echo mtime-back=$?",
+        );
+        assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
+        o.expect_failed("first-read", "masked in the first run");
+        o.expect("negation", "0");
+        o.expect("staged", "0");
+        let o = p.run(backend, "cat config/database.yml; echo second-read=$?");
+        assert!(
+            !o.stdout.contains("hunter2"),
+            "{who} the planted rules unmasked it: {}",
+            o.stdout
+        );
+        o.expect_failed("second-read", "kept masked in the second run");
+        assert!(o.stderr.contains("stay masked"), "{who} {}", o.stderr);
+        // `aisb plan` and `aisb trust` with the same environment.
+        let plan = {
+            let mut c = Command::new(&p.exe);
+            c.current_dir(p.proj())
+                .env_clear()
+                .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+                .env("HOME", p.dir.path().join("home"))
+                .env("XDG_CACHE_HOME", p.dir.path().join("cache"))
+                .env("XDG_CONFIG_HOME", p.dir.path().join("config"));
+            if let Some((uid, gid)) = user {
+                std::os::unix::process::CommandExt::uid(&mut c, uid);
+                std::os::unix::process::CommandExt::gid(&mut c, gid);
+            }
+            c
+        };
+        let shown = |args: &[&str]| {
+            let mut c = Command::new(plan.get_program());
+            c.current_dir(p.proj())
+                .env_clear()
+                .envs(plan.get_envs().filter_map(|(k, v)| v.map(|v| (k, v))))
+                .args(args);
+            if let Some((uid, gid)) = user {
+                std::os::unix::process::CommandExt::uid(&mut c, uid);
+                std::os::unix::process::CommandExt::gid(&mut c, gid);
+            }
+            Out::from(c.output().unwrap())
+        };
+        let o = shown(&["plan"]);
+        assert!(
+            o.stdout.contains("config/database.yml")
+                && o.stdout.contains("kept: masked in an earlier run"),
+            "{who} {}",
+            o.stdout
+        );
+        // The user's own act, outside: unmasking approved.
+        let o = shown(&["trust"]);
+        assert_eq!(o.code, 0, "{who} {}", o.stderr);
+        assert!(
+            o.stderr.contains("config/database.yml"),
+            "{who} {}",
+            o.stderr
+        );
+        let o = p.run(backend, "cat config/database.yml");
+        assert!(
+            o.stdout.contains("hunter2"),
+            "{who} approved: {}\n{}",
+            o.stdout,
+            o.stderr
+        );
+    }
+}
+
+#[test]
+fn masks_never_weaken_because_of_what_the_sandbox_wrote_as_root() {
+    if !support::root_or_skip("the protected-file suite") {
+        return;
+    }
+    sticky(None);
+}
+
+#[test]
+fn masks_never_weaken_because_of_what_the_sandbox_wrote_as_a_user() {
+    if !support::root_or_skip("the protected-file suite") {
+        return;
+    }
+    sticky(Some(support::test_user()));
+}

@@ -109,6 +109,7 @@ fn sample_plan() -> Plan {
         live: None,
         protected: vec![],
         exposures: vec![],
+        kept_masked: vec![],
         scan: ScanSummary {
             git: true,
             cached: false,

@@ -19,6 +19,21 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     let g = &g.with_file(a.config.clone())?;
     let host = super::host()?;
     let plan = g.plan(&host, a.profile, vec![])?;
+    // Unmasking what an earlier run masked is approved here too (see `eval::masks::keep`).
+    if !plan.kept_masked.is_empty() {
+        let record = plan.state_dir.join(crate::eval::masks::KEPT_FILE);
+        if let Err(e) = std::fs::remove_file(&record) {
+            return Err(crate::trust::TrustError::Io {
+                path: record,
+                source: e,
+            }
+            .into());
+        }
+        eprintln!("unmasked from the next run (the rules no longer mask them):");
+        for p in &plan.kept_masked {
+            eprintln!("  - {}", p.display());
+        }
+    }
     match crate::trust::approve(&plan, &host.config_home())? {
         None => eprintln!("nothing to trust: the embedded default applies (no sandbox.kdl)"),
         Some(list) if list.is_empty() => {

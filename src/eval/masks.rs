@@ -372,3 +372,81 @@ mod tests {
         assert_eq!(s.covers("home/ssh/id", false), None);
     }
 }
+
+/// Where a sandbox's state records what its last evaluation masked in the project.
+pub const KEPT_FILE: &str = "masked-before";
+
+/// Masks never weaken because of what a sandbox wrote: a `!secret` line in a nested
+/// `.gitignore`, a secret staged as tracked, a `.gitattributes` edit all change what the rules
+/// mask, and all can be written inside. So what an earlier evaluation of this sandbox masked
+/// in the project stays masked while it exists, whatever the rules say now, until the user
+/// approves unmasking it (`aisb trust` drops the record). Adds those masks to `masks` and
+/// returns their paths; the new record (everything masked now) goes to `memos`.
+pub(super) fn keep(
+    sc: &super::host::Scope<'_>,
+    masks: &mut Vec<Mask>,
+    memos: &mut Vec<super::plan::Memo>,
+) -> Vec<std::path::PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let record = sc.state_dir.join(KEPT_FILE);
+    let project = &sc.project;
+    let now: std::collections::HashSet<&[u8]> = masks
+        .iter()
+        .filter_map(|m| m.path.strip_prefix(project).ok())
+        .map(|r| r.as_os_str().as_bytes())
+        .collect();
+    let mut kept = Vec::new();
+    let before = crate::beneath::read(&sc.state_dir, Path::new(KEPT_FILE), 64 << 20)
+        .ok()
+        .flatten();
+    if let Some(bytes) = &before {
+        for rel in bytes.split(|b| *b == 0).filter(|r| !r.is_empty()) {
+            if now.contains(rel) {
+                continue;
+            }
+            let rel = Path::new(std::ffi::OsStr::from_bytes(rel));
+            if rel.is_absolute()
+                || rel
+                    .components()
+                    .any(|c| c == std::path::Component::ParentDir)
+            {
+                continue;
+            }
+            let path = project.join(rel);
+            // Gone: nothing to hide. A link is never masked (what it names has its own rule).
+            let Ok(md) = std::fs::symlink_metadata(&path) else {
+                continue;
+            };
+            if md.file_type().is_symlink() {
+                continue;
+            }
+            kept.push(Mask {
+                path: path.clone(),
+                dir: md.is_dir(),
+                rule: "kept: masked in an earlier run; `aisb trust` approves unmasking it".into(),
+            });
+        }
+    }
+    let paths: Vec<std::path::PathBuf> = kept.iter().map(|m| m.path.clone()).collect();
+    if !kept.is_empty() {
+        masks.extend(kept);
+        masks.sort_by(|a, b| a.path.cmp(&b.path));
+        masks.dedup_by(|a, b| a.path == b.path);
+    }
+    let mut bytes = Vec::new();
+    for m in masks.iter() {
+        if let Ok(rel) = m.path.strip_prefix(project) {
+            if !rel.as_os_str().is_empty() {
+                bytes.extend_from_slice(rel.as_os_str().as_bytes());
+                bytes.push(0);
+            }
+        }
+    }
+    if before.as_ref() != Some(&bytes) {
+        memos.push(super::plan::Memo {
+            path: record,
+            bytes,
+        });
+    }
+    paths
+}

@@ -307,7 +307,7 @@ fn resolve(
         masks: mut mask_list,
         live,
         scanned,
-        memos,
+        mut memos,
     } = masks::resolve(cx, &sc, home_mode)?;
     mounts.extend(deps::mounts(&sc, &scanned.roles));
     let imports: Vec<PathBuf> = cx
@@ -340,6 +340,7 @@ fn resolve(
     }
     // Parents before children again (stable: equal depths keep their order).
     mounts.sort_by_key(|m| m.target.components().count());
+    let kept_masked = masks::keep(&sc, &mut mask_list, &mut memos);
     let rootfs = rootfs::resolve(cx, &sc);
     let build_network = network::build(cx, s, groups);
     let tools = tool_policy(cx, &s.tools);
@@ -412,6 +413,7 @@ fn resolve(
         system,
         mounts,
         masks: mask_list,
+        kept_masked,
         protected,
         exposures,
         live,

@@ -47,6 +47,9 @@ pub struct Plan {
     pub mounts: Vec<Mount>,
     /// Paths hidden inside, each with the rule that hid it.
     pub masks: Vec<Mask>,
+    /// Masks kept because an earlier run of this sandbox masked them, though the rules no
+    /// longer would (`eval::masks::keep`): unmasking is the user's to approve (`aisb trust`).
+    pub kept_masked: Vec<PathBuf>,
     /// Protected files absent at start (see [`Protected`]).
     pub protected: Vec<Protected>,
     /// What the configuration files on disk expose beyond the defaults that the rest of the

@@ -21,7 +21,7 @@ use sha2::{Digest, Sha256};
 
 use super::masks::PatternSet;
 
-const CACHE_VERSION: u32 = 3;
+const CACHE_VERSION: u32 = 4;
 const RACY_NS: i128 = 100_000_000;
 /// A project bigger than this without git is almost certainly a mistake (`/` or `$HOME`).
 const MAX_WALK_ENTRIES: usize = 1_000_000;
@@ -116,6 +116,9 @@ struct CacheFile {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 struct Stamp {
     mtime_ns: i128,
+    /// The sandbox can set a directory's mtime back (`touch -d`) after the host wrote a secret
+    /// into it; never its ctime, which any change moves to now.
+    ctime_ns: i128,
     size: u64,
     ino: u64,
 }
@@ -124,6 +127,7 @@ fn stamp(path: &Path) -> Option<Stamp> {
     let m = fs::symlink_metadata(path).ok()?;
     Some(Stamp {
         mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
+        ctime_ns: m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128,
         size: m.size(),
         ino: m.ino(),
     })
@@ -199,7 +203,7 @@ fn load_cache(path: &Path, root: &Path, key: &str) -> Option<ScanResult> {
             return None;
         }
         if let Some(s) = recorded {
-            if s.mtime_ns >= cache.scan_start_ns - RACY_NS {
+            if s.mtime_ns.max(s.ctime_ns) >= cache.scan_start_ns - RACY_NS {
                 return None;
             }
         }
