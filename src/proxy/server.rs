@@ -476,7 +476,12 @@ impl Proxy {
                             .await?;
                         (o.up, o.down) = self.tunnel(client, up, &buf[head_len..]).await;
                     }
-                    (Err(b), _) => blocked(client, "CONNECT", &o.host, o.port, b).await?,
+                    (Err(b), _) => {
+                        // Logged before the client hears it: a run may end as soon as it does.
+                        self.record(&o);
+                        blocked(client, "CONNECT", &o.host, o.port, b).await?;
+                        return Ok(None);
+                    }
                     (Ok(_), None) => {}
                 }
                 return Ok(Some(o));
@@ -519,16 +524,18 @@ impl Proxy {
                     "not a plain HTTP request, sent to the address of {}",
                     h.name
                 );
+                self.record(&refused(why.clone()));
                 respond(client, 400, "Bad Request", &why, Some(&why)).await?;
-                return Ok(Some(refused(why)));
+                return Ok(None);
             }
         };
         if let Err(why) = names_handed(&forward.authority, &h) {
             let o = refused(why);
+            self.record(&o);
             if let Err(b) = &o.result {
                 blocked(client, &forward.method, &h.name, h.port, b).await?;
             }
-            return Ok(Some(o));
+            return Ok(None);
         }
         let (o, upstream) = self.open(h.proto, h.name.clone(), h.port, start).await;
         self.forward(client, buf, head_len, forward, o, upstream)
@@ -549,8 +556,9 @@ impl Proxy {
         let (checked, mut up) = match (&o.result, upstream) {
             (Ok(a), Some(up)) => (a.clone(), up),
             (Err(b), _) => {
+                self.record(&o);
                 blocked(client, &forward.method, &o.host, o.port, b).await?;
-                return Ok(Some(o));
+                return Ok(None);
             }
             (Ok(_), None) => return Ok(Some(o)),
         };
@@ -621,15 +629,17 @@ impl Proxy {
             .unwrap_or("")
             .to_string();
         let result = self.policy.check_name(&name);
-        match &result {
+        let o = Outcome::new("dns", name, 53, result, start);
+        self.record(&o);
+        match &o.result {
             Ok(_) => {
                 client
                     .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
                     .await?
             }
-            Err(b) => blocked(client, "DNS", &name, 53, b).await?,
+            Err(b) => blocked(client, "DNS", &o.host, 53, b).await?,
         }
-        Ok(Some(Outcome::new("dns", name, 53, result, start)))
+        Ok(None)
     }
 
     async fn socks5<S: Conn>(
@@ -675,9 +685,17 @@ impl Proxy {
                 client.write_all(&reply(0)).await?;
                 (o.up, o.down) = self.tunnel(client, up, &buf[len..]).await;
             }
-            // 2: connection not allowed by ruleset; 4: host unreachable.
-            (Err(_), _) if o.addr.is_none() => client.write_all(&reply(2)).await?,
-            _ => client.write_all(&reply(4)).await?,
+            // 2: connection not allowed by ruleset; 4: host unreachable. Logged first.
+            (Err(_), _) if o.addr.is_none() => {
+                self.record(&o);
+                client.write_all(&reply(2)).await?;
+                return Ok(None);
+            }
+            _ => {
+                self.record(&o);
+                client.write_all(&reply(4)).await?;
+                return Ok(None);
+            }
         }
         Ok(Some(o))
     }
