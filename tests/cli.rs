@@ -742,3 +742,57 @@ fn a_project_root_never_holds_the_home() {
     assert_ne!(o.code, 0, "{}", o.stdout);
     assert!(o.stderr.contains("holds your home"), "{}", o.stderr);
 }
+
+/// Issue 29: a checked-in sandbox.kdl cannot write structure into what aisb generates from
+/// it. A newline in a mount target (which `aisb export k8s` quoted into YAML as a second,
+/// attacker-written object) or an escape in a task's description is refused at decode, with
+/// the span; a command's argument and an environment value may still span lines. `export`
+/// asks for trust like `run`.
+#[test]
+fn control_characters_in_names_and_paths_are_refused_and_export_checks_trust() {
+    let t = Test::new().file(
+        "sandbox.kdl",
+        "mount \"/opt/data\" \"/data\\n---\\napiVersion: v1\\nkind: Pod\"\n",
+    );
+    let o = t.with(&["check"]);
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    assert!(o.stderr.contains("control character"), "{}", o.stderr);
+    assert!(o.stderr.contains("sandbox.kdl:1"), "{}", o.stderr);
+    let o = t.with(&[
+        "export",
+        "k8s",
+        "--image",
+        &format!("r@sha256:{}", "a".repeat(64)),
+    ]);
+    assert_ne!(o.code, 0);
+    assert!(!o.stdout.contains("kind: Pod"), "{}", o.stdout);
+    let t = Test::new().file(
+        "sandbox.kdl",
+        "task \"build\" description=\"ok\\u{1b}]52;c;Y2xpcA==\\u{7}\" {\n    run \"make\"\n}\n",
+    );
+    let o = t.with(&["check"]);
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    assert!(o.stderr.contains("control character"), "{}", o.stderr);
+    let t = Test::new().file(
+        "sandbox.kdl",
+        "env {\n    set \"CERT\" \"line one\\nline two\"\n}\ntask \"t\" {\n    run \"sh\" \"-c\" \"echo a\\necho b\"\n}\n",
+    );
+    let o = t.with(&["check"]);
+    assert_eq!(
+        o.code, 0,
+        "values and commands may span lines: {}",
+        o.stderr
+    );
+    // A loosening configuration is exported only once trusted.
+    let t = Test::new().file(
+        "sandbox.kdl",
+        "network {\n    allow \"api.example.com\"\n}\n",
+    );
+    let bundle = t.dir.path().join("bundle");
+    let bundle = bundle.to_str().unwrap();
+    let o = t.with(&["export", "bundle", bundle]);
+    assert_eq!(o.code, 125, "{}\n{}", o.stdout, o.stderr);
+    assert!(o.stderr.contains("loosens the sandbox"), "{}", o.stderr);
+    let o = t.with(&["--trust", "export", "bundle", bundle]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+}

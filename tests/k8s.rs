@@ -60,6 +60,8 @@ fn export(f: &Fixture, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_aisb"))
         .arg("-C")
         .arg(f.project())
+        // The fixture loosens the defaults (its network allowlist): export asks like run.
+        .arg("--trust")
         .args([
             "export",
             "k8s",

@@ -112,6 +112,8 @@ fn k8s(g: &Global, a: K8sArgs) -> Result<i32, Error> {
         &host,
         &g.request(a.profile, a.command),
     )?);
+    // What the cluster runs is what a local run would: approved like one.
+    crate::trust::check(&plan, &host.config_home(), g.trust)?;
     // Where each variable's value comes from, in the profile's chain (the base settings, the
     // profile and what it extends): set by the project, or a secret from a file or the caller.
     let mut origin = k8s::EnvOrigin::default();
@@ -218,6 +220,7 @@ fn bundle(
 ) -> Result<i32, Error> {
     let host = super::host()?;
     let plan = g.plan(&host, profile, command)?;
+    crate::trust::check(&plan, &host.config_home(), g.trust)?;
     if plan.rootfs != crate::eval::plan::Rootfs::Host {
         // The image's root is an overlay that aisb's runtime process mounts privately; a bundle
         // for another runtime would bind empty directories in its place.

@@ -47,6 +47,8 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     let host = super::host()?;
     let plan = g.plan(&host, None, vec![])?;
     if let Some(Action::Export(e)) = a.action {
+        // The editor runs what is written: approved like a run.
+        crate::trust::check(&plan, &host.config_home(), g.trust)?;
         return export(&plan, e);
     }
     if a.json {

@@ -24,12 +24,20 @@ impl Decoder<'_> {
             let kind = child.name().value();
             let (line, _) = self.sources[self.file].line_col(child.span().offset());
             let at = format!("{file}:{line}");
+            // Commands and values may span lines; everything else is one line (names, paths).
+            let multi_line = matches!(kind, "run" | "env" | "shell");
             let strings =
                 |d: &mut Self, min: usize, max: usize, what: &str| -> Option<Vec<String>> {
                     let es = d.args(child, min, max, what);
                     let v: Vec<String> = es
                         .iter()
-                        .filter_map(|e| d.string(e).map(|s| s.value))
+                        .filter_map(|e| {
+                            if multi_line {
+                                d.text(e).map(|s| s.value)
+                            } else {
+                                d.string(e).map(|s| s.value)
+                            }
+                        })
                         .collect();
                     (v.len() == es.len() && v.len() >= min).then_some(v)
                 };

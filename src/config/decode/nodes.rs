@@ -280,7 +280,7 @@ impl Decoder<'_> {
                             "a shell command, or a program and its arguments",
                         )
                         .into_iter()
-                        .filter_map(|e| self.string(e).map(|s| s.value))
+                        .filter_map(|e| self.text(e).map(|s| s.value))
                         .collect();
                     if !args.is_empty() {
                         run = Some(Spanned::new(args, self.loc(child.span())));
@@ -302,7 +302,7 @@ impl Decoder<'_> {
                     let a = self.args(child, 2, 2, "a name and a value");
                     if let (Some(k), Some(v)) = (
                         a.first().and_then(|e| self.string(e)),
-                        a.get(1).and_then(|e| self.string(e)),
+                        a.get(1).and_then(|e| self.text(e)),
                     ) {
                         env.push((k, v));
                     }
@@ -521,7 +521,7 @@ impl Decoder<'_> {
                     let a = self.args(child, 2, 2, "a name and a value");
                     if let (Some(k), Some(v)) = (
                         a.first().and_then(|e| self.string(e)),
-                        a.get(1).and_then(|e| self.string(e)),
+                        a.get(1).and_then(|e| self.text(e)),
                     ) {
                         if is_env_name(&k.value) {
                             env.set.push((k, v));
@@ -671,7 +671,7 @@ impl Decoder<'_> {
                     let args: Vec<String> = self
                         .args(child, 1, usize::MAX, "a program and its arguments")
                         .into_iter()
-                        .filter_map(|e| self.string(e).map(|s| s.value))
+                        .filter_map(|e| self.text(e).map(|s| s.value))
                         .collect();
                     if !args.is_empty() {
                         p.command = Some(Spanned::new(args, self.loc(child.span())));

@@ -134,7 +134,41 @@ impl Decoder<'_> {
         out
     }
 
+    /// A name, a path, a pattern or any other one-line value: control characters (a newline,
+    /// an escape, NUL, …) are refused with the span. They would reach the outputs that
+    /// quote these values (Kubernetes YAML, editor task files, JetBrains XML, CI annotations,
+    /// shell scripts, the terminal) as structure rather than text.
     pub(super) fn string(&mut self, e: &KdlEntry) -> Option<Spanned<String>> {
+        let s = self.text(e)?;
+        if let Some(c) = s.value.chars().find(|c| is_control(*c)) {
+            self.err(
+                e.span(),
+                format!(
+                    "a control character ({}) in a name or path",
+                    c.escape_unicode()
+                ),
+                "control character",
+                Some("names, paths and patterns are one line of printable text: remove it".into()),
+            );
+            return None;
+        }
+        Some(s)
+    }
+
+    /// A string that may hold control characters other than NUL (a command's arguments, an
+    /// environment variable's value).
+    pub(super) fn text(&mut self, e: &KdlEntry) -> Option<Spanned<String>> {
+        if let KdlValue::String(s) = e.value() {
+            if s.contains('\0') {
+                self.err(
+                    e.span(),
+                    "a NUL character in a string".to_string(),
+                    "NUL",
+                    Some("remove it: no program can be given one".into()),
+                );
+                return None;
+            }
+        }
         match e.value() {
             KdlValue::String(s) => Some(Spanned::new(s.clone(), self.loc(e.span()))),
             other => {
@@ -318,4 +352,9 @@ pub(super) fn is_env_glob(s: &str) -> bool {
     !s.is_empty()
         && s.chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '*' || c == '?')
+}
+
+/// C0 and C1 controls, DEL, and the Unicode line and paragraph separators.
+pub(super) fn is_control(c: char) -> bool {
+    c.is_control() || c == '\u{2028}' || c == '\u{2029}'
 }
