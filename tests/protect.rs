@@ -335,3 +335,86 @@ fn masks_never_weaken_because_of_what_the_sandbox_wrote_as_a_user() {
     }
     sticky(Some(support::test_user()));
 }
+
+/// What the sandbox can make the host hold is bounded: 400 refused `CONNECT`s with 60 KB host
+/// names (47 MB of audit log before) leave a log of at most a few hundred KB, each name cut.
+fn audit_bound(user: Option<(u32, u32)>) {
+    for backend in ["bwrap", "libcontainer"] {
+        let who = format!(
+            "[{backend}, {}]",
+            if user.is_some() { "user" } else { "root" }
+        );
+        let p = Project::new(user);
+        std::fs::write(
+            p.proj().join("sandbox.kdl"),
+            "network {\n    allow \"example.com\"\n}\n",
+        )
+        .unwrap();
+        std::fs::write(
+            p.proj().join("flood.py"),
+            "import socket\n\
+             for i in range(400):\n\
+             \x20   s = socket.create_connection(('127.0.0.1', 3128))\n\
+             \x20   s.sendall(b'CONNECT ' + str(i).encode() + b'x' * 60000 + b'.test:443 HTTP/1.1\\r\\n\\r\\n')\n\
+             \x20   s.recv(100)\n\
+             \x20   s.close()\n\
+             print('sent=400')\n",
+        )
+        .unwrap();
+        let c2 = p.cmd(backend, "python3 flood.py");
+        // A network allowlist is a loosening: trusted for this run.
+        let args: Vec<std::ffi::OsString> = c2.get_args().map(|a| a.to_owned()).collect();
+        let mut c2 = {
+            let mut c = Command::new(c2.get_program());
+            c.current_dir(p.proj())
+                .env_clear()
+                .envs(
+                    c2.get_envs()
+                        .filter_map(|(k, v)| v.map(|v| (k.to_owned(), v.to_owned()))),
+                )
+                .arg("--trust")
+                .args(&args)
+                .stdin(Stdio::null());
+            if let Some((uid, gid)) = user {
+                std::os::unix::process::CommandExt::uid(&mut c, uid);
+                std::os::unix::process::CommandExt::gid(&mut c, gid);
+            }
+            c
+        };
+        let o = Out::from(c2.output().unwrap());
+        assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
+        o.expect("sent", "400");
+        let logs: Vec<PathBuf> = walkdir::WalkDir::new(p.dir.path().join("cache"))
+            .into_iter()
+            .flatten()
+            .filter(|e| e.file_name() == "audit.jsonl")
+            .map(|e| e.path().to_path_buf())
+            .collect();
+        assert!(!logs.is_empty(), "{who} no audit log");
+        let total: u64 = logs.iter().map(|l| l.metadata().unwrap().len()).sum();
+        assert!(total < 2 << 20, "{who} the audit log grew to {total} bytes");
+        let text = std::fs::read_to_string(&logs[0]).unwrap();
+        let blocked = text.lines().filter(|l| l.contains("\"block\"")).count();
+        assert!(
+            blocked >= 400,
+            "{who} every refusal is still logged ({blocked})"
+        );
+        assert!(text.contains("more bytes]"), "{who} names are cut");
+    }
+}
+
+#[test]
+fn the_audit_log_is_bounded_as_root() {
+    if !support::root_or_skip("the protected-file suite") {
+        return;
+    }
+    audit_bound(None);
+}
+
+#[test]
+fn the_audit_log_is_bounded_as_a_user() {
+    if !support::root_or_skip("the protected-file suite") {
+        return;
+    }
+    audit_bound(Some(support::test_user()));
+}

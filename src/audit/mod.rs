@@ -85,6 +85,10 @@ pub enum Kind {
         rule: String,
         at: String,
     },
+    /// The run's byte budget for the log was spent: `events` more were counted, not written
+    /// (written once when the budget runs out, and again with the final count when the run's
+    /// log closes).
+    Dropped { events: u64, budget_bytes: u64 },
 }
 
 impl Event {
@@ -165,6 +169,13 @@ impl Event {
                 moved_to,
                 why,
             } => format!("{t}  QUARANTINE  {path}: {why}; moved to {moved_to}"),
+            Kind::Dropped {
+                events,
+                budget_bytes,
+            } => format!(
+                "{t}  DROPPED {events} event(s): this run's log reached its {} MiB budget",
+                budget_bytes >> 20
+            ),
         }
     }
 }
@@ -174,6 +185,44 @@ impl Event {
 pub struct Log {
     file: File,
     pub path: PathBuf,
+    /// Bytes this handle may still write (`u64::MAX`: unbounded), and the events it dropped.
+    left: std::sync::atomic::AtomicU64,
+    dropped: std::sync::atomic::AtomicU64,
+    budget: u64,
+}
+
+/// A run's log writes at most this much (a sandbox can make the proxy and the hooks log an
+/// event per request it sends: 400 refused `CONNECT`s with 60 KB names were 47 MB).
+pub const RUN_BUDGET: u64 = 16 << 20;
+
+/// Each string of an event is cut to this many bytes (a name, a path, a command).
+pub const MAX_FIELD: usize = 1024;
+
+/// `s` cut to [`MAX_FIELD`] bytes at a character boundary, saying how much was cut.
+fn cut(s: &mut String) {
+    if s.len() <= MAX_FIELD {
+        return;
+    }
+    let mut at = MAX_FIELD;
+    while !s.is_char_boundary(at) {
+        at -= 1;
+    }
+    let more = s.len() - at;
+    s.truncate(at);
+    s.push_str(&format!("…[{more} more bytes]"));
+}
+
+fn cut_all(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::String(s) => cut(s),
+        serde_json::Value::Array(a) => {
+            // A command of a million arguments is cut too.
+            a.truncate(256);
+            a.iter_mut().for_each(cut_all);
+        }
+        serde_json::Value::Object(o) => o.values_mut().for_each(cut_all),
+        _ => {}
+    }
 }
 
 impl Log {
@@ -189,6 +238,9 @@ impl Log {
         Ok(Log {
             file,
             path: path.to_path_buf(),
+            left: std::sync::atomic::AtomicU64::new(RUN_BUDGET),
+            dropped: std::sync::atomic::AtomicU64::new(0),
+            budget: RUN_BUDGET,
         })
     }
 
@@ -200,15 +252,53 @@ impl Log {
         Ok(Log {
             file: File::from(fd),
             path: PathBuf::from("/dev/stdout"),
+            left: std::sync::atomic::AtomicU64::new(u64::MAX),
+            dropped: std::sync::atomic::AtomicU64::new(0),
+            budget: u64::MAX,
         })
     }
 
     /// Write one event as one line (one `write` call). Errors are returned, not hidden: the
     /// caller decides whether a lost audit line is fatal.
     pub fn write(&self, kind: Kind) -> std::io::Result<()> {
+        use std::sync::atomic::Ordering;
+        let mut v = serde_json::to_value(Event::now(kind))?;
+        cut_all(&mut v);
+        let mut line = serde_json::to_vec(&v)?;
+        line.push(b'\n');
+        let n = line.len() as u64;
+        let taken = self
+            .left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |l| l.checked_sub(n));
+        if taken.is_err() {
+            // The first event past the budget says so (outside the budget, once).
+            if self.dropped.fetch_add(1, Ordering::SeqCst) == 0 {
+                self.raw(Kind::Dropped {
+                    events: 1,
+                    budget_bytes: self.budget,
+                })?;
+            }
+            return Ok(());
+        }
+        (&self.file).write_all(&line)
+    }
+
+    fn raw(&self, kind: Kind) -> std::io::Result<()> {
         let mut line = serde_json::to_vec(&Event::now(kind))?;
         line.push(b'\n');
         (&self.file).write_all(&line)
+    }
+}
+
+impl Drop for Log {
+    fn drop(&mut self) {
+        let events = *self.dropped.get_mut();
+        if events > 1 {
+            let _ = self.raw(Kind::Dropped {
+                events,
+                budget_bytes: self.budget,
+            });
+        }
     }
 }
 
@@ -222,6 +312,60 @@ pub fn parse(text: &str) -> Vec<Event> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A sandbox that makes the host log without end gets a bounded file: each field cut,
+    /// the run's budget kept, and one line (then the final count) saying what was dropped.
+    #[test]
+    fn a_run_s_log_is_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        {
+            let log = Log::open(&path).unwrap();
+            for i in 0..400 {
+                log.write(Kind::Net {
+                    action: "block".into(),
+                    proto: "connect".into(),
+                    host: format!("{i}{}", "x".repeat(60_000)),
+                    port: 443,
+                    rule: "not in the allowlist".into(),
+                    bytes_up: 0,
+                    bytes_down: 0,
+                    duration_ms: 0,
+                    addr: None,
+                })
+                .unwrap();
+            }
+            for _ in 0..20_000 {
+                log.write(Kind::Agent {
+                    agent: "claude".into(),
+                    tool: "Bash".into(),
+                    input: "y".repeat(5_000),
+                })
+                .unwrap();
+            }
+        }
+        let len = std::fs::metadata(&path).unwrap().len();
+        assert!(len <= RUN_BUDGET + 4096, "{len}");
+        let events = parse(&std::fs::read_to_string(&path).unwrap());
+        let first = &events[0];
+        let Kind::Net { host, .. } = &first.kind else {
+            panic!("{first:?}")
+        };
+        assert!(
+            host.len() < MAX_FIELD + 40 && host.ends_with("more bytes]"),
+            "{host}"
+        );
+        let dropped: Vec<u64> = events
+            .iter()
+            .filter_map(|e| match e.kind {
+                Kind::Dropped { events, .. } => Some(events),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(dropped.len(), 2, "{dropped:?}");
+        let written = events.len() as u64 - 2;
+        assert_eq!(written + dropped[1], 20_400);
+    }
 
     #[test]
     fn events_round_trip_one_per_line() {
