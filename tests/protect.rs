@@ -418,3 +418,51 @@ fn the_audit_log_is_bounded_as_a_user() {
     }
     audit_bound(Some(support::test_user()));
 }
+
+/// Nothing the sandbox leaves behind grants more on the host: no setuid or setgid file is made
+/// inside (when root runs aisb, the sandbox's root is the host's: such a file would run as root
+/// on the host later). chmod, install and a creating open are refused; ordinary modes work.
+fn no_setid(user: Option<(u32, u32)>) {
+    for backend in ["bwrap", "libcontainer"] {
+        let who = format!(
+            "[{backend}, {}]",
+            if user.is_some() { "user" } else { "root" }
+        );
+        let p = Project::new(user);
+        let o = p.run(
+            backend,
+            "cp /bin/true suid; chmod u+s suid 2>/dev/null; echo chmod-suid=$?; \
+             chmod g+s suid 2>/dev/null; echo chmod-sgid=$?; \
+             install -m 4755 /bin/true installed 2>/dev/null; echo install=$?; \
+             python3 -c \"import os; os.close(os.open('created', os.O_CREAT | os.O_WRONLY, 0o4755))\" 2>/dev/null; echo open=$?; \
+             chmod 755 suid; echo plain=$?",
+        );
+        assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
+        o.expect_failed("chmod-suid", "chmod u+s is refused");
+        o.expect_failed("chmod-sgid", "chmod g+s is refused");
+        o.expect_failed("install", "install -m 4755 is refused");
+        o.expect_failed("open", "creating a setuid file is refused");
+        o.expect("plain", "0");
+        for e in walkdir::WalkDir::new(p.proj()).into_iter().flatten() {
+            let mode =
+                std::os::unix::fs::PermissionsExt::mode(&e.metadata().unwrap().permissions());
+            assert_eq!(mode & 0o6000, 0, "{who} {} is {mode:o}", e.path().display());
+        }
+    }
+}
+
+#[test]
+fn no_setuid_file_is_left_as_root() {
+    if !support::root_or_skip("the protected-file suite") {
+        return;
+    }
+    no_setid(None);
+}
+
+#[test]
+fn no_setuid_file_is_left_as_a_user() {
+    if !support::root_or_skip("the protected-file suite") {
+        return;
+    }
+    no_setid(Some(support::test_user()));
+}

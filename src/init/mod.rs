@@ -653,7 +653,7 @@ pub fn harden(opts: &Options) -> Result<Bound, InitError> {
         drop_capabilities()?;
     }
     nix::sys::prctl::set_no_new_privs().map_err(InitError::NoNewPrivs)?;
-    seccomp::apply()?;
+    seccomp::apply(opts.keep_caps)?;
     Ok(Bound {
         relays: listeners,
         transparent,

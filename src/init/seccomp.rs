@@ -26,6 +26,7 @@
 //! | `settimeofday`, `clock_settime`, `sethostname`, `setdomainname` | the host's clock; the sandbox's name comes from the spec (`adjtimex`/`clock_adjtime` stay: `ntp_gettime` reads through them, setting needs CAP_SYS_TIME) |
 //! | `get_mempolicy`, `set_mempolicy`, `set_mempolicy_home_node`, `mbind`, `migrate_pages`, `move_pages` | NUMA placement, of other processes too (Docker gates it behind CAP_SYS_NICE; libnuma reports "no NUMA" and callers go on) |
 //! | `vmsplice` | gifting user pages to a pipe, a recurring exploit primitive (Podman refuses it too) |
+//! | `chmod`, `fchmod`, `fchmodat`, `fchmodat2` with `S_ISUID` or `S_ISGID`; `open`, `openat`, `creat` creating a file with them | a setuid or setgid file left in the project would run with its owner's rights on the host (the sandbox's root is the host's when root runs aisb) |
 //! | `personality` other than Docker's values (`PER_LINUX`, `PER_LINUX32`, `UNAME26`, query) | `ADDR_NO_RANDOMIZE` and `READ_IMPLIES_EXEC` switch off exploit mitigations |
 //! | `ioctl` `TIOCSTI`, `TIOCLINUX` | typing into the user's terminal |
 //! | `ioctl` `TIOCSETD` | line disciplines (n_gsm, n_hdlc) load rarely used, often vulnerable kernel code |
@@ -232,7 +233,7 @@ fn program(rules: BTreeMap<i64, Vec<SeccompRule>>, errno: i32) -> Result<BpfProg
     Ok(filter.try_into()?)
 }
 
-fn permission_denied() -> Result<BpfProgram, SeccompError> {
+fn permission_denied(setid: bool) -> Result<BpfProgram, SeccompError> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = PERMISSION_DENIED
         .iter()
         .chain(PERMISSION_DENIED_ON_THIS_ARCH)
@@ -253,7 +254,38 @@ fn permission_denied() -> Result<BpfProgram, SeccompError> {
         .collect();
     rules.insert(libc::SYS_unshare, any_flag(0, &unshare)?);
     rules.insert(libc::SYS_personality, vec![none_of(0, PERSONAS)?]);
+    if !setid {
+        return program(rules, libc::EPERM);
+    }
+    // No setuid or setgid file: the project is the host's, and when root runs aisb the
+    // sandbox's root is the host's, so such a file would run as root there later.
+    let setid = [libc::S_ISUID as i32, libc::S_ISGID as i32];
+    rules.insert(libc::SYS_fchmod, any_flag(1, &setid)?);
+    rules.insert(libc::SYS_fchmodat, any_flag(2, &setid)?);
+    rules.insert(libc::SYS_fchmodat2, any_flag(2, &setid)?);
+    rules.insert(libc::SYS_openat, created_with(2, 3, &setid)?);
+    #[cfg(target_arch = "x86_64")]
+    {
+        rules.insert(libc::SYS_chmod, any_flag(1, &setid)?);
+        rules.insert(libc::SYS_creat, any_flag(1, &setid)?);
+        rules.insert(libc::SYS_open, created_with(1, 2, &setid)?);
+    }
     program(rules, libc::EPERM)
+}
+
+/// One rule per mode bit: a file created (`O_CREAT` or `O_TMPFILE` in argument `flags`) with
+/// that bit in argument `mode` (without them, `mode` is not read and may hold anything).
+fn created_with(flags: u8, mode: u8, bits: &[i32]) -> Result<Vec<SeccompRule>, SeccompError> {
+    let mut out = Vec::new();
+    for create in [libc::O_CREAT, libc::O_TMPFILE] {
+        for &b in bits {
+            out.push(SeccompRule::new(vec![
+                cond(flags, SeccompCmpOp::MaskedEq(create as u64), create as u64)?,
+                cond(mode, SeccompCmpOp::MaskedEq(b as u64), b as u64)?,
+            ])?);
+        }
+    }
+    Ok(out)
 }
 
 fn not_implemented() -> Result<BpfProgram, SeccompError> {
@@ -327,18 +359,26 @@ fn numbering() -> BpfProgram {
 /// Every program of the filter, in the order they are installed. The kernel runs them all and
 /// takes the most severe answer; their denials do not overlap.
 pub fn programs() -> Result<Vec<BpfProgram>, SeccompError> {
+    programs_for(true)
+}
+
+/// `setid`: refuse setuid and setgid files (every sandbox; not an image build step, whose
+/// package manager installs `su`, `mount` and `passwd` as they are, into the image's own
+/// layer in aisb's store, never the project).
+fn programs_for(setid: bool) -> Result<Vec<BpfProgram>, SeccompError> {
     Ok(vec![
         numbering(),
         not_implemented()?,
         family_not_supported()?,
-        permission_denied()?,
+        permission_denied(setid)?,
     ])
 }
 
 /// Install the filters on the calling thread (inherited by everything it starts).
-/// `no_new_privs` must already be set.
-pub fn apply() -> Result<(), SeccompError> {
-    for prog in programs()? {
+/// `no_new_privs` must already be set. `build_step`: an image build step's (see
+/// [`programs_for`]).
+pub fn apply(build_step: bool) -> Result<(), SeccompError> {
+    for prog in programs_for(!build_step)? {
         seccompiler::apply_filter(&prog)?;
     }
     Ok(())

@@ -148,6 +148,30 @@ pub fn profile() -> LinuxSeccomp {
     for a in personality() {
         rules.push(refuse(&["personality"], libc::EPERM, vec![a]));
     }
+    // No setuid or setgid file (see the init's filter).
+    for bit in [libc::S_ISUID as u64, libc::S_ISGID as u64] {
+        let mut by_index: Vec<(&[&str], usize)> =
+            vec![(&["fchmod"], 1), (&["fchmodat", "fchmodat2"], 2)];
+        if cfg!(target_arch = "x86_64") {
+            by_index.push((&["chmod", "creat"], 1));
+        }
+        for (names, index) in by_index {
+            rules.push(refuse(names, libc::EPERM, vec![masked(index, bit, bit)]));
+        }
+        for create in [libc::O_CREAT as u64, libc::O_TMPFILE as u64] {
+            let mut opens: Vec<(&[&str], usize)> = vec![(&["openat"], 2)];
+            if cfg!(target_arch = "x86_64") {
+                opens.push((&["open"], 1));
+            }
+            for (names, flags) in opens {
+                rules.push(refuse(
+                    names,
+                    libc::EPERM,
+                    vec![masked(flags, create, create), masked(flags + 1, bit, bit)],
+                ));
+            }
+        }
+    }
     let families: Vec<u64> = SOCKET_FAMILIES.iter().map(|&f| f as u64).collect();
     for a in none_of_small(0, &families) {
         rules.push(refuse(
