@@ -466,3 +466,59 @@ fn no_setuid_file_is_left_as_a_user() {
     }
     no_setid(Some(support::test_user()));
 }
+
+/// Live masks follow links: a dangling symbolic link made inside under a secret's name
+/// (`ln -s notes.txt .env.local`) is moved aside on the host as soon as it appears, so the
+/// host's later `.env.local` is a regular file (masked) and `notes.txt` never gets the secret;
+/// one found at a start (planted while nothing watched) is moved aside then.
+fn links(user: Option<(u32, u32)>) {
+    for backend in ["bwrap", "libcontainer"] {
+        let who = format!(
+            "[{backend}, {}]",
+            if user.is_some() { "user" } else { "root" }
+        );
+        let p = Project::new(user);
+        let o = p.run(
+            backend,
+            "ln -s notes.txt .env.local; echo linked=$?; \
+             i=0; while [ -L .env.local ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done; \
+             test -L .env.local; echo still-there=$?",
+        );
+        assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
+        o.expect("linked", "0");
+        o.expect_failed(
+            "still-there",
+            "the link is moved aside while the sandbox runs",
+        );
+        assert!(!p.exists(".env.local"), "{who}");
+        // The host writes its secret: a regular file now, not notes.txt.
+        std::fs::write(p.proj().join(".env.local"), "SECRET=1\n").unwrap();
+        assert!(!p.exists("notes.txt"), "{who}");
+        let o = p.run(backend, "cat .env.local; echo read=$?");
+        assert!(!o.stdout.contains("SECRET"), "{who} {}", o.stdout);
+        o.expect_failed("read", "the host's secret is masked");
+        // Planted while nothing watched: moved aside at the next start.
+        std::fs::remove_file(p.proj().join(".env.local")).unwrap();
+        std::os::unix::fs::symlink("notes2.txt", p.proj().join(".env.production")).unwrap();
+        let o = p.run(backend, "true");
+        assert_eq!(o.code, 0, "{who} {}", o.stderr);
+        assert!(!p.exists(".env.production"), "{who} {}", o.stderr);
+        assert!(o.stderr.contains("leads nowhere"), "{who} {}", o.stderr);
+    }
+}
+
+#[test]
+fn secret_named_links_are_moved_aside_as_root() {
+    if !support::root_or_skip("the protected-file suite") {
+        return;
+    }
+    links(None);
+}
+
+#[test]
+fn secret_named_links_are_moved_aside_as_a_user() {
+    if !support::root_or_skip("the protected-file suite") {
+        return;
+    }
+    links(Some(support::test_user()));
+}

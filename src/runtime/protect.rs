@@ -89,6 +89,36 @@ pub fn begin(plan: &Plan, audit: Option<&crate::audit::Log>) -> (Pending, Option
             let _ = std::fs::remove_file(e.path());
         }
     }
+    // A symbolic link under a secret's name that leads nowhere is a trap for a later write on
+    // the host (`ln -s notes.txt .env.local`, planted by an earlier run): moved aside, so the
+    // host's write makes a regular file that the live layer masks.
+    for m in &plan.masks {
+        if !m.path.starts_with(&plan.project) {
+            continue;
+        }
+        let dangling = std::fs::symlink_metadata(&m.path)
+            .is_ok_and(|md| md.file_type().is_symlink())
+            && std::fs::metadata(&m.path).is_err();
+        if dangling && !has_link_between(&plan.project, &m.path) {
+            if let Some((from, to)) = crate::git::quarantine_file(&m.path, &quarantine_dir) {
+                eprintln!(
+                    "aisb: {} is a symbolic link under a secret's name that leads nowhere (a write on the host would land where it points); moved to {}",
+                    from.display(),
+                    to.display()
+                );
+                if let Some(log) = audit {
+                    let _ = log.write(crate::audit::Kind::Quarantine {
+                        path: from.to_string_lossy().into_owned(),
+                        moved_to: to.to_string_lossy().into_owned(),
+                        why: format!(
+                            "a dangling symbolic link under a secret's name ({})",
+                            m.rule
+                        ),
+                    });
+                }
+            }
+        }
+    }
     let changed =
         moved
             .iter()
@@ -174,7 +204,7 @@ fn quarantine(
 }
 
 /// Whether a directory strictly between `root` and `path` is a symbolic link (or missing).
-fn has_link_between(root: &Path, path: &Path) -> bool {
+pub(crate) fn has_link_between(root: &Path, path: &Path) -> bool {
     let Ok(rel) = path.strip_prefix(root) else {
         return true;
     };

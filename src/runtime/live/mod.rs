@@ -131,6 +131,7 @@ impl Live {
             start_masked,
             exe: exe.to_path_buf(),
             inside,
+            quarantine: plan.state_dir.join("quarantine"),
             audit: crate::audit::Log::open(&plan.state_dir.join("audit.jsonl")).ok(),
             stopping: stopping.clone(),
         };
@@ -212,6 +213,8 @@ struct Watcher {
     start_masked: HashSet<Vec<u8>>,
     exe: PathBuf,
     inside: PathBuf,
+    /// Where a symbolic link made under a secret's name is moved (see [`Watcher::apply`]).
+    quarantine: PathBuf,
     audit: Option<crate::audit::Log>,
     stopping: Arc<AtomicBool>,
 }
@@ -367,6 +370,34 @@ impl Watcher {
     fn apply(&self, masker: &mut Masker, r: &Request) -> Result<(), LiveError> {
         let rel = Path::new(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&r.rel));
         let path = self.inside.join(rel);
+        // A symbolic link under a secret's name that leads nowhere is a trap for a later write
+        // on the host (`ln -s notes.txt .env.local`: the host's `.env.local` would create
+        // notes.txt, which nothing masks): moved aside as soon as it appears, so the host's
+        // write makes a regular file, masked like any other. (One that leads somewhere masks
+        // what it names, below.) Never followed: only its directories are.
+        let host_path = self.host.join(rel);
+        let moved_before = host_path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().contains(".aisb-quarantined-"));
+        if !moved_before
+            && std::fs::symlink_metadata(&host_path).is_ok_and(|m| m.file_type().is_symlink())
+            && std::fs::metadata(&host_path).is_err()
+            && !crate::runtime::protect::has_link_between(&self.host, &host_path)
+        {
+            if let Some((from, to)) = crate::git::quarantine_file(&host_path, &self.quarantine) {
+                if let Some(log) = &self.audit {
+                    let _ = log.write(crate::audit::Kind::Quarantine {
+                        path: from.to_string_lossy().into_owned(),
+                        moved_to: to.to_string_lossy().into_owned(),
+                        why: format!(
+                            "a symbolic link under a secret's name that leads nowhere ({}): a later write on the host would create what it names",
+                            r.rule
+                        ),
+                    });
+                }
+                return Ok(());
+            }
+        }
         match masker.mask(&r.rel) {
             Ok(Outcome::Absent) => Ok(()),
             Ok(outcome) => {
