@@ -522,3 +522,38 @@ fn secret_named_links_are_moved_aside_as_a_user() {
     }
     links(Some(support::test_user()));
 }
+
+/// `aisb test` includes the protected files: each is tried for writing from inside.
+#[test]
+fn aisb_test_checks_the_protected_files() {
+    if !support::root_or_skip("the protected-file suite") {
+        return;
+    }
+    let p = Project::new(None);
+    let out = Command::new(&p.exe)
+        .current_dir(p.proj())
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("HOME", p.dir.path().join("home"))
+        .env("XDG_CACHE_HOME", p.dir.path().join("cache"))
+        .env("XDG_CONFIG_HOME", p.dir.path().join("config"))
+        .args(["test", "--json"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let checks: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for file in ["sandbox.kdl", ".vscode"] {
+        let c = checks
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| {
+                c["check"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with(&format!("write {}", p.proj().join(file).display()))
+            })
+            .unwrap_or_else(|| panic!("no check for {file}: {checks:#}"));
+        assert_eq!(c["ok"], true, "{c}");
+    }
+}

@@ -102,6 +102,28 @@ fn script(plan: &Plan, max_masks: usize) -> (String, Vec<(String, String, bool)>
         s.push_str(&format!("t {key} sh -c {}\n", q(&cmd)));
         checks.push((key.to_string(), what, true));
     }
+    // The policy and the files the host runs or obeys (`eval::protect`): none writable from
+    // inside (checked with `test -w`, never written).
+    for (i, m) in plan
+        .mounts
+        .iter()
+        .filter(|m| {
+            crate::eval::protect::is_protect_mount(m)
+                && matches!(m.kind, crate::eval::plan::MountKind::Bind { .. })
+        })
+        .enumerate()
+    {
+        let key = format!("protected{i}");
+        s.push_str(&format!(
+            "t {key} test -w {}\n",
+            q(&m.target.to_string_lossy())
+        ));
+        checks.push((
+            key,
+            format!("write {} ({})", m.target.display(), m.why),
+            true,
+        ));
+    }
     // Files aisb wrote for an agent (its permission layer mirroring the sandbox) must hold:
     // neither they nor their directory writable from inside.
     for (i, m) in plan.mounts.iter().enumerate() {
