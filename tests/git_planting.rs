@@ -287,8 +287,9 @@ fn nothing_planted_in_the_project_git_dir_runs_on_the_host() {
         o.expect("config_worktree", "0");
         for planted in ["commondir", "config.worktree"] {
             assert!(
-                o.stderr
-                    .contains(&format!(".git/{planted} (git on the host")),
+                o.stderr.contains(&format!(
+                    ".git/{planted} was written by the sandbox (git on the host"
+                )),
                 "{who} the planted {planted} was not moved aside: {}",
                 o.stderr
             );
@@ -463,7 +464,8 @@ git update-index --add --cacheinfo "160000,$h,sub" && echo planted=ok
         );
         o.expect("planted", "ok");
         assert!(
-            o.stderr.contains("sub/.git (git on the host"),
+            o.stderr
+                .contains("sub/.git was written by the sandbox (git on the host"),
             "{who} the planted submodule was not moved aside: {}",
             o.stderr
         );

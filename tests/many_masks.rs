@@ -35,19 +35,7 @@ fn project(root: &Path) -> PathBuf {
     std::fs::write(proj.join(".env"), "TOKEN=1\n").unwrap();
     // A tracked link to a masked file: following it reaches the mask.
     std::os::unix::fs::symlink("d0/secret.txt", proj.join("link.txt")).unwrap();
-    support::git_in(&proj, &["add", "-A"]);
-    support::git_in(
-        &proj,
-        &[
-            "-c",
-            "user.email=t@t",
-            "-c",
-            "user.name=t",
-            "commit",
-            "-qm",
-            "init",
-        ],
-    );
+    support::commit_all(&proj, "init");
     proj
 }
 

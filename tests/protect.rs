@@ -18,6 +18,33 @@ struct Project {
 
 const CONFIG: &str = "block \"notes.txt\"\n";
 
+/// Two tests of one case: as root, and as an ordinary user.
+macro_rules! as_root_and_a_user {
+    ($root:ident, $user:ident => $case:ident) => {
+        #[test]
+        fn $root() {
+            if support::root_or_skip("the protected-file suite") {
+                $case(None);
+            }
+        }
+
+        #[test]
+        fn $user() {
+            if support::root_or_skip("the protected-file suite") {
+                $case(Some(support::test_user()));
+            }
+        }
+    };
+}
+
+/// `[backend, root]` or `[backend, user]`, for assertion messages.
+fn who(backend: &str, user: Option<(u32, u32)>) -> String {
+    format!(
+        "[{backend}, {}]",
+        if user.is_some() { "user" } else { "root" }
+    )
+}
+
 impl Project {
     fn new(user: Option<(u32, u32)>) -> Project {
         let dir = tempfile::tempdir().unwrap();
@@ -34,19 +61,7 @@ impl Project {
         write(".claude/settings.local.json", "{\"permissions\":{}}\n");
         write("README", "hello\n");
         support::git_in(&proj, &["init", "-q"]);
-        support::git_in(&proj, &["add", "-A"]);
-        support::git_in(
-            &proj,
-            &[
-                "-c",
-                "user.email=t@t",
-                "-c",
-                "user.name=t",
-                "commit",
-                "-qm",
-                "init",
-            ],
-        );
+        support::commit_all(&proj, "init");
         let exe = match user {
             Some((uid, gid)) => support::hand_to_user(dir.path(), uid, gid),
             None => PathBuf::from(env!("CARGO_BIN_EXE_aisb")),
@@ -56,7 +71,8 @@ impl Project {
     fn proj(&self) -> PathBuf {
         self.dir.path().join("proj")
     }
-    fn cmd(&self, backend: &str, script: &str) -> Command {
+    /// `aisb ARGS` in the project, as its owner, with the project's own home and state.
+    fn aisb(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(&self.exe);
         cmd.current_dir(self.proj())
             .env_clear()
@@ -64,13 +80,16 @@ impl Project {
             .env("HOME", self.dir.path().join("home"))
             .env("XDG_CACHE_HOME", self.dir.path().join("cache"))
             .env("XDG_CONFIG_HOME", self.dir.path().join("config"))
-            .args(["run", "--backend", backend, "--", "/bin/sh", "-c", script])
+            .args(args)
             .stdin(Stdio::null());
         if let Some((uid, gid)) = self.user {
             std::os::unix::process::CommandExt::uid(&mut cmd, uid);
             std::os::unix::process::CommandExt::gid(&mut cmd, gid);
         }
         cmd
+    }
+    fn cmd(&self, backend: &str, script: &str) -> Command {
+        self.aisb(&["run", "--backend", backend, "--", "/bin/sh", "-c", script])
     }
     fn run(&self, backend: &str, script: &str) -> Out {
         Out::from(self.cmd(backend, script).output().unwrap())
@@ -95,10 +114,7 @@ fn files(dir: &Path) -> Vec<String> {
 
 fn case(user: Option<(u32, u32)>) {
     for backend in ["bwrap", "libcontainer"] {
-        let who = format!(
-            "[{backend}, {}]",
-            if user.is_some() { "user" } else { "root" }
-        );
+        let who = who(backend, user);
         let p = Project::new(user);
         let o = p.run(
             backend,
@@ -141,7 +157,7 @@ fn case(user: Option<(u32, u32)>) {
             );
             assert!(
                 o.stderr.contains(&format!(
-                    "the sandbox created {}",
+                    "{} was created by the sandbox",
                     p.proj().join(rel).display()
                 )),
                 "{who} {rel} not reported:\n{}",
@@ -185,28 +201,14 @@ fn case(user: Option<(u32, u32)>) {
         assert_eq!(o.code, 0, "{who} {}", o.stderr);
         assert!(!p.exists(".gitmodules"), "{who} after a kill: {}", o.stderr);
         assert!(
-            o.stderr.contains("the sandbox created"),
+            o.stderr.contains("was created by the sandbox"),
             "{who} {}",
             o.stderr
         );
     }
 }
 
-#[test]
-fn protected_files_as_root() {
-    if !support::root_or_skip("the protected-file suite") {
-        return;
-    }
-    case(None);
-}
-
-#[test]
-fn protected_files_as_a_user() {
-    if !support::root_or_skip("the protected-file suite") {
-        return;
-    }
-    case(Some(support::test_user()));
-}
+as_root_and_a_user!(protected_files_as_root, protected_files_as_a_user => case);
 
 /// Masks never weaken because of what the sandbox wrote: the first run writes a negation into
 /// a nested `.gitignore`, stages the secret as tracked (without reading it) and sets its
@@ -214,10 +216,7 @@ fn protected_files_as_a_user() {
 /// masked, and `aisb trust`, outside, approves unmasking it.
 fn sticky(user: Option<(u32, u32)>) {
     for backend in ["bwrap", "libcontainer"] {
-        let who = format!(
-            "[{backend}, {}]",
-            if user.is_some() { "user" } else { "root" }
-        );
+        let who = who(backend, user);
         let p = Project::new(user);
         let secret = p.proj().join("config/database.yml");
         std::fs::create_dir_all(secret.parent().unwrap()).unwrap();
@@ -269,32 +268,7 @@ fn sticky(user: Option<(u32, u32)>) {
         o.expect_failed("second-read", "kept masked in the second run");
         assert!(o.stderr.contains("stay masked"), "{who} {}", o.stderr);
         // `aisb plan` and `aisb trust` with the same environment.
-        let plan = {
-            let mut c = Command::new(&p.exe);
-            c.current_dir(p.proj())
-                .env_clear()
-                .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-                .env("HOME", p.dir.path().join("home"))
-                .env("XDG_CACHE_HOME", p.dir.path().join("cache"))
-                .env("XDG_CONFIG_HOME", p.dir.path().join("config"));
-            if let Some((uid, gid)) = user {
-                std::os::unix::process::CommandExt::uid(&mut c, uid);
-                std::os::unix::process::CommandExt::gid(&mut c, gid);
-            }
-            c
-        };
-        let shown = |args: &[&str]| {
-            let mut c = Command::new(plan.get_program());
-            c.current_dir(p.proj())
-                .env_clear()
-                .envs(plan.get_envs().filter_map(|(k, v)| v.map(|v| (k, v))))
-                .args(args);
-            if let Some((uid, gid)) = user {
-                std::os::unix::process::CommandExt::uid(&mut c, uid);
-                std::os::unix::process::CommandExt::gid(&mut c, gid);
-            }
-            Out::from(c.output().unwrap())
-        };
+        let shown = |args: &[&str]| Out::from(p.aisb(args).output().unwrap());
         let o = shown(&["plan"]);
         assert!(
             o.stdout.contains("config/database.yml")
@@ -320,30 +294,13 @@ fn sticky(user: Option<(u32, u32)>) {
     }
 }
 
-#[test]
-fn masks_never_weaken_because_of_what_the_sandbox_wrote_as_root() {
-    if !support::root_or_skip("the protected-file suite") {
-        return;
-    }
-    sticky(None);
-}
-
-#[test]
-fn masks_never_weaken_because_of_what_the_sandbox_wrote_as_a_user() {
-    if !support::root_or_skip("the protected-file suite") {
-        return;
-    }
-    sticky(Some(support::test_user()));
-}
+as_root_and_a_user!(masks_never_weaken_because_of_what_the_sandbox_wrote_as_root, masks_never_weaken_because_of_what_the_sandbox_wrote_as_a_user => sticky);
 
 /// What the sandbox can make the host hold is bounded: 400 refused `CONNECT`s with 60 KB host
 /// names (47 MB of audit log before) leave a log of at most a few hundred KB, each name cut.
 fn audit_bound(user: Option<(u32, u32)>) {
     for backend in ["bwrap", "libcontainer"] {
-        let who = format!(
-            "[{backend}, {}]",
-            if user.is_some() { "user" } else { "root" }
-        );
+        let who = who(backend, user);
         let p = Project::new(user);
         std::fs::write(
             p.proj().join("sandbox.kdl"),
@@ -361,26 +318,16 @@ fn audit_bound(user: Option<(u32, u32)>) {
              print('sent=400')\n",
         )
         .unwrap();
-        let c2 = p.cmd(backend, "python3 flood.py");
         // A network allowlist is a loosening: trusted for this run.
-        let args: Vec<std::ffi::OsString> = c2.get_args().map(|a| a.to_owned()).collect();
-        let mut c2 = {
-            let mut c = Command::new(c2.get_program());
-            c.current_dir(p.proj())
-                .env_clear()
-                .envs(
-                    c2.get_envs()
-                        .filter_map(|(k, v)| v.map(|v| (k.to_owned(), v.to_owned()))),
-                )
-                .arg("--trust")
-                .args(&args)
-                .stdin(Stdio::null());
-            if let Some((uid, gid)) = user {
-                std::os::unix::process::CommandExt::uid(&mut c, uid);
-                std::os::unix::process::CommandExt::gid(&mut c, gid);
-            }
-            c
-        };
+        let mut c2 = p.aisb(&[
+            "--trust",
+            "run",
+            "--backend",
+            backend,
+            "--",
+            "python3",
+            "flood.py",
+        ]);
         let o = Out::from(c2.output().unwrap());
         assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
         o.expect("sent", "400");
@@ -403,31 +350,14 @@ fn audit_bound(user: Option<(u32, u32)>) {
     }
 }
 
-#[test]
-fn the_audit_log_is_bounded_as_root() {
-    if !support::root_or_skip("the protected-file suite") {
-        return;
-    }
-    audit_bound(None);
-}
-
-#[test]
-fn the_audit_log_is_bounded_as_a_user() {
-    if !support::root_or_skip("the protected-file suite") {
-        return;
-    }
-    audit_bound(Some(support::test_user()));
-}
+as_root_and_a_user!(the_audit_log_is_bounded_as_root, the_audit_log_is_bounded_as_a_user => audit_bound);
 
 /// Nothing the sandbox leaves behind grants more on the host: no setuid or setgid file is made
 /// inside (when root runs aisb, the sandbox's root is the host's: such a file would run as root
 /// on the host later). chmod, install and a creating open are refused; ordinary modes work.
 fn no_setid(user: Option<(u32, u32)>) {
     for backend in ["bwrap", "libcontainer"] {
-        let who = format!(
-            "[{backend}, {}]",
-            if user.is_some() { "user" } else { "root" }
-        );
+        let who = who(backend, user);
         let p = Project::new(user);
         let o = p.run(
             backend,
@@ -451,21 +381,7 @@ fn no_setid(user: Option<(u32, u32)>) {
     }
 }
 
-#[test]
-fn no_setuid_file_is_left_as_root() {
-    if !support::root_or_skip("the protected-file suite") {
-        return;
-    }
-    no_setid(None);
-}
-
-#[test]
-fn no_setuid_file_is_left_as_a_user() {
-    if !support::root_or_skip("the protected-file suite") {
-        return;
-    }
-    no_setid(Some(support::test_user()));
-}
+as_root_and_a_user!(no_setuid_file_is_left_as_root, no_setuid_file_is_left_as_a_user => no_setid);
 
 /// Live masks follow links: a dangling symbolic link made inside under a secret's name
 /// (`ln -s notes.txt .env.local`) is moved aside on the host as soon as it appears, so the
@@ -473,10 +389,7 @@ fn no_setuid_file_is_left_as_a_user() {
 /// one found at a start (planted while nothing watched) is moved aside then.
 fn links(user: Option<(u32, u32)>) {
     for backend in ["bwrap", "libcontainer"] {
-        let who = format!(
-            "[{backend}, {}]",
-            if user.is_some() { "user" } else { "root" }
-        );
+        let who = who(backend, user);
         let p = Project::new(user);
         let o = p.run(
             backend,
@@ -507,21 +420,7 @@ fn links(user: Option<(u32, u32)>) {
     }
 }
 
-#[test]
-fn secret_named_links_are_moved_aside_as_root() {
-    if !support::root_or_skip("the protected-file suite") {
-        return;
-    }
-    links(None);
-}
-
-#[test]
-fn secret_named_links_are_moved_aside_as_a_user() {
-    if !support::root_or_skip("the protected-file suite") {
-        return;
-    }
-    links(Some(support::test_user()));
-}
+as_root_and_a_user!(secret_named_links_are_moved_aside_as_root, secret_named_links_are_moved_aside_as_a_user => links);
 
 /// `aisb test` includes the protected files: each is tried for writing from inside.
 #[test]
@@ -530,17 +429,7 @@ fn aisb_test_checks_the_protected_files() {
         return;
     }
     let p = Project::new(None);
-    let out = Command::new(&p.exe)
-        .current_dir(p.proj())
-        .env_clear()
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-        .env("HOME", p.dir.path().join("home"))
-        .env("XDG_CACHE_HOME", p.dir.path().join("cache"))
-        .env("XDG_CONFIG_HOME", p.dir.path().join("config"))
-        .args(["test", "--json"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let out = p.aisb(&["test", "--json"]).output().unwrap();
     let checks: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     for file in ["sandbox.kdl", ".vscode"] {
         let c = checks

@@ -133,19 +133,7 @@ impl Project {
         // A gitignored secret next to tracked configuration.
         p.write("config/app.yml", "name: app\n");
         p.write("config/master.key", "MASTER-KEY-SECRET\n");
-        support::git_in(&proj, &["add", "-A"]);
-        support::git_in(
-            &proj,
-            &[
-                "-c",
-                "user.email=t@t",
-                "-c",
-                "user.name=t",
-                "commit",
-                "-qm",
-                "init",
-            ],
-        );
+        support::commit_all(&proj, "init");
         if let Some((uid, gid)) = user {
             let exe = support::hand_to_user(p.root(), uid, gid);
             return Project { exe, ..p };

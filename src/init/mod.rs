@@ -533,28 +533,23 @@ impl Masker {
             }
             Err(e) => return Err(errno(e)),
         };
-        let at = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        // A bind of the mount behind `src` over the target, both by descriptor.
+        let bind = |src: i32| {
+            mount(
+                Some(format!("/proc/self/fd/{src}").as_str()),
+                format!("/proc/self/fd/{}", fd.as_raw_fd()).as_str(),
+                None::<&str>,
+                MsFlags::MS_BIND,
+                None::<&str>,
+            )
+        };
         if FileType::from_raw_mode(rustix::fs::fstat(&fd).map_err(errno)?.st_mode)
             != FileType::Directory
         {
-            let src = format!("/proc/self/fd/{}", self.file_source()?.as_raw_fd());
-            return mount(
-                Some(src.as_str()),
-                at.as_str(),
-                None::<&str>,
-                MsFlags::MS_BIND,
-                None::<&str>,
-            );
+            return bind(self.file_source()?.as_raw_fd());
         }
         if let Some(dir) = &self.dir {
-            let src = format!("/proc/self/fd/{}", dir.as_raw_fd());
-            return mount(
-                Some(src.as_str()),
-                at.as_str(),
-                None::<&str>,
-                MsFlags::MS_BIND,
-                None::<&str>,
-            );
+            return bind(dir.as_raw_fd());
         }
         let fs = fsopen(c"tmpfs", FsOpenFlags::FSOPEN_CLOEXEC).map_err(errno)?;
         fsconfig_set_string(&fs, c"mode", c"555").map_err(errno)?;

@@ -478,18 +478,13 @@ fn disarm_git(plan: &Plan, audit: Option<&crate::audit::Log>, before: &GitBefore
         }
     }
     for (from, to) in moved {
-        eprintln!(
-            "aisb: the sandbox wrote {} (git on the host would have read configuration, and the programs it names, through it); moved to {}",
-            from.display(),
-            to.display()
+        protect::report(
+            audit,
+            &from,
+            &to,
+            "was written by the sandbox (git on the host would have read configuration, and the programs it names, through it)",
+            "git would read configuration through it".into(),
         );
-        if let Some(log) = audit {
-            let _ = log.write(crate::audit::Kind::Quarantine {
-                path: from.to_string_lossy().into_owned(),
-                moved_to: to.to_string_lossy().into_owned(),
-                why: "git would read configuration through it".into(),
-            });
-        }
     }
 }
 

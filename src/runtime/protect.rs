@@ -101,21 +101,13 @@ pub fn begin(plan: &Plan, audit: Option<&crate::audit::Log>) -> (Pending, Option
             && std::fs::metadata(&m.path).is_err();
         if dangling && !has_link_between(&plan.project, &m.path) {
             if let Some((from, to)) = crate::git::quarantine_file(&m.path, &quarantine_dir) {
-                eprintln!(
-                    "aisb: {} is a symbolic link under a secret's name that leads nowhere (a write on the host would land where it points); moved to {}",
-                    from.display(),
-                    to.display()
+                report(
+                    audit,
+                    &from,
+                    &to,
+                    "is a symbolic link under a secret's name that leads nowhere (a write on the host would land where it points)",
+                    format!("a dangling symbolic link under a secret's name ({})", m.rule),
                 );
-                if let Some(log) = audit {
-                    let _ = log.write(crate::audit::Kind::Quarantine {
-                        path: from.to_string_lossy().into_owned(),
-                        moved_to: to.to_string_lossy().into_owned(),
-                        why: format!(
-                            "a dangling symbolic link under a secret's name ({})",
-                            m.rule
-                        ),
-                    });
-                }
             }
         }
     }
@@ -186,18 +178,15 @@ fn quarantine(
             .iter()
             .find(|p| p.path == from)
             .map_or("the host runs or obeys it", |p| p.why.as_str());
-        eprintln!(
-            "aisb: the sandbox created {} ({why}); moved to {}\n  help: nothing inside may write what the host runs; look at it there, and move it back yourself if you want it",
-            from.display(),
-            to.display()
+        report(
+            audit,
+            &from,
+            &to,
+            &format!(
+                "was created by the sandbox ({why}); nothing inside may write what the host runs"
+            ),
+            why.to_string(),
         );
-        if let Some(log) = audit {
-            let _ = log.write(crate::audit::Kind::Quarantine {
-                path: from.to_string_lossy().into_owned(),
-                moved_to: to.to_string_lossy().into_owned(),
-                why: why.to_string(),
-            });
-        }
         out.push(from);
     }
     out
@@ -221,4 +210,26 @@ pub(crate) fn has_link_between(root: &Path, path: &Path) -> bool {
         }
     }
     false
+}
+
+/// Say that `from` was moved to `to`: on stderr (`what` it was) and in the audit log (`why`).
+pub(crate) fn report(
+    audit: Option<&crate::audit::Log>,
+    from: &Path,
+    to: &Path,
+    what: &str,
+    why: String,
+) {
+    eprintln!(
+        "aisb: {} {what}; moved to {}\n  help: look at it there, and move it back yourself if you want it",
+        from.display(),
+        to.display()
+    );
+    if let Some(log) = audit {
+        let _ = log.write(crate::audit::Kind::Quarantine {
+            path: from.to_string_lossy().into_owned(),
+            moved_to: to.to_string_lossy().into_owned(),
+            why,
+        });
+    }
 }

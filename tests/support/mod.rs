@@ -100,6 +100,23 @@ impl Fixture {
     }
 }
 
+/// `git add -A` and a commit of everything in `dir`, as a test author.
+pub fn commit_all(dir: &Path, message: &str) {
+    git_in(dir, &["add", "-A"]);
+    git_in(
+        dir,
+        &[
+            "-c",
+            "user.email=t@t",
+            "-c",
+            "user.name=t",
+            "commit",
+            "-qm",
+            message,
+        ],
+    );
+}
+
 pub fn git_in(dir: &Path, args: &[&str]) {
     let st = Command::new("git")
         .args([

@@ -352,39 +352,29 @@ pub fn argv(spec: &Spec, inputs: &Inputs) -> Result<Vec<String>, BwrapError> {
         .args()
         .clone()
         .ok_or(BwrapError::Missing("process args"))?;
-    if args.iter().any(|a| a.starts_with("--transparent=")) {
+    // Capabilities the init gets (after `--cap-drop ALL`), and drops before the workload.
+    let add_caps = |a: &mut Vec<String>, caps: &[&str]| {
         let at = a
             .iter()
             .position(|x| x == "--cap-drop")
             .map_or(0, |i| i + 2);
-        let caps = TRANSPARENT_CAPS
+        let caps = caps
             .iter()
             .flat_map(|c| ["--cap-add".to_string(), c.to_string()]);
         a.splice(at..at, caps);
+    };
+    if args.iter().any(|a| a.starts_with("--transparent=")) {
+        add_caps(&mut a, &TRANSPARENT_CAPS);
     }
     if overlays.is_empty() && args.iter().any(|a| a.starts_with("--mask-list=")) {
-        let at = a
-            .iter()
-            .position(|x| x == "--cap-drop")
-            .map_or(0, |i| i + 2);
-        let caps = MASK_CAPS
-            .iter()
-            .flat_map(|c| ["--cap-add".to_string(), c.to_string()]);
-        a.splice(at..at, caps);
+        add_caps(&mut a, &MASK_CAPS);
     }
     if !overlays.is_empty() {
         // The init mounts them with these capabilities (in the sandbox's user namespace) and
         // drops them before the workload runs. overlayfs does its copy-ups with the mounter's
         // credentials: it needs to pass permission checks and keep owners, as on libcontainer,
         // where the init is root in its user namespace when it mounts.
-        let at = a
-            .iter()
-            .position(|x| x == "--cap-drop")
-            .map_or(0, |i| i + 2);
-        let caps = OVERLAY_CAPS
-            .iter()
-            .flat_map(|c| ["--cap-add".to_string(), c.to_string()]);
-        a.splice(at..at, caps);
+        add_caps(&mut a, &OVERLAY_CAPS);
         overlays.extend(init_masks);
         args.splice(2..2, overlays);
     }
