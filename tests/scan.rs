@@ -293,6 +293,19 @@ fn evaluating_writes_nothing_and_returns_the_cache_to_store() {
         .map(|e| e.path().to_path_buf())
         .collect();
     assert_eq!(before, after, "evaluation wrote on the host");
-    assert_eq!(plan.memos.len(), 1, "the scan's cache, to store");
-    assert!(plan.memos[0].path.starts_with(host.cache_home()));
+    // The scan's cache, and the record of what was masked (`eval::masks::keep`).
+    assert_eq!(
+        plan.memos.len(),
+        2,
+        "{:?}",
+        plan.memos.iter().map(|m| &m.path).collect::<Vec<_>>()
+    );
+    assert!(plan
+        .memos
+        .iter()
+        .all(|m| m.path.starts_with(host.cache_home())));
+    assert!(plan
+        .memos
+        .iter()
+        .any(|m| m.path.ends_with(aisb::eval::masks::KEPT_FILE)));
 }

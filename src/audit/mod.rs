@@ -262,9 +262,14 @@ impl Log {
     /// caller decides whether a lost audit line is fatal.
     pub fn write(&self, kind: Kind) -> std::io::Result<()> {
         use std::sync::atomic::Ordering;
-        let mut v = serde_json::to_value(Event::now(kind))?;
-        cut_all(&mut v);
-        let mut line = serde_json::to_vec(&v)?;
+        let event = Event::now(kind);
+        let mut line = serde_json::to_vec(&event)?;
+        // Only an oversized event is cut (its keys then come in name order).
+        if line.len() > MAX_FIELD {
+            let mut v = serde_json::to_value(&event)?;
+            cut_all(&mut v);
+            line = serde_json::to_vec(&v)?;
+        }
         line.push(b'\n');
         let n = line.len() as u64;
         let taken = self

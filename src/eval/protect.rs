@@ -36,6 +36,21 @@ pub const PROTECTED: &[(&str, &str)] = &[
         "editors build and start the container it describes",
     ),
     (".zed/", "Zed runs its tasks and obeys its settings"),
+    (
+        ".devcontainer.json",
+        "editors build and start the container it describes",
+    ),
+    (
+        ".cursor/",
+        "Cursor runs its rules, MCP servers and settings",
+    ),
+    (".helix/", "Helix obeys its settings and language servers"),
+    (".nvim.lua", "Neovim runs it (exrc)"),
+    (".exrc", "Vim and Neovim run it (exrc)"),
+    // Files host tools load from the working directory: a `.env` made inside would set an
+    // API base URL for aider or bun on the host (one that exists is masked, and read-only).
+    (".env", "aider, bun, docker compose and others load it"),
+    (".env.local", "frameworks' dev servers load it"),
     // Shells and git.
     (".envrc", "direnv runs it on cd"),
     (".bashrc", "a shell sources it"),
@@ -49,6 +64,10 @@ pub const PROTECTED: &[(&str, &str)] = &[
     (".husky/", "husky's git hooks run on commit"),
     (".lefthook.yml", "lefthook's hooks run on commit"),
     ("lefthook.yml", "lefthook's hooks run on commit"),
+    ("lefthook.yaml", "lefthook's hooks run on commit"),
+    ("lefthook.json", "lefthook's hooks run on commit"),
+    ("lefthook.toml", "lefthook's hooks run on commit"),
+    ("lefthook-local.yml", "lefthook's hooks run on commit"),
     (
         ".pre-commit-config.yaml",
         "pre-commit's hooks run on commit",
@@ -65,6 +84,20 @@ pub const PROTECTED: &[(&str, &str)] = &[
     (".yarnrc", "yarn obeys it"),
     (".pnpmfile.cjs", "pnpm runs it on install"),
     (".npmrc", "npm obeys it"),
+    ("bunfig.toml", "bun runs what it configures"),
+    ("gradle.properties", "Gradle obeys it"),
+    (
+        "gradle/wrapper/gradle-wrapper.jar",
+        "the Gradle wrapper runs it",
+    ),
+    (
+        ".mvn/wrapper/maven-wrapper.jar",
+        "the Maven wrapper runs it",
+    ),
+    (".mvn/jvm.config", "Maven passes it to the JVM"),
+    (".mvn/maven.config", "Maven obeys it"),
+    (".yarn/releases/", "yarn runs the release .yarnrc.yml names"),
+    (".yarn/plugins/", "yarn runs the plugins .yarnrc.yml names"),
     (
         "gradle/wrapper/gradle-wrapper.properties",
         "the Gradle wrapper downloads what it names",
@@ -86,12 +119,15 @@ pub const PROTECTED: &[(&str, &str)] = &[
     (".claude/commands/", "Claude Code's commands"),
     (".claude/agents/", "Claude Code's subagents"),
     (".claude/hooks/", "Claude Code's hooks"),
+    (".claude/skills/", "Claude Code's skills"),
     (".codex/", "Codex's configuration"),
     (".gemini/", "Gemini CLI's settings"),
     ("opencode.json", "OpenCode's configuration"),
     ("opencode.jsonc", "OpenCode's configuration"),
     (".opencode/", "OpenCode's agents, commands and plugins"),
     (".aider.conf.yml", "aider's configuration"),
+    (".aider.model.settings.yml", "aider's model settings"),
+    (".opencode.json", "OpenCode's configuration"),
 ];
 
 /// Written by the agent itself (an "always allow" answer): a private copy inside, never the

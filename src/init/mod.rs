@@ -382,18 +382,8 @@ fn mount_layers(opts: &Options) -> Result<(), InitError> {
     for o in &opts.overlays {
         mount_overlay(o).map_err(overlay_err(o))?;
     }
-    let mut masker = Masker::new(if opts.mask_list.is_some() {
-        crate::vocab::MASK_SOURCE
-    } else {
-        aisb_bwrap::MASK_STAGE
-    });
-    let mask_err = |target: &[u8]| {
-        let target = String::from_utf8_lossy(target).into_owned();
-        move |source| InitError::Mask { target, source }
-    };
-    for target in opts.masks.iter().map(|(p, _)| p.as_bytes()).chain(listed) {
-        masker.mask(target).map_err(mask_err(target))?;
-    }
+    // The stages first: a mask that followed a planted link onto a stage would otherwise be
+    // what the clean-up below unmounts, leaving the stage (the host's lower dir) in place.
     let ro_empty = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     for o in &opts.overlays {
         let rw = std::path::Path::new(&o.upper)
@@ -413,6 +403,18 @@ fn mount_layers(opts: &Options) -> Result<(), InitError> {
                 Err(e) => return Err(overlay_err(o)(e)),
             }
         }
+    }
+    let mut masker = Masker::new(if opts.mask_list.is_some() {
+        crate::vocab::MASK_SOURCE
+    } else {
+        aisb_bwrap::MASK_STAGE
+    });
+    let mask_err = |target: &[u8]| {
+        let target = String::from_utf8_lossy(target).into_owned();
+        move |source| InitError::Mask { target, source }
+    };
+    for target in opts.masks.iter().map(|(p, _)| p.as_bytes()).chain(listed) {
+        masker.mask(target).map_err(mask_err(target))?;
     }
     // The list names only what is masked (which the sandbox sees anyway), but it is ours:
     // gone, or covered where it is locked in place.
@@ -533,6 +535,14 @@ impl Masker {
             }
             Err(e) => return Err(errno(e)),
         };
+        // Never over aisb's own paths (a planted link into /run/aisb: the masking file, the
+        // list, a stage): nothing there is the project's to hide.
+        if !target.starts_with(b"/run/aisb/")
+            && std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+                .is_ok_and(|p| p.starts_with("/run/aisb"))
+        {
+            return Ok(());
+        }
         // A bind of the mount behind `src` over the target, both by descriptor.
         let bind = |src: i32| {
             mount(

@@ -16,6 +16,7 @@
 //! | `io_uring_setup`, `io_uring_enter`, `io_uring_register` (ENOSYS) | operations submitted through a ring bypass seccomp (a connect without `connect(2)`, so the proxy notifier never sees it) and are a large share of kernel exploits; libuv and tokio fall back on ENOSYS |
 //! | `clone3` (ENOSYS) | its flags live in memory a filter cannot read; libc falls back to `clone`, whose flags are checked |
 //! | `memfd_secret` (ENOSYS) | memory even the host cannot inspect; nothing a build needs |
+//! | `openat2` (ENOSYS) | its mode is in memory a filter cannot read (a setuid or setgid file created with it); callers fall back to `openat` |
 //! | `ptrace`, `process_vm_readv`, `process_vm_writev`, `pidfd_getfd`, `process_madvise`, `kcmp` | reading, changing or stealing from other processes (an agent's API key, the init's descriptors) |
 //! | `clone`/`unshare` with any `CLONE_NEW*` flag, `setns` | new namespaces: a user namespace gives back every capability |
 //! | `mount`, `umount2`, `pivot_root`, `chroot`, `fsopen`, `fsconfig`, `fsmount`, `fspick`, `move_mount`, `open_tree`, `open_tree_attr`, `mount_setattr` | changing the sandbox's view of the filesystem |
@@ -26,7 +27,7 @@
 //! | `settimeofday`, `clock_settime`, `sethostname`, `setdomainname` | the host's clock; the sandbox's name comes from the spec (`adjtimex`/`clock_adjtime` stay: `ntp_gettime` reads through them, setting needs CAP_SYS_TIME) |
 //! | `get_mempolicy`, `set_mempolicy`, `set_mempolicy_home_node`, `mbind`, `migrate_pages`, `move_pages` | NUMA placement, of other processes too (Docker gates it behind CAP_SYS_NICE; libnuma reports "no NUMA" and callers go on) |
 //! | `vmsplice` | gifting user pages to a pipe, a recurring exploit primitive (Podman refuses it too) |
-//! | `chmod`, `fchmod`, `fchmodat`, `fchmodat2` with `S_ISUID` or `S_ISGID`; `open`, `openat`, `creat` creating a file with them | a setuid or setgid file left in the project would run with its owner's rights on the host (the sandbox's root is the host's when root runs aisb) |
+//! | `chmod`, `fchmod`, `fchmodat`, `fchmodat2`, `mknod`, `mknodat` with `S_ISUID` or `S_ISGID`; `open`, `openat`, `creat` creating a file with them | a setuid or setgid file left in the project would run with its owner's rights on the host (the sandbox's root is the host's when root runs aisb) |
 //! | `personality` other than Docker's values (`PER_LINUX`, `PER_LINUX32`, `UNAME26`, query) | `ADDR_NO_RANDOMIZE` and `READ_IMPLIES_EXEC` switch off exploit mitigations |
 //! | `ioctl` `TIOCSTI`, `TIOCLINUX` | typing into the user's terminal |
 //! | `ioctl` `TIOCSETD` | line disciplines (n_gsm, n_hdlc) load rarely used, often vulnerable kernel code |
@@ -41,8 +42,8 @@
 //! themselves with them), `membarrier` (.NET), `process_mrelease` (only a dying process),
 //! `fanotify_mark` (useless without `fanotify_init`), `statmount`/`listmount` (the sandbox's own
 //! mounts, like `/proc/self/mountinfo`), the AIO calls (no bypass: they only read and write
-//! descriptors already open), `sysfs`/`ustat` (obsolete read-only information), `mknod` (needs
-//! CAP_MKNOD). Not listed because no x86_64 or aarch64 kernel implements them: `nfsservctl`,
+//! descriptors already open), `sysfs`/`ustat` (obsolete read-only information), `mknod` (a device
+//! needs CAP_MKNOD; a regular file's mode is checked like chmod's). Not listed because no x86_64 or aarch64 kernel implements them: `nfsservctl`,
 //! `create_module`, `get_kernel_syms`, `query_module`, `vm86`.
 
 use std::collections::BTreeMap;
@@ -157,6 +158,7 @@ const NOT_IMPLEMENTED: &[(i64, &str)] = &[
     (libc::SYS_io_uring_enter, "io_uring_enter"),
     (libc::SYS_io_uring_register, "io_uring_register"),
     (libc::SYS_memfd_secret, "memfd_secret"),
+    (libc::SYS_openat2, "openat2"),
 ];
 
 /// `ioctl` requests refused (`TIOCSTI`, `TIOCLINUX`, `TIOCSETD`).
@@ -264,11 +266,14 @@ fn permission_denied(setid: bool) -> Result<BpfProgram, SeccompError> {
     rules.insert(libc::SYS_fchmodat, any_flag(2, &setid)?);
     rules.insert(libc::SYS_fchmodat2, any_flag(2, &setid)?);
     rules.insert(libc::SYS_openat, created_with(2, 3, &setid)?);
+    // A regular file needs no CAP_MKNOD: its mode is checked like chmod's.
+    rules.insert(libc::SYS_mknodat, any_flag(2, &setid)?);
     #[cfg(target_arch = "x86_64")]
     {
         rules.insert(libc::SYS_chmod, any_flag(1, &setid)?);
         rules.insert(libc::SYS_creat, any_flag(1, &setid)?);
         rules.insert(libc::SYS_open, created_with(1, 2, &setid)?);
+        rules.insert(libc::SYS_mknod, any_flag(1, &setid)?);
     }
     program(rules, libc::EPERM)
 }

@@ -18,6 +18,10 @@ pub struct Pending {
     project: PathBuf,
     quarantine: PathBuf,
     protected: Vec<Protected>,
+    /// The protected files bound read-only, with their (device, inode) at start: one found
+    /// under that name afterwards with another identity was put there by the sandbox (it
+    /// renamed the directory holding the original and made a new one).
+    bound: Vec<(PathBuf, u64, u64)>,
     record: Option<PathBuf>,
     done: bool,
 }
@@ -30,7 +34,13 @@ impl Pending {
 
     /// Move aside what appeared of the protected paths, then drop the run's record.
     fn sweep(&mut self, audit: Option<&crate::audit::Log>) {
-        let paths: Vec<PathBuf> = self.protected.iter().map(|p| p.path.clone()).collect();
+        use std::os::unix::fs::MetadataExt;
+        let mut paths: Vec<PathBuf> = self.protected.iter().map(|p| p.path.clone()).collect();
+        for (path, dev, ino) in &self.bound {
+            if std::fs::symlink_metadata(path).is_ok_and(|m| (m.dev(), m.ino()) != (*dev, *ino)) {
+                paths.push(path.clone());
+            }
+        }
         quarantine(
             &self.project,
             &self.quarantine,
@@ -146,10 +156,21 @@ pub fn begin(plan: &Plan, audit: Option<&crate::audit::Log>) -> (Pending, Option
             record = Some(path);
         }
     }
+    let bound = plan
+        .mounts
+        .iter()
+        .filter(|m| crate::eval::protect::is_protect_mount(m))
+        .filter_map(|m| {
+            use std::os::unix::fs::MetadataExt;
+            let md = std::fs::symlink_metadata(&m.target).ok()?;
+            Some((m.target.clone(), md.dev(), md.ino()))
+        })
+        .collect();
     let pending = Pending {
         project: plan.project.clone(),
         quarantine: quarantine_dir,
         protected: plan.protected.clone(),
+        bound,
         record,
         done: false,
     };
@@ -166,12 +187,58 @@ fn quarantine(
 ) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for path in paths {
-        // Only below the project, by a path with no link on the way (a link the sandbox made
-        // for a parent directory would move something else).
-        if !path.starts_with(project) || has_link_between(project, path) {
+        if !path.starts_with(project) {
             continue;
         }
-        let Some((from, to)) = crate::git::quarantine_file(path, into) else {
+        // Through a linked parent (`ln -s x .claude`): what the host's tool would read is where
+        // the link leads; moved when that is below the project, by a path without links.
+        let path = if has_link_between(project, path) {
+            match std::fs::canonicalize(path) {
+                Ok(real) if real.starts_with(project) && !has_link_between(project, &real) => real,
+                _ => continue,
+            }
+        } else {
+            path.clone()
+        };
+        let path = &path;
+        if std::fs::symlink_metadata(path).is_err() {
+            continue;
+        }
+        let mut moved = crate::git::quarantine_file(path, into);
+        if moved.is_none() {
+            // A directory made read-only inside (`chmod 555 .vscode`) keeps what is in it:
+            // made writable for its owner again, then moved.
+            if let Some(parent) = path.parent().filter(|p| p.starts_with(project)) {
+                use std::os::unix::fs::PermissionsExt;
+                if let Ok(md) = std::fs::symlink_metadata(parent) {
+                    if md.is_dir() {
+                        let mode = md.permissions().mode() | 0o700;
+                        let _ =
+                            std::fs::set_permissions(parent, std::fs::Permissions::from_mode(mode));
+                    }
+                }
+            }
+            if let Ok(md) = std::fs::symlink_metadata(path) {
+                if md.is_dir() {
+                    use std::os::unix::fs::PermissionsExt;
+                    let mode = md.permissions().mode() | 0o700;
+                    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode));
+                }
+            }
+            moved = crate::git::quarantine_file(path, into);
+        }
+        let Some((from, to)) = moved else {
+            eprintln!(
+                "aisb: WARNING: {} was created by the sandbox and could not be moved aside: remove it before any tool reads it",
+                path.display()
+            );
+            if let Some(log) = audit {
+                let _ = log.write(crate::audit::Kind::Quarantine {
+                    path: path.to_string_lossy().into_owned(),
+                    moved_to: String::new(),
+                    why: "could not be moved aside".into(),
+                });
+            }
             continue;
         };
         let why = protected

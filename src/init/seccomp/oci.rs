@@ -151,9 +151,9 @@ pub fn profile() -> LinuxSeccomp {
     // No setuid or setgid file (see the init's filter).
     for bit in [libc::S_ISUID as u64, libc::S_ISGID as u64] {
         let mut by_index: Vec<(&[&str], usize)> =
-            vec![(&["fchmod"], 1), (&["fchmodat", "fchmodat2"], 2)];
+            vec![(&["fchmod"], 1), (&["fchmodat", "fchmodat2", "mknodat"], 2)];
         if cfg!(target_arch = "x86_64") {
-            by_index.push((&["chmod", "creat"], 1));
+            by_index.push((&["chmod", "creat", "mknod"], 1));
         }
         for (names, index) in by_index {
             rules.push(refuse(names, libc::EPERM, vec![masked(index, bit, bit)]));

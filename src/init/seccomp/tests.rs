@@ -278,6 +278,14 @@ fn setuid_and_setgid_files_are_refused() {
             verdict(libc::SYS_openat, &[3, 0, creat, 0o755 | bit]),
             errno(libc::EPERM)
         );
+        // A regular file by mknodat needs no capability: its mode is checked too.
+        assert_eq!(
+            verdict(
+                libc::SYS_mknodat,
+                &[3, 0, libc::S_IFREG as u64 | 0o644 | bit, 0]
+            ),
+            errno(libc::EPERM)
+        );
         assert_eq!(
             verdict(
                 libc::SYS_openat,
