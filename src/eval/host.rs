@@ -211,26 +211,19 @@ pub(super) fn scope<'a>(
             why: "it would share everything under it".into(),
         });
     }
+    // The home as given and as reached (through a link).
     let home = host
         .home
         .canonicalize()
         .unwrap_or_else(|_| host.home.clone());
-    // aisb's own state and trust records are never the sandbox's.
-    let aisb_dirs = [
-        host.cache_home().join("aisb"),
-        host.config_home().join("aisb"),
-    ];
     if home.starts_with(&project)
         || host.home.starts_with(&project)
-        || aisb_dirs.iter().any(|d| {
-            d.starts_with(&project) || d.canonicalize().is_ok_and(|c| c.starts_with(&project))
-        })
         || SYSTEM_TREES.iter().any(|d| project.starts_with(d))
         || SYSTEM_DIRS.iter().any(|d| project == Path::new(d))
     {
         return Err(EvalError::BadProject {
             path: project,
-            why: "it holds your home, aisb's own state, or the system's files, which the sandbox would share".into(),
+            why: "it holds your home or the system's files, which the sandbox would share".into(),
         });
     }
     builtins.insert("PROJECT", project.to_string_lossy().into_owned());
