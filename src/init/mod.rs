@@ -514,10 +514,7 @@ impl Masker {
     fn mask(&mut self, target: &[u8]) -> Result<(), nix::Error> {
         use nix::mount::{mount, MsFlags};
         use rustix::fs::{openat2, FileType, Mode, OFlags, ResolveFlags, CWD};
-        use rustix::mount::{
-            fsconfig_create, fsconfig_set_string, fsmount, fsopen, move_mount, FsMountFlags,
-            FsOpenFlags, MountAttrFlags, MoveMountFlags,
-        };
+        use rustix::mount::{move_mount, MoveMountFlags};
         use std::os::fd::AsRawFd;
         use std::os::unix::ffi::OsStrExt;
         let path = std::ffi::OsStr::from_bytes(target);
@@ -561,19 +558,7 @@ impl Masker {
         if let Some(dir) = &self.dir {
             return bind(dir.as_raw_fd());
         }
-        let fs = fsopen(c"tmpfs", FsOpenFlags::FSOPEN_CLOEXEC).map_err(errno)?;
-        fsconfig_set_string(&fs, c"mode", c"555").map_err(errno)?;
-        fsconfig_set_string(&fs, c"size", c"4k").map_err(errno)?;
-        fsconfig_create(&fs).map_err(errno)?;
-        let empty = fsmount(
-            &fs,
-            FsMountFlags::FSMOUNT_CLOEXEC,
-            MountAttrFlags::MOUNT_ATTR_RDONLY
-                | MountAttrFlags::MOUNT_ATTR_NOSUID
-                | MountAttrFlags::MOUNT_ATTR_NODEV
-                | MountAttrFlags::MOUNT_ATTR_NOEXEC,
-        )
-        .map_err(errno)?;
+        let empty = empty_tmpfs().map_err(errno)?;
         move_mount(
             &empty,
             c"",
@@ -586,6 +571,27 @@ impl Masker {
         self.dir = Some(empty);
         Ok(())
     }
+}
+
+/// What a masked directory shows: an empty tmpfs of mode 0555, read-only, nosuid, nodev,
+/// noexec, detached (the caller attaches it). The init's masks and the live masker's both.
+pub fn empty_tmpfs() -> rustix::io::Result<std::os::fd::OwnedFd> {
+    use rustix::mount::{
+        fsconfig_create, fsconfig_set_string, fsmount, fsopen, FsMountFlags, FsOpenFlags,
+        MountAttrFlags,
+    };
+    let fs = fsopen(c"tmpfs", FsOpenFlags::FSOPEN_CLOEXEC)?;
+    fsconfig_set_string(&fs, c"mode", c"555")?;
+    fsconfig_set_string(&fs, c"size", c"4k")?;
+    fsconfig_create(&fs)?;
+    fsmount(
+        &fs,
+        FsMountFlags::FSMOUNT_CLOEXEC,
+        MountAttrFlags::MOUNT_ATTR_RDONLY
+            | MountAttrFlags::MOUNT_ATTR_NOSUID
+            | MountAttrFlags::MOUNT_ATTR_NODEV
+            | MountAttrFlags::MOUNT_ATTR_NOEXEC,
+    )
 }
 
 fn errno(e: rustix::io::Errno) -> nix::Error {

@@ -16,10 +16,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use rustix::fs::{openat2, FileType, Mode, OFlags, ResolveFlags, CWD};
 use rustix::io::Errno;
-use rustix::mount::{
-    fsconfig_create, fsconfig_set_string, fsmount, fsopen, move_mount, open_tree, FsMountFlags,
-    FsOpenFlags, MountAttrFlags, MoveMountFlags, OpenTreeFlags,
-};
+use rustix::mount::{move_mount, open_tree, MoveMountFlags, OpenTreeFlags};
 use rustix::thread::{move_into_link_name_space, LinkNameSpaceType};
 
 /// `ioctl(NS_GET_USERNS)`: the user namespace that owns a namespace (`_IO(0xb7, 0x1)`).
@@ -201,19 +198,7 @@ impl Inside {
             )
         };
         if kind == FileType::Directory {
-            let fs = fsopen(c"tmpfs", FsOpenFlags::FSOPEN_CLOEXEC)?;
-            fsconfig_set_string(&fs, c"mode", c"555")?;
-            fsconfig_set_string(&fs, c"size", c"4k")?;
-            fsconfig_create(&fs)?;
-            let mount = fsmount(
-                &fs,
-                FsMountFlags::FSMOUNT_CLOEXEC,
-                MountAttrFlags::MOUNT_ATTR_RDONLY
-                    | MountAttrFlags::MOUNT_ATTR_NOSUID
-                    | MountAttrFlags::MOUNT_ATTR_NODEV
-                    | MountAttrFlags::MOUNT_ATTR_NOEXEC,
-            )?;
-            attach(&mount)?;
+            attach(&crate::init::empty_tmpfs()?)?;
             Ok(Outcome::Dir)
         } else {
             // A clone of the source's mount: read-only, nosuid, nodev, noexec like it.
