@@ -390,11 +390,20 @@ pub(super) fn keep(
     use std::os::unix::ffi::OsStrExt;
     let record = sc.state_dir.join(KEPT_FILE);
     let project = &sc.project;
-    let now: std::collections::HashSet<&[u8]> = masks
-        .iter()
-        .filter_map(|m| m.path.strip_prefix(project).ok())
-        .map(|r| r.as_os_str().as_bytes())
-        .collect();
+    // Below the project, as bytes (masks are absolute and normal: a byte prefix is a path
+    // prefix when a `/` follows it, and much cheaper than comparing components).
+    fn rel_of<'a>(project: &Path, p: &'a Path) -> Option<&'a [u8]> {
+        let project = project.as_os_str().as_bytes();
+        let rest = p.as_os_str().as_bytes().strip_prefix(project)?;
+        match rest {
+            [] => Some(rest),
+            [b'/', r @ ..] => Some(r),
+            _ if project.ends_with(b"/") => Some(rest),
+            _ => None,
+        }
+    }
+    let now: std::collections::HashSet<&[u8]> =
+        masks.iter().filter_map(|m| rel_of(project, &m.path)).collect();
     let mut kept = Vec::new();
     let before = crate::beneath::read(&sc.state_dir, Path::new(KEPT_FILE), 64 << 20)
         .ok()
@@ -435,11 +444,9 @@ pub(super) fn keep(
     }
     let mut bytes = Vec::new();
     for m in masks.iter() {
-        if let Ok(rel) = m.path.strip_prefix(project) {
-            if !rel.as_os_str().is_empty() {
-                bytes.extend_from_slice(rel.as_os_str().as_bytes());
-                bytes.push(0);
-            }
+        if let Some(rel) = rel_of(project, &m.path).filter(|r| !r.is_empty()) {
+            bytes.extend_from_slice(rel);
+            bytes.push(0);
         }
     }
     if before.as_ref() != Some(&bytes) {

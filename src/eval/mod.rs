@@ -321,10 +321,18 @@ fn resolve(
                 .any(|(rel, _)| sc.project.join(rel) == *p)
         })
         .collect();
+    // Looked up by path and by each parent: a scan of the whole list per protected name was
+    // quadratic in a big repository (50,000 masks times a hundred names).
+    let mask_index: std::collections::HashMap<&std::path::Path, bool> = mask_list
+        .iter()
+        .map(|m| (m.path.as_path(), m.dir))
+        .collect();
     let is_masked = |p: &std::path::Path| {
-        mask_list
-            .iter()
-            .any(|m| m.path == p || (m.dir && p.starts_with(&m.path)))
+        mask_index.contains_key(p)
+            || p
+                .ancestors()
+                .skip(1)
+                .any(|a| mask_index.get(a) == Some(&true))
     };
     let (protect_mounts, protected) = protect::resolve(&sc, &imports, &mounts, &is_masked);
     mounts.extend(protect_mounts);

@@ -11,7 +11,6 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -21,8 +20,10 @@ use sha2::{Digest, Sha256};
 
 use super::masks::PatternSet;
 
-const CACHE_VERSION: u32 = 4;
+const CACHE_VERSION: u32 = 5;
 const RACY_NS: i128 = 100_000_000;
+/// From this many recorded stamps on, two threads check them.
+const PARALLEL_STAMPS: usize = 4096;
 /// A project bigger than this without git is almost certainly a mistake (`/` or `$HOME`).
 const MAX_WALK_ENTRIES: usize = 1_000_000;
 
@@ -46,6 +47,7 @@ pub struct ScanRules<'a> {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Masked {
     /// Relative to the project root, `/`-separated, raw bytes (a name need not be UTF-8).
+    #[serde(with = "rel_text")]
     pub rel: Vec<u8>,
     pub dir: bool,
     pub rule: String,
@@ -63,6 +65,7 @@ pub enum Role {
 /// A directory git ignores as a whole that has a role, with the pattern that gave it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RoleDir {
+    #[serde(with = "rel_text")]
     pub rel: Vec<u8>,
     pub role: Role,
     pub pattern: String,
@@ -109,29 +112,110 @@ struct CacheFile {
     key: String,
     scan_start_ns: i128,
     /// (path relative to root or absolute, stamp); stamp `None` = did not exist.
-    stamps: Vec<(Vec<u8>, Option<Stamp>)>,
+    stamps: Vec<(Rel, Option<Stamp>)>,
     result: ScanResult,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 struct Stamp {
+    // Short names: a big repository records 50,000 of these.
+    #[serde(rename = "m")]
     mtime_ns: i128,
     /// The sandbox can set a directory's mtime back (`touch -d`) after the host wrote a secret
     /// into it; never its ctime, which any change moves to now.
+    #[serde(rename = "c")]
     ctime_ns: i128,
+    #[serde(rename = "s")]
     size: u64,
+    #[serde(rename = "i")]
     ino: u64,
 }
 
-fn stamp(path: &Path) -> Option<Stamp> {
-    let m = fs::symlink_metadata(path).ok()?;
+fn stamp(root: Option<&std::os::fd::OwnedFd>, rel: &[u8]) -> Option<Stamp> {
+    use rustix::fs::{statat, AtFlags, CWD};
+    let path = os(rel);
+    // Relative to the project's descriptor: one lookup per recorded directory, not a walk
+    // from `/` (50,000 of them in a big repository). An absolute path (a global excludes
+    // file) is found from `/` either way.
+    let m = match root {
+        Some(fd) => statat(fd, path, AtFlags::SYMLINK_NOFOLLOW | AtFlags::EMPTY_PATH),
+        None => statat(CWD, path, AtFlags::SYMLINK_NOFOLLOW),
+    }
+    .ok()?;
     Some(Stamp {
-        mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
-        ctime_ns: m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128,
-        size: m.size(),
-        ino: m.ino(),
+        mtime_ns: m.st_mtime as i128 * 1_000_000_000 + m.st_mtime_nsec as i128,
+        ctime_ns: m.st_ctime as i128 * 1_000_000_000 + m.st_ctime_nsec as i128,
+        size: m.st_size as u64,
+        ino: m.st_ino as u64,
     })
 }
+
+/// The project's root, opened once to stamp what is below it.
+fn open_root(root: &Path) -> Option<std::os::fd::OwnedFd> {
+    use rustix::fs::{open, Mode, OFlags};
+    open(
+        root,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()
+}
+
+/// A path's bytes as JSON text: valid UTF-8 as it is, `%` and every other byte as `%XX`
+/// (a name need not be UTF-8; an array of numbers was four times the size to read back).
+mod rel_text {
+    use serde::{de::Error, Deserialize, Deserializer, Serializer};
+
+    pub fn encode(b: &[u8]) -> String {
+        let mut out = String::with_capacity(b.len());
+        for chunk in b.utf8_chunks() {
+            for c in chunk.valid().chars() {
+                if c == '%' || c.is_control() {
+                    let mut buf = [0; 4];
+                    for byte in c.encode_utf8(&mut buf).bytes() {
+                        out.push_str(&format!("%{byte:02X}"));
+                    }
+                } else {
+                    out.push(c);
+                }
+            }
+            for byte in chunk.invalid() {
+                out.push_str(&format!("%{byte:02X}"));
+            }
+        }
+        out
+    }
+
+    pub fn decode(s: &str) -> Option<Vec<u8>> {
+        let b = s.as_bytes();
+        let mut out = Vec::with_capacity(b.len());
+        let mut i = 0;
+        while i < b.len() {
+            if b[i] == b'%' {
+                let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            } else {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+        Some(out)
+    }
+
+    pub fn serialize<S: Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&encode(b))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let s = std::borrow::Cow::<str>::deserialize(d)?;
+        decode(&s).ok_or_else(|| D::Error::custom("a bad %-escape in a cached path"))
+    }
+}
+
+/// A recorded path, as [`rel_text`].
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+struct Rel(#[serde(with = "rel_text")] Vec<u8>);
 
 fn now_ns() -> i128 {
     SystemTime::now()
@@ -167,11 +251,12 @@ pub fn scan(
     if let Some(p) = &cache_path {
         stamped.sort();
         stamped.dedup();
+        let fd = open_root(root);
         let stamps = stamped
             .into_iter()
             .map(|rel| {
-                let s = stamp(&root.join(os(&rel)));
-                (rel, s)
+                let s = stamp(fd.as_ref(), &rel);
+                (Rel(rel), s)
             })
             .collect();
         let cache = CacheFile {
@@ -197,16 +282,26 @@ fn load_cache(path: &Path, root: &Path, key: &str) -> Option<ScanResult> {
     if cache.version != CACHE_VERSION || cache.key != key {
         return None;
     }
-    for (rel, recorded) in &cache.stamps {
-        let now = stamp(&root.join(os(rel)));
-        if now != *recorded {
-            return None;
-        }
-        if let Some(s) = recorded {
-            if s.mtime_ns.max(s.ctime_ns) >= cache.scan_start_ns - RACY_NS {
-                return None;
-            }
-        }
+    let fd = open_root(root)?;
+    let unchanged = |stamps: &[(Rel, Option<Stamp>)]| {
+        stamps.iter().all(|(Rel(rel), recorded)| {
+            stamp(Some(&fd), rel) == *recorded
+                && recorded.is_none_or(|s| s.mtime_ns.max(s.ctime_ns) < cache.scan_start_ns - RACY_NS)
+        })
+    };
+    // A big repository records tens of thousands of directories: two threads stat them
+    // (both joined here, long before any fork).
+    let fresh = if cache.stamps.len() < PARALLEL_STAMPS {
+        unchanged(&cache.stamps)
+    } else {
+        let (a, b) = cache.stamps.split_at(cache.stamps.len() / 2);
+        std::thread::scope(|s| {
+            let other = s.spawn(|| unchanged(b));
+            unchanged(a) && other.join().unwrap_or(false)
+        })
+    };
+    if !fresh {
+        return None;
     }
     let mut r = cache.result;
     r.from_cache = true;
@@ -678,4 +773,31 @@ fn walk_dirs(
         out.push(raw.to_vec());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rel_text::{decode, encode};
+
+    #[test]
+    fn cached_paths_read_back_as_the_same_bytes() {
+        for b in [
+            &b"d0/secret.txt"[..],
+            b"",
+            b"100%/x",
+            b"%41",
+            b"caf\xc3\xa9/\xe2\x82\xac",
+            b"bad\xff\xfe/name\xc3",
+            b"tab\there\nnew\x7f",
+        ] {
+            let text = encode(b);
+            assert!(!text.chars().any(char::is_control), "{text:?}");
+            assert_eq!(decode(&text).as_deref(), Some(b), "{text:?}");
+        }
+        assert_eq!(encode(b"d0/secret.txt"), "d0/secret.txt");
+        assert_eq!(encode(b"caf\xc3\xa9"), "café");
+        assert_eq!(decode("%4"), None);
+        assert_eq!(decode("%zz"), None);
+        assert_eq!(decode("%e2%82"), Some(vec![0xe2, 0x82]));
+    }
 }

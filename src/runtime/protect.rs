@@ -102,13 +102,30 @@ pub fn begin(plan: &Plan, audit: Option<&crate::audit::Log>) -> (Pending, Option
     // A symbolic link under a secret's name that leads nowhere is a trap for a later write on
     // the host (`ln -s notes.txt .env.local`, planted by an earlier run): moved aside, so the
     // host's write makes a regular file that the live layer masks.
+    // One lookup per mask from the project's descriptor, not a walk from `/` (a big
+    // repository has 50,000 masks); only a link is looked at again.
+    let project_fd = rustix::fs::open(
+        &plan.project,
+        rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .ok();
     for m in &plan.masks {
-        if !m.path.starts_with(&plan.project) {
+        let Ok(rel) = m.path.strip_prefix(&plan.project) else {
             continue;
-        }
-        let dangling = std::fs::symlink_metadata(&m.path)
-            .is_ok_and(|md| md.file_type().is_symlink())
-            && std::fs::metadata(&m.path).is_err();
+        };
+        let is_link = match &project_fd {
+            Some(fd) if !rel.as_os_str().is_empty() => {
+                rustix::fs::statat(fd, rel, rustix::fs::AtFlags::SYMLINK_NOFOLLOW).is_ok_and(
+                    |st| {
+                        rustix::fs::FileType::from_raw_mode(st.st_mode)
+                            == rustix::fs::FileType::Symlink
+                    },
+                )
+            }
+            _ => std::fs::symlink_metadata(&m.path).is_ok_and(|md| md.file_type().is_symlink()),
+        };
+        let dangling = is_link && std::fs::metadata(&m.path).is_err();
         if dangling && !has_link_between(&plan.project, &m.path) {
             if let Some((from, to)) = crate::git::quarantine_file(&m.path, &quarantine_dir) {
                 report(
