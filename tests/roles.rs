@@ -260,6 +260,90 @@ fn node_python_and_make_projects_work_as_a_user() {
     ecosystems(Some(support::test_user()));
 }
 
+/// A fresh clone: the manifests promise `node_modules/` and `target/`, neither exists yet.
+/// The sandbox's first install and build land in its own layers; the host never gets the
+/// directories (a `node_modules/.bin` the host's hooks would run), and the next run sees
+/// what the first one wrote.
+fn fresh_clone(user: Option<(u32, u32)>) {
+    for backend in BACKENDS {
+        let p = Project::new(user, None);
+        let proj = p.proj();
+        std::fs::remove_dir_all(proj.join("node_modules")).unwrap();
+        p.write("Cargo.toml", "[package]\nname = \"app\"\nversion = \"0.1.0\"\n");
+        assert!(!proj.join("target").exists());
+        let home = p.root().join("home");
+        let who = format!(
+            "[{backend}, {}]",
+            if user.is_some() { "user" } else { "root" }
+        );
+        let o = p.run(
+            backend,
+            &home,
+            SYSTEM_PATH,
+            "mkdir -p node_modules/.bin && printf '#!/bin/sh\\necho pwned\\n' > node_modules/.bin/prettier \
+             && chmod +x node_modules/.bin/prettier; echo nm=$?; \
+             mkdir -p target/debug && echo x > target/debug/build-script; echo target=$?",
+        );
+        assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
+        o.expect("nm", "0");
+        o.expect("target", "0");
+        for d in ["node_modules", "target"] {
+            assert!(
+                std::fs::symlink_metadata(proj.join(d)).is_err(),
+                "{who} the sandbox's {d}/ reached the host"
+            );
+        }
+        // A run killed before it could remove its own layer (a second run at once gets one
+        // of its own, `deps-run/<pid>`): the next start removes it.
+        let state = walkdir::WalkDir::new(p.root().join("cache"))
+            .into_iter()
+            .flatten()
+            .find(|e| e.file_type().is_dir() && e.file_name() == "deps")
+            .map(|e| e.path().parent().unwrap().to_path_buf())
+            .expect("the dependency layers' state dir");
+        let mut gone = Command::new("true").spawn().unwrap();
+        let dead = gone.id();
+        gone.wait().unwrap();
+        let leaked = state.join("deps-run").join(dead.to_string());
+        std::fs::create_dir_all(leaked.join("node_modules/upper")).unwrap();
+        std::fs::write(leaked.join("node_modules/upper/file"), "x").unwrap();
+        if let Some((uid, gid)) = user {
+            for e in walkdir::WalkDir::new(state.join("deps-run")).into_iter().flatten() {
+                std::os::unix::fs::lchown(e.path(), Some(uid), Some(gid)).unwrap();
+            }
+        }
+        let o = p.run(
+            backend,
+            &home,
+            SYSTEM_PATH,
+            "test -x node_modules/.bin/prettier; echo kept=$?; test -f target/debug/build-script; echo kept-target=$?",
+        );
+        assert!(!leaked.exists(), "{who} a dead run's layer was left in {}", leaked.display());
+        o.expect("kept", "0");
+        o.expect("kept-target", "0");
+        assert!(
+            std::fs::symlink_metadata(proj.join("node_modules")).is_err(),
+            "{who} node_modules/ left on the host after the second run"
+        );
+    }
+}
+
+#[test]
+fn a_fresh_clones_first_install_stays_in_the_sandbox_as_root() {
+    if !ready() {
+        return;
+    }
+    fresh_clone(None);
+}
+
+#[test]
+fn a_fresh_clones_first_install_stays_in_the_sandbox_as_a_user() {
+    if !ready() {
+        return;
+    }
+    fresh_clone(Some(support::test_user()));
+}
+
 #[test]
 fn write_through_writes_the_hosts_directory() {
     if !ready() {

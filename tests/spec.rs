@@ -108,6 +108,7 @@ fn sample_plan() -> Plan {
         ],
         live: None,
         protected: vec![],
+        made_for_run: vec![],
         exposures: vec![],
         kept_masked: vec![],
         scan: ScanSummary {

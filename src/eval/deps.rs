@@ -89,6 +89,82 @@ pub(super) fn mounts(sc: &Scope<'_>, roles: &[RoleDir]) -> Vec<Mount> {
     out
 }
 
+/// Dependency directories a project's manifest says its tools will make, by the manifest's
+/// name at the project root. Only names whose ecosystem never commits them: Go's and Ruby's
+/// `vendor/` often are committed, so they are not here.
+pub const MANIFEST_DIRS: &[(&str, &[&str])] = &[
+    ("package.json", &["node_modules"]),
+    ("Cargo.toml", &["target"]),
+    ("pyproject.toml", &[".venv"]),
+    ("setup.py", &[".venv"]),
+    ("setup.cfg", &[".venv"]),
+    ("requirements.txt", &[".venv"]),
+    ("Pipfile", &[".venv"]),
+    ("pom.xml", &["target"]),
+    ("build.gradle", &["build", ".gradle"]),
+    ("build.gradle.kts", &["build", ".gradle"]),
+    ("settings.gradle", &["build", ".gradle"]),
+    ("settings.gradle.kts", &["build", ".gradle"]),
+    ("pubspec.yaml", &[".dart_tool"]),
+    ("mix.exs", &["_build", "deps"]),
+    ("composer.json", &["vendor"]),
+];
+
+/// The dependency directories the project's manifests promise but that do not exist yet (a
+/// fresh clone before its first `npm install` or build): each gets the same copy-on-write
+/// layer as an existing one, over an empty directory made for the run on the host and
+/// removed after it while still empty (`Plan::made_for_run`). Without this the sandbox's
+/// first install would write the host's `node_modules/.bin`, which the host's hooks run.
+/// Returns the mounts and the directories to make.
+pub(super) fn absent(
+    sc: &Scope<'_>,
+    rules: &RoleRules,
+    have: &[Mount],
+) -> (Vec<Mount>, Vec<std::path::PathBuf>) {
+    let mut mounts = Vec::new();
+    let mut made = Vec::new();
+    if sc.read_only || sc.project_access != Access::Rw {
+        return (mounts, made);
+    }
+    let through = PatternSet::new(sc.s.secrets.write_through.iter().map(|w| w.value.as_str()));
+    for (manifest, dirs) in MANIFEST_DIRS {
+        if std::fs::symlink_metadata(sc.project.join(manifest)).is_err() {
+            continue;
+        }
+        for name in *dirs {
+            let target = sc.project.join(name);
+            if made.contains(&target)
+                || have.iter().any(|m| m.target == target)
+                || std::fs::symlink_metadata(&target).is_ok()
+                || through.matching(name.as_bytes(), true).is_some()
+            {
+                continue;
+            }
+            let Some((Role::Dependency, pattern)) = rules.role_of(name.as_bytes()) else {
+                continue;
+            };
+            let d = sc
+                .state_dir
+                .join(LAYER_DIR)
+                .join(super::mounts::slug(&target));
+            mounts.push(Mount {
+                target: target.clone(),
+                kind: MountKind::Overlay {
+                    lower: target.clone(),
+                    upper: d.join("upper"),
+                    work: d.join("work"),
+                },
+                why: format!(
+                    "dependency dir {name}/ (\"{pattern}\", promised by {manifest}): not there yet, \
+                     made empty on the host for the run and written copy-on-write"
+                ),
+            });
+            made.push(target);
+        }
+    }
+    (mounts, made)
+}
+
 /// The role patterns, compiled: which directories are dependency or cache directories, and
 /// what is masked inside them.
 #[derive(Debug, Clone)]

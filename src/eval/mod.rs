@@ -310,6 +310,8 @@ fn resolve(
         mut memos,
     } = masks::resolve(cx, &sc, home_mode)?;
     mounts.extend(deps::mounts(&sc, &scanned.roles));
+    let (more, made_for_run) = deps::absent(&sc, &live.roles, &mounts);
+    mounts.extend(more);
     let imports: Vec<PathBuf> = cx
         .loaded
         .sources
@@ -423,6 +425,7 @@ fn resolve(
         masks: mask_list,
         kept_masked,
         protected,
+        made_for_run,
         exposures,
         live,
         scan: ScanSummary {

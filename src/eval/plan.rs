@@ -52,6 +52,11 @@ pub struct Plan {
     pub kept_masked: Vec<PathBuf>,
     /// Protected files absent at start (see [`Protected`]).
     pub protected: Vec<Protected>,
+    /// Dependency directories absent on the host that the runtime makes empty for the run, so
+    /// that their copy-on-write layer has a place, and removes after it while still empty
+    /// (`eval::deps::absent`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub made_for_run: Vec<PathBuf>,
     /// What the configuration files on disk expose beyond the defaults that the rest of the
     /// plan does not show (`allow`, a secrets layer turned off, `tool-dirs`,
     /// `dependency-dirs`, the project root moved), one line each with where it was written:

@@ -167,12 +167,68 @@ impl Drop for RunFile {
 struct Layers {
     _locks: Vec<Flock<std::fs::File>>,
     own: Option<PathBuf>,
+    /// Dependency directories made empty on the host for this run (`Plan::made_for_run`).
+    made: Vec<PathBuf>,
 }
 
 impl Drop for Layers {
     fn drop(&mut self) {
         if let Some(dir) = &self.own {
             let _ = crate::beneath::remove_tree(dir);
+        }
+        // Only while still empty: the sandbox wrote its layer, never these; a host-side
+        // install during the run keeps its directory.
+        for dir in &self.made {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+/// Make each absent dependency directory of `plan` empty on the host, so its copy-on-write
+/// layer has a place; returns those this run made (one a concurrent run or the host made
+/// meanwhile is used as it is, never removed by this run).
+fn make_for_run(plan: &Plan) -> Result<Vec<PathBuf>, RuntimeError> {
+    let mut made = Vec::new();
+    for dir in &plan.made_for_run {
+        match std::fs::create_dir(dir) {
+            Ok(()) => made.push(dir.clone()),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists
+                && std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) => {}
+            Err(source) => {
+                for d in &made {
+                    let _ = std::fs::remove_dir(d);
+                }
+                return Err(RuntimeError::Io {
+                    what: format!(
+                        "making {} for the run (its copy-on-write layer; a link or a file of that name appeared since the plan: run again)",
+                        dir.display()
+                    ),
+                    source,
+                });
+            }
+        }
+    }
+    Ok(made)
+}
+
+/// Remove the layers of earlier runs that were killed before they could (`<state>/deps-run/
+/// <pid>` of a process that is gone).
+fn sweep_dead_layers(plan: &Plan) {
+    let runs = plan
+        .state_dir
+        .join(format!("{}-run", crate::eval::deps::LAYER_DIR));
+    let Ok(entries) = std::fs::read_dir(&runs) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        if pid > 0
+            && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
+                == Err(nix::errno::Errno::ESRCH)
+        {
+            let _ = crate::beneath::remove_tree(&e.path());
         }
     }
 }
@@ -189,6 +245,7 @@ fn claim_layers(plan: &Plan) -> Result<(Layers, Option<Plan>), RuntimeError> {
     let mut held = Vec::new();
     let mut own: Option<PathBuf> = None;
     let mut changed: Option<Plan> = None;
+    sweep_dead_layers(plan);
     for (i, m) in plan.mounts.iter().enumerate() {
         let crate::eval::plan::MountKind::Overlay { upper, .. } = &m.kind else {
             continue;
@@ -240,7 +297,16 @@ fn claim_layers(plan: &Plan) -> Result<(Layers, Option<Plan>), RuntimeError> {
             Err((_, e)) => return Err(io(e.into())),
         }
     }
-    Ok((Layers { _locks: held, own }, changed))
+    // Last: an error above leaves nothing made on the host.
+    let made = make_for_run(plan)?;
+    Ok((
+        Layers {
+            _locks: held,
+            own,
+            made,
+        },
+        changed,
+    ))
 }
 
 /// Run `plan` on `backend` to the end. On an image, `root_mount` is the image's root, which

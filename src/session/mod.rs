@@ -295,6 +295,7 @@ pub fn prepare(plan: &mut Plan, name: &str) -> Result<Session, SessionError> {
 
     // The host's ignored dependency and cache directories are not the clone's.
     plan.mounts.retain(|m| !crate::eval::deps::is_role_mount(m));
+    plan.made_for_run.clear();
     // Nor are the host's protected files: the clone's own never act on the host.
     plan.mounts
         .retain(|m| !crate::eval::protect::is_protect_mount(m));
