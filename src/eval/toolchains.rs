@@ -5,8 +5,15 @@
 //! never its configuration (which holds tokens: `~/.cargo/config.toml` and
 //! `credentials.toml`, npmrc files, `pip.conf`, `gradle.properties`, `~/.m2/settings.xml`,
 //! `~/.gem/credentials` are not among the paths below; the configuration files that live inside
-//! an install prefix are masked). Package caches (`~/.cargo/registry`, `~/go/pkg/mod`) stay
-//! hidden: they hold every project's private dependencies, not just this one's.
+//! an install prefix are masked).
+//!
+//! Package caches (`~/.cargo/registry`, `~/go/pkg/mod`, npm's `_cacache`, pip's, Maven's
+//! repository, …) are usable, so that a build inside works offline from what the host already
+//! downloaded: each is mounted copy-on-write, whatever the PATH says. The sandbox's downloads
+//! land in its own layer, kept with its state; the host's cache never changes (a tool on the
+//! host trusts what is in it). They hold only packages: the tokens that fetched them live in
+//! the configuration files above, which stay hidden. `toolchains #false` turns this off with
+//! the rest.
 //!
 //! PATH entries that are the home itself, `.`, relative, or not below the home are not
 //! looked at; one below the home that no manager claims stays hidden (`aisb doctor` names it).
@@ -247,6 +254,62 @@ pub(super) fn mounts(sc: &Scope<'_>, masks: &mut Vec<super::plan::Mask>) -> Vec<
                 why: format!("toolchain {} on PATH (read-only)", m.name),
             });
         }
+    }
+    out.extend(package_caches(sc, &taken));
+    out
+}
+
+/// Package caches below the home (tool, path relative to the home): packages only, never the
+/// configuration that holds a registry's token.
+pub const PACKAGE_CACHES: &[(&str, &str)] = &[
+    ("cargo", ".cargo/registry"),
+    ("cargo", ".cargo/git"),
+    ("go", "go/pkg/mod"),
+    ("npm", ".npm/_cacache"),
+    ("yarn", ".cache/yarn"),
+    ("yarn", ".yarn/berry/cache"),
+    ("pnpm", ".local/share/pnpm/store"),
+    ("bun", ".bun/install/cache"),
+    ("pip", ".cache/pip"),
+    ("uv", ".cache/uv"),
+    ("maven", ".m2/repository"),
+    ("gradle", ".gradle/caches"),
+    ("gradle", ".gradle/wrapper/dists"),
+    ("composer", ".cache/composer"),
+    ("deno", ".cache/deno"),
+];
+
+/// Each package cache that exists (a real directory, never a link), copy-on-write: the
+/// layer is kept in the sandbox's state beside the dependency directories' (so a second run
+/// at once gets one of its own, see `runtime::claim_layers`).
+fn package_caches(sc: &Scope<'_>, taken: &[PathBuf]) -> Vec<Mount> {
+    let home = &sc.host.home;
+    let mut out = Vec::new();
+    for (tool, rel) in PACKAGE_CACHES {
+        let p = home.join(rel);
+        let real_dir = std::fs::symlink_metadata(&p).is_ok_and(|m| m.is_dir())
+            && p.ancestors()
+                .skip(1)
+                .take_while(|a| *a != home.as_path())
+                .all(|a| std::fs::symlink_metadata(a).is_ok_and(|m| m.is_dir()));
+        if !real_dir || taken.iter().any(|t| p.starts_with(t)) {
+            continue;
+        }
+        let d = sc
+            .state_dir
+            .join(super::deps::LAYER_DIR)
+            .join(super::mounts::slug(&p));
+        out.push(Mount {
+            target: p.clone(),
+            kind: MountKind::Overlay {
+                lower: p,
+                upper: d.join("upper"),
+                work: d.join("work"),
+            },
+            why: format!(
+                "package cache of {tool}: the host's, written copy-on-write (the sandbox's downloads stay in its layer)"
+            ),
+        });
     }
     out
 }
