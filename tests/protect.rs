@@ -438,6 +438,45 @@ fn links(user: Option<(u32, u32)>) {
 
 as_root_and_a_user!(secret_named_links_are_moved_aside_as_root, secret_named_links_are_moved_aside_as_a_user => links);
 
+/// aisb's own state inside the project (`XDG_CACHE_HOME` and `XDG_CONFIG_HOME` there, as CI
+/// setups do): the scan cache, the kept-masks record and the trust records decide what the
+/// next run masks, so the sandbox can neither read nor forge them; the next run still masks
+/// the secret.
+fn own_state(user: Option<(u32, u32)>) {
+    for backend in ["bwrap", "libcontainer"] {
+        let who = who(backend, user);
+        let p = Project::new(user);
+        let run = |script: &str| {
+            let mut cmd = p.cmd(backend, script);
+            cmd.env("XDG_CACHE_HOME", p.proj().join(".xdg/cache"))
+                .env("XDG_CONFIG_HOME", p.proj().join(".xdg/config"));
+            Out::from(cmd.output().unwrap())
+        };
+        std::fs::write(p.proj().join("notes.txt"), "SECRET\n").unwrap();
+        if let Some((uid, gid)) = user {
+            std::os::unix::fs::lchown(p.proj().join("notes.txt"), Some(uid), Some(gid)).unwrap();
+        }
+        let o = run(
+            "ls -A .xdg/cache/aisb | wc -l | sed 's/^ */seen=/'; \
+             for f in .xdg/cache/aisb/scan/*; do echo '{}' > \"$f\"; done 2>/dev/null; \
+             mkdir -p .xdg/cache/aisb/scan 2>/dev/null; echo forged > .xdg/cache/aisb/scan/x 2>/dev/null; echo forge=$?; \
+             mkdir -p .xdg/config/aisb 2>/dev/null; echo x > .xdg/config/aisb/trust 2>/dev/null; echo trust=$?",
+        );
+        assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
+        o.expect("seen", "0");
+        o.expect_failed("forge", "aisb's cache is not the sandbox's to write");
+        o.expect_failed(
+            "trust",
+            "aisb's configuration is not the sandbox's to write",
+        );
+        let o = run("cat notes.txt; echo read=$?");
+        assert!(!o.stdout.contains("SECRET"), "{who} {}", o.stdout);
+        o.expect_failed("read", "still masked in the next run");
+    }
+}
+
+as_root_and_a_user!(aisb_state_inside_the_project_is_masked_as_root, aisb_state_inside_the_project_is_masked_as_a_user => own_state);
+
 /// `aisb test` includes the protected files: each is tried for writing from inside.
 #[test]
 fn aisb_test_checks_the_protected_files() {

@@ -269,7 +269,10 @@ fn fresh_clone(user: Option<(u32, u32)>) {
         let p = Project::new(user, None);
         let proj = p.proj();
         std::fs::remove_dir_all(proj.join("node_modules")).unwrap();
-        p.write("Cargo.toml", "[package]\nname = \"app\"\nversion = \"0.1.0\"\n");
+        p.write(
+            "Cargo.toml",
+            "[package]\nname = \"app\"\nversion = \"0.1.0\"\n",
+        );
         assert!(!proj.join("target").exists());
         let home = p.root().join("home");
         let who = format!(
@@ -301,14 +304,46 @@ fn fresh_clone(user: Option<(u32, u32)>) {
             .find(|e| e.file_type().is_dir() && e.file_name() == "deps")
             .map(|e| e.path().parent().unwrap().to_path_buf())
             .expect("the dependency layers' state dir");
-        let mut gone = Command::new("true").spawn().unwrap();
-        let dead = gone.id();
-        gone.wait().unwrap();
-        let leaked = state.join("deps-run").join(dead.to_string());
-        std::fs::create_dir_all(leaked.join("node_modules/upper")).unwrap();
-        std::fs::write(leaked.join("node_modules/upper/file"), "x").unwrap();
+        // One whose lock nobody holds (its run was killed), one whose lock is held (a run in
+        // another pid namespace that shares this state dir, alive).
+        let leaked = state.join("deps-run").join("4000000-1");
+        let live = state.join("deps-run").join("4000001-1");
+        for d in [&leaked, &live] {
+            std::fs::create_dir_all(d.join("node_modules/upper")).unwrap();
+            std::fs::write(d.join("node_modules/upper/file"), "x").unwrap();
+            std::fs::write(d.join("lock"), "").unwrap();
+        }
+        let held = std::fs::File::open(live.join("lock")).unwrap();
+        // SAFETY: flock on a descriptor this test owns.
+        assert_eq!(
+            unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&held), libc::LOCK_EX) },
+            0
+        );
+        // A leftover of a killed run that had made node_modules/ for itself: empty, recorded
+        // as aisb's. The next run takes it as its own and removes it.
+        let made_layer = std::fs::read_dir(state.join("deps"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| {
+                p.join("empty").is_dir()
+                    && p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().ends_with("-node_modules"))
+            })
+            .expect("node_modules/'s layer");
+        std::fs::create_dir(proj.join("node_modules")).unwrap();
+        std::fs::write(
+            made_layer.join("made"),
+            proj.join("node_modules").as_os_str().as_encoded_bytes(),
+        )
+        .unwrap();
         if let Some((uid, gid)) = user {
-            for e in walkdir::WalkDir::new(state.join("deps-run")).into_iter().flatten() {
+            std::os::unix::fs::lchown(proj.join("node_modules"), Some(uid), Some(gid)).unwrap();
+            std::os::unix::fs::lchown(made_layer.join("made"), Some(uid), Some(gid)).unwrap();
+            for e in walkdir::WalkDir::new(state.join("deps-run"))
+                .into_iter()
+                .flatten()
+            {
                 std::os::unix::fs::lchown(e.path(), Some(uid), Some(gid)).unwrap();
             }
         }
@@ -318,12 +353,105 @@ fn fresh_clone(user: Option<(u32, u32)>) {
             SYSTEM_PATH,
             "test -x node_modules/.bin/prettier; echo kept=$?; test -f target/debug/build-script; echo kept-target=$?",
         );
-        assert!(!leaked.exists(), "{who} a dead run's layer was left in {}", leaked.display());
+        assert!(
+            !leaked.exists(),
+            "{who} a dead run's layer was left in {}",
+            leaked.display()
+        );
+        assert!(
+            live.join("node_modules/upper/file").exists(),
+            "{who} a live run's layer was removed"
+        );
+        drop(held);
         o.expect("kept", "0");
         o.expect("kept-target", "0");
         assert!(
             std::fs::symlink_metadata(proj.join("node_modules")).is_err(),
             "{who} node_modules/ left on the host after the second run"
+        );
+    }
+}
+
+/// Two runs of a fresh clone at once: the first makes `node_modules/` for itself, the second
+/// finds it made; the first ends while the second runs. It must not remove the directory the
+/// other still has its layer on (removing a mount point in another mount namespace detaches
+/// the mount there, and that run's writes would reach the host).
+#[test]
+fn a_made_directory_outlives_the_first_of_two_runs() {
+    if !ready() {
+        return;
+    }
+    for backend in BACKENDS {
+        let p = Project::new(None, None);
+        let proj = p.proj();
+        std::fs::remove_dir_all(proj.join("node_modules")).unwrap();
+        let home = p.root().join("home");
+        let spawn = |script: &str| {
+            Command::new(&p.exe)
+                .current_dir(&proj)
+                .env_clear()
+                .env("PATH", SYSTEM_PATH)
+                .env("HOME", &home)
+                .env("XDG_CACHE_HOME", p.root().join("cache"))
+                .env("XDG_CONFIG_HOME", p.root().join("config"))
+                .args([
+                    "--trust",
+                    "run",
+                    "--backend",
+                    backend,
+                    "--",
+                    "/bin/sh",
+                    "-c",
+                ])
+                .arg(script)
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        };
+        let wait_for = |name: &str| {
+            let mut waited = 0;
+            while !proj.join(name).exists() && waited < 300 {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                waited += 1;
+            }
+            assert!(
+                proj.join(name).exists(),
+                "[{backend}] {name} never appeared"
+            );
+        };
+        const WAIT: &str =
+            "i=0; while [ ! -e $F ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done";
+        let first = spawn(&format!(
+            "touch first-started; F=second-started; {WAIT}; echo first=ok"
+        ));
+        wait_for("first-started");
+        let second = spawn(&format!(
+            "touch second-started; F=go-on; {WAIT}; \
+             mkdir -p node_modules/.bin && echo evil > node_modules/.bin/hook; echo wrote=$?"
+        ));
+        let out = first.wait_with_output().unwrap();
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("first=ok"),
+            "[{backend}] {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::write(proj.join("go-on"), "").unwrap();
+        let out = second.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            stdout.contains("wrote=0"),
+            "[{backend}] {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            !proj.join("node_modules/.bin/hook").exists(),
+            "[{backend}] the second run's install reached the host's node_modules/"
+        );
+        assert!(
+            std::fs::symlink_metadata(proj.join("node_modules")).is_err(),
+            "[{backend}] node_modules/ left on the host after both runs"
         );
     }
 }
@@ -342,6 +470,85 @@ fn a_fresh_clones_first_install_stays_in_the_sandbox_as_a_user() {
         return;
     }
     fresh_clone(Some(support::test_user()));
+}
+
+/// The host's package caches are usable inside (a build works offline from them), and what
+/// the sandbox downloads stays in its own layer: the host's cache is byte for byte the same.
+/// A cache reached through a link is not mounted (the link could lead anywhere).
+fn package_caches(user: Option<(u32, u32)>) {
+    for backend in BACKENDS {
+        let p = Project::new(user, None);
+        let home = p.root().join("home");
+        for (rel, content) in [
+            (
+                ".cargo/registry/cache/index.crates.io/hex-0.4.3.crate",
+                "crate bytes",
+            ),
+            (".npm/_cacache/index-v5/aa/bb", "npm index"),
+            (".cache/pip/http/x", "wheel"),
+        ] {
+            let f = home.join(rel);
+            std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+            std::fs::write(&f, content).unwrap();
+        }
+        // Go's cache through a link to a directory elsewhere: not followed.
+        let elsewhere = p.root().join("elsewhere");
+        std::fs::create_dir_all(elsewhere.join("mod")).unwrap();
+        std::fs::write(elsewhere.join("mod/private.txt"), "other project").unwrap();
+        std::fs::create_dir_all(home.join("go")).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, home.join("go/pkg")).unwrap();
+        if let Some((uid, gid)) = user {
+            for e in walkdir::WalkDir::new(&home).into_iter().flatten() {
+                std::os::unix::fs::lchown(e.path(), Some(uid), Some(gid)).unwrap();
+            }
+        }
+        let before = tree(&home);
+        let who = format!(
+            "[{backend}, {}]",
+            if user.is_some() { "user" } else { "root" }
+        );
+        let o = p.run(
+            backend,
+            &home,
+            SYSTEM_PATH,
+            "echo crate=$(cat ~/.cargo/registry/cache/index.crates.io/hex-0.4.3.crate); \
+             echo npm=$(cat ~/.npm/_cacache/index-v5/aa/bb); \
+             echo downloaded > ~/.npm/_cacache/index-v5/aa/new; echo npm-write=$?; \
+             echo changed > ~/.cache/pip/http/x; echo pip-write=$?; \
+             cat ~/go/pkg/mod/private.txt >/dev/null 2>&1; echo linked=$?",
+        );
+        assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
+        o.expect("crate", "crate bytes");
+        o.expect("npm", "npm index");
+        o.expect("npm-write", "0");
+        o.expect("pip-write", "0");
+        o.expect_failed("linked", "a cache behind a link is not mounted");
+        assert_eq!(before, tree(&home), "{who} the host's caches changed");
+        // The sandbox's own downloads are there the next time.
+        let o = p.run(
+            backend,
+            &home,
+            SYSTEM_PATH,
+            "echo kept=$(cat ~/.npm/_cacache/index-v5/aa/new)",
+        );
+        o.expect("kept", "downloaded");
+    }
+}
+
+#[test]
+fn package_caches_are_usable_and_stay_the_hosts_as_root() {
+    if !ready() {
+        return;
+    }
+    package_caches(None);
+}
+
+#[test]
+fn package_caches_are_usable_and_stay_the_hosts_as_a_user() {
+    if !ready() {
+        return;
+    }
+    package_caches(Some(support::test_user()));
 }
 
 #[test]

@@ -233,6 +233,22 @@ fn bundle(
     }
     let exe = super::current_exe()?;
     let mask_file = crate::graph::realise::realise(&plan)?;
+    // A dependency directory the manifests promise but that is not there yet: its layer's
+    // empty lower directory and its mount point, so that the other runtime can mount the
+    // layer (an empty directory stays on the host: that runtime's runs are not aisb's to
+    // clean up after).
+    for dir in &plan.made_for_run {
+        for m in plan.mounts.iter().filter(|m| m.target == *dir) {
+            if let crate::eval::plan::MountKind::Overlay { lower, .. } = &m.kind {
+                for d in [lower, dir] {
+                    std::fs::create_dir_all(d).map_err(|source| Error::Io {
+                        path: d.clone(),
+                        source,
+                    })?;
+                }
+            }
+        }
+    }
     crate::spec::bundle::write(
         &plan,
         &dir,

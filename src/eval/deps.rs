@@ -110,21 +110,33 @@ pub const MANIFEST_DIRS: &[(&str, &[&str])] = &[
     ("composer.json", &["vendor"]),
 ];
 
+/// In a dependency directory's layer dir (`<state>/deps/<slug>/`): the empty directory that
+/// is the lower layer of one aisb made on the host ([`absent`]).
+pub const EMPTY_LOWER: &str = "empty";
+/// Beside it: the record that aisb made the host's directory (its path), so a leftover of a
+/// killed run is known as aisb's and removed by a later one.
+pub const MADE_RECORD: &str = "made";
+/// Beside it: shared-locked by each run that uses the made directory; the last one out
+/// (exclusive lock) removes it.
+pub const IN_USE_LOCK: &str = "in-use";
+
 /// The dependency directories the project's manifests promise but that do not exist yet (a
-/// fresh clone before its first `npm install` or build): each gets the same copy-on-write
-/// layer as an existing one, over an empty directory made for the run on the host and
-/// removed after it while still empty (`Plan::made_for_run`). Without this the sandbox's
-/// first install would write the host's `node_modules/.bin`, which the host's hooks run.
-/// Returns the mounts and the directories to make.
+/// fresh clone before its first `npm install` or build): each gets a copy-on-write layer over
+/// an empty lower directory of aisb's own (never the host's path, which a concurrent sandbox
+/// could swap for a link before the runtime resolves it), mounted at an empty directory made
+/// on the host for the run and removed after it while still empty (`Plan::made_for_run`).
+/// An empty directory aisb made for an earlier run that could not remove it (killed, or
+/// another run still used it) is taken the same way, replacing the mount the scan gave it.
+/// Without this the sandbox's first install would write the host's `node_modules/.bin`,
+/// which the host's hooks run.
 pub(super) fn absent(
     sc: &Scope<'_>,
     rules: &RoleRules,
-    have: &[Mount],
-) -> (Vec<Mount>, Vec<std::path::PathBuf>) {
-    let mut mounts = Vec::new();
+    mounts: &mut Vec<Mount>,
+) -> Vec<std::path::PathBuf> {
     let mut made = Vec::new();
     if sc.read_only || sc.project_access != Access::Rw {
-        return (mounts, made);
+        return made;
     }
     let through = PatternSet::new(sc.s.secrets.write_through.iter().map(|w| w.value.as_str()));
     for (manifest, dirs) in MANIFEST_DIRS {
@@ -133,11 +145,7 @@ pub(super) fn absent(
         }
         for name in *dirs {
             let target = sc.project.join(name);
-            if made.contains(&target)
-                || have.iter().any(|m| m.target == target)
-                || std::fs::symlink_metadata(&target).is_ok()
-                || through.matching(name.as_bytes(), true).is_some()
-            {
+            if made.contains(&target) || through.matching(name.as_bytes(), true).is_some() {
                 continue;
             }
             let Some((Role::Dependency, pattern)) = rules.role_of(name.as_bytes()) else {
@@ -147,10 +155,23 @@ pub(super) fn absent(
                 .state_dir
                 .join(LAYER_DIR)
                 .join(super::mounts::slug(&target));
+            let ours = match std::fs::symlink_metadata(&target) {
+                Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+                Ok(m) => {
+                    m.is_dir()
+                        && std::fs::read_dir(&target).is_ok_and(|mut r| r.next().is_none())
+                        && std::fs::read(d.join(MADE_RECORD))
+                            .is_ok_and(|r| r == target.as_os_str().as_encoded_bytes())
+                }
+            };
+            if !ours {
+                continue;
+            }
+            mounts.retain(|m| m.target != target);
             mounts.push(Mount {
                 target: target.clone(),
                 kind: MountKind::Overlay {
-                    lower: target.clone(),
+                    lower: d.join(EMPTY_LOWER),
                     upper: d.join("upper"),
                     work: d.join("work"),
                 },
@@ -162,7 +183,7 @@ pub(super) fn absent(
             made.push(target);
         }
     }
-    (mounts, made)
+    made
 }
 
 /// The role patterns, compiled: which directories are dependency or cache directories, and

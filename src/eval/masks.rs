@@ -402,8 +402,10 @@ pub(super) fn keep(
             _ => None,
         }
     }
-    let now: std::collections::HashSet<&[u8]> =
-        masks.iter().filter_map(|m| rel_of(project, &m.path)).collect();
+    let now: std::collections::HashSet<&[u8]> = masks
+        .iter()
+        .filter_map(|m| rel_of(project, &m.path))
+        .collect();
     let mut kept = Vec::new();
     let before = crate::beneath::read(&sc.state_dir, Path::new(KEPT_FILE), 64 << 20)
         .ok()

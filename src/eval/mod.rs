@@ -310,8 +310,7 @@ fn resolve(
         mut memos,
     } = masks::resolve(cx, &sc, home_mode)?;
     mounts.extend(deps::mounts(&sc, &scanned.roles));
-    let (more, made_for_run) = deps::absent(&sc, &live.roles, &mounts);
-    mounts.extend(more);
+    let made_for_run = deps::absent(&sc, &live.roles, &mut mounts);
     let imports: Vec<PathBuf> = cx
         .loaded
         .sources
@@ -331,8 +330,7 @@ fn resolve(
         .collect();
     let is_masked = |p: &std::path::Path| {
         mask_index.contains_key(p)
-            || p
-                .ancestors()
+            || p.ancestors()
                 .skip(1)
                 .any(|a| mask_index.get(a) == Some(&true))
     };
@@ -350,6 +348,33 @@ fn resolve(
     }
     // Parents before children again (stable: equal depths keep their order).
     mounts.sort_by_key(|m| m.target.components().count());
+    // aisb's own state and configuration, when XDG puts them inside the project: the scan
+    // cache, the kept-masks record, the layers and the trust records decide what the next
+    // run masks and allows, so the sandbox never sees or writes them.
+    let own = [
+        sc.host.cache_home().join("aisb"),
+        sc.host.config_home().join("aisb"),
+    ];
+    let before = mask_list.len();
+    for d in own {
+        if d.starts_with(&sc.project) && d != sc.project {
+            // Made now if absent (no link followed below the project: the sandbox writes
+            // there): a mask needs something to cover, or the sandbox could make the
+            // directory and plant a trust record or a scan cache in it.
+            if let Ok(rel) = d.strip_prefix(&sc.project) {
+                let _ = crate::beneath::Dir::open(&sc.project).and_then(|p| p.dir(rel, true));
+            }
+            mask_list.push(Mask {
+                path: d,
+                dir: true,
+                rule: "aisb's own state (XDG puts it inside the project)".into(),
+            });
+        }
+    }
+    if mask_list.len() != before {
+        mask_list.sort_by(|a, b| a.path.cmp(&b.path));
+        mask_list.dedup_by(|a, b| a.path == b.path);
+    }
     let kept_masked = masks::keep(&sc, &mut mask_list, &mut memos);
     let rootfs = rootfs::resolve(cx, &sc);
     let build_network = network::build(cx, s, groups);

@@ -131,16 +131,16 @@ struct Stamp {
     ino: u64,
 }
 
-fn stamp(root: Option<&std::os::fd::OwnedFd>, rel: &[u8]) -> Option<Stamp> {
-    use rustix::fs::{statat, AtFlags, CWD};
-    let path = os(rel);
+fn stamp(root: &std::os::fd::OwnedFd, rel: &[u8]) -> Option<Stamp> {
+    use rustix::fs::{statat, AtFlags};
     // Relative to the project's descriptor: one lookup per recorded directory, not a walk
     // from `/` (50,000 of them in a big repository). An absolute path (a global excludes
     // file) is found from `/` either way.
-    let m = match root {
-        Some(fd) => statat(fd, path, AtFlags::SYMLINK_NOFOLLOW | AtFlags::EMPTY_PATH),
-        None => statat(CWD, path, AtFlags::SYMLINK_NOFOLLOW),
-    }
+    let m = statat(
+        root,
+        os(rel),
+        AtFlags::SYMLINK_NOFOLLOW | AtFlags::EMPTY_PATH,
+    )
     .ok()?;
     Some(Stamp {
         mtime_ns: m.st_mtime as i128 * 1_000_000_000 + m.st_mtime_nsec as i128,
@@ -192,8 +192,11 @@ mod rel_text {
         let mut i = 0;
         while i < b.len() {
             if b[i] == b'%' {
-                let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
-                out.push(u8::from_str_radix(hex, 16).ok()?);
+                let hex = b.get(i + 1..i + 3)?;
+                if !hex.iter().all(u8::is_ascii_hexdigit) {
+                    return None;
+                }
+                out.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
                 i += 3;
             } else {
                 out.push(b[i]);
@@ -251,11 +254,14 @@ pub fn scan(
     if let Some(p) = &cache_path {
         stamped.sort();
         stamped.dedup();
-        let fd = open_root(root);
+        // No descriptor for the root: no cache (the next run scans again).
+        let Some(fd) = open_root(root) else {
+            return Ok(result);
+        };
         let stamps = stamped
             .into_iter()
             .map(|rel| {
-                let s = stamp(fd.as_ref(), &rel);
+                let s = stamp(&fd, &rel);
                 (Rel(rel), s)
             })
             .collect();
@@ -285,8 +291,9 @@ fn load_cache(path: &Path, root: &Path, key: &str) -> Option<ScanResult> {
     let fd = open_root(root)?;
     let unchanged = |stamps: &[(Rel, Option<Stamp>)]| {
         stamps.iter().all(|(Rel(rel), recorded)| {
-            stamp(Some(&fd), rel) == *recorded
-                && recorded.is_none_or(|s| s.mtime_ns.max(s.ctime_ns) < cache.scan_start_ns - RACY_NS)
+            stamp(&fd, rel) == *recorded
+                && recorded
+                    .is_none_or(|s| s.mtime_ns.max(s.ctime_ns) < cache.scan_start_ns - RACY_NS)
         })
     };
     // A big repository records tens of thousands of directories: two threads stat them
@@ -296,8 +303,11 @@ fn load_cache(path: &Path, root: &Path, key: &str) -> Option<ScanResult> {
     } else {
         let (a, b) = cache.stamps.split_at(cache.stamps.len() / 2);
         std::thread::scope(|s| {
-            let other = s.spawn(|| unchanged(b));
-            unchanged(a) && other.join().unwrap_or(false)
+            match std::thread::Builder::new().spawn_scoped(s, || unchanged(b)) {
+                Ok(other) => unchanged(a) && other.join().unwrap_or(false),
+                // No thread to be had (a process limit): one does it all.
+                Err(_) => unchanged(a) && unchanged(b),
+            }
         })
     };
     if !fresh {
@@ -798,6 +808,7 @@ mod tests {
         assert_eq!(encode(b"caf\xc3\xa9"), "café");
         assert_eq!(decode("%4"), None);
         assert_eq!(decode("%zz"), None);
+        assert_eq!(decode("%+f"), None);
         assert_eq!(decode("%e2%82"), Some(vec![0xe2, 0x82]));
     }
 }

@@ -168,7 +168,15 @@ struct Layers {
     _locks: Vec<Flock<std::fs::File>>,
     own: Option<PathBuf>,
     /// Dependency directories made empty on the host for this run (`Plan::made_for_run`).
-    made: Vec<PathBuf>,
+    made: Vec<Made>,
+}
+
+/// A dependency directory made (or found made) on the host for a run, with the shared lock
+/// that says this run uses it.
+struct Made {
+    dir: PathBuf,
+    layer: PathBuf,
+    in_use: std::fs::File,
 }
 
 impl Drop for Layers {
@@ -176,44 +184,104 @@ impl Drop for Layers {
         if let Some(dir) = &self.own {
             let _ = crate::beneath::remove_tree(dir);
         }
-        // Only while still empty: the sandbox wrote its layer, never these; a host-side
-        // install during the run keeps its directory.
-        for dir in &self.made {
-            let _ = std::fs::remove_dir(dir);
+        // The last run out removes it, and only while still empty: the sandbox wrote its
+        // layer, never this; a host-side install during the run keeps its directory. Removing
+        // it while another run uses it would detach that run's layer, and its writes would
+        // then reach the host.
+        for m in &self.made {
+            use std::os::fd::AsRawFd;
+            // SAFETY: flock on a descriptor we own; upgrading our shared lock.
+            if unsafe { libc::flock(m.in_use.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+                continue;
+            }
+            match std::fs::remove_dir(&m.dir) {
+                Ok(()) => {
+                    let _ = std::fs::remove_file(m.layer.join(crate::eval::deps::MADE_RECORD));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    let _ = std::fs::remove_file(m.layer.join(crate::eval::deps::MADE_RECORD));
+                }
+                Err(_) => {}
+            }
         }
     }
 }
 
 /// Make each absent dependency directory of `plan` empty on the host, so its copy-on-write
-/// layer has a place; returns those this run made (one a concurrent run or the host made
-/// meanwhile is used as it is, never removed by this run).
-fn make_for_run(plan: &Plan) -> Result<Vec<PathBuf>, RuntimeError> {
+/// layer has a mount point, after recording it as aisb's and taking its shared in-use lock
+/// (see [`Layers`]). The layer's lower directory is aisb's own empty one, never the host's
+/// path. One a concurrent run made meanwhile is used as it is.
+fn make_for_run(plan: &Plan) -> Result<Vec<Made>, RuntimeError> {
+    use std::os::unix::fs::OpenOptionsExt;
     let mut made = Vec::new();
     for dir in &plan.made_for_run {
+        let Some(lower) = plan.mounts.iter().find_map(|m| match &m.kind {
+            crate::eval::plan::MountKind::Overlay { lower, .. } if m.target == *dir => {
+                Some(lower.clone())
+            }
+            _ => None,
+        }) else {
+            continue;
+        };
+        let Some(layer) = lower.parent().map(std::path::Path::to_path_buf) else {
+            continue;
+        };
+        let io = |what: String| move |source| RuntimeError::Io { what, source };
+        std::fs::create_dir_all(&lower).map_err(io(format!("making {}", lower.display())))?;
+        let in_use = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(layer.join(crate::eval::deps::IN_USE_LOCK))
+            .map_err(io(format!("locking {}", layer.display())))?;
+        // SAFETY: flock on a descriptor we own. Blocks only while a run ending holds it
+        // exclusively to remove the directory.
+        if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&in_use), libc::LOCK_SH) } != 0 {
+            return Err(io(format!("locking {}", layer.display()))(
+                std::io::Error::last_os_error(),
+            ));
+        }
+        // Recorded first: a run planned meanwhile sees an empty directory that is aisb's.
+        crate::atomic::write_atomic(
+            &layer.join(crate::eval::deps::MADE_RECORD),
+            dir.as_os_str().as_encoded_bytes(),
+        )
+        .map_err(io(format!("recording {}", dir.display())))?;
         match std::fs::create_dir(dir) {
-            Ok(()) => made.push(dir.clone()),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists
-                && std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) => {}
+            Ok(()) => {}
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AlreadyExists
+                    && std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) => {}
             Err(source) => {
-                for d in &made {
-                    let _ = std::fs::remove_dir(d);
-                }
                 return Err(RuntimeError::Io {
                     what: format!(
-                        "making {} for the run (its copy-on-write layer; a link or a file of that name appeared since the plan: run again)",
+                        "making {} for the run (its copy-on-write layer's mount point; a link or a file of that name appeared since the plan: run again)",
                         dir.display()
                     ),
                     source,
-                });
+                })
             }
         }
+        made.push(Made {
+            dir: dir.clone(),
+            layer,
+            in_use,
+        });
     }
     Ok(made)
 }
 
-/// Remove the layers of earlier runs that were killed before they could (`<state>/deps-run/
-/// <pid>` of a process that is gone).
+/// The lock a run's own layers hold (`<state>/deps-run/<pid>/lock`), exclusive while it runs.
+const RUN_LAYERS_LOCK: &str = "lock";
+
+/// Remove the layers of earlier runs that ended without removing them (killed): those whose
+/// lock nobody holds. Never by pid alone: a state dir shared across pid namespaces would see
+/// a live run's pid as gone.
 fn sweep_dead_layers(plan: &Plan) {
+    use std::os::unix::fs::OpenOptionsExt;
     let runs = plan
         .state_dir
         .join(format!("{}-run", crate::eval::deps::LAYER_DIR));
@@ -221,13 +289,18 @@ fn sweep_dead_layers(plan: &Plan) {
         return;
     };
     for e in entries.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+        if !e.file_type().is_ok_and(|t| t.is_dir()) {
             continue;
+        }
+        let lock = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(e.path().join(RUN_LAYERS_LOCK));
+        let free = match lock {
+            Ok(f) => Flock::lock(f, FlockArg::LockExclusiveNonblock).ok(),
+            Err(_) => None,
         };
-        if pid > 0
-            && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
-                == Err(nix::errno::Errno::ESRCH)
-        {
+        if let Some(_held) = free {
             let _ = crate::beneath::remove_tree(&e.path());
         }
     }
@@ -270,11 +343,33 @@ fn claim_layers(plan: &Plan) -> Result<(Layers, Option<Plan>), RuntimeError> {
             Err((_, nix::errno::Errno::EWOULDBLOCK))
                 if crate::eval::deps::is_dependency_layer(&plan.state_dir, upper) =>
             {
-                let run = own.get_or_insert_with(|| {
-                    plan.state_dir
+                if own.is_none() {
+                    // Named by pid and time: never another live run's (a state dir shared
+                    // across pid namespaces can see the same pid twice).
+                    let nanos = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_nanos());
+                    let run = plan
+                        .state_dir
                         .join(format!("{}-run", crate::eval::deps::LAYER_DIR))
-                        .join(std::process::id().to_string())
-                });
+                        .join(format!("{}-{nanos}", std::process::id()));
+                    std::fs::create_dir_all(&run).map_err(io)?;
+                    let f = std::fs::OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .create(true)
+                        .truncate(false)
+                        .mode(0o600)
+                        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                        .open(run.join(RUN_LAYERS_LOCK))
+                        .map_err(io)?;
+                    held.push(
+                        Flock::lock(f, FlockArg::LockExclusiveNonblock)
+                            .map_err(|(_, e)| io(e.into()))?,
+                    );
+                    own = Some(run);
+                }
+                let run = own.as_ref().expect("set above");
                 let fresh = run.join(dir.file_name().unwrap_or_default());
                 let _ = crate::beneath::remove_tree(&fresh);
                 std::fs::create_dir_all(&fresh).map_err(|source| RuntimeError::Io {

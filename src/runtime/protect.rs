@@ -116,12 +116,9 @@ pub fn begin(plan: &Plan, audit: Option<&crate::audit::Log>) -> (Pending, Option
         };
         let is_link = match &project_fd {
             Some(fd) if !rel.as_os_str().is_empty() => {
-                rustix::fs::statat(fd, rel, rustix::fs::AtFlags::SYMLINK_NOFOLLOW).is_ok_and(
-                    |st| {
-                        rustix::fs::FileType::from_raw_mode(st.st_mode)
-                            == rustix::fs::FileType::Symlink
-                    },
-                )
+                rustix::fs::statat(fd, rel, rustix::fs::AtFlags::SYMLINK_NOFOLLOW).is_ok_and(|st| {
+                    rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Symlink
+                })
             }
             _ => std::fs::symlink_metadata(&m.path).is_ok_and(|md| md.file_type().is_symlink()),
         };
