@@ -91,8 +91,20 @@ const WORDS: &[&str] = &[
 ];
 
 fn check(f: &Fixture, text: &str, profile: Option<&str>) {
-    // Any Ok or Err is fine; a panic fails the property.
-    let _ = f.eval(text, profile);
+    // Any Ok or Err is fine; a panic fails the property. On a thread with the stack aisb
+    // parses with (its main thread's): a test thread's 2 MiB is less than the KDL parser's
+    // recovery takes from some malformed texts in a debug build (tests/fixtures/fuzz).
+    std::thread::scope(|s| {
+        let parsed = std::thread::Builder::new()
+            .stack_size(aisb::config::PARSE_STACK)
+            .spawn_scoped(s, || {
+                let _ = f.eval(text, profile);
+            })
+            .expect("a thread to parse on");
+        if let Err(panic) = parsed.join() {
+            std::panic::resume_unwind(panic);
+        }
+    });
 }
 
 proptest! {
@@ -126,4 +138,23 @@ proptest! {
         let f = Fixture::new();
         check(&f, &text, profile);
     }
+}
+
+/// A text the edited-example property found: a stray `*/` and an unclosed raw string (`#"`)
+/// send the KDL parser's recovery deeper than 2 MiB of stack in a debug build. On aisb's
+/// stack it is an error with a span, like any other.
+#[test]
+fn a_text_whose_recovery_goes_deep_is_an_error() {
+    let text = include_str!("fixtures/fuzz/deep-recovery.kdl");
+    let f = Fixture::new();
+    check(&f, text, None);
+    std::thread::scope(|s| {
+        let r = std::thread::Builder::new()
+            .stack_size(aisb::config::PARSE_STACK)
+            .spawn_scoped(s, || f.eval(text, None).is_err())
+            .unwrap()
+            .join()
+            .unwrap();
+        assert!(r, "the text is not a valid sandbox.kdl");
+    });
 }

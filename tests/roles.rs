@@ -184,6 +184,25 @@ fn ready() -> bool {
         && support::tool_or_skip("make", "the real-project suite")
 }
 
+/// Two tests of one case: as root, and as an ordinary user.
+macro_rules! as_root_and_a_user {
+    ($root:ident, $user:ident => $case:ident) => {
+        #[test]
+        fn $root() {
+            if ready() {
+                $case(None);
+            }
+        }
+
+        #[test]
+        fn $user() {
+            if ready() {
+                $case(Some(support::test_user()));
+            }
+        }
+    };
+}
+
 const SYSTEM_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
 /// Node, Python and make in the default sandbox; secrets masked; the host's directories
@@ -244,21 +263,7 @@ fn ecosystems(user: Option<(u32, u32)>) {
     }
 }
 
-#[test]
-fn node_python_and_make_projects_work_as_root() {
-    if !ready() {
-        return;
-    }
-    ecosystems(None);
-}
-
-#[test]
-fn node_python_and_make_projects_work_as_a_user() {
-    if !ready() {
-        return;
-    }
-    ecosystems(Some(support::test_user()));
-}
+as_root_and_a_user!(node_python_and_make_projects_work_as_root, node_python_and_make_projects_work_as_a_user => ecosystems);
 
 /// A fresh clone: the manifests promise `node_modules/` and `target/`, neither exists yet.
 /// The sandbox's first install and build land in its own layers; the host never gets the
@@ -456,21 +461,7 @@ fn a_made_directory_outlives_the_first_of_two_runs() {
     }
 }
 
-#[test]
-fn a_fresh_clones_first_install_stays_in_the_sandbox_as_root() {
-    if !ready() {
-        return;
-    }
-    fresh_clone(None);
-}
-
-#[test]
-fn a_fresh_clones_first_install_stays_in_the_sandbox_as_a_user() {
-    if !ready() {
-        return;
-    }
-    fresh_clone(Some(support::test_user()));
-}
+as_root_and_a_user!(a_fresh_clones_first_install_stays_in_the_sandbox_as_root, a_fresh_clones_first_install_stays_in_the_sandbox_as_a_user => fresh_clone);
 
 /// The host's package caches are usable inside (a build works offline from them), and what
 /// the sandbox downloads stays in its own layer: the host's cache is byte for byte the same.
@@ -535,21 +526,7 @@ fn package_caches(user: Option<(u32, u32)>) {
     }
 }
 
-#[test]
-fn package_caches_are_usable_and_stay_the_hosts_as_root() {
-    if !ready() {
-        return;
-    }
-    package_caches(None);
-}
-
-#[test]
-fn package_caches_are_usable_and_stay_the_hosts_as_a_user() {
-    if !ready() {
-        return;
-    }
-    package_caches(Some(support::test_user()));
-}
+as_root_and_a_user!(package_caches_are_usable_and_stay_the_hosts_as_root, package_caches_are_usable_and_stay_the_hosts_as_a_user => package_caches);
 
 #[test]
 fn write_through_writes_the_hosts_directory() {

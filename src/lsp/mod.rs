@@ -457,7 +457,13 @@ pub fn serve() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         let worker = Arc::clone(&worker);
         let sender = conn.sender.clone();
         let host = host.clone();
-        std::thread::spawn(move || diagnostics_worker(&worker, &|m| sender.send(m).is_ok(), &host))
+        // The stack of aisb's main thread, where every other command parses: the KDL
+        // parser's recovery from some malformed texts (an unclosed raw string after a stray
+        // `*/`) goes deeper than a spawned thread's default 2 MiB in a debug build.
+        std::thread::Builder::new()
+            .name("aisb-lsp-diagnostics".into())
+            .stack_size(crate::config::PARSE_STACK)
+            .spawn(move || diagnostics_worker(&worker, &|m| sender.send(m).is_ok(), &host))?
     };
     let mut docs: HashMap<String, String> = HashMap::new();
     let enqueue = |uri: &Uri, version: i32, text: &str| {

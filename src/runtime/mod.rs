@@ -207,12 +207,25 @@ impl Drop for Layers {
     }
 }
 
+/// A lock file of aisb's state (created 0600 if missing, never through a link, never
+/// written): what the layers' and runs' locks are taken on.
+fn lock_file(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
+
 /// Make each absent dependency directory of `plan` empty on the host, so its copy-on-write
 /// layer has a mount point, after recording it as aisb's and taking its shared in-use lock
 /// (see [`Layers`]). The layer's lower directory is aisb's own empty one, never the host's
 /// path. One a concurrent run made meanwhile is used as it is.
 fn make_for_run(plan: &Plan) -> Result<Vec<Made>, RuntimeError> {
-    use std::os::unix::fs::OpenOptionsExt;
     let mut made = Vec::new();
     for dir in &plan.made_for_run {
         let Some(lower) = plan.mounts.iter().find_map(|m| match &m.kind {
@@ -228,14 +241,7 @@ fn make_for_run(plan: &Plan) -> Result<Vec<Made>, RuntimeError> {
         };
         let io = |what: String| move |source| RuntimeError::Io { what, source };
         std::fs::create_dir_all(&lower).map_err(io(format!("making {}", lower.display())))?;
-        let in_use = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(layer.join(crate::eval::deps::IN_USE_LOCK))
+        let in_use = lock_file(&layer.join(crate::eval::deps::IN_USE_LOCK))
             .map_err(io(format!("locking {}", layer.display())))?;
         // SAFETY: flock on a descriptor we own. Blocks only while a run ending holds it
         // exclusively to remove the directory.
@@ -274,7 +280,8 @@ fn make_for_run(plan: &Plan) -> Result<Vec<Made>, RuntimeError> {
     Ok(made)
 }
 
-/// The lock a run's own layers hold (`<state>/deps-run/<pid>/lock`), exclusive while it runs.
+/// The lock a run's own layers hold (`<state>/deps-run/<pid>-<nanos>/lock`), exclusive while
+/// it runs.
 const RUN_LAYERS_LOCK: &str = "lock";
 
 /// Remove the layers of earlier runs that ended without removing them (killed): those whose
@@ -314,7 +321,6 @@ fn sweep_dead_layers(plan: &Plan) {
 /// run gets a fresh layer of its own, removed when it ends (returned as a new plan). The lock
 /// file is opened without following links and never written.
 fn claim_layers(plan: &Plan) -> Result<(Layers, Option<Plan>), RuntimeError> {
-    use std::os::unix::fs::OpenOptionsExt;
     let mut held = Vec::new();
     let mut own: Option<PathBuf> = None;
     let mut changed: Option<Plan> = None;
@@ -329,15 +335,7 @@ fn claim_layers(plan: &Plan) -> Result<(Layers, Option<Plan>), RuntimeError> {
             source,
         };
         std::fs::create_dir_all(dir).map_err(io)?;
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(dir.join("lock"))
-            .map_err(io)?;
+        let f = lock_file(&dir.join("lock")).map_err(io)?;
         match Flock::lock(f, FlockArg::LockExclusiveNonblock) {
             Ok(l) => held.push(l),
             Err((_, nix::errno::Errno::EWOULDBLOCK))
@@ -354,15 +352,7 @@ fn claim_layers(plan: &Plan) -> Result<(Layers, Option<Plan>), RuntimeError> {
                         .join(format!("{}-run", crate::eval::deps::LAYER_DIR))
                         .join(format!("{}-{nanos}", std::process::id()));
                     std::fs::create_dir_all(&run).map_err(io)?;
-                    let f = std::fs::OpenOptions::new()
-                        .read(true)
-                        .write(true)
-                        .create(true)
-                        .truncate(false)
-                        .mode(0o600)
-                        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                        .open(run.join(RUN_LAYERS_LOCK))
-                        .map_err(io)?;
+                    let f = lock_file(&run.join(RUN_LAYERS_LOCK)).map_err(io)?;
                     held.push(
                         Flock::lock(f, FlockArg::LockExclusiveNonblock)
                             .map_err(|(_, e)| io(e.into()))?,
