@@ -3,17 +3,17 @@
 
 pub mod decode;
 pub mod depth;
-
-/// The stack a thread that parses `sandbox.kdl` gets: that of a process's main thread (8 MiB),
-/// where aisb's commands parse. The KDL parser recurses in its error recovery, and a checked-in
-/// file is untrusted input.
-pub const PARSE_STACK: usize = 8 << 20;
 pub mod diag;
 pub mod domain;
 pub mod instr;
 pub mod model;
 pub mod pattern;
 pub mod schema;
+
+/// The stack a thread that parses `sandbox.kdl` gets: that of a process's main thread (8 MiB),
+/// where aisb's commands parse. The KDL parser recurses in its error recovery, and a checked-in
+/// file is untrusted input.
+pub const PARSE_STACK: usize = 8 << 20;
 
 pub use diag::{ConfigError, ConfigErrors, Errors, Loc, SourceFile, Spanned};
 pub use model::ConfigFile;
