@@ -152,6 +152,10 @@ impl Project {
         std::fs::write(p, content).unwrap();
     }
     fn run(&self, backend: &str, home: &Path, path: &str, script: &str) -> Out {
+        Out::from(self.cmd(backend, home, path, script).output().unwrap())
+    }
+    /// `aisb --trust run --backend BACKEND -- /bin/sh -c SCRIPT` in the project, as its owner.
+    fn cmd(&self, backend: &str, home: &Path, path: &str, script: &str) -> Command {
         let mut cmd = Command::new(&self.exe);
         cmd.current_dir(self.proj())
             .env_clear()
@@ -174,7 +178,7 @@ impl Project {
             std::os::unix::process::CommandExt::uid(&mut cmd, uid);
             std::os::unix::process::CommandExt::gid(&mut cmd, gid);
         }
-        Out::from(cmd.output().unwrap())
+        cmd
     }
 }
 
@@ -345,12 +349,7 @@ fn fresh_clone(user: Option<(u32, u32)>) {
         if let Some((uid, gid)) = user {
             std::os::unix::fs::lchown(proj.join("node_modules"), Some(uid), Some(gid)).unwrap();
             std::os::unix::fs::lchown(made_layer.join("made"), Some(uid), Some(gid)).unwrap();
-            for e in walkdir::WalkDir::new(state.join("deps-run"))
-                .into_iter()
-                .flatten()
-            {
-                std::os::unix::fs::lchown(e.path(), Some(uid), Some(gid)).unwrap();
-            }
+            support::chown_r(&state.join("deps-run"), uid, gid);
         }
         let o = p.run(
             backend,
@@ -392,24 +391,7 @@ fn a_made_directory_outlives_the_first_of_two_runs() {
         std::fs::remove_dir_all(proj.join("node_modules")).unwrap();
         let home = p.root().join("home");
         let spawn = |script: &str| {
-            Command::new(&p.exe)
-                .current_dir(&proj)
-                .env_clear()
-                .env("PATH", SYSTEM_PATH)
-                .env("HOME", &home)
-                .env("XDG_CACHE_HOME", p.root().join("cache"))
-                .env("XDG_CONFIG_HOME", p.root().join("config"))
-                .args([
-                    "--trust",
-                    "run",
-                    "--backend",
-                    backend,
-                    "--",
-                    "/bin/sh",
-                    "-c",
-                ])
-                .arg(script)
-                .stdin(std::process::Stdio::null())
+            p.cmd(backend, &home, SYSTEM_PATH, script)
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
                 .spawn()
@@ -489,9 +471,7 @@ fn package_caches(user: Option<(u32, u32)>) {
         std::fs::create_dir_all(home.join("go")).unwrap();
         std::os::unix::fs::symlink(&elsewhere, home.join("go/pkg")).unwrap();
         if let Some((uid, gid)) = user {
-            for e in walkdir::WalkDir::new(&home).into_iter().flatten() {
-                std::os::unix::fs::lchown(e.path(), Some(uid), Some(gid)).unwrap();
-            }
+            support::chown_r(&home, uid, gid);
         }
         let before = tree(&home);
         let who = format!(
