@@ -32,7 +32,7 @@ pub use plan::Plan;
 use plan::*;
 
 pub use host::Host;
-pub use mounts::git_guard_mounts;
+pub use mounts::{git_config_views, git_guard_mounts};
 pub use network::{default_build_network, BUILD_GROUPS, BUILTIN_GROUPS};
 
 #[derive(Debug, Clone, Default)]
@@ -368,6 +368,16 @@ fn resolve(
                 path: d,
                 dir: true,
                 rule: "aisb's own state (XDG puts it inside the project)".into(),
+            });
+        }
+    }
+    // git-crypt's key decrypts every file the git-crypt layer hides.
+    if let Some(keys) = crate::git::git_dir_of(&sc.project).map(|g| g.join("git-crypt")) {
+        if std::fs::symlink_metadata(&keys).is_ok_and(|m| m.is_dir()) {
+            mask_list.push(Mask {
+                path: keys,
+                dir: true,
+                rule: "git-crypt's keys (they decrypt what the git-crypt layer hides)".into(),
             });
         }
     }

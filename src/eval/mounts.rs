@@ -154,6 +154,7 @@ pub(super) fn base(cx: &mut Ctx<'_>, sc: &Scope<'_>) -> Result<Base, EvalError> 
             "aisb: WARNING: {BREAK_ISOLATION_ENV}=git: the project's .git is writable in this sandbox (a test of the tests)"
         );
     }
+    credential_free_git_config(sc, project, &mut mounts);
 
     Ok(Base {
         mounts,
@@ -249,6 +250,77 @@ pub(super) fn user(
     }
     // Parents before children; stable, so equal depths keep their declared order.
     mounts.sort_by_key(|m| m.target.components().count());
+}
+
+/// The project's git configuration as the sandbox sees it: without the credentials git keeps
+/// there (a remote URL's token, `http.*.extraheader`, `credential.*`, includes of host files;
+/// see [`crate::git::view`]). When the host's file holds any, a view without them is written
+/// to the sandbox's state and bound read-only in its place (over the guard's bind of the
+/// host's file, or alone when the project is read-only); otherwise nothing changes.
+fn credential_free_git_config(sc: &Scope<'_>, project: &Path, mounts: &mut Vec<Mount>) {
+    let Some(git_dir) = crate::git::git_dir_of(project) else {
+        return;
+    };
+    git_config_views(&sc.state_dir, &sc.host.store(), &git_dir, &git_dir, mounts);
+}
+
+/// The views of `git_dir`'s configuration files (on the host), bound at `inside` (the same
+/// git dir as the sandbox sees it): see [`credential_free_git_config`]. Named sandboxes use it
+/// for the repository's git directory they see read-only.
+pub fn git_config_views(
+    state_dir: &Path,
+    store: &Path,
+    git_dir: &Path,
+    inside: &Path,
+    mounts: &mut Vec<Mount>,
+) {
+    for name in ["config", "config.worktree"] {
+        let file = inside.join(name);
+        let Ok(text) = crate::beneath::read(
+            git_dir,
+            Path::new(name),
+            crate::git::view::MAX_CONFIG as u64,
+        ) else {
+            continue;
+        };
+        let Some(text) = text else { continue };
+        let view = crate::git::view::credential_free(&text);
+        if view == text {
+            continue;
+        }
+        let path = state_dir.join("git-views").join(slug(&file));
+        let written = std::fs::create_dir_all(path.parent().unwrap_or(state_dir))
+            .and_then(|()| crate::atomic::write_atomic(&path, &view));
+        if written.is_err() {
+            // No view: the file is hidden rather than shown with its credentials.
+            mounts.push(Mount {
+                target: file.clone(),
+                kind: MountKind::Bind {
+                    source: store.join("masked-0000"),
+                    writable: false,
+                },
+                why: "git configuration with credentials (no view could be written)".into(),
+            });
+            continue;
+        }
+        match mounts.iter_mut().find(|m| m.target == file) {
+            Some(m) => {
+                if let MountKind::Git { source, .. } | MountKind::Bind { source, .. } = &mut m.kind
+                {
+                    *source = path;
+                }
+                m.why = "git configuration, without its credentials, read-only".into();
+            }
+            None => mounts.push(Mount {
+                target: file,
+                kind: MountKind::Bind {
+                    source: path,
+                    writable: false,
+                },
+                why: "git configuration, without its credentials, read-only".into(),
+            }),
+        }
+    }
 }
 
 /// The mounts that keep a writable work tree's git directory from naming programs the host

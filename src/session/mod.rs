@@ -336,6 +336,14 @@ pub fn prepare(plan: &mut Plan, name: &str) -> Result<Session, SessionError> {
         },
         why: format!("sandbox `{name}`: the repository's objects, read-only"),
     });
+    // Its configuration without the credentials git keeps there.
+    crate::eval::git_config_views(
+        &state,
+        &plan.store.clone(),
+        &repo.join(".git"),
+        &origin.join(".git"),
+        &mut plan.mounts,
+    );
     // Untracked files of the repository never enter the clone, so nothing the host writes
     // there later can appear inside: no live mask layer to run.
     plan.live = None;

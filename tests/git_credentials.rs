@@ -1,0 +1,105 @@
+//! No git credentials inside (issue 30, item 3): a remote URL's `user:token@`, an
+//! `http.<url>.extraheader` (what `actions/checkout` persists), any `credential.*` setting and
+//! an include of a host file never reach the sandbox through `.git/config`, read-only or
+//! writable project alike; git-crypt's key directory is masked. Git inside still reads the
+//! remotes and branches. Both backends, as root and as an ordinary user.
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use support::Out;
+
+const CONFIG: &str = "[core]\n\trepositoryformatversion = 0\n\tbare = false\n\
+[remote \"origin\"]\n\turl = https://x-access-token:ghs_SECRET1@github.com/o/r.git\n\
+\tfetch = +refs/heads/*:refs/remotes/origin/*\n\
+[http \"https://github.com/\"]\n\textraheader = AUTHORIZATION: basic SECRET2\n\
+[credential]\n\thelper = store --file /root/SECRET3\n\
+[include]\n\tpath = /root/SECRET4.inc\n\
+[branch \"main\"]\n\tremote = origin\n\tmerge = refs/heads/main\n";
+
+fn case(user: Option<(u32, u32)>) {
+    for backend in ["bwrap", "libcontainer"] {
+        for access in ["rw", "ro"] {
+            let who = format!(
+                "[{backend}, {access}, {}]",
+                if user.is_some() { "user" } else { "root" }
+            );
+            let dir = tempfile::tempdir().unwrap();
+            let proj = dir.path().join("proj");
+            std::fs::create_dir_all(dir.path().join("home")).unwrap();
+            std::fs::create_dir_all(&proj).unwrap();
+            support::git_in(&proj, &["init", "-q", "-b", "main"]);
+            std::fs::write(proj.join("README"), "hi\n").unwrap();
+            if access == "ro" {
+                std::fs::write(proj.join("sandbox.kdl"), "project \".\" access=\"ro\"\n").unwrap();
+            }
+            support::commit_all(&proj, "init");
+            std::fs::write(proj.join(".git/config"), CONFIG).unwrap();
+            std::fs::create_dir_all(proj.join(".git/git-crypt/keys")).unwrap();
+            std::fs::write(proj.join(".git/git-crypt/keys/default"), "GITCRYPT-KEY").unwrap();
+            let exe = match user {
+                Some((uid, gid)) => support::hand_to_user(dir.path(), uid, gid),
+                None => PathBuf::from(env!("CARGO_BIN_EXE_aisb")),
+            };
+            let mut cmd = Command::new(&exe);
+            cmd.current_dir(&proj)
+                .env_clear()
+                .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+                .env("HOME", dir.path().join("home"))
+                .env("XDG_CACHE_HOME", dir.path().join("cache"))
+                .env("XDG_CONFIG_HOME", dir.path().join("config"))
+                .args([
+                    "--trust",
+                    "run",
+                    "--backend",
+                    backend,
+                    "--",
+                    "/bin/sh",
+                    "-c",
+                ])
+                .arg(
+                    "cat .git/config; git config --list; git remote -v; \
+                     echo branch=$(git config branch.main.remote); \
+                     cat .git/git-crypt/keys/default >/dev/null 2>&1; echo key=$?",
+                )
+                .stdin(Stdio::null());
+            if let Some((uid, gid)) = user {
+                std::os::unix::process::CommandExt::uid(&mut cmd, uid);
+                std::os::unix::process::CommandExt::gid(&mut cmd, gid);
+            }
+            let o = Out::from(cmd.output().unwrap());
+            assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
+            assert!(!o.stdout.contains("SECRET"), "{who} {}", o.stdout);
+            assert!(!o.stdout.contains("GITCRYPT-KEY"), "{who} {}", o.stdout);
+            assert!(
+                o.stdout.contains("https://github.com/o/r.git"),
+                "{who} the remote is still there: {}",
+                o.stdout
+            );
+            o.expect("branch", "origin");
+            o.expect_failed("key", "git-crypt's key is masked");
+            // The host's file is untouched.
+            assert_eq!(
+                std::fs::read_to_string(proj.join(".git/config")).unwrap(),
+                CONFIG,
+                "{who}"
+            );
+        }
+    }
+}
+
+#[test]
+fn no_git_credentials_inside_as_root() {
+    if support::root_or_skip("the git credentials suite") {
+        case(None);
+    }
+}
+
+#[test]
+fn no_git_credentials_inside_as_a_user() {
+    if support::root_or_skip("the git credentials suite") {
+        case(Some(support::test_user()));
+    }
+}
