@@ -20,6 +20,7 @@
 //! files there that git reads configuration through ([`PLANTABLE`]). [`disarm`] moves them
 //! aside after a run and before aisb's own git touches the repository.
 
+pub mod back;
 pub mod view;
 
 use std::path::{Component, Path, PathBuf};

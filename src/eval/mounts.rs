@@ -148,7 +148,7 @@ pub(super) fn base(cx: &mut Ctx<'_>, sc: &Scope<'_>) -> Result<Base, EvalError> 
     // A writable project's git directory: nothing in it that git would run on the host may
     // change from inside (a test of the tests can leave it writable, to prove they notice).
     if project_writable && std::env::var(BREAK_ISOLATION_ENV).as_deref() != Ok("git") {
-        mounts.extend(git_guard_mounts(project, project)?);
+        mounts.extend(private_git_dir(sc, project, git_guard_mounts(project, project)?));
     } else if project_writable {
         eprintln!(
             "aisb: WARNING: {BREAK_ISOLATION_ENV}=git: the project's .git is writable in this sandbox (a test of the tests)"
@@ -321,6 +321,35 @@ pub fn git_config_views(
             }),
         }
     }
+}
+
+/// A writable project's git directory, private to the run (see [`crate::git::back`]): an
+/// overlay over the host's, whose layer aisb brings back with reduced trust when the run
+/// ends. The guards' pins of git directories inside it are dropped (they would bind the
+/// host's directories, writable, over the overlay); their read-only binds stay. A `.git` that
+/// is a file (a linked work tree, a submodule's) keeps the guards alone.
+fn private_git_dir(sc: &Scope<'_>, project: &Path, guards: Vec<Mount>) -> Vec<Mount> {
+    let dot = project.join(".git");
+    if !std::fs::symlink_metadata(&dot).is_ok_and(|m| m.is_dir()) {
+        return guards;
+    }
+    let layer = sc
+        .state_dir
+        .join(crate::git::back::LAYER_DIR)
+        .join(slug(&dot));
+    let mut out = vec![Mount {
+        target: dot.clone(),
+        kind: MountKind::Overlay {
+            lower: dot.clone(),
+            upper: layer.join("upper"),
+            work: layer.join("work"),
+        },
+        why: "git directory, private to the run (brought back when it ends)".into(),
+    }];
+    out.extend(guards.into_iter().filter(|m| {
+        !(m.target.starts_with(&dot) && matches!(m.kind, MountKind::Git { writable: true, .. }))
+    }));
+    out
 }
 
 /// The mounts that keep a writable work tree's git directory from naming programs the host

@@ -328,6 +328,67 @@ pub struct Overlay {
     pub target: String,
 }
 
+/// Clones of the outermost mounts strictly below `target` (from the mount table `table`),
+/// each with what is mounted below it, and where they go back.
+fn carry_submounts(
+    table: &[u8],
+    target: &str,
+) -> Result<Vec<(std::ffi::CString, std::os::fd::OwnedFd)>, nix::Error> {
+    use rustix::mount::{open_tree, OpenTreeFlags};
+    let prefix = format!("{}/", target.trim_end_matches('/'));
+    let mut points: Vec<Vec<u8>> = table
+        .split(|b| *b == b'\n')
+        .filter_map(|l| l.split(|b| *b == b' ').nth(4))
+        .map(unescape_mountinfo)
+        .filter(|p| p.starts_with(prefix.as_bytes()))
+        .collect();
+    points.sort();
+    points.dedup();
+    let mut out: Vec<(std::ffi::CString, std::os::fd::OwnedFd)> = Vec::new();
+    for p in points {
+        if out.iter().any(|(o, _)| {
+            let o = o.as_bytes();
+            p.starts_with(o) && p.get(o.len()) == Some(&b'/')
+        }) {
+            continue;
+        }
+        let Ok(at) = std::ffi::CString::new(p) else {
+            continue;
+        };
+        let tree = open_tree(
+            rustix::fs::CWD,
+            at.as_c_str(),
+            OpenTreeFlags::OPEN_TREE_CLONE
+                | OpenTreeFlags::OPEN_TREE_CLOEXEC
+                | OpenTreeFlags::AT_RECURSIVE
+                | OpenTreeFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .map_err(errno)?;
+        out.push((at, tree));
+    }
+    Ok(out)
+}
+
+/// A mount point as /proc/self/mountinfo writes it (space, tab, newline and backslash as
+/// `\ooo`), unescaped.
+fn unescape_mountinfo(field: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(field.len());
+    let mut i = 0;
+    while i < field.len() {
+        if field[i] == b'\\' && field.len() - i >= 4 {
+            let oct = &field[i + 1..i + 4];
+            if (b'0'..=b'3').contains(&oct[0]) && oct.iter().all(|b| (b'0'..=b'7').contains(b)) {
+                out.push((oct[0] - b'0') * 64 + (oct[1] - b'0') * 8 + (oct[2] - b'0'));
+                i += 4;
+                continue;
+            }
+        }
+        out.push(field[i]);
+        i += 1;
+    }
+    out
+}
+
 /// Mount an overlay from layers bound at staging paths (the lower dir, and the directory
 /// holding the upper and work dirs, which overlayfs wants on one mount).
 fn mount_overlay(o: &Overlay) -> Result<(), nix::Error> {
@@ -379,8 +440,25 @@ fn mount_layers(opts: &Options) -> Result<(), InitError> {
         let target = o.target.clone();
         move |source| InitError::Overlay { target, source }
     };
+    // What bwrap mounted inside an overlay's target (the git directory's read-only guards and
+    // its configuration's view) would be covered by the overlay: each is cloned first and
+    // moved back on top of it.
+    let table = std::fs::read("/proc/self/mountinfo").unwrap_or_default();
     for o in &opts.overlays {
+        let carried = carry_submounts(&table, &o.target).map_err(overlay_err(o))?;
         mount_overlay(o).map_err(overlay_err(o))?;
+        for (at, tree) in carried {
+            use rustix::mount::{move_mount, MoveMountFlags};
+            move_mount(
+                &tree,
+                c"",
+                rustix::fs::CWD,
+                at.as_c_str(),
+                MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+            )
+            .map_err(errno)
+            .map_err(overlay_err(o))?;
+        }
     }
     // The stages first: a mask that followed a planted link onto a stage would otherwise be
     // what the clean-up below unmounts, leaving the stage (the host's lower dir) in place.

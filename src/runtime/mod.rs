@@ -169,6 +169,70 @@ struct Layers {
     own: Option<PathBuf>,
     /// Dependency directories made empty on the host for this run (`Plan::made_for_run`).
     made: Vec<Made>,
+    /// The project's git directory, private to this run, brought back when it ends.
+    git: Option<GitRun>,
+}
+
+/// A run's private git directory (see [`crate::git::back`]) and the host's side when it
+/// started.
+struct GitRun {
+    layer: crate::git::back::Layer,
+    before: crate::git::back::Before,
+    state_dir: PathBuf,
+    run: String,
+}
+
+impl GitRun {
+    /// Bring the layer back (once): the host's branch, index and objects get what the
+    /// sandbox committed, what it planted is reported.
+    fn finish(&self, audit: Option<&crate::audit::Log>, mode: crate::git::back::Mode<'_>) {
+        let outcome = crate::git::back::bring_back(
+            &self.layer,
+            mode,
+            &self.run,
+            &self.state_dir.join("git-scratch"),
+            &self.state_dir.join("quarantine"),
+        );
+        report_git_back(audit, &self.layer, outcome);
+    }
+}
+
+/// Say what [`crate::git::back::bring_back`] did. On an error the layer is kept where it is
+/// (nothing the sandbox committed is lost) and the next run tries again.
+fn report_git_back(
+    audit: Option<&crate::audit::Log>,
+    layer: &crate::git::back::Layer,
+    outcome: Result<crate::git::back::Outcome, crate::git::back::BackError>,
+) {
+    match outcome {
+        Ok(o) => {
+            for (from, to) in o.quarantined {
+                protect::report(
+                    audit,
+                    &from,
+                    &to,
+                    "was written by the sandbox (git on the host would have read configuration, code or a location through it; it never reached the host's git directory)",
+                    "git would read configuration through it".into(),
+                );
+            }
+            for line in o.lines {
+                eprintln!("{line}");
+            }
+        }
+        Err(e) => eprintln!(
+            "aisb: what the sandbox did in git was not brought back: {e}\n  help: it is kept in {}; the next run of this project tries again",
+            layer.upper.display()
+        ),
+    }
+}
+
+impl Layers {
+    /// The workload ended: bring the git directory back.
+    fn finish(&mut self, audit: Option<&crate::audit::Log>) {
+        if let Some(g) = self.git.take() {
+            g.finish(audit, crate::git::back::Mode::Finished(&g.before));
+        }
+    }
 }
 
 /// A dependency directory made (or found made) on the host for a run, with the shared lock
@@ -181,6 +245,9 @@ struct Made {
 
 impl Drop for Layers {
     fn drop(&mut self) {
+        // A path that skipped `finish` (an error, a panic) still brings the git directory
+        // back, before its lock is released.
+        self.finish(None);
         if let Some(dir) = &self.own {
             let _ = crate::beneath::remove_tree(dir);
         }
@@ -308,9 +375,55 @@ fn sweep_dead_layers(plan: &Plan) {
             Err(_) => None,
         };
         if let Some(_held) = free {
+            recover_git_layers(&e.path(), &plan.state_dir);
             let _ = crate::beneath::remove_tree(&e.path());
         }
     }
+}
+
+/// Bring back the git directory layers in `dir` (a dead run's own layers) that still hold
+/// what the sandbox wrote: as `refs/aisb/<run>/…` only.
+fn recover_git_layers(dir: &std::path::Path, state_dir: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        if !e.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        if let Some(layer) = crate::git::back::recorded(&e.path()) {
+            recover_git_layer(layer, state_dir);
+        }
+    }
+}
+
+/// A git layer a killed run left: brought back as `refs/aisb/<run>/…`, then emptied.
+fn recover_git_layer(layer: crate::git::back::Layer, state_dir: &std::path::Path) {
+    if crate::git::back::is_empty(&layer) {
+        return;
+    }
+    eprintln!(
+        "aisb: an earlier run of this project ended before it brought back what its sandbox did in git; bringing it back now"
+    );
+    let g = GitRun {
+        layer,
+        before: crate::git::back::Before {
+            head: None,
+            index: None,
+        },
+        state_dir: state_dir.to_path_buf(),
+        run: run_name("left"),
+    };
+    let audit = crate::audit::Log::open(&state_dir.join("audit.jsonl")).ok();
+    g.finish(audit.as_ref(), crate::git::back::Mode::Leftover);
+}
+
+/// A name for a run in `refs/aisb/<name>/`: when it started, and which aisb.
+fn run_name(kind: &str) -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    format!("{kind}-{secs}-{}", std::process::id())
 }
 
 /// Claim each copy-on-write layer (`MountKind::Overlay`) of `plan` for this run: an exclusive
@@ -339,7 +452,8 @@ fn claim_layers(plan: &Plan) -> Result<(Layers, Option<Plan>), RuntimeError> {
         match Flock::lock(f, FlockArg::LockExclusiveNonblock) {
             Ok(l) => held.push(l),
             Err((_, nix::errno::Errno::EWOULDBLOCK))
-                if crate::eval::deps::is_dependency_layer(&plan.state_dir, upper) =>
+                if crate::eval::deps::is_dependency_layer(&plan.state_dir, upper)
+                    || crate::git::back::is_git_layer(&plan.state_dir, upper) =>
             {
                 if own.is_none() {
                     // Named by pid and time: never another live run's (a state dir shared
@@ -382,6 +496,7 @@ fn claim_layers(plan: &Plan) -> Result<(Layers, Option<Plan>), RuntimeError> {
             Err((_, e)) => return Err(io(e.into())),
         }
     }
+    let git = claim_git_layer(changed.as_ref().unwrap_or(plan))?;
     // Last: an error above leaves nothing made on the host.
     let made = make_for_run(plan)?;
     Ok((
@@ -389,9 +504,56 @@ fn claim_layers(plan: &Plan) -> Result<(Layers, Option<Plan>), RuntimeError> {
             _locks: held,
             own,
             made,
+            git,
         },
         changed,
     ))
+}
+
+/// The project's private git directory in `plan` (its layer's lock is held by now): the
+/// record of which repository it belongs to written, what a killed run left in it brought
+/// back first, and the host's side noted.
+fn claim_git_layer(plan: &Plan) -> Result<Option<GitRun>, RuntimeError> {
+    let Some((host_git, upper, work)) = plan.mounts.iter().find_map(|m| match &m.kind {
+        crate::eval::plan::MountKind::Overlay { lower, upper, work }
+            if m.target == plan.project.join(".git")
+                && (crate::git::back::is_git_layer(&plan.state_dir, upper)
+                    || upper.starts_with(
+                        plan.state_dir
+                            .join(format!("{}-run", crate::eval::deps::LAYER_DIR)),
+                    )) =>
+        {
+            Some((lower.clone(), upper.clone(), work.clone()))
+        }
+        _ => None,
+    }) else {
+        return Ok(None);
+    };
+    let work_tree = host_git.parent().map(PathBuf::from).unwrap_or_default();
+    let layer = crate::git::back::Layer {
+        host_git,
+        work_tree,
+        upper,
+        work,
+    };
+    let dir = layer.upper.parent().map(PathBuf::from).unwrap_or_default();
+    if let Some(left) = crate::git::back::recorded(&dir) {
+        recover_git_layer(left, &plan.state_dir);
+    } else if !crate::git::back::is_empty(&layer) {
+        recover_git_layer(layer.clone(), &plan.state_dir);
+    }
+    crate::git::back::record(&dir, &layer.host_git, &layer.work_tree).map_err(|source| {
+        RuntimeError::Io {
+            what: format!("recording the git layer {}", dir.display()),
+            source,
+        }
+    })?;
+    Ok(Some(GitRun {
+        before: crate::git::back::Before::of(&layer.host_git),
+        layer,
+        state_dir: plan.state_dir.clone(),
+        run: run_name("run"),
+    }))
 }
 
 /// Run `plan` on `backend` to the end. On an image, `root_mount` is the image's root, which
@@ -441,7 +603,7 @@ pub fn run(
         // bwrap needs no bundle on disk: the spec goes straight into its arguments, and it
         // hands the sandbox our terminal as it is.
         Backend::Bwrap => {
-            let (_layers, own_layers) = claim_layers(plan)?;
+            let (mut layers, own_layers) = claim_layers(plan)?;
             let plan = own_layers.as_ref().unwrap_or(plan);
             let mask_file = crate::graph::realise::realise(plan)?;
             // The init's list of masks, for this run alone (removed when it ends).
@@ -499,6 +661,7 @@ pub fn run(
                 live.as_mut(),
                 Some(&mask_file),
             )?;
+            layers.finish(audit.as_ref());
             (
                 code,
                 cgroup
@@ -510,7 +673,7 @@ pub fn run(
         // libcontainer reads `config.json` from a bundle; it also needs a pseudo-terminal of
         // its own on a terminal, passed back through a console socket.
         Backend::Libcontainer => {
-            let (_layers, own_layers) = claim_layers(plan)?;
+            let (mut layers, own_layers) = claim_layers(plan)?;
             let plan = own_layers.as_ref().unwrap_or(plan);
             // An ordinary user's image holds files of their subordinate ids: the helper runs
             // in a user namespace with their whole map, and the spec makes none of its own.
@@ -586,6 +749,7 @@ pub fn run(
                 live.as_mut(),
                 userns.as_ref(),
             )?;
+            layers.finish(audit.as_ref());
             let hits = std::fs::read(guard.0.join(HITS_FILE))
                 .ok()
                 .and_then(|b| serde_json::from_slice(&b).ok())

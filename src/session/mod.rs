@@ -317,8 +317,10 @@ pub fn prepare(plan: &mut Plan, name: &str) -> Result<Session, SessionError> {
         .mounts
         .iter()
         .any(|m| m.target == repo && matches!(m.kind, MountKind::Bind { writable: true, .. }));
-    plan.mounts
-        .retain(|m| !matches!(m.kind, MountKind::Git { .. }));
+    plan.mounts.retain(|m| {
+        !matches!(m.kind, MountKind::Git { .. })
+            && !matches!(&m.kind, MountKind::Overlay { lower, .. } if *lower == repo.join(".git"))
+    });
     if writable_clone {
         disarm_clone(&clone, &state);
         let guards =

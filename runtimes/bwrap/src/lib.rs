@@ -227,7 +227,8 @@ pub fn argv(spec: &Spec, inputs: &Inputs) -> Result<Vec<String>, BwrapError> {
                     });
                 }
                 // The init mounts the overlay after bwrap is done: masks inside it are the
-                // init's to mount after it; anything else mounted inside would be covered.
+                // init's to mount after it; anything else mounted inside is carried over it
+                // by the init.
                 let inside = |p: &Path| p != Path::new(&dest) && p.starts_with(&dest);
                 for n in &mounts[i + 1..] {
                     // A mask on the overlay's own target too: mounted before it, the overlay
@@ -255,14 +256,9 @@ pub fn argv(spec: &Spec, inputs: &Inputs) -> Result<Vec<String>, BwrapError> {
                                 format!("--mask={at}")
                             });
                         }
-                        None => {
-                            return Err(BwrapError::Unsupported {
-                                what: what(),
-                                why: "with bwrap the init mounts copy-on-write directories \
-                                      last, so nothing but a mask may be mounted inside one; \
-                                      use the libcontainer backend",
-                            })
-                        }
+                        // bwrap mounts it now; the init clones it and moves it back on top
+                        // of the overlay when it mounts that.
+                        None => {}
                     }
                 }
                 if masked.iter().any(|p| inside(Path::new(p))) {

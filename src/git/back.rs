@@ -1,0 +1,930 @@
+//! A writable project's git directory, private to the run (issue 30, item 1).
+//!
+//! Git takes configuration and code from more files in its directory than guards can pin
+//! (`commondir`, `config.worktree`, `objects/info/alternates`, links under `refs/`, …), and
+//! must create lock files beside each of them, so the directory cannot be read-only. Instead
+//! the sandbox sees the host's `.git` as an overlay: it reads the host's history, and every
+//! write it makes (objects, refs, `HEAD`, the index, and whatever it plants) lands in a layer
+//! in aisb's state, never in the host's directory, so the host's git (a shell prompt, the
+//! editor's polling) never obeys it, during the run or after it.
+//!
+//! When the run ends, [`bring_back`] takes from that layer only what is data, with reduced
+//! trust:
+//! - objects through `git fetch` with `fsckObjects` from a repository aisb makes (its own
+//!   configuration, no alternates but the host's objects), so each object's name is computed
+//!   from its content and nothing the sandbox wrote is read as configuration;
+//! - refs read as text (names checked, no link followed, bounded): the checked-out branch
+//!   fast-forwards when the host's did not move meanwhile, the sandbox's `HEAD` is followed to
+//!   a new branch it made, and everything else lands as `refs/aisb/<run>/…` with a line saying
+//!   so;
+//! - the index, when the host's did not change during the run and `HEAD` agrees, after git has
+//!   parsed it and every path in it was checked; a gitlink it adds has its `.git` moved aside;
+//! - everything git would read as configuration or location is reported and moved to the
+//!   quarantine, never adopted.
+//!
+//! A run killed before it brought its layer back leaves it in the state; the next run of the
+//! project finds it (the layer's lock is free) and brings it back as `refs/aisb/<run>/…` only.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+/// Under the state directory: `<state>/git/<slug>/{upper,work,lock,host}`.
+pub const LAYER_DIR: &str = "git";
+/// The host git directory and work tree a layer belongs to (two lines), aisb's own record.
+pub const HOST_RECORD: &str = "host";
+
+/// At most this many object files, refs and bytes of `packed-refs`/`HEAD`/index are read
+/// from a layer: it is the sandbox's writing.
+const MAX_OBJECT_FILES: usize = 1_000_000;
+const MAX_REFS: usize = 100_000;
+const MAX_PACKED_REFS: u64 = 64 << 20;
+const MAX_INDEX: u64 = 1 << 30;
+/// Ancestry checks per run (each a git process); refs beyond are kept under `refs/aisb/`.
+const MAX_ANCESTRY: usize = 256;
+/// Lines printed about kept refs; the rest are counted.
+const MAX_LINES: usize = 8;
+
+/// Whether an overlay's upper dir is a git directory's layer.
+pub fn is_git_layer(state_dir: &Path, upper: &Path) -> bool {
+    upper.starts_with(state_dir.join(LAYER_DIR))
+}
+
+/// Files and directories of a git directory that git reads as configuration, code or a
+/// location: written by the sandbox, they are reported and never brought back.
+const PLANTED: &[&str] = &[
+    "config",
+    "config.worktree",
+    "commondir",
+    "gitdir",
+    "hooks",
+    "info",
+    "worktrees",
+    "modules",
+    "branches",
+    "remotes",
+    "shallow",
+    "objects/info/alternates",
+    "objects/info/http-alternates",
+];
+
+/// One run's private git directory.
+#[derive(Debug, Clone)]
+pub struct Layer {
+    /// The host's git directory (the overlay's lower layer).
+    pub host_git: PathBuf,
+    /// The host's work tree.
+    pub work_tree: PathBuf,
+    pub upper: PathBuf,
+    pub work: PathBuf,
+}
+
+/// The host's side when the run started: what "did not move meanwhile" is measured against.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Before {
+    pub head: Option<Vec<u8>>,
+    pub index: Option<super::IndexStamp>,
+}
+
+impl Before {
+    pub fn of(host_git: &Path) -> Before {
+        Before {
+            head: read_small(host_git, "HEAD", 4096),
+            index: super::index_stamp(host_git),
+        }
+    }
+}
+
+/// How a layer is brought back: at the end of its run, or found left by a killed one (then
+/// nothing of the host's moves: refs land under `refs/aisb/<run>/` only).
+pub enum Mode<'a> {
+    Finished(&'a Before),
+    Leftover,
+}
+
+/// What happened: lines for the user, and what was moved aside (for the audit log).
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub lines: Vec<String>,
+    pub quarantined: Vec<(PathBuf, PathBuf)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackError {
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+    #[error("git {what} failed: {stderr}")]
+    Git { what: String, stderr: String },
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> BackError {
+    let what = what.into();
+    move |source| BackError::Io { what, source }
+}
+
+/// Write the record of which repository a layer belongs to (before its run starts).
+pub fn record(layer_dir: &Path, host_git: &Path, work_tree: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut text = host_git.as_os_str().as_bytes().to_vec();
+    text.push(b'\n');
+    text.extend_from_slice(work_tree.as_os_str().as_bytes());
+    text.push(b'\n');
+    crate::atomic::write_atomic(&layer_dir.join(HOST_RECORD), &text)
+}
+
+/// The layer in `layer_dir` from its record, if it has one.
+pub fn recorded(layer_dir: &Path) -> Option<Layer> {
+    use std::os::unix::ffi::OsStrExt;
+    let text = read_small(layer_dir, HOST_RECORD, 8192)?;
+    let mut lines = text.split(|b| *b == b'\n');
+    let host_git = PathBuf::from(std::ffi::OsStr::from_bytes(lines.next()?));
+    let work_tree = PathBuf::from(std::ffi::OsStr::from_bytes(lines.next()?));
+    (host_git.is_absolute() && work_tree.is_absolute()).then(|| Layer {
+        host_git,
+        work_tree,
+        upper: layer_dir.join("upper"),
+        work: layer_dir.join("work"),
+    })
+}
+
+/// Whether the layer holds anything the sandbox wrote.
+pub fn is_empty(layer: &Layer) -> bool {
+    std::fs::read_dir(&layer.upper).map_or(true, |mut d| d.next().is_none())
+}
+
+/// Bring back what the sandbox wrote into `layer` (see the module's text), then empty it.
+/// `run` names the run (`refs/aisb/<run>/`); `scratch` is aisb's own directory for the
+/// repository it fetches from; `quarantine` receives what was planted.
+pub fn bring_back(
+    layer: &Layer,
+    mode: Mode<'_>,
+    run: &str,
+    scratch: &Path,
+    quarantine: &Path,
+) -> Result<Outcome, BackError> {
+    let mut out = Outcome::default();
+    if is_empty(layer) {
+        return Ok(out);
+    }
+    for name in PLANTED {
+        let p = layer.upper.join(name);
+        let Ok(md) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        if is_whiteout(&md) {
+            continue;
+        }
+        // Moved out of the layer (it is the sandbox's) and reported under the host's name.
+        if let Some((_, to)) = super::quarantine_file(&p, quarantine) {
+            out.quarantined.push((layer.host_git.join(name), to));
+        }
+    }
+    let refs = sandbox_refs(&layer.upper);
+    let head = sandbox_head(&layer.upper);
+    let finished = match mode {
+        Mode::Finished(b) => Some(b),
+        Mode::Leftover => None,
+    };
+    // The sandbox's index, read by git from a copy, when it may become the host's.
+    let index = match finished {
+        Some(b) => read_index(layer, b, scratch, run, &mut out)?,
+        None => None,
+    };
+    let head_touched = head.is_some()
+        || current_branch(finished.and_then(|b| b.head.as_deref()))
+            .is_some_and(|b| refs.contains_key(&b));
+    let staged: Vec<String> = match &index {
+        Some(ix) => missing_on_host(layer, ix)?,
+        None => Vec::new(),
+    };
+    let mut moved_head = false;
+    if !refs.is_empty() || head.is_some() || !staged.is_empty() {
+        let fetched = if refs.is_empty() && !matches!(head, Some(Head::Detached(_))) && staged.is_empty() {
+            Vec::new()
+        } else {
+            let t = scratch.join(run);
+            let _ = crate::beneath::remove_tree(&t);
+            std::fs::create_dir_all(scratch).map_err(io(format!("creating {}", scratch.display())))?;
+            let result = fetch_back(layer, &refs, head.as_ref(), &staged, run, &t);
+            let _ = crate::beneath::remove_tree(&t);
+            result?
+        };
+        moved_head = settle(layer, finished, head.as_ref(), run, fetched, &mut out)?;
+    }
+    if let Some(ix) = index {
+        if !head_touched || moved_head {
+            install_index_back(layer, &ix, quarantine, &mut out)?;
+        } else {
+            out.lines.push(
+                "aisb: the sandbox's staging area (git's index) was not brought back: its HEAD is kept under refs/aisb/, not checked out".into(),
+            );
+        }
+    }
+    clear(layer);
+    Ok(out)
+}
+
+/// Empty the layer (the sandbox's writes are brought back or reported by now).
+pub fn clear(layer: &Layer) {
+    let _ = crate::beneath::remove_tree(&layer.upper);
+    let _ = crate::beneath::remove_tree(&layer.work);
+}
+
+fn is_whiteout(md: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    md.file_type().is_char_device()
+}
+
+/// A file of `dir` (at most `limit` bytes), no link followed: `None` when absent or not a
+/// regular file.
+fn read_small(dir: &Path, rel: &str, limit: u64) -> Option<Vec<u8>> {
+    crate::beneath::read(dir, Path::new(rel), limit).ok().flatten()
+}
+
+/// The branch a `HEAD` file's text points at (`refs/heads/…`), if it is a symbolic ref.
+fn current_branch(head: Option<&[u8]>) -> Option<String> {
+    let text = std::str::from_utf8(head?).ok()?;
+    let name = text.trim_end().strip_prefix("ref: ")?;
+    (name.starts_with("refs/heads/") && valid_ref_name(name)).then(|| name.to_string())
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Head {
+    Branch(String),
+    Detached(String),
+}
+
+fn sandbox_head(upper: &Path) -> Option<Head> {
+    let text = read_small(upper, "HEAD", 4096)?;
+    if let Some(b) = current_branch(Some(&text)) {
+        return Some(Head::Branch(b));
+    }
+    let s = std::str::from_utf8(&text).ok()?.trim_end();
+    is_object_name(s).then(|| Head::Detached(s.to_string()))
+}
+
+fn is_object_name(s: &str) -> bool {
+    (s.len() == 40 || s.len() == 64) && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// A ref name git itself would accept (`git check-ref-format`'s rules), below `refs/`.
+pub fn valid_ref_name(name: &str) -> bool {
+    name.starts_with("refs/")
+        && name.len() < 1024
+        && !name.ends_with('/')
+        && !name.ends_with('.')
+        && !name.contains("..")
+        && !name.contains("@{")
+        && !name.contains("//")
+        && name.bytes().all(|b| {
+            b > 0x20 && b != 0x7f && !matches!(b, b'~' | b'^' | b':' | b'?' | b'*' | b'[' | b'\\')
+        })
+        && name
+            .split('/')
+            .all(|c| !c.is_empty() && !c.starts_with('.') && !c.ends_with(".lock"))
+}
+
+/// The refs the sandbox wrote: loose files under `refs/` (regular files only, no link
+/// followed), over the entries of a `packed-refs` it rewrote. Bounded.
+fn sandbox_refs(upper: &Path) -> BTreeMap<String, String> {
+    let mut refs = BTreeMap::new();
+    if let Some(text) = read_small(upper, "packed-refs", MAX_PACKED_REFS) {
+        for line in text.split(|b| *b == b'\n').take(MAX_REFS) {
+            let Ok(line) = std::str::from_utf8(line) else { continue };
+            if line.starts_with('#') || line.starts_with('^') {
+                continue;
+            }
+            if let Some((oid, name)) = line.split_once(' ') {
+                if is_object_name(oid) && valid_ref_name(name) {
+                    refs.insert(name.to_string(), oid.to_string());
+                }
+            }
+        }
+    }
+    let root = upper.join("refs");
+    if std::fs::symlink_metadata(&root).is_ok_and(|m| m.is_dir()) {
+        let walk = walkdir::WalkDir::new(&root)
+            .follow_links(false)
+            .follow_root_links(false)
+            .max_depth(32);
+        for e in walk.into_iter().flatten().take(MAX_REFS) {
+            if !e.file_type().is_file() {
+                continue;
+            }
+            let Ok(rel) = e.path().strip_prefix(upper) else { continue };
+            let Some(name) = rel.to_str() else { continue };
+            if !valid_ref_name(name) {
+                continue;
+            }
+            let Some(text) = read_small(upper, name, 4096) else { continue };
+            let Ok(s) = std::str::from_utf8(&text) else { continue };
+            let s = s.trim_end();
+            if is_object_name(s) {
+                refs.insert(name.to_string(), s.to_string());
+            }
+        }
+    }
+    refs
+}
+
+/// Name of the sandbox's detached `HEAD` in the repository fetched from.
+const DETACHED: &str = "refs/aisb-detached-head";
+/// Prefix of the refs that carry the blobs the sandbox staged.
+const STAGED: &str = "refs/aisb-staged/";
+
+/// Make a repository of aisb's own at `t` holding the sandbox's objects (validated names,
+/// regular files only) with the host's objects as its only alternate and the sandbox's refs
+/// as its packed refs, and fetch them into the host's as `refs/aisb/<run>/…`, every object
+/// checked. Returns the fetched refs: (name in the sandbox, object).
+fn fetch_back(
+    layer: &Layer,
+    refs: &BTreeMap<String, String>,
+    head: Option<&Head>,
+    staged: &[String],
+    run: &str,
+    t: &Path,
+) -> Result<Vec<(String, String)>, BackError> {
+    let init = super::overridden()
+        .env_remove("GIT_DIR")
+        .env_remove("GIT_WORK_TREE")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .args(["init", "--bare", "--quiet", "--template="])
+        .arg(t)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(io("running git init"))?;
+    if !init.status.success() {
+        return Err(BackError::Git {
+            what: "init".into(),
+            stderr: String::from_utf8_lossy(&init.stderr).trim().into(),
+        });
+    }
+    let objects = t.join("objects");
+    std::fs::create_dir_all(objects.join("info")).map_err(io("making the objects' info"))?;
+    let host_objects = layer.host_git.join("objects");
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let mut alt = host_objects.as_os_str().as_bytes().to_vec();
+        alt.push(b'\n');
+        std::fs::write(objects.join("info/alternates"), alt).map_err(io("writing alternates"))?;
+    }
+    copy_objects(&layer.upper.join("objects"), &objects)?;
+    // Only refs whose object the repository now has: a ref to a missing object would stop
+    // the whole fetch.
+    let mut wanted: Vec<(String, String)> = refs.iter().map(|(n, o)| (n.clone(), o.clone())).collect();
+    if let Some(Head::Detached(oid)) = head {
+        wanted.push((DETACHED.to_string(), oid.clone()));
+    }
+    let types = object_types(t, wanted.iter().map(|(_, o)| o.as_str()).chain(staged.iter().map(String::as_str)))?;
+    wanted.retain(|(_, o)| types.get(o).is_some_and(|t| t == "commit" || t == "tag"));
+    // Staged blobs travel as refs of their own, dropped once fetched.
+    wanted.extend(
+        staged
+            .iter()
+            .filter(|o| types.get(*o).is_some_and(|t| t == "blob"))
+            .map(|o| (format!("{STAGED}{o}"), o.clone())),
+    );
+    if wanted.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut packed = String::new();
+    let mut sorted = wanted.clone();
+    sorted.sort();
+    for (n, o) in &sorted {
+        packed.push_str(&format!("{o} {n}\n"));
+    }
+    std::fs::write(t.join("packed-refs"), packed).map_err(io("writing packed-refs"))?;
+    let fetch = super::command(&layer.host_git, None)
+        .args([
+            "-c",
+            "fetch.fsckObjects=true",
+            "-c",
+            "transfer.fsckObjects=true",
+            "-c",
+            "fetch.writeCommitGraph=false",
+            "fetch",
+            "--quiet",
+            "--no-tags",
+            "--no-write-fetch-head",
+            "--no-recurse-submodules",
+            "--no-auto-gc",
+            "--no-auto-maintenance",
+        ])
+        .arg(t)
+        .arg(format!("+refs/*:refs/aisb/{run}/*"))
+        .stdin(Stdio::null())
+        .output()
+        .map_err(io("running git fetch"))?;
+    if !fetch.status.success() {
+        return Err(BackError::Git {
+            what: "fetch from the sandbox's git directory".into(),
+            stderr: String::from_utf8_lossy(&fetch.stderr).trim().into(),
+        });
+    }
+    Ok(wanted)
+}
+
+/// Link (or copy) the sandbox's object files into `to`: loose objects by their two-level hex
+/// names, and packs with their index. Nothing else, no link followed, bounded.
+fn copy_objects(from: &Path, to: &Path) -> Result<(), BackError> {
+    if !std::fs::symlink_metadata(from).is_ok_and(|m| m.is_dir()) {
+        return Ok(());
+    }
+    let hex = |s: &str| s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    let mut n = 0usize;
+    let Ok(top) = std::fs::read_dir(from) else { return Ok(()) };
+    for e in top.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !e.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let files: Vec<String> = match std::fs::read_dir(e.path()) {
+            Ok(d) => d
+                .flatten()
+                .filter(|f| f.file_type().is_ok_and(|t| t.is_file()))
+                .filter_map(|f| f.file_name().to_str().map(str::to_string))
+                .collect(),
+            Err(_) => continue,
+        };
+        let keep: Vec<&String> = if name.len() == 2 && hex(name) {
+            files
+                .iter()
+                .filter(|f| (f.len() == 38 || f.len() == 62) && hex(f))
+                .collect()
+        } else if name == "pack" {
+            files
+                .iter()
+                .filter(|f| {
+                    f.strip_prefix("pack-")
+                        .and_then(|r| r.strip_suffix(".pack"))
+                        .is_some_and(|h| is_object_name(h))
+                        && files.contains(&f.replace(".pack", ".idx"))
+                })
+                .flat_map(|f| [f, files.iter().find(|g| **g == f.replace(".pack", ".idx")).unwrap_or(f)])
+                .collect()
+        } else {
+            continue;
+        };
+        if keep.is_empty() {
+            continue;
+        }
+        let dir = to.join(name);
+        std::fs::create_dir_all(&dir).map_err(io("making an object directory"))?;
+        for f in keep {
+            n += 1;
+            if n > MAX_OBJECT_FILES {
+                return Err(BackError::Io {
+                    what: "bringing back the sandbox's objects".into(),
+                    source: std::io::Error::other(format!("more than {MAX_OBJECT_FILES} object files")),
+                });
+            }
+            link_or_copy(&e.path().join(f), &dir.join(f))?;
+        }
+    }
+    Ok(())
+}
+
+/// A regular file's content at `to` (a hard link where the file system allows, no link
+/// followed at `from`).
+fn link_or_copy(from: &Path, to: &Path) -> Result<(), BackError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    if std::fs::hard_link(from, to).is_ok() {
+        return Ok(());
+    }
+    let mut src = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(from)
+        .map_err(io(format!("opening {}", from.display())))?;
+    if !src.metadata().is_ok_and(|m| m.is_file()) {
+        return Ok(());
+    }
+    let mut dst = std::fs::File::create(to).map_err(io(format!("creating {}", to.display())))?;
+    std::io::copy(&mut src, &mut dst).map_err(io(format!("copying {}", from.display())))?;
+    Ok(())
+}
+
+/// The type of each of `oids` the repository `git_dir` has (one `cat-file --batch-check`).
+fn object_types<'a>(
+    git_dir: &Path,
+    oids: impl Iterator<Item = &'a str>,
+) -> Result<BTreeMap<String, String>, BackError> {
+    use std::io::Write;
+    let input: String = oids.map(|o| format!("{o}\n")).collect();
+    if input.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    let mut child = super::command(git_dir, None)
+        .args(["cat-file", "--batch-check=%(objectname) %(objecttype)"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(io("running git cat-file"))?;
+    let mut stdin = child.stdin.take().expect("piped");
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(input.as_bytes());
+    });
+    let mut text = String::new();
+    if let Some(out) = child.stdout.take() {
+        let _ = out.take(256 << 20).read_to_string(&mut text);
+    }
+    let _ = writer.join();
+    let _ = child.wait();
+    Ok(text
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(_, t)| *t != "missing")
+        .map(|(o, t)| (o.to_string(), t.to_string()))
+        .collect())
+}
+
+/// The host's git (reduced trust, see [`super::command`]) with `args`: its stdout, or the
+/// error with its stderr.
+fn host_git(layer: &Layer, args: &[&str]) -> Result<String, BackError> {
+    let o = super::command(&layer.host_git, None)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(io(format!("running git {}", args.first().unwrap_or(&""))))?;
+    if o.status.success() {
+        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+    } else {
+        Err(BackError::Git {
+            what: args.first().unwrap_or(&"").to_string(),
+            stderr: String::from_utf8_lossy(&o.stderr).trim().into(),
+        })
+    }
+}
+
+fn is_ancestor(layer: &Layer, a: &str, b: &str) -> bool {
+    super::command(&layer.host_git, None)
+        .args(["merge-base", "--is-ancestor", a, b])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+const ZERO: &str = "0000000000000000000000000000000000000000";
+
+/// After the fetch: move the host's checked-out branch (or `HEAD`) forward where that loses
+/// nothing, drop what brought nothing new, and say what stays under `refs/aisb/<run>/`.
+/// Returns whether the host's `HEAD` now names what the sandbox's did.
+fn settle(
+    layer: &Layer,
+    finished: Option<&Before>,
+    head: Option<&Head>,
+    run: &str,
+    fetched: Vec<(String, String)>,
+    out: &mut Outcome,
+) -> Result<bool, BackError> {
+    let staging = |name: &str| format!("refs/aisb/{run}/{}", name.trim_start_matches("refs/"));
+    let host_refs: BTreeMap<String, String> = host_git(
+        layer,
+        &["for-each-ref", "--format=%(objectname) %(refname)", "refs/heads", "refs/tags"],
+    )?
+    .lines()
+    .filter_map(|l| l.split_once(' '))
+    .map(|(o, n)| (n.to_string(), o.to_string()))
+    .collect();
+    let host_head_now = read_small(&layer.host_git, "HEAD", 4096);
+    // The host's HEAD did not change during the run: the sandbox's may be followed.
+    let head_free = finished.is_some_and(|b| b.head == host_head_now);
+    let host_branch = current_branch(host_head_now.as_deref());
+    let mut kept: Vec<(String, String)> = Vec::new();
+    let mut drops: Vec<String> = Vec::new();
+    let mut checks = 0usize;
+    let mut moved_head = false;
+    let target_branch = match head {
+        Some(Head::Branch(b)) => Some(b.clone()),
+        Some(Head::Detached(_)) => None,
+        None => host_branch.clone(),
+    };
+    for (name, oid) in &fetched {
+        let stage = staging(name);
+        let mut drop_stage = || drops.push(format!("delete {stage} {oid}\n"));
+        if name.starts_with(STAGED) {
+            drop_stage();
+            continue;
+        }
+        if name == DETACHED {
+            let old = host_git(layer, &["rev-parse", "--verify", "-q", "HEAD"]).unwrap_or_default();
+            if head_free
+                && host_git(
+                    layer,
+                    &["update-ref", "--no-deref", "-m", &format!("aisb: HEAD of the sandbox run {run}"), "HEAD", oid, old.trim()],
+                )
+                .is_ok()
+            {
+                out.lines.push(format!("aisb: HEAD is now {} (detached in the sandbox)", short(oid)));
+                moved_head = true;
+                drop_stage();
+            } else {
+                kept.push((stage, "the sandbox's detached HEAD".into()));
+            }
+            continue;
+        }
+        let host = host_refs.get(name);
+        if host == Some(oid) {
+            drop_stage();
+            continue;
+        }
+        if let Some(h) = host {
+            checks += 1;
+            if checks <= MAX_ANCESTRY && is_ancestor(layer, oid, h) {
+                // Nothing the host does not have.
+                drop_stage();
+                continue;
+            }
+        }
+        let is_target = head_free && target_branch.as_deref() == Some(name.as_str());
+        if is_target {
+            let ff = match host {
+                None => true,
+                Some(h) => {
+                    checks += 1;
+                    checks <= MAX_ANCESTRY && is_ancestor(layer, h, oid)
+                }
+            };
+            let old = host.map_or(ZERO, String::as_str);
+            if ff
+                && host_git(
+                    layer,
+                    &["update-ref", "-m", &format!("aisb: from the sandbox run {run}"), name, oid, old],
+                )
+                .is_ok()
+            {
+                let what = name.trim_start_matches("refs/heads/");
+                out.lines.push(match host {
+                    Some(h) => format!("aisb: {what} fast-forwarded {}..{} with the commits made in the sandbox", short(h), short(oid)),
+                    None => format!("aisb: {what} made in the sandbox, at {}", short(oid)),
+                });
+                drop_stage();
+                continue;
+            }
+            kept.push((stage, format!("{} moved on the host during the run", name.trim_start_matches("refs/heads/"))));
+            continue;
+        }
+        kept.push((stage, "made in the sandbox".into()));
+    }
+    if !drops.is_empty() {
+        update_refs(layer, &drops.concat());
+    }
+    // The sandbox checked out another branch, and the host's HEAD did not move: follow it,
+    // when that branch is now the host's with the sandbox's value.
+    if let (true, Some(t)) = (head_free, &target_branch) {
+        let now = host_git(layer, &["rev-parse", "--verify", "-q", t]).unwrap_or_default();
+        let sandbox_value = fetched.iter().find(|(n, _)| n == t).map(|(_, o)| o.as_str());
+        let agrees = match sandbox_value {
+            Some(o) => now.trim() == o,
+            // The sandbox did not write the branch: the host's value is the one it saw.
+            None => !now.trim().is_empty(),
+        };
+        if agrees {
+            moved_head = true;
+            if host_branch.as_deref() != Some(t.as_str()) {
+                if host_git(layer, &["symbolic-ref", "-m", &format!("aisb: the sandbox run {run} checked it out"), "HEAD", t]).is_ok() {
+                    out.lines.push(format!("aisb: {} is checked out, as in the sandbox", t.trim_start_matches("refs/heads/")));
+                } else {
+                    moved_head = false;
+                }
+            }
+        }
+    }
+    if !kept.is_empty() {
+        for (stage, why) in kept.iter().take(MAX_LINES) {
+            out.lines.push(format!("aisb: kept the sandbox's ref as {stage} ({why})"));
+        }
+        if kept.len() > MAX_LINES {
+            out.lines.push(format!("aisb: … and {} more under refs/aisb/{run}/", kept.len() - MAX_LINES));
+        }
+    }
+    Ok(moved_head)
+}
+
+/// `git update-ref --stdin` with `input` (one transaction; a ref that moved meanwhile is
+/// left as it is).
+fn update_refs(layer: &Layer, input: &str) {
+    use std::io::Write;
+    let Ok(mut child) = super::command(&layer.host_git, None)
+        .args(["update-ref", "--stdin"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+    else {
+        return;
+    };
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(input.as_bytes());
+    }
+    let _ = child.wait();
+}
+
+fn short(oid: &str) -> &str {
+    &oid[..oid.len().min(10)]
+}
+
+/// The sandbox's index as git read it: its bytes and entries.
+struct SandboxIndex {
+    bytes: Vec<u8>,
+    entries: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+/// The sandbox's index, when it may replace the host's: the host's did not change during the
+/// run, it differs, git parses it (a copy, never the host's file) and every path in it is one
+/// git itself would write.
+fn read_index(
+    layer: &Layer,
+    before: &Before,
+    scratch: &Path,
+    run: &str,
+    out: &mut Outcome,
+) -> Result<Option<SandboxIndex>, BackError> {
+    if !std::fs::symlink_metadata(layer.upper.join("index")).is_ok_and(|m| m.is_file()) {
+        return Ok(None);
+    }
+    let Some(bytes) = read_small(&layer.upper, "index", MAX_INDEX) else {
+        return Ok(None);
+    };
+    if read_small(&layer.host_git, "index", MAX_INDEX).as_deref() == Some(&bytes[..]) {
+        return Ok(None);
+    }
+    if super::index_stamp(&layer.host_git) != before.index {
+        out.lines.push("aisb: the sandbox's staging area (git's index) was not brought back: the host's changed during the run".into());
+        return Ok(None);
+    }
+    std::fs::create_dir_all(scratch).map_err(io("making the scratch directory"))?;
+    let copy = scratch.join(format!("{run}.index"));
+    std::fs::write(&copy, &bytes).map_err(io("copying the sandbox's index"))?;
+    let entries = ls_stage(layer, Some(&copy));
+    let _ = std::fs::remove_file(&copy);
+    let Some(entries) = entries else {
+        out.lines.push("aisb: the sandbox's staging area (git's index) was not brought back: git could not read it".into());
+        return Ok(None);
+    };
+    if let Some(bad) = entries.iter().find(|(_, p)| !safe_index_path(p)) {
+        out.lines.push(format!(
+            "aisb: the sandbox's staging area (git's index) was not brought back: it names {:?}, which git never writes",
+            String::from_utf8_lossy(bad.1.as_slice())
+        ));
+        return Ok(None);
+    }
+    Ok(Some(SandboxIndex { bytes, entries }))
+}
+
+/// The blobs the sandbox's index names that the host's repository does not have (staged in
+/// the sandbox, not committed): they are fetched with the refs.
+fn missing_on_host(layer: &Layer, ix: &SandboxIndex) -> Result<Vec<String>, BackError> {
+    let oids: std::collections::BTreeSet<&str> = ix
+        .entries
+        .iter()
+        .filter(|(m, _)| !m.starts_with(b"160000 "))
+        .filter_map(|(m, _)| std::str::from_utf8(m).ok()?.split(' ').nth(1))
+        .filter(|o| is_object_name(o))
+        .collect();
+    let have = object_types(&layer.host_git, oids.iter().copied())?;
+    Ok(oids
+        .into_iter()
+        .filter(|o| !have.contains_key(*o))
+        .map(str::to_string)
+        .collect())
+}
+
+/// Install the sandbox's index as the host's: each new or changed gitlink's `.git` is moved
+/// aside first (git on the host looks into every gitlink with that repository's
+/// configuration), then it replaces the host's through git's own lock file.
+fn install_index_back(
+    layer: &Layer,
+    ix: &SandboxIndex,
+    quarantine: &Path,
+    out: &mut Outcome,
+) -> Result<(), BackError> {
+    let before_links: std::collections::HashSet<(Vec<u8>, Vec<u8>)> = ls_stage(layer, None)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(m, _)| m.starts_with(b"160000 "))
+        .collect();
+    for (meta, path) in &ix.entries {
+        if !meta.starts_with(b"160000 ") || before_links.contains(&(meta.clone(), path.clone())) {
+            continue;
+        }
+        use std::os::unix::ffi::OsStrExt;
+        let work = layer.work_tree.join(std::ffi::OsStr::from_bytes(path));
+        if super::check_no_symlinks(&layer.work_tree, &work).is_err() {
+            continue;
+        }
+        if let Some(moved) = super::quarantine_file(&work.join(".git"), quarantine) {
+            out.quarantined.push(moved);
+        }
+    }
+    match install_index(&layer.host_git, &ix.bytes) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            out.lines.push("aisb: the sandbox's staging area (git's index) was not brought back: a git on the host holds index.lock".into());
+            Ok(())
+        }
+        Err(e) => Err(io("installing the sandbox's index")(e)),
+    }
+}
+
+/// `git ls-files --stage -z` of the host's index, or of `index`: (mode, oid and stage; path).
+fn ls_stage(layer: &Layer, index: Option<&Path>) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
+    let mut cmd = super::command(&layer.host_git, None);
+    if let Some(i) = index {
+        cmd.env("GIT_INDEX_FILE", i);
+    }
+    let o = cmd
+        .args(["ls-files", "--stage", "-z"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    if !o.status.success() {
+        return None;
+    }
+    Some(
+        o.stdout
+            .split(|b| *b == 0)
+            .filter(|e| !e.is_empty())
+            .filter_map(|e| {
+                let tab = e.iter().position(|b| *b == b'\t')?;
+                Some((e[..tab].to_vec(), e[tab + 1..].to_vec()))
+            })
+            .collect(),
+    )
+}
+
+/// A path git itself would put in an index: relative, no `.`/`..`/empty component, no `.git`
+/// component in any case.
+fn safe_index_path(p: &[u8]) -> bool {
+    !p.is_empty()
+        && p[0] != b'/'
+        && p.split(|b| *b == b'/').all(|c| {
+            !c.is_empty() && c != b"." && c != b".." && !c.eq_ignore_ascii_case(b".git")
+        })
+}
+
+/// Replace the host's index with `bytes` the way git does: write `index.lock` (created
+/// exclusively: a git holding it wins), then rename it over `index`.
+fn install_index(host_git: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let lock = host_git.join("index.lock");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&lock)?;
+    let written = f.write_all(bytes).and_then(|()| f.sync_all());
+    drop(f);
+    if let Err(e) = written.and_then(|()| std::fs::rename(&lock, host_git.join("index"))) {
+        let _ = std::fs::remove_file(&lock);
+        return Err(e);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ref_names_follow_gits_rules() {
+        for ok in ["refs/heads/main", "refs/heads/feat/x-1", "refs/tags/v1.0", "refs/stash"] {
+            assert!(valid_ref_name(ok), "{ok}");
+        }
+        for bad in [
+            "HEAD",
+            "refs/heads/../x",
+            "refs/heads/.hidden",
+            "refs/heads/a.lock",
+            "refs/heads/a b",
+            "refs/heads/a\nb",
+            "refs/heads/a~1",
+            "refs/heads/a@{1}",
+            "refs/heads/",
+            "refs//x",
+            "refs/heads/x.",
+            "refs/heads/--mirror:x",
+        ] {
+            assert!(!valid_ref_name(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn index_paths_never_leave_the_work_tree_or_name_git() {
+        assert!(safe_index_path(b"src/main.rs"));
+        for bad in [&b"../x"[..], b"/etc/passwd", b"a/.git/config", b".GIT/hooks/x", b"a//b", b"./a", b""] {
+            assert!(!safe_index_path(bad), "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+}
