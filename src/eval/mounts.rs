@@ -148,7 +148,11 @@ pub(super) fn base(cx: &mut Ctx<'_>, sc: &Scope<'_>) -> Result<Base, EvalError> 
     // A writable project's git directory: nothing in it that git would run on the host may
     // change from inside (a test of the tests can leave it writable, to prove they notice).
     if project_writable && std::env::var(BREAK_ISOLATION_ENV).as_deref() != Ok("git") {
-        mounts.extend(private_git_dir(sc, project, git_guard_mounts(project, project)?));
+        mounts.extend(private_git_dir(
+            sc,
+            project,
+            git_guard_mounts(project, project)?,
+        ));
     } else if project_writable {
         eprintln!(
             "aisb: WARNING: {BREAK_ISOLATION_ENV}=git: the project's .git is writable in this sandbox (a test of the tests)"

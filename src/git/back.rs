@@ -85,13 +85,31 @@ pub struct Layer {
 pub struct Before {
     pub head: Option<Vec<u8>>,
     pub index: Option<super::IndexStamp>,
+    /// The host's index as it was (a hard link: git replaces the file, never writes it in
+    /// place), so that a refresh of its stat data on the host during the run (every
+    /// `git status` does one) is told from a change of what is staged.
+    pub index_then: Option<PathBuf>,
 }
 
+/// The host's index kept at the start of a run, in the layer's directory.
+const INDEX_THEN: &str = "index-then";
+/// Without a hard link (another file system), an index is copied up to this size.
+const MAX_INDEX_COPY: u64 = 4 << 20;
+
 impl Before {
-    pub fn of(host_git: &Path) -> Before {
+    /// The host's side now; its index kept in `layer_dir`.
+    pub fn of(host_git: &Path, layer_dir: &Path) -> Before {
+        let then = layer_dir.join(INDEX_THEN);
+        let _ = std::fs::remove_file(&then);
+        let index = host_git.join("index");
+        let kept = std::fs::symlink_metadata(&index).is_ok_and(|m| m.is_file())
+            && (std::fs::hard_link(&index, &then).is_ok()
+                || read_small(host_git, "index", MAX_INDEX_COPY)
+                    .is_some_and(|b| std::fs::write(&then, b).is_ok()));
         Before {
             head: read_small(host_git, "HEAD", 4096),
             index: super::index_stamp(host_git),
+            index_then: kept.then_some(then),
         }
     }
 }
@@ -203,16 +221,18 @@ pub fn bring_back(
     };
     let mut moved_head = false;
     if !refs.is_empty() || head.is_some() || !staged.is_empty() {
-        let fetched = if refs.is_empty() && !matches!(head, Some(Head::Detached(_))) && staged.is_empty() {
-            Vec::new()
-        } else {
-            let t = scratch.join(run);
-            let _ = crate::beneath::remove_tree(&t);
-            std::fs::create_dir_all(scratch).map_err(io(format!("creating {}", scratch.display())))?;
-            let result = fetch_back(layer, &refs, head.as_ref(), &staged, run, &t);
-            let _ = crate::beneath::remove_tree(&t);
-            result?
-        };
+        let fetched =
+            if refs.is_empty() && !matches!(head, Some(Head::Detached(_))) && staged.is_empty() {
+                Vec::new()
+            } else {
+                let t = scratch.join(run);
+                let _ = crate::beneath::remove_tree(&t);
+                std::fs::create_dir_all(scratch)
+                    .map_err(io(format!("creating {}", scratch.display())))?;
+                let result = fetch_back(layer, &refs, head.as_ref(), &staged, run, &t);
+                let _ = crate::beneath::remove_tree(&t);
+                result?
+            };
         moved_head = settle(layer, finished, head.as_ref(), run, fetched, &mut out)?;
     }
     if let Some(ix) = index {
@@ -230,6 +250,9 @@ pub fn bring_back(
 
 /// Empty the layer (the sandbox's writes are brought back or reported by now).
 pub fn clear(layer: &Layer) {
+    if let Some(dir) = layer.upper.parent() {
+        let _ = std::fs::remove_file(dir.join(INDEX_THEN));
+    }
     let _ = crate::beneath::remove_tree(&layer.upper);
     let _ = crate::beneath::remove_tree(&layer.work);
 }
@@ -242,7 +265,9 @@ fn is_whiteout(md: &std::fs::Metadata) -> bool {
 /// A file of `dir` (at most `limit` bytes), no link followed: `None` when absent or not a
 /// regular file.
 fn read_small(dir: &Path, rel: &str, limit: u64) -> Option<Vec<u8>> {
-    crate::beneath::read(dir, Path::new(rel), limit).ok().flatten()
+    crate::beneath::read(dir, Path::new(rel), limit)
+        .ok()
+        .flatten()
 }
 
 /// The branch a `HEAD` file's text points at (`refs/heads/…`), if it is a symbolic ref.
@@ -268,7 +293,9 @@ fn sandbox_head(upper: &Path) -> Option<Head> {
 }
 
 fn is_object_name(s: &str) -> bool {
-    (s.len() == 40 || s.len() == 64) && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    (s.len() == 40 || s.len() == 64)
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// A ref name git itself would accept (`git check-ref-format`'s rules), below `refs/`.
@@ -294,7 +321,9 @@ fn sandbox_refs(upper: &Path) -> BTreeMap<String, String> {
     let mut refs = BTreeMap::new();
     if let Some(text) = read_small(upper, "packed-refs", MAX_PACKED_REFS) {
         for line in text.split(|b| *b == b'\n').take(MAX_REFS) {
-            let Ok(line) = std::str::from_utf8(line) else { continue };
+            let Ok(line) = std::str::from_utf8(line) else {
+                continue;
+            };
             if line.starts_with('#') || line.starts_with('^') {
                 continue;
             }
@@ -315,13 +344,19 @@ fn sandbox_refs(upper: &Path) -> BTreeMap<String, String> {
             if !e.file_type().is_file() {
                 continue;
             }
-            let Ok(rel) = e.path().strip_prefix(upper) else { continue };
+            let Ok(rel) = e.path().strip_prefix(upper) else {
+                continue;
+            };
             let Some(name) = rel.to_str() else { continue };
             if !valid_ref_name(name) {
                 continue;
             }
-            let Some(text) = read_small(upper, name, 4096) else { continue };
-            let Ok(s) = std::str::from_utf8(&text) else { continue };
+            let Some(text) = read_small(upper, name, 4096) else {
+                continue;
+            };
+            let Ok(s) = std::str::from_utf8(&text) else {
+                continue;
+            };
             let s = s.trim_end();
             if is_object_name(s) {
                 refs.insert(name.to_string(), s.to_string());
@@ -375,11 +410,18 @@ fn fetch_back(
     copy_objects(&layer.upper.join("objects"), &objects)?;
     // Only refs whose object the repository now has: a ref to a missing object would stop
     // the whole fetch.
-    let mut wanted: Vec<(String, String)> = refs.iter().map(|(n, o)| (n.clone(), o.clone())).collect();
+    let mut wanted: Vec<(String, String)> =
+        refs.iter().map(|(n, o)| (n.clone(), o.clone())).collect();
     if let Some(Head::Detached(oid)) = head {
         wanted.push((DETACHED.to_string(), oid.clone()));
     }
-    let types = object_types(t, wanted.iter().map(|(_, o)| o.as_str()).chain(staged.iter().map(String::as_str)))?;
+    let types = object_types(
+        t,
+        wanted
+            .iter()
+            .map(|(_, o)| o.as_str())
+            .chain(staged.iter().map(String::as_str)),
+    )?;
     wanted.retain(|(_, o)| types.get(o).is_some_and(|t| t == "commit" || t == "tag"));
     // Staged blobs travel as refs of their own, dropped once fetched.
     wanted.extend(
@@ -434,9 +476,14 @@ fn copy_objects(from: &Path, to: &Path) -> Result<(), BackError> {
     if !std::fs::symlink_metadata(from).is_ok_and(|m| m.is_dir()) {
         return Ok(());
     }
-    let hex = |s: &str| s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    let hex = |s: &str| {
+        s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
     let mut n = 0usize;
-    let Ok(top) = std::fs::read_dir(from) else { return Ok(()) };
+    let Ok(top) = std::fs::read_dir(from) else {
+        return Ok(());
+    };
     for e in top.flatten() {
         let name = e.file_name();
         let Some(name) = name.to_str() else { continue };
@@ -465,7 +512,15 @@ fn copy_objects(from: &Path, to: &Path) -> Result<(), BackError> {
                         .is_some_and(|h| is_object_name(h))
                         && files.contains(&f.replace(".pack", ".idx"))
                 })
-                .flat_map(|f| [f, files.iter().find(|g| **g == f.replace(".pack", ".idx")).unwrap_or(f)])
+                .flat_map(|f| {
+                    [
+                        f,
+                        files
+                            .iter()
+                            .find(|g| **g == f.replace(".pack", ".idx"))
+                            .unwrap_or(f),
+                    ]
+                })
                 .collect()
         } else {
             continue;
@@ -480,7 +535,9 @@ fn copy_objects(from: &Path, to: &Path) -> Result<(), BackError> {
             if n > MAX_OBJECT_FILES {
                 return Err(BackError::Io {
                     what: "bringing back the sandbox's objects".into(),
-                    source: std::io::Error::other(format!("more than {MAX_OBJECT_FILES} object files")),
+                    source: std::io::Error::other(format!(
+                        "more than {MAX_OBJECT_FILES} object files"
+                    )),
                 });
             }
             link_or_copy(&e.path().join(f), &dir.join(f))?;
@@ -588,7 +645,12 @@ fn settle(
     let staging = |name: &str| format!("refs/aisb/{run}/{}", name.trim_start_matches("refs/"));
     let host_refs: BTreeMap<String, String> = host_git(
         layer,
-        &["for-each-ref", "--format=%(objectname) %(refname)", "refs/heads", "refs/tags"],
+        &[
+            "for-each-ref",
+            "--format=%(objectname) %(refname)",
+            "refs/heads",
+            "refs/tags",
+        ],
     )?
     .lines()
     .filter_map(|l| l.split_once(' '))
@@ -619,11 +681,22 @@ fn settle(
             if head_free
                 && host_git(
                     layer,
-                    &["update-ref", "--no-deref", "-m", &format!("aisb: HEAD of the sandbox run {run}"), "HEAD", oid, old.trim()],
+                    &[
+                        "update-ref",
+                        "--no-deref",
+                        "-m",
+                        &format!("aisb: HEAD of the sandbox run {run}"),
+                        "HEAD",
+                        oid,
+                        old.trim(),
+                    ],
                 )
                 .is_ok()
             {
-                out.lines.push(format!("aisb: HEAD is now {} (detached in the sandbox)", short(oid)));
+                out.lines.push(format!(
+                    "aisb: HEAD is now {} (detached in the sandbox)",
+                    short(oid)
+                ));
                 moved_head = true;
                 drop_stage();
             } else {
@@ -657,19 +730,36 @@ fn settle(
             if ff
                 && host_git(
                     layer,
-                    &["update-ref", "-m", &format!("aisb: from the sandbox run {run}"), name, oid, old],
+                    &[
+                        "update-ref",
+                        "-m",
+                        &format!("aisb: from the sandbox run {run}"),
+                        name,
+                        oid,
+                        old,
+                    ],
                 )
                 .is_ok()
             {
                 let what = name.trim_start_matches("refs/heads/");
                 out.lines.push(match host {
-                    Some(h) => format!("aisb: {what} fast-forwarded {}..{} with the commits made in the sandbox", short(h), short(oid)),
+                    Some(h) => format!(
+                        "aisb: {what} fast-forwarded {}..{} with the commits made in the sandbox",
+                        short(h),
+                        short(oid)
+                    ),
                     None => format!("aisb: {what} made in the sandbox, at {}", short(oid)),
                 });
                 drop_stage();
                 continue;
             }
-            kept.push((stage, format!("{} moved on the host during the run", name.trim_start_matches("refs/heads/"))));
+            kept.push((
+                stage,
+                format!(
+                    "{} moved on the host during the run",
+                    name.trim_start_matches("refs/heads/")
+                ),
+            ));
             continue;
         }
         kept.push((stage, "made in the sandbox".into()));
@@ -681,7 +771,10 @@ fn settle(
     // when that branch is now the host's with the sandbox's value.
     if let (true, Some(t)) = (head_free, &target_branch) {
         let now = host_git(layer, &["rev-parse", "--verify", "-q", t]).unwrap_or_default();
-        let sandbox_value = fetched.iter().find(|(n, _)| n == t).map(|(_, o)| o.as_str());
+        let sandbox_value = fetched
+            .iter()
+            .find(|(n, _)| n == t)
+            .map(|(_, o)| o.as_str());
         let agrees = match sandbox_value {
             Some(o) => now.trim() == o,
             // The sandbox did not write the branch: the host's value is the one it saw.
@@ -690,8 +783,22 @@ fn settle(
         if agrees {
             moved_head = true;
             if host_branch.as_deref() != Some(t.as_str()) {
-                if host_git(layer, &["symbolic-ref", "-m", &format!("aisb: the sandbox run {run} checked it out"), "HEAD", t]).is_ok() {
-                    out.lines.push(format!("aisb: {} is checked out, as in the sandbox", t.trim_start_matches("refs/heads/")));
+                if host_git(
+                    layer,
+                    &[
+                        "symbolic-ref",
+                        "-m",
+                        &format!("aisb: the sandbox run {run} checked it out"),
+                        "HEAD",
+                        t,
+                    ],
+                )
+                .is_ok()
+                {
+                    out.lines.push(format!(
+                        "aisb: {} is checked out, as in the sandbox",
+                        t.trim_start_matches("refs/heads/")
+                    ));
                 } else {
                     moved_head = false;
                 }
@@ -700,10 +807,14 @@ fn settle(
     }
     if !kept.is_empty() {
         for (stage, why) in kept.iter().take(MAX_LINES) {
-            out.lines.push(format!("aisb: kept the sandbox's ref as {stage} ({why})"));
+            out.lines
+                .push(format!("aisb: kept the sandbox's ref as {stage} ({why})"));
         }
         if kept.len() > MAX_LINES {
-            out.lines.push(format!("aisb: … and {} more under refs/aisb/{run}/", kept.len() - MAX_LINES));
+            out.lines.push(format!(
+                "aisb: … and {} more under refs/aisb/{run}/",
+                kept.len() - MAX_LINES
+            ));
         }
     }
     Ok(moved_head)
@@ -758,8 +869,16 @@ fn read_index(
         return Ok(None);
     }
     if super::index_stamp(&layer.host_git) != before.index {
-        out.lines.push("aisb: the sandbox's staging area (git's index) was not brought back: the host's changed during the run".into());
-        return Ok(None);
+        // Rewritten on the host: only its stat data, or what is staged?
+        let same = before
+            .index_then
+            .as_ref()
+            .and_then(|then| ls_stage(layer, Some(then)))
+            .is_some_and(|then| Some(then) == ls_stage(layer, None));
+        if !same {
+            out.lines.push("aisb: the sandbox's staging area (git's index) was not brought back: what is staged changed on the host during the run".into());
+            return Ok(None);
+        }
     }
     std::fs::create_dir_all(scratch).map_err(io("making the scratch directory"))?;
     let copy = scratch.join(format!("{run}.index"));
@@ -867,9 +986,8 @@ fn ls_stage(layer: &Layer, index: Option<&Path>) -> Option<Vec<(Vec<u8>, Vec<u8>
 fn safe_index_path(p: &[u8]) -> bool {
     !p.is_empty()
         && p[0] != b'/'
-        && p.split(|b| *b == b'/').all(|c| {
-            !c.is_empty() && c != b"." && c != b".." && !c.eq_ignore_ascii_case(b".git")
-        })
+        && p.split(|b| *b == b'/')
+            .all(|c| !c.is_empty() && c != b"." && c != b".." && !c.eq_ignore_ascii_case(b".git"))
 }
 
 /// Replace the host's index with `bytes` the way git does: write `index.lock` (created
@@ -899,7 +1017,12 @@ mod tests {
 
     #[test]
     fn ref_names_follow_gits_rules() {
-        for ok in ["refs/heads/main", "refs/heads/feat/x-1", "refs/tags/v1.0", "refs/stash"] {
+        for ok in [
+            "refs/heads/main",
+            "refs/heads/feat/x-1",
+            "refs/tags/v1.0",
+            "refs/stash",
+        ] {
             assert!(valid_ref_name(ok), "{ok}");
         }
         for bad in [
@@ -923,7 +1046,15 @@ mod tests {
     #[test]
     fn index_paths_never_leave_the_work_tree_or_name_git() {
         assert!(safe_index_path(b"src/main.rs"));
-        for bad in [&b"../x"[..], b"/etc/passwd", b"a/.git/config", b".GIT/hooks/x", b"a//b", b"./a", b""] {
+        for bad in [
+            &b"../x"[..],
+            b"/etc/passwd",
+            b"a/.git/config",
+            b".GIT/hooks/x",
+            b"a//b",
+            b"./a",
+            b"",
+        ] {
             assert!(!safe_index_path(bad), "{:?}", String::from_utf8_lossy(bad));
         }
     }

@@ -410,6 +410,7 @@ fn recover_git_layer(layer: crate::git::back::Layer, state_dir: &std::path::Path
         before: crate::git::back::Before {
             head: None,
             index: None,
+            index_then: None,
         },
         state_dir: state_dir.to_path_buf(),
         run: run_name("left"),
@@ -549,7 +550,7 @@ fn claim_git_layer(plan: &Plan) -> Result<Option<GitRun>, RuntimeError> {
         }
     })?;
     Ok(Some(GitRun {
-        before: crate::git::back::Before::of(&layer.host_git),
+        before: crate::git::back::Before::of(&layer.host_git, &dir),
         layer,
         state_dir: plan.state_dir.clone(),
         run: run_name("run"),

@@ -1,0 +1,450 @@
+//! The project's git directory is private to the run (issue 30, item 1): what the sandbox
+//! plants there (`commondir`, `config.worktree`, alternates, a ref as a link) never reaches
+//! the host's git, during the run, after it, or after aisb was killed mid-run; what it
+//! commits comes back — the checked-out branch fast-forwarded when the host's did not move,
+//! otherwise as `refs/aisb/<run>/…` with a line saying so. Each is tried on both backends, as
+//! root and as an ordinary user. Two runs or a run and the host: one plants, the other reads.
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::Out;
+
+const BACKENDS: &[&str] = &["bwrap", "libcontainer"];
+
+struct Project {
+    dir: tempfile::TempDir,
+    user: Option<(u32, u32)>,
+    exe: PathBuf,
+}
+
+impl Project {
+    fn new(user: Option<(u32, u32)>) -> Project {
+        let dir = tempfile::tempdir().unwrap();
+        for d in ["home", "proj", "marks"] {
+            std::fs::create_dir_all(dir.path().join(d)).unwrap();
+        }
+        let proj = dir.path().join("proj");
+        support::git_in(&proj, &["init", "-q", "-b", "main"]);
+        std::fs::write(proj.join("README"), "hello\n").unwrap();
+        support::commit_all(&proj, "init");
+        let exe = match user {
+            Some((uid, gid)) => support::hand_to_user(dir.path(), uid, gid),
+            None => PathBuf::from(env!("CARGO_BIN_EXE_aisb")),
+        };
+        Project { dir, user, exe }
+    }
+    fn proj(&self) -> PathBuf {
+        self.dir.path().join("proj")
+    }
+    /// Where a planted program would leave its mark: outside the project, never seen inside.
+    fn marks(&self) -> PathBuf {
+        self.dir.path().join("marks")
+    }
+    fn marked(&self) -> Vec<String> {
+        std::fs::read_dir(self.marks())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect()
+    }
+    fn as_caller(&self, cmd: &mut Command) {
+        cmd.current_dir(self.proj())
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("HOME", self.dir.path().join("home"))
+            .env("XDG_CACHE_HOME", self.dir.path().join("cache"))
+            .env("XDG_CONFIG_HOME", self.dir.path().join("config"))
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .stdin(Stdio::null());
+        if let Some((uid, gid)) = self.user {
+            std::os::unix::process::CommandExt::uid(cmd, uid);
+            std::os::unix::process::CommandExt::gid(cmd, gid);
+        }
+    }
+    fn run_cmd(&self, backend: &str, script: &str) -> Command {
+        let mut cmd = Command::new(&self.exe);
+        self.as_caller(&mut cmd);
+        cmd.args([
+            "--trust",
+            "run",
+            "--backend",
+            backend,
+            "--",
+            "/bin/sh",
+            "-c",
+        ])
+        .arg(script);
+        cmd
+    }
+    fn run(&self, backend: &str, script: &str) -> Out {
+        Out::from(self.run_cmd(backend, script).output().unwrap())
+    }
+    fn spawn(&self, backend: &str, script: &str) -> Child {
+        self.run_cmd(backend, script)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+    /// Git on the host as the user runs it: their configuration, the repository's, and
+    /// whatever the repository's git directory names (that is the point).
+    fn git(&self, args: &[&str]) -> Out {
+        let mut cmd = Command::new("git");
+        self.as_caller(&mut cmd);
+        Out::from(cmd.args(args).output().unwrap())
+    }
+    fn wait_for(&self, name: &str, child: &mut Child) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !self.proj().join(name).exists() {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("the run ended ({status}) before it wrote {name}");
+            }
+            assert!(Instant::now() < deadline, "no {name} from the run in 60 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    fn finish(child: Child) -> Out {
+        Out::from(child.wait_with_output().unwrap())
+    }
+}
+
+/// Plants what the host's git would obey, each naming a program that marks `$M`: a whole
+/// git directory of the sandbox's with `commondir` pointing at it, `config.worktree`, the
+/// object alternates of another repository, a ref as a link. It commits first (the sandbox's
+/// own git obeys what it planted).
+const PLANT: &str = r#"
+echo x > inside.txt
+git add inside.txt && git -c user.name=a -c user.email=a@a commit -qm inside && echo commit=ok
+mkdir -p evil/hooks evil/objects evil/refs/heads evil/info
+printf '[core]\n\trepositoryformatversion = 0\n\tfsmonitor = touch %s/commondir\n' "$M" > evil/config
+echo ../evil > .git/commondir; echo commondir=$?
+printf '[extensions]\n\tworktreeConfig = true\n[core]\n\tfsmonitor = touch %s/config-worktree\n' "$M" > .git/config.worktree; echo config_worktree=$?
+mkdir -p .git/objects/info; echo "$PWD/evil/objects" >> .git/objects/info/alternates; echo alternates=$?
+ln -sf ../../../evil/refs/heads/x .git/refs/heads/linked; echo linked_ref=$?
+"#;
+
+/// The host's git finds nothing planted: no planted file in its git directory, and git's
+/// status (which runs `core.fsmonitor` from any configuration it reads) marks nothing.
+fn host_obeys_nothing(p: &Project, who: &str, when: &str) {
+    for f in [
+        "commondir",
+        "config.worktree",
+        "objects/info/alternates",
+        "refs/heads/linked",
+    ] {
+        assert!(
+            std::fs::symlink_metadata(p.proj().join(".git").join(f)).is_err(),
+            "{who} {when}: .git/{f} reached the host"
+        );
+    }
+    let st = p.git(&["status", "--porcelain"]);
+    assert_eq!(st.code, 0, "{who} {when}: {}", st.stderr);
+    let st = p.git(&["-c", "extensions.worktreeConfig=true", "status"]);
+    assert_eq!(st.code, 0, "{who} {when}: {}", st.stderr);
+    assert_eq!(
+        p.marked(),
+        Vec::<String>::new(),
+        "{who} {when}: planted code ran on the host"
+    );
+}
+
+fn planted_during_and_after(user: Option<(u32, u32)>) {
+    for backend in BACKENDS {
+        let who = format!(
+            "[{backend}, {}]",
+            if user.is_some() { "user" } else { "root" }
+        );
+        let p = Project::new(user);
+        let script = format!(
+            "M={m}\n{PLANT}\ntouch planted\ni=0; while [ ! -e go ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done\n",
+            m = p.marks().display()
+        );
+        let mut child = p.spawn(backend, &script);
+        p.wait_for("planted", &mut child);
+        host_obeys_nothing(&p, &who, "during the run");
+        std::fs::write(p.proj().join("go"), "").unwrap();
+        let o = Project::finish(child);
+        assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
+        for k in ["commondir", "config_worktree", "alternates", "linked_ref"] {
+            // Written inside (the sandbox's own directory is its to write)…
+            o.expect(k, "0");
+        }
+        o.expect("commit", "ok");
+        // … reported, never adopted.
+        for f in ["commondir", "config.worktree", "objects/info/alternates"] {
+            assert!(
+                o.stderr
+                    .contains(&format!(".git/{f} was written by the sandbox")),
+                "{who} {f} not reported: {}",
+                o.stderr
+            );
+        }
+        host_obeys_nothing(&p, &who, "after the run");
+        // The commit came back: the branch moved, the index agrees, the work tree is clean.
+        assert_eq!(
+            p.git(&["log", "-1", "--format=%s", "main"]).stdout.trim(),
+            "inside",
+            "{who}"
+        );
+        assert!(
+            o.stderr.contains("main fast-forwarded"),
+            "{who} no line about the branch: {}",
+            o.stderr
+        );
+        let st = p.git(&["status", "--porcelain", "--untracked-files=no"]);
+        assert_eq!(st.stdout, "", "{who} the index does not match the new HEAD");
+        assert_eq!(p.git(&["fsck", "--no-dangling"]).code, 0, "{who}");
+    }
+}
+
+#[test]
+fn nothing_planted_in_git_reaches_the_host_during_or_after_a_run_as_root() {
+    if support::root_or_skip("the private git directory suite") {
+        planted_during_and_after(None);
+    }
+}
+
+#[test]
+fn nothing_planted_in_git_reaches_the_host_during_or_after_a_run_as_a_user() {
+    if support::root_or_skip("the private git directory suite") {
+        planted_during_and_after(Some(support::test_user()));
+    }
+}
+
+fn moved_on_the_host(user: Option<(u32, u32)>) {
+    for backend in BACKENDS {
+        let who = format!(
+            "[{backend}, {}]",
+            if user.is_some() { "user" } else { "root" }
+        );
+        let p = Project::new(user);
+        let script = "echo a > a.txt; git add a.txt; git -c user.name=a -c user.email=a@a commit -qm sandbox && echo commit=ok; touch planted\n\
+                      i=0; while [ ! -e go ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done\n";
+        let mut child = p.spawn(backend, script);
+        p.wait_for("planted", &mut child);
+        // The host commits meanwhile.
+        std::fs::write(p.proj().join("b.txt"), "b\n").unwrap();
+        assert_eq!(p.git(&["add", "b.txt"]).code, 0);
+        let c = p.git(&[
+            "-c",
+            "user.name=h",
+            "-c",
+            "user.email=h@h",
+            "commit",
+            "-qm",
+            "host",
+        ]);
+        assert_eq!(c.code, 0, "{who} {}", c.stderr);
+        std::fs::write(p.proj().join("go"), "").unwrap();
+        let o = Project::finish(child);
+        assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
+        o.expect("commit", "ok");
+        assert_eq!(
+            p.git(&["log", "-1", "--format=%s", "main"]).stdout.trim(),
+            "host",
+            "{who}"
+        );
+        let kept = p.git(&[
+            "for-each-ref",
+            "--format=%(refname) %(subject)",
+            "refs/aisb/",
+        ]);
+        assert!(
+            kept.stdout
+                .lines()
+                .any(|l| l.ends_with("/heads/main sandbox")),
+            "{who} the sandbox's commit is not under refs/aisb/: {}\n{}",
+            kept.stdout,
+            o.stderr
+        );
+        assert!(
+            o.stderr.contains("kept the sandbox's ref as refs/aisb/")
+                && o.stderr.contains("main moved on the host during the run"),
+            "{who} {}",
+            o.stderr
+        );
+        // The host's index is the host's: its own commit stays clean.
+        let st = p.git(&["status", "--porcelain", "--untracked-files=no"]);
+        assert_eq!(st.stdout, "", "{who}");
+    }
+}
+
+#[test]
+fn a_branch_moved_on_the_host_keeps_the_sandboxs_commits_aside_as_root() {
+    if support::root_or_skip("the private git directory suite") {
+        moved_on_the_host(None);
+    }
+}
+
+#[test]
+fn a_branch_moved_on_the_host_keeps_the_sandboxs_commits_aside_as_a_user() {
+    if support::root_or_skip("the private git directory suite") {
+        moved_on_the_host(Some(support::test_user()));
+    }
+}
+
+fn killed_mid_run(user: Option<(u32, u32)>) {
+    for backend in BACKENDS {
+        let who = format!(
+            "[{backend}, {}]",
+            if user.is_some() { "user" } else { "root" }
+        );
+        let p = Project::new(user);
+        let script = format!(
+            "M={m}\n{PLANT}\ntouch planted\nsleep 120\n",
+            m = p.marks().display()
+        );
+        let mut child = p.spawn(backend, &script);
+        p.wait_for("planted", &mut child);
+        // aisb itself dies: no clean-up of its runs.
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        let _ = child.wait();
+        host_obeys_nothing(&p, &who, "after aisb was killed");
+        let main_before = p.git(&["rev-parse", "main"]).stdout;
+        // The next run finds the layer and brings back what the killed one committed, aside.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let o = loop {
+            let o = p.run(backend, "echo next=ok");
+            // A killed run's sandbox may take a moment to go (its layer is busy until then).
+            if o.code == 0 || Instant::now() > deadline {
+                break o;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        };
+        assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
+        o.expect("next", "ok");
+        assert!(
+            o.stderr
+                .contains("an earlier run of this project ended before"),
+            "{who} {}",
+            o.stderr
+        );
+        assert!(
+            o.stderr
+                .contains(".git/commondir was written by the sandbox"),
+            "{who} {}",
+            o.stderr
+        );
+        assert_eq!(
+            p.git(&["rev-parse", "main"]).stdout,
+            main_before,
+            "{who} a leftover moved main"
+        );
+        let kept = p.git(&[
+            "for-each-ref",
+            "--format=%(refname) %(subject)",
+            "refs/aisb/",
+        ]);
+        assert!(
+            kept.stdout
+                .lines()
+                .any(|l| l.contains("/heads/main inside")),
+            "{who} the killed run's commit was lost: {}\n{}",
+            kept.stdout,
+            o.stderr
+        );
+        host_obeys_nothing(&p, &who, "after the next run");
+    }
+}
+
+#[test]
+fn a_killed_run_plants_nothing_and_its_commits_come_back_next_time_as_root() {
+    if support::root_or_skip("the private git directory suite") {
+        killed_mid_run(None);
+    }
+}
+
+#[test]
+fn a_killed_run_plants_nothing_and_its_commits_come_back_next_time_as_a_user() {
+    if support::root_or_skip("the private git directory suite") {
+        killed_mid_run(Some(support::test_user()));
+    }
+}
+
+/// A branch made and checked out inside becomes the host's checked-out branch; a staged
+/// file (no commit) is staged on the host, its blob with it.
+fn new_branch_and_staged(user: Option<(u32, u32)>) {
+    for backend in BACKENDS {
+        let who = format!(
+            "[{backend}, {}]",
+            if user.is_some() { "user" } else { "root" }
+        );
+        let p = Project::new(user);
+        let o = p.run(
+            backend,
+            "git checkout -qb feature && echo f > f.txt && git add f.txt && \
+             git -c user.name=a -c user.email=a@a commit -qm feat && echo s > staged.txt && \
+             git add staged.txt && echo ok=0",
+        );
+        assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
+        o.expect("ok", "0");
+        assert_eq!(
+            p.git(&["symbolic-ref", "HEAD"]).stdout.trim(),
+            "refs/heads/feature",
+            "{who} {}",
+            o.stderr
+        );
+        assert_eq!(
+            p.git(&["log", "-1", "--format=%s"]).stdout.trim(),
+            "feat",
+            "{who}"
+        );
+        let st = p.git(&["status", "--porcelain"]);
+        assert_eq!(st.stdout, "A  staged.txt\n", "{who} {}", st.stderr);
+        assert_eq!(p.git(&["fsck", "--no-dangling"]).code, 0, "{who}");
+        let c = p.git(&[
+            "-c",
+            "user.name=h",
+            "-c",
+            "user.email=h@h",
+            "commit",
+            "-qm",
+            "host",
+        ]);
+        assert_eq!(c.code, 0, "{who} the staged blob is missing: {}", c.stderr);
+    }
+}
+
+#[test]
+fn a_branch_made_inside_is_checked_out_on_the_host_as_root() {
+    if support::root_or_skip("the private git directory suite") {
+        new_branch_and_staged(None);
+    }
+}
+
+#[test]
+fn a_branch_made_inside_is_checked_out_on_the_host_as_a_user() {
+    if support::root_or_skip("the private git directory suite") {
+        new_branch_and_staged(Some(support::test_user()));
+    }
+}
+
+/// The test of the tests: with the isolation of git switched off, the plant reaches the
+/// host's git and its program runs there, so the suite above would notice.
+#[test]
+fn a_shared_git_dir_is_caught() {
+    if !support::root_or_skip("the private git directory suite") {
+        return;
+    }
+    let p = Project::new(None);
+    let mut cmd = p.run_cmd("bwrap", &format!("M={m}\n{PLANT}", m = p.marks().display()));
+    cmd.env("AISB_TEST_BREAK_ISOLATION", "git");
+    let o = Out::from(cmd.output().unwrap());
+    assert_eq!(o.code, 0, "{}\n{}", o.stdout, o.stderr);
+    p.git(&["status"]);
+    assert!(
+        std::fs::symlink_metadata(p.proj().join(".git/commondir")).is_ok(),
+        "the plant did not reach the host even with the isolation off"
+    );
+    assert!(
+        !p.marked().is_empty(),
+        "the planted fsmonitor did not run on the host"
+    );
+}
