@@ -520,21 +520,24 @@ pub fn quarantine_file(path: &Path, quarantine: &Path) -> Option<(PathBuf, PathB
     }
 }
 
-/// What identifies the index file's content without reading it: a run that changed it also
-/// changed this.
-pub type IndexStamp = (u64, u64, i64, i64, i64, i64);
+/// What identifies the index file's content without reading it: git replaces the file (a
+/// new inode) whenever it writes it, and the sandbox writes only its own copy (see
+/// [`back`]). Not its ctime: aisb's own hard link to it at the start of a run changes that.
+pub type IndexStamp = (u64, u64, i64, i64);
 
 pub fn index_stamp(git_dir: &Path) -> Option<IndexStamp> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::symlink_metadata(git_dir.join("index")).ok()?;
-    Some((
-        m.ino(),
-        m.size(),
-        m.mtime(),
-        m.mtime_nsec(),
-        m.ctime(),
-        m.ctime_nsec(),
-    ))
+    Some((m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
+}
+
+/// Whether the index of `git_dir` may hold a gitlink: the mode 160000 (`00 00 e0 00`) occurs
+/// in it (a hash may hold it too; then git is asked). Without git, and bounded.
+pub fn may_have_gitlinks(git_dir: &Path) -> bool {
+    let Ok(Some(index)) = crate::beneath::read(git_dir, Path::new("index"), 256 << 20) else {
+        return false;
+    };
+    index.windows(4).any(|w| w == [0, 0, 0xe0, 0])
 }
 
 /// At most this many bytes of `git ls-files --stage` are read: an index shaped by a sandbox

@@ -448,3 +448,65 @@ fn a_shared_git_dir_is_caught() {
         "the planted fsmonitor did not run on the host"
     );
 }
+
+/// A gitlink over two runs: the first adds a submodule entry (its repository is moved
+/// aside), the second makes a repository of its own at that path without touching the index.
+/// The host's `git status` looks into every gitlink with that repository's configuration.
+fn gitlink_over_two_runs(user: Option<(u32, u32)>) {
+    for backend in BACKENDS {
+        let who = format!(
+            "[{backend}, {}]",
+            if user.is_some() { "user" } else { "root" }
+        );
+        let p = Project::new(user);
+        let o = p.run(
+            backend,
+            "mkdir sub && cd sub && git init -q && \
+             git -c user.name=a -c user.email=a@a commit -q --allow-empty -m s && h=$(git rev-parse HEAD) && cd .. && \
+             git update-index --add --cacheinfo \"160000,$h,sub\" && \
+             git -c user.name=a -c user.email=a@a commit -qm sub && echo first=ok",
+        );
+        o.expect("first", "ok");
+        assert!(o.stderr.contains("sub/.git"), "{who} {}", o.stderr);
+        assert_eq!(
+            p.git(&["ls-files", "-s", "sub"]).stdout.split(' ').next(),
+            Some("160000"),
+            "{who}"
+        );
+        let o = p.run(
+            backend,
+            &format!(
+                "cd sub && git init -q && git -c user.name=a -c user.email=a@a commit -q --allow-empty -m s2 && \
+                 git config core.fsmonitor 'touch {m}/gitlink' && echo second=ok",
+                m = p.marks().display()
+            ),
+        );
+        o.expect("second", "ok");
+        assert!(
+            o.stderr.contains("sub/.git was written by the sandbox"),
+            "{who} the second run's repository at the gitlink was not moved aside: {}",
+            o.stderr
+        );
+        p.git(&["status"]);
+        p.git(&["diff", "--stat"]);
+        assert_eq!(
+            p.marked(),
+            Vec::<String>::new(),
+            "{who} the planted submodule's fsmonitor ran on the host"
+        );
+    }
+}
+
+#[test]
+fn a_repository_made_at_a_gitlink_in_a_later_run_does_not_run_on_the_host_as_root() {
+    if support::root_or_skip("the private git directory suite") {
+        gitlink_over_two_runs(None);
+    }
+}
+
+#[test]
+fn a_repository_made_at_a_gitlink_in_a_later_run_does_not_run_on_the_host_as_a_user() {
+    if support::root_or_skip("the private git directory suite") {
+        gitlink_over_two_runs(Some(support::test_user()));
+    }
+}

@@ -787,7 +787,9 @@ fn disarm_git(plan: &Plan, audit: Option<&crate::audit::Log>, before: &GitBefore
     let quarantine = plan.state_dir.join("quarantine");
     let mut moved = crate::git::disarm(&guards, &quarantine);
     if let Some((work_tree, git_dir, stamp, since)) = before {
-        if crate::git::index_stamp(git_dir) != *stamp {
+        // A gitlink the index had before the run is looked into too: the sandbox may have made
+        // a repository of its own where one was (the index unchanged).
+        if crate::git::index_stamp(git_dir) != *stamp || crate::git::may_have_gitlinks(git_dir) {
             for dot in crate::git::changed_submodules(work_tree, git_dir, *since) {
                 moved.extend(crate::git::quarantine_file(&dot, &quarantine));
             }
@@ -827,7 +829,12 @@ fn git_before(plan: &Plan) -> GitBefore {
             source,
             writable: true,
             ..
-        } if m.target == plan.project.join(".git") => Some(source.clone()),
+        }
+        | crate::eval::plan::MountKind::Overlay { lower: source, .. }
+            if m.target == plan.project.join(".git") =>
+        {
+            Some(source.clone())
+        }
         _ => None,
     })?;
     // A little before now: ctimes are kept at the file system's granularity.
