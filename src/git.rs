@@ -372,6 +372,16 @@ impl Guards<'_> {
         for d in ["hooks", "info"] {
             self.push(&dir.join(d), false, true)?;
         }
+        // Where git finds other repositories' objects: `objects/info/alternates` read-only
+        // (a named sandbox's clone has aisb's own, naming the repository's objects), and
+        // `objects/` and `objects/info/` pinned, so neither can be swapped for a directory of
+        // the sandbox's with alternates of its own.
+        let objects = dir.join("objects");
+        if std::fs::symlink_metadata(&objects).is_ok_and(|m| m.is_dir()) {
+            self.push(&objects, true, false)?;
+            self.push(&objects.join("info"), true, true)?;
+            self.push_if_exists(&objects.join("info/alternates"))?;
+        }
         let modules = dir.join("modules");
         if std::fs::symlink_metadata(&modules).is_ok_and(|m| m.is_dir()) {
             self.modules(&modules, depth)?;
@@ -639,6 +649,8 @@ mod tests {
                 (".git/config".into(), false, false),
                 (".git/hooks".into(), false, true),
                 (".git/info".into(), false, true),
+                (".git/objects".into(), true, false),
+                (".git/objects/info".into(), true, true),
             ]
         );
         for x in &g {

@@ -514,3 +514,69 @@ fn hooks_in_the_work_tree_are_read_only() {
         );
     }
 }
+
+/// A named sandbox cannot import another repository through the host's sync (issue 30): it
+/// appends that repository's objects to its clone's alternates (or swaps the `objects/info`
+/// directory for one of its own) and links a ref to that repository's branch. The host's
+/// fetch must bring none of it into the user's repository.
+#[test]
+fn a_named_sandbox_cannot_import_another_repository() {
+    if !support::root_or_skip("the git planting suite") {
+        return;
+    }
+    for (backend, user) in matrix() {
+        let who = format!(
+            "[{backend}, {}]",
+            user.map_or("root".into(), |u| format!("uid {}", u.0))
+        );
+        let f = Fixture::new(user);
+        // Another repository on the machine, with a private commit.
+        let other = f.root().join("other");
+        support::git_in(f.root(), &["init", "-q", "-b", "main", "other"]);
+        std::fs::write(other.join("private.txt"), "PRIVATE\n").unwrap();
+        support::commit_all(&other, "private");
+        let secret = Command::new("git")
+            .args(["-C"])
+            .arg(&other)
+            .args(["rev-parse", "main"])
+            .output()
+            .unwrap();
+        let secret = String::from_utf8_lossy(&secret.stdout).trim().to_string();
+        let script = format!(
+            "o={o}\n\
+             echo \"$o/.git/objects\" >> .git/objects/info/alternates; echo append=$?\n\
+             mv .git/objects/info .git/objects/info-old; echo swap_info=$?\n\
+             mv .git/objects .git/objects-old; echo swap_objects=$?\n\
+             ln -s \"$o/.git/refs/heads/main\" .git/refs/heads/stolen; echo link=$?\n\
+             git update-ref refs/heads/touched HEAD\n\
+             sleep 1\n",
+            o = other.display()
+        );
+        let o = f.inside(backend, Some("imp"), &script);
+        assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
+        o.expect_failed("append", "the clone's alternates are read-only");
+        o.expect_failed("swap_info", "objects/info is pinned");
+        o.expect_failed("swap_objects", "objects is pinned");
+        // Whatever the sandbox managed, the user's repository holds nothing of the other's.
+        f.aisb(&[
+            "run",
+            "--backend",
+            backend,
+            "--sandbox",
+            "imp",
+            "--",
+            "true",
+        ]);
+        let has = f.git(&["cat-file", "-e", &secret]);
+        assert_ne!(
+            has.code, 0,
+            "{who} the other repository's commit reached the user's"
+        );
+        let refs = f.git(&["for-each-ref", "--format=%(refname) %(objectname)"]);
+        assert!(
+            !refs.stdout.contains(&secret),
+            "{who} a ref of the user's names the other repository's commit:\n{}",
+            refs.stdout
+        );
+    }
+}

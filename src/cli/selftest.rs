@@ -202,17 +202,33 @@ fn script(plan: &Plan, max_masks: usize) -> (String, Vec<(String, String, bool)>
     } else {
         Vec::new()
     };
+    // A `.git` directory is the run's own (an overlay: see `git::back`): what is pinned inside
+    // it on the host's behalf is moot there, the overlay itself is checked.
+    let dot = plan.project.join(".git");
+    let private_git = std::fs::symlink_metadata(&dot).is_ok_and(|m| m.is_dir());
+    let git_paths: Vec<_> = git_paths
+        .into_iter()
+        .filter(|g| !(private_git && g.writable && g.target != dot))
+        .collect();
     for (i, g) in git_paths.iter().enumerate() {
         let writable = &g.writable;
         let path = g.target.to_string_lossy().into_owned();
         let key = format!("git{i}");
-        let (cmd, what) = if *writable {
-            // mountinfo escapes spaces, tabs, newlines and backslashes as octal.
-            let escaped = path
-                .replace('\\', "\\134")
-                .replace(' ', "\\040")
-                .replace('\t', "\\011")
-                .replace('\n', "\\012");
+        // mountinfo escapes spaces, tabs, newlines and backslashes as octal.
+        let escaped = path
+            .replace('\\', "\\134")
+            .replace(' ', "\\040")
+            .replace('\t', "\\011")
+            .replace('\n', "\\012");
+        let (cmd, what) = if *writable && private_git {
+            (
+                format!(
+                    "! grep -F {} /proc/self/mountinfo | grep -q ' - overlay '",
+                    q(&format!(" {escaped} "))
+                ),
+                format!("write {path} through to the host (git on the host would obey it)"),
+            )
+        } else if *writable {
             (
                 format!(
                     "! cut -d' ' -f5 /proc/self/mountinfo | grep -qxF {}",
