@@ -43,6 +43,7 @@ pub fn run(a: Args) -> Result<i32, Error> {
     };
     let proxy = Arc::new(Proxy {
         policy: Policy::new(&cfg),
+        slots: Proxy::run_slots(),
         audit,
         reported: Default::default(),
         buffer: crate::proxy::server::RUN_BUFFER,

@@ -157,6 +157,7 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     })?;
     let proxy = Arc::new(Proxy {
         policy: Policy::new(&cfg),
+        slots: Proxy::run_slots(),
         audit: Some(audit),
         reported: Default::default(),
         buffer: a.buffer_kib as usize * 1024,

@@ -148,10 +148,14 @@ pub async fn serve_port(listener: TcpListener, proxy: Arc<Proxy>) {
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
+                let Some(slot) = proxy.slot(&stream) else {
+                    continue;
+                };
                 let _ = stream.set_nodelay(true);
                 let p = Arc::clone(&proxy);
                 tokio::spawn(async move {
                     let _ = p.handle(stream).await;
+                    drop(slot);
                 });
             }
             // Out of descriptors or a connection reset before accept: keep serving.
@@ -180,6 +184,14 @@ mod tests {
     /// A proxy serving `dir/proxy.sock` on a thread of its own; upstream `up.test` is pinned
     /// to `upstream`.
     fn proxy(dir: &std::path::Path, upstream: std::net::SocketAddr) -> std::path::PathBuf {
+        proxy_with(dir, upstream, Proxy::run_slots())
+    }
+
+    fn proxy_with(
+        dir: &std::path::Path,
+        upstream: std::net::SocketAddr,
+        slots: Arc<tokio::sync::Semaphore>,
+    ) -> std::path::PathBuf {
         let sock = dir.join("proxy.sock");
         let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
         let cfg = PolicyConfig {
@@ -193,6 +205,7 @@ mod tests {
                 let l = tokio::net::UnixListener::from_std(listener).unwrap();
                 let p = Arc::new(Proxy {
                     policy: Policy::new(&cfg),
+                    slots,
                     audit: None,
                     reported: Default::default(),
                     buffer: 64 * 1024,
@@ -201,6 +214,42 @@ mod tests {
             })
         });
         sock
+    }
+
+    /// Past its connection cap the proxy answers `503` at once and closes; a slot is free
+    /// again when a connection ends, and a client that never speaks holds one only until
+    /// [`super::super::server::FIRST_BYTE_TIMEOUT`].
+    #[test]
+    fn past_its_connection_cap_the_proxy_answers_503_until_one_ends() {
+        let t = tempfile::tempdir().unwrap();
+        let unused: std::net::SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let sock = proxy_with(t.path(), unused, Arc::new(tokio::sync::Semaphore::new(2)));
+        let status = |s: &mut StdUnix| {
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut answer = String::new();
+            let _ = s.read_to_string(&mut answer);
+            answer.lines().next().unwrap_or("").to_string()
+        };
+        // Two silent clients take both slots (accepted in the order they connected).
+        let a = StdUnix::connect(&sock).unwrap();
+        let _b = StdUnix::connect(&sock).unwrap();
+        let mut c = StdUnix::connect(&sock).unwrap();
+        assert_eq!(status(&mut c), "HTTP/1.1 503 Service Unavailable");
+        drop(a);
+        // The slot comes back once the proxy sees the first client go.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let mut d = StdUnix::connect(&sock).unwrap();
+            d.write_all(b"CONNECT denied.test:443 HTTP/1.1\r\nHost: denied.test:443\r\n\r\n")
+                .unwrap();
+            let got = status(&mut d);
+            if got != "HTTP/1.1 503 Service Unavailable" {
+                assert!(got.starts_with("HTTP/1.1 403"), "{got}");
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "no slot came back");
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Send `bytes` with `fds` attached; the answer's status line.

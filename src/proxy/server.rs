@@ -33,8 +33,18 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// halves loopback throughput. `aisb proxy serve`, with thousands of tunnels, picks its own.
 pub const RUN_BUFFER: usize = 256 * 1024;
 
+/// At most this many of a run's connections through its proxy at once (the Unix socket's and
+/// the proxy port's together): each holds descriptors and a task in a process on the host.
+/// Past it a connection is answered `503` and closed, until some end.
+pub const RUN_MAX_CONNECTIONS: usize = 1024;
+/// A connection that sends nothing at all for this long after it is accepted is closed: a
+/// slot is not held by a client that never speaks.
+pub const FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(60);
+
 pub struct Proxy {
     pub policy: Policy,
+    /// The connection slots ([`RUN_MAX_CONNECTIONS`] for a run's proxy).
+    pub slots: Arc<tokio::sync::Semaphore>,
     pub audit: Option<Log>,
     /// Events the sandboxed side reported (agent tool calls, direct connection attempts).
     pub reported: std::sync::atomic::AtomicU64,
@@ -87,12 +97,16 @@ pub async fn serve(listener: UnixListener, proxy: Arc<Proxy>) -> std::io::Result
             }
             Err(e) => return Err(e),
         };
+        let Some(slot) = proxy.slot(&stream) else {
+            continue;
+        };
         let p = Arc::clone(&proxy);
         let peer = stream.peer_cred().ok().and_then(|c| c.pid());
         let first = init.is_none();
         let from_init = *init.get_or_insert(peer) == peer && peer.is_some();
         tokio::spawn(async move {
             let _ = p.handle_unix(stream, first, from_init).await;
+            drop(slot);
         });
     }
 }
@@ -141,12 +155,40 @@ impl Outcome {
 }
 
 impl Proxy {
+    /// A run's proxy's connection slots.
+    pub fn run_slots() -> Arc<tokio::sync::Semaphore> {
+        Arc::new(tokio::sync::Semaphore::new(RUN_MAX_CONNECTIONS))
+    }
+
+    /// A slot for a connection just accepted, or None (the connection was answered `503` and
+    /// is to be dropped; said once on stderr).
+    pub fn slot<S: Conn>(&self, client: &S) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        match Arc::clone(&self.slots).try_acquire_owned() {
+            Ok(p) => Some(p),
+            Err(_) => {
+                const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+                if let Some(s) = client.socket() {
+                    s.try_write(BUSY);
+                }
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    eprintln!(
+                        "aisb: the sandbox holds {RUN_MAX_CONNECTIONS} connections open through its proxy: more are refused until some end"
+                    )
+                });
+                None
+            }
+        }
+    }
+
     /// One client connection, whatever carries it (the run's Unix socket, `aisb proxy serve`'s
-    /// TCP).
+    /// TCP). One that sends nothing for [`FIRST_BYTE_TIMEOUT`] is closed.
     pub async fn handle<S: Conn>(&self, mut client: S) -> std::io::Result<()> {
         let mut buf = Vec::with_capacity(4096);
-        if read_more(&mut client, &mut buf).await? == 0 {
-            return Ok(());
+        match tokio::time::timeout(FIRST_BYTE_TIMEOUT, read_more(&mut client, &mut buf)).await {
+            Ok(Ok(0)) | Err(_) => return Ok(()),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(e),
         }
         self.handle_read(client, buf).await
     }
@@ -819,6 +861,7 @@ mod tests {
         let log = Log::open(&path).unwrap();
         let p = Proxy {
             policy: Policy::new(&crate::proxy::policy::PolicyConfig::default()),
+            slots: Proxy::run_slots(),
             audit: None,
             reported: Default::default(),
             buffer: RUN_BUFFER,

@@ -42,6 +42,14 @@ pub enum Socket<'a> {
 }
 
 impl Socket<'_> {
+    /// Write what fits without waiting (a refusal sent on the way out).
+    pub fn try_write(self, bytes: &[u8]) {
+        let _ = match self {
+            Socket::Unix(s) => s.try_write(bytes),
+            Socket::Tcp(s) => s.try_write(bytes),
+        };
+    }
+
     fn fd(self) -> RawFd {
         match self {
             Socket::Unix(s) => s.as_raw_fd(),
