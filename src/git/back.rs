@@ -233,11 +233,27 @@ pub fn bring_back(
                 let _ = crate::beneath::remove_tree(&t);
                 result?
             };
+        let head_then = host_git(layer, &["rev-parse", "--verify", "-q", "HEAD"]).ok();
         moved_head = settle(layer, finished, head.as_ref(), run, fetched, &mut out)?;
+        let head_now = host_git(layer, &["rev-parse", "--verify", "-q", "HEAD"]).ok();
+        // The host's checkout now holds commits of the sandbox's: a gitlink they add has its
+        // repository looked at like one the index adds (the index may not come back at all).
+        if let Some(now) = head_now.as_deref().map(str::trim).filter(|n| !n.is_empty()) {
+            let then = head_then
+                .as_deref()
+                .map(str::trim)
+                .filter(|t| !t.is_empty());
+            if then != Some(now) {
+                let links = gitlinks_between(layer, then, now);
+                let links: Vec<&[u8]> = links.iter().map(Vec::as_slice).collect();
+                disarm_gitlinks(layer, &links, quarantine, &mut out);
+            }
+        }
     }
     if let Some(ix) = index {
         if !head_touched || moved_head {
-            install_index_back(layer, &ix, quarantine, &mut out)?;
+            let before = finished.expect("an index is read only for a finished run");
+            install_index_back(layer, &ix, before, scratch, run, quarantine, &mut out)?;
         } else {
             out.lines.push(
                 "aisb: the sandbox's staging area (git's index) was not brought back: its HEAD is kept under refs/aisb/, not checked out".into(),
@@ -248,13 +264,35 @@ pub fn bring_back(
     Ok(out)
 }
 
+/// Move a layer that could not be brought back out of the way, as `failed-<run>`, so the
+/// next run starts from an empty one. Returns where it went.
+pub fn set_aside(layer: &Layer, run: &str, keep: &Path) -> Option<PathBuf> {
+    // Into `keep` (a run's own layers are removed with their directory), else beside itself.
+    let away = keep.join(format!("failed-{run}"));
+    let beside = layer.upper.with_file_name(format!("failed-{run}"));
+    let _ = std::fs::create_dir_all(keep);
+    let to = if std::fs::rename(&layer.upper, &away).is_ok() {
+        Some(away)
+    } else {
+        std::fs::rename(&layer.upper, &beside)
+            .is_ok()
+            .then_some(beside)
+    };
+    let _ = crate::userns::remove_all(&layer.work);
+    if let Some(dir) = layer.upper.parent() {
+        let _ = std::fs::remove_file(dir.join(INDEX_THEN));
+    }
+    to
+}
+
 /// Empty the layer (the sandbox's writes are brought back or reported by now).
 pub fn clear(layer: &Layer) {
     if let Some(dir) = layer.upper.parent() {
         let _ = std::fs::remove_file(dir.join(INDEX_THEN));
     }
-    let _ = crate::beneath::remove_tree(&layer.upper);
-    let _ = crate::beneath::remove_tree(&layer.work);
+    // An ordinary user's run on an image writes as their subordinate ids.
+    let _ = crate::userns::remove_all(&layer.upper);
+    let _ = crate::userns::remove_all(&layer.work);
 }
 
 fn is_whiteout(md: &std::fs::Metadata) -> bool {
@@ -328,7 +366,7 @@ fn sandbox_refs(upper: &Path) -> BTreeMap<String, String> {
                 continue;
             }
             if let Some((oid, name)) = line.split_once(' ') {
-                if is_object_name(oid) && valid_ref_name(name) {
+                if is_object_name(oid) && valid_ref_name(name) && !name.starts_with(INTERNAL) {
                     refs.insert(name.to_string(), oid.to_string());
                 }
             }
@@ -348,7 +386,7 @@ fn sandbox_refs(upper: &Path) -> BTreeMap<String, String> {
                 continue;
             };
             let Some(name) = rel.to_str() else { continue };
-            if !valid_ref_name(name) {
+            if !valid_ref_name(name) || name.starts_with(INTERNAL) {
                 continue;
             }
             let Some(text) = read_small(upper, name, 4096) else {
@@ -367,9 +405,12 @@ fn sandbox_refs(upper: &Path) -> BTreeMap<String, String> {
 }
 
 /// Name of the sandbox's detached `HEAD` in the repository fetched from.
-const DETACHED: &str = "refs/aisb-detached-head";
+const DETACHED: &str = "refs/aisb-internal/detached-head";
 /// Prefix of the refs that carry the blobs the sandbox staged.
-const STAGED: &str = "refs/aisb-staged/";
+const STAGED: &str = "refs/aisb-internal/staged/";
+/// aisb's own names in the repository it fetches from: a ref of the sandbox's there is not
+/// brought back.
+const INTERNAL: &str = "refs/aisb-internal/";
 
 /// Make a repository of aisb's own at `t` holding the sandbox's objects (validated names,
 /// regular files only) with the host's objects as its only alternate and the sandbox's refs
@@ -440,6 +481,54 @@ fn fetch_back(
         packed.push_str(&format!("{o} {n}\n"));
     }
     std::fs::write(t.join("packed-refs"), packed).map_err(io("writing packed-refs"))?;
+    // All at once; when that fails (an object the sandbox wrote is broken, and fsck refuses
+    // it), ref by ref, so that one broken ref does not keep the others out.
+    if fetch_refs(layer, t, &[format!("refs/*:refs/aisb/{run}/*")]).is_ok() {
+        return Ok(wanted);
+    }
+    let (blobs, refs): (Vec<_>, Vec<_>) =
+        wanted.into_iter().partition(|(n, _)| n.starts_with(STAGED));
+    if refs.len() > MAX_SINGLE_FETCHES {
+        return fetch_refs(layer, t, &[format!("refs/*:refs/aisb/{run}/*")]).map(|()| Vec::new());
+    }
+    let mut got = Vec::new();
+    let mut failed = Vec::new();
+    for (n, o) in refs {
+        match fetch_refs(layer, t, &[format!("{n}:{}", staged_name(run, &n))]) {
+            Ok(()) => got.push((n, o)),
+            Err(e) => failed.push(format!("{n} ({e})")),
+        }
+    }
+    let specs: Vec<String> = blobs
+        .iter()
+        .map(|(n, _)| format!("{n}:{}", staged_name(run, n)))
+        .collect();
+    if !specs.is_empty() && fetch_refs(layer, t, &specs).is_ok() {
+        got.extend(blobs);
+    }
+    if got.is_empty() {
+        return Err(BackError::Git {
+            what: "fetch from the sandbox's git directory".into(),
+            stderr: failed.join("; "),
+        });
+    }
+    for f in failed.iter().take(MAX_LINES) {
+        eprintln!("aisb: not brought back from the sandbox's git directory, git refused it: {f}");
+    }
+    Ok(got)
+}
+
+/// At most this many refs are fetched one by one after a fetch of all of them failed.
+const MAX_SINGLE_FETCHES: usize = 64;
+
+/// Where the sandbox's ref `name` lands in the host's repository.
+fn staged_name(run: &str, name: &str) -> String {
+    format!("refs/aisb/{run}/{}", name.trim_start_matches("refs/"))
+}
+
+/// `git fetch` from aisb's repository `t` into the host's with `specs` (never forced: the
+/// run's namespace is new), every object checked.
+fn fetch_refs(layer: &Layer, t: &Path, specs: &[String]) -> Result<(), BackError> {
     let fetch = super::command(&layer.host_git, None)
         .args([
             "-c",
@@ -457,18 +546,23 @@ fn fetch_back(
             "--no-auto-maintenance",
         ])
         .arg(t)
-        .arg(format!("+refs/*:refs/aisb/{run}/*"))
+        .args(specs)
         .stdin(Stdio::null())
         .output()
         .map_err(io("running git fetch"))?;
-    if !fetch.status.success() {
-        return Err(BackError::Git {
-            what: "fetch from the sandbox's git directory".into(),
-            stderr: String::from_utf8_lossy(&fetch.stderr).trim().into(),
-        });
+    if fetch.status.success() {
+        return Ok(());
     }
-    Ok(wanted)
+    let stderr = String::from_utf8_lossy(&fetch.stderr);
+    Err(BackError::Git {
+        what: "fetch from the sandbox's git directory".into(),
+        stderr: stderr.lines().take(3).collect::<Vec<_>>().join(" / "),
+    })
 }
+
+/// At most this many entries are read from one directory of the sandbox's objects (kept or
+/// not): a directory of a million junk names is refused, not walked for hours.
+const MAX_DIR_ENTRIES: usize = 200_000;
 
 /// Link (or copy) the sandbox's object files into `to`: loose objects by their two-level hex
 /// names, and packs with their index. Nothing else, no link followed, bounded.
@@ -480,50 +574,57 @@ fn copy_objects(from: &Path, to: &Path) -> Result<(), BackError> {
         s.bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     };
+    let too_many = |what: &str| BackError::Io {
+        what: "bringing back the sandbox's objects".into(),
+        source: std::io::Error::other(format!("more than {what}")),
+    };
     let mut n = 0usize;
     let Ok(top) = std::fs::read_dir(from) else {
         return Ok(());
     };
-    for e in top.flatten() {
+    for (i, e) in top.flatten().enumerate() {
+        if i >= MAX_DIR_ENTRIES {
+            return Err(too_many(&format!("{MAX_DIR_ENTRIES} entries in objects/")));
+        }
         let name = e.file_name();
         let Some(name) = name.to_str() else { continue };
+        if !(name.len() == 2 && hex(name) || name == "pack") {
+            continue;
+        }
         if !e.file_type().is_ok_and(|t| t.is_dir()) {
             continue;
         }
-        let files: Vec<String> = match std::fs::read_dir(e.path()) {
-            Ok(d) => d
-                .flatten()
-                .filter(|f| f.file_type().is_ok_and(|t| t.is_file()))
-                .filter_map(|f| f.file_name().to_str().map(str::to_string))
-                .collect(),
-            Err(_) => continue,
+        let mut files = std::collections::HashSet::new();
+        let Ok(d) = std::fs::read_dir(e.path()) else {
+            continue;
         };
-        let keep: Vec<&String> = if name.len() == 2 && hex(name) {
+        for (j, f) in d.flatten().enumerate() {
+            if j >= MAX_DIR_ENTRIES {
+                return Err(too_many(&format!(
+                    "{MAX_DIR_ENTRIES} entries in objects/{name}/"
+                )));
+            }
+            if f.file_type().is_ok_and(|t| t.is_file()) {
+                if let Some(s) = f.file_name().to_str() {
+                    files.insert(s.to_string());
+                }
+            }
+        }
+        let keep: Vec<String> = if name == "pack" {
             files
                 .iter()
-                .filter(|f| (f.len() == 38 || f.len() == 62) && hex(f))
-                .collect()
-        } else if name == "pack" {
-            files
-                .iter()
-                .filter(|f| {
-                    f.strip_prefix("pack-")
-                        .and_then(|r| r.strip_suffix(".pack"))
-                        .is_some_and(|h| is_object_name(h))
-                        && files.contains(&f.replace(".pack", ".idx"))
+                .filter_map(|f| {
+                    let h = f.strip_prefix("pack-")?.strip_suffix(".pack")?;
+                    let idx = format!("pack-{h}.idx");
+                    (is_object_name(h) && files.contains(&idx)).then(|| [f.clone(), idx])
                 })
-                .flat_map(|f| {
-                    [
-                        f,
-                        files
-                            .iter()
-                            .find(|g| **g == f.replace(".pack", ".idx"))
-                            .unwrap_or(f),
-                    ]
-                })
+                .flatten()
                 .collect()
         } else {
-            continue;
+            files
+                .into_iter()
+                .filter(|f| (f.len() == 38 || f.len() == 62) && hex(f))
+                .collect()
         };
         if keep.is_empty() {
             continue;
@@ -533,14 +634,9 @@ fn copy_objects(from: &Path, to: &Path) -> Result<(), BackError> {
         for f in keep {
             n += 1;
             if n > MAX_OBJECT_FILES {
-                return Err(BackError::Io {
-                    what: "bringing back the sandbox's objects".into(),
-                    source: std::io::Error::other(format!(
-                        "more than {MAX_OBJECT_FILES} object files"
-                    )),
-                });
+                return Err(too_many(&format!("{MAX_OBJECT_FILES} object files")));
             }
-            link_or_copy(&e.path().join(f), &dir.join(f))?;
+            link_or_copy(&e.path().join(&f), &dir.join(&f))?;
         }
     }
     Ok(())
@@ -642,7 +738,7 @@ fn settle(
     fetched: Vec<(String, String)>,
     out: &mut Outcome,
 ) -> Result<bool, BackError> {
-    let staging = |name: &str| format!("refs/aisb/{run}/{}", name.trim_start_matches("refs/"));
+    let staging = |name: &str| staged_name(run, name);
     let host_refs: BTreeMap<String, String> = host_git(
         layer,
         &[
@@ -845,7 +941,6 @@ fn short(oid: &str) -> &str {
 
 /// The sandbox's index as git read it: its bytes and entries.
 struct SandboxIndex {
-    bytes: Vec<u8>,
     entries: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
@@ -896,7 +991,7 @@ fn read_index(
         ));
         return Ok(None);
     }
-    Ok(Some(SandboxIndex { bytes, entries }))
+    Ok(Some(SandboxIndex { entries }))
 }
 
 /// The blobs the sandbox's index names that the host's repository does not have (staged in
@@ -917,41 +1012,210 @@ fn missing_on_host(layer: &Layer, ix: &SandboxIndex) -> Result<Vec<String>, Back
         .collect())
 }
 
-/// Install the sandbox's index as the host's: each new or changed gitlink's `.git` is moved
-/// aside first (git on the host looks into every gitlink with that repository's
-/// configuration), then it replaces the host's through git's own lock file.
+/// Install what the sandbox staged as the host's index, under git's own lock on it (taken
+/// first: what is checked here stays true until the rename). Never the sandbox's bytes: the
+/// host's index is copied and the entries that differ are applied to the copy with
+/// `git update-index --index-info` (which checks every path again), so the sandbox's index
+/// extensions (a cache tree naming trees of its choosing) and flags (assume-unchanged,
+/// skip-worktree) never reach the host. Each gitlink the entries add or change has its
+/// repository moved aside ([`disarm_gitlinks`]); one under a symbolic link refuses the whole.
 fn install_index_back(
     layer: &Layer,
     ix: &SandboxIndex,
+    before: &Before,
+    scratch: &Path,
+    run: &str,
     quarantine: &Path,
     out: &mut Outcome,
 ) -> Result<(), BackError> {
-    let before_links: std::collections::HashSet<(Vec<u8>, Vec<u8>)> = ls_stage(layer, None)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|(m, _)| m.starts_with(b"160000 "))
-        .collect();
-    for (meta, path) in &ix.entries {
-        if !meta.starts_with(b"160000 ") || before_links.contains(&(meta.clone(), path.clone())) {
-            continue;
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let not_back = |why: &str| {
+        format!("aisb: the sandbox's staging area (git's index) was not brought back: {why}")
+    };
+    let lock_path = layer.host_git.join("index.lock");
+    let mut lock = match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&lock_path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            out.lines
+                .push(not_back("a git on the host holds index.lock"));
+            return Ok(());
         }
-        use std::os::unix::ffi::OsStrExt;
+        Err(e) => return Err(io("locking the host's index")(e)),
+    };
+    let tmp = scratch.join(format!("{run}.index-new"));
+    let renamed = std::cell::Cell::new(false);
+    let result = (|| -> Result<Option<String>, BackError> {
+        let Some(host_now) = ls_stage(layer, None) else {
+            return Ok(Some(not_back("git could not read the host's")));
+        };
+        if super::index_stamp(&layer.host_git) != before.index {
+            let then = before
+                .index_then
+                .as_ref()
+                .and_then(|t| ls_stage(layer, Some(t)));
+            if then.as_ref() != Some(&host_now) {
+                return Ok(Some(not_back(
+                    "what is staged changed on the host during the run",
+                )));
+            }
+        }
+        let host_set: std::collections::HashSet<&(Vec<u8>, Vec<u8>)> = host_now.iter().collect();
+        let sandbox_set: std::collections::HashSet<&(Vec<u8>, Vec<u8>)> =
+            ix.entries.iter().collect();
+        let added: Vec<&(Vec<u8>, Vec<u8>)> = ix
+            .entries
+            .iter()
+            .filter(|e| !host_set.contains(e))
+            .collect();
+        let links: Vec<&[u8]> = added
+            .iter()
+            .filter(|(m, _)| m.starts_with(b"160000 "))
+            .map(|(_, p)| p.as_slice())
+            .collect();
+        if !disarm_gitlinks(layer, &links, quarantine, out) {
+            return Ok(Some(not_back(
+                "a submodule's path in it is a symbolic link",
+            )));
+        }
+        let mut input: Vec<u8> = Vec::new();
+        let mut removed = std::collections::HashSet::new();
+        for (meta, path) in host_now.iter().filter(|e| !sandbox_set.contains(e)) {
+            if !removed.insert(path.clone()) {
+                continue;
+            }
+            let zero = std::str::from_utf8(meta)
+                .ok()
+                .and_then(|m| m.split(' ').nth(1))
+                .map_or(ZERO.len(), str::len);
+            input.extend_from_slice(format!("0 {}\t", "0".repeat(zero)).as_bytes());
+            input.extend_from_slice(path);
+            input.push(0);
+        }
+        for (meta, path) in &added {
+            input.extend_from_slice(meta);
+            input.push(b'\t');
+            input.extend_from_slice(path);
+            input.push(0);
+        }
+        if input.is_empty() {
+            return Ok(None);
+        }
+        match std::fs::read(layer.host_git.join("index")) {
+            Ok(b) => std::fs::write(&tmp, b).map_err(io("copying the host's index"))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io("reading the host's index")(e)),
+        }
+        let mut child = super::command(&layer.host_git, None)
+            .env("GIT_INDEX_FILE", &tmp)
+            .args(["update-index", "-z", "--index-info"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(io("running git update-index"))?;
+        let mut stdin = child.stdin.take().expect("piped");
+        let writer = std::thread::spawn(move || {
+            let _ = stdin.write_all(&input);
+        });
+        let o = child
+            .wait_with_output()
+            .map_err(io("running git update-index"))?;
+        let _ = writer.join();
+        if !o.status.success() {
+            let e = String::from_utf8_lossy(&o.stderr);
+            return Ok(Some(not_back(&format!(
+                "git refused it: {}",
+                e.lines().next().unwrap_or("")
+            ))));
+        }
+        let bytes = std::fs::read(&tmp).map_err(io("reading the new index"))?;
+        lock.write_all(&bytes)
+            .and_then(|()| lock.sync_all())
+            .map_err(io("writing the host's index.lock"))?;
+        std::fs::rename(&lock_path, layer.host_git.join("index"))
+            .map_err(io("installing the host's index"))?;
+        renamed.set(true);
+        Ok(None)
+    })();
+    let _ = std::fs::remove_file(&tmp);
+    let _ = std::fs::remove_file(scratch.join(format!("{run}.index-new.lock")));
+    // Still ours when nothing was renamed (nothing to apply, a refusal, an error): released.
+    // After the rename an index.lock there is another git's.
+    if !renamed.get() {
+        let _ = std::fs::remove_file(&lock_path);
+    }
+    if let Some(line) = result? {
+        out.lines.push(line);
+    }
+    Ok(())
+}
+
+/// Move aside the repository at each gitlink path `links` (relative to the work tree) that is
+/// not a submodule's own `.git` file pointing into the host's `modules/`: git on the host
+/// looks into every gitlink with that repository's configuration. False when a path runs
+/// through a symbolic link (nothing can be moved safely there).
+fn disarm_gitlinks(layer: &Layer, links: &[&[u8]], quarantine: &Path, out: &mut Outcome) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    for path in links {
         let work = layer.work_tree.join(std::ffi::OsStr::from_bytes(path));
         if super::check_no_symlinks(&layer.work_tree, &work).is_err() {
+            return false;
+        }
+        let dot = work.join(".git");
+        let Ok(md) = std::fs::symlink_metadata(&dot) else {
+            continue;
+        };
+        let own_module = md.is_file()
+            && super::gitfile_target(&dot, &work)
+                .is_some_and(|t| t.starts_with(layer.host_git.join("modules")));
+        if own_module {
             continue;
         }
-        if let Some(moved) = super::quarantine_file(&work.join(".git"), quarantine) {
+        if let Some(moved) = super::quarantine_file(&dot, quarantine) {
             out.quarantined.push(moved);
         }
     }
-    match install_index(&layer.host_git, &ix.bytes) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            out.lines.push("aisb: the sandbox's staging area (git's index) was not brought back: a git on the host holds index.lock".into());
-            Ok(())
+    true
+}
+
+/// The gitlinks the commits from `old` to `new` add or change (`git diff-tree`), all of
+/// `new`'s when `old` is none: their repositories are looked at like the index's.
+fn gitlinks_between(layer: &Layer, old: Option<&str>, new: &str) -> Vec<Vec<u8>> {
+    let mut cmd = super::command(&layer.host_git, None);
+    match old {
+        Some(o) => cmd.args(["diff-tree", "-r", "-z", "--no-renames", "--raw", o, new]),
+        None => cmd.args(["ls-tree", "-r", "-z", "--full-tree", new]),
+    };
+    let Ok(o) = cmd.stdin(Stdio::null()).stderr(Stdio::null()).output() else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let mut fields = o.stdout.split(|b| *b == 0);
+    if old.is_some() {
+        // `:oldmode newmode oldoid newoid status` NUL `path` NUL
+        while let (Some(meta), Some(path)) = (fields.next(), fields.next()) {
+            if meta.split(|b| *b == b' ').nth(1) == Some(b"160000") {
+                out.push(path.to_vec());
+            }
         }
-        Err(e) => Err(io("installing the sandbox's index")(e)),
+    } else {
+        // `mode type oid` TAB `path` NUL
+        for e in fields {
+            if e.starts_with(b"160000 ") {
+                if let Some(tab) = e.iter().position(|b| *b == b'\t') {
+                    out.push(e[tab + 1..].to_vec());
+                }
+            }
+        }
     }
+    out
 }
 
 /// `git ls-files --stage -z` of the host's index, or of `index`: (mode, oid and stage; path).
@@ -988,27 +1252,6 @@ fn safe_index_path(p: &[u8]) -> bool {
         && p[0] != b'/'
         && p.split(|b| *b == b'/')
             .all(|c| !c.is_empty() && c != b"." && c != b".." && !c.eq_ignore_ascii_case(b".git"))
-}
-
-/// Replace the host's index with `bytes` the way git does: write `index.lock` (created
-/// exclusively: a git holding it wins), then rename it over `index`.
-fn install_index(host_git: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let lock = host_git.join("index.lock");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&lock)?;
-    let written = f.write_all(bytes).and_then(|()| f.sync_all());
-    drop(f);
-    if let Err(e) = written.and_then(|()| std::fs::rename(&lock, host_git.join("index"))) {
-        let _ = std::fs::remove_file(&lock);
-        return Err(e);
-    }
-    Ok(())
 }
 
 #[cfg(test)]

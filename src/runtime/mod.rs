@@ -193,7 +193,8 @@ impl GitRun {
             &self.state_dir.join("git-scratch"),
             &self.state_dir.join("quarantine"),
         );
-        report_git_back(audit, &self.layer, outcome);
+        let keep = self.state_dir.join(crate::git::back::LAYER_DIR);
+        report_git_back(audit, &self.layer, &self.run, &keep, outcome);
     }
 }
 
@@ -202,6 +203,8 @@ impl GitRun {
 fn report_git_back(
     audit: Option<&crate::audit::Log>,
     layer: &crate::git::back::Layer,
+    run: &str,
+    keep: &std::path::Path,
     outcome: Result<crate::git::back::Outcome, crate::git::back::BackError>,
 ) {
     match outcome {
@@ -219,10 +222,15 @@ fn report_git_back(
                 eprintln!("{line}");
             }
         }
-        Err(e) => eprintln!(
-            "aisb: what the sandbox did in git was not brought back: {e}\n  help: it is kept in {}; the next run of this project tries again",
-            layer.upper.display()
-        ),
+        Err(e) => {
+            // Kept aside, never mounted again: a layer that cannot come back would hide the
+            // host's newer history from every later run.
+            let kept = crate::git::back::set_aside(layer, run, keep);
+            eprintln!(
+                "aisb: what the sandbox did in git was not brought back: {e}\n  help: its git directory's layer is kept in {}: look at it there (`git --git-dir=… log`), or remove it",
+                kept.as_deref().unwrap_or(&layer.upper).display()
+            );
+        }
     }
 }
 
@@ -421,10 +429,17 @@ fn recover_git_layer(layer: crate::git::back::Layer, state_dir: &std::path::Path
 
 /// A name for a run in `refs/aisb/<name>/`: when it started, and which aisb.
 fn run_name(kind: &str) -> String {
-    let secs = std::time::SystemTime::now()
+    static COUNT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    format!("{kind}-{secs}-{}", std::process::id())
+        .unwrap_or_default();
+    format!(
+        "{kind}-{}.{:09}-{}-{}",
+        now.as_secs(),
+        now.subsec_nanos(),
+        std::process::id(),
+        COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )
 }
 
 /// Claim each copy-on-write layer (`MountKind::Overlay`) of `plan` for this run: an exclusive
@@ -542,6 +557,16 @@ fn claim_git_layer(plan: &Plan) -> Result<Option<GitRun>, RuntimeError> {
         recover_git_layer(left, &plan.state_dir);
     } else if !crate::git::back::is_empty(&layer) {
         recover_git_layer(layer.clone(), &plan.state_dir);
+    }
+    // Never mounted holding an earlier run's work: it would hide the host's newer history.
+    if !crate::git::back::is_empty(&layer) {
+        return Err(RuntimeError::Io {
+            what: format!(
+                "starting with the project's git directory: its layer {} still holds an earlier run's work that could not be brought back or set aside; move it away",
+                layer.upper.display()
+            ),
+            source: std::io::Error::from(std::io::ErrorKind::DirectoryNotEmpty),
+        });
     }
     crate::git::back::record(&dir, &layer.host_git, &layer.work_tree).map_err(|source| {
         RuntimeError::Io {
