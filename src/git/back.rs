@@ -186,6 +186,9 @@ pub fn bring_back(
 ) -> Result<Outcome, BackError> {
     let mut out = Outcome::default();
     if is_empty(layer) {
+        // overlayfs's own scratch (`work/work`) is left by every mount, as whoever mounted
+        // it (an ordinary user's image run: one of their subordinate ids).
+        let _ = crate::userns::remove_all(&layer.work);
         return Ok(out);
     }
     for name in PLANTED {
