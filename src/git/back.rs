@@ -81,36 +81,42 @@ pub struct Layer {
 }
 
 /// The host's side when the run started: what "did not move meanwhile" is measured against.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Before {
     pub head: Option<Vec<u8>>,
     pub index: Option<super::IndexStamp>,
-    /// The host's index as it was (a hard link: git replaces the file, never writes it in
-    /// place), so that a refresh of its stat data on the host during the run (every
-    /// `git status` does one) is told from a change of what is staged.
-    pub index_then: Option<PathBuf>,
+    /// The host's index as it was, held open: git replaces the file (a new inode) and never
+    /// writes it in place, so a refresh of its stat data on the host during the run (every
+    /// `git status` does one) is told from a change of what is staged. Held, not linked or
+    /// copied: a link would move the index's ctime, which the project scan's cache is keyed
+    /// on, and a copy costs its size on every run.
+    pub index_then: Option<std::sync::Arc<std::fs::File>>,
 }
 
-/// The host's index kept at the start of a run, in the layer's directory.
-const INDEX_THEN: &str = "index-then";
-/// Without a hard link (another file system), an index is copied up to this size.
-const MAX_INDEX_COPY: u64 = 4 << 20;
-
 impl Before {
-    /// The host's side now; its index kept in `layer_dir`.
-    pub fn of(host_git: &Path, layer_dir: &Path) -> Before {
-        let then = layer_dir.join(INDEX_THEN);
-        let _ = std::fs::remove_file(&then);
-        let index = host_git.join("index");
-        let kept = std::fs::symlink_metadata(&index).is_ok_and(|m| m.is_file())
-            && (std::fs::hard_link(&index, &then).is_ok()
-                || read_small(host_git, "index", MAX_INDEX_COPY)
-                    .is_some_and(|b| std::fs::write(&then, b).is_ok()));
+    /// The host's side now.
+    pub fn of(host_git: &Path) -> Before {
+        use std::os::unix::fs::OpenOptionsExt;
+        let index_then = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+            .open(host_git.join("index"))
+            .ok()
+            .filter(|f| f.metadata().is_ok_and(|m| m.is_file()))
+            .map(std::sync::Arc::new);
         Before {
             head: read_small(host_git, "HEAD", 4096),
             index: super::index_stamp(host_git),
-            index_then: kept.then_some(then),
+            index_then,
         }
+    }
+
+    /// Where git can read the index held open (this process's descriptor, through /proc).
+    fn index_then_path(&self) -> Option<PathBuf> {
+        use std::os::fd::AsRawFd;
+        self.index_then
+            .as_ref()
+            .map(|f| PathBuf::from(format!("/proc/{}/fd/{}", std::process::id(), f.as_raw_fd())))
     }
 }
 
@@ -151,6 +157,10 @@ pub fn record(layer_dir: &Path, host_git: &Path, work_tree: &Path) -> std::io::R
     text.push(b'\n');
     text.extend_from_slice(work_tree.as_os_str().as_bytes());
     text.push(b'\n');
+    // Written once: every later run finds it as it would write it (no fsync on the way in).
+    if read_small(layer_dir, HOST_RECORD, 8192).as_deref() == Some(&text[..]) {
+        return Ok(());
+    }
     crate::atomic::write_atomic(&layer_dir.join(HOST_RECORD), &text)
 }
 
@@ -282,17 +292,11 @@ pub fn set_aside(layer: &Layer, run: &str, keep: &Path) -> Option<PathBuf> {
             .then_some(beside)
     };
     let _ = crate::userns::remove_all(&layer.work);
-    if let Some(dir) = layer.upper.parent() {
-        let _ = std::fs::remove_file(dir.join(INDEX_THEN));
-    }
     to
 }
 
 /// Empty the layer (the sandbox's writes are brought back or reported by now).
 pub fn clear(layer: &Layer) {
-    if let Some(dir) = layer.upper.parent() {
-        let _ = std::fs::remove_file(dir.join(INDEX_THEN));
-    }
     // An ordinary user's run on an image writes as their subordinate ids.
     let _ = crate::userns::remove_all(&layer.upper);
     let _ = crate::userns::remove_all(&layer.work);
@@ -969,9 +973,8 @@ fn read_index(
     if super::index_stamp(&layer.host_git) != before.index {
         // Rewritten on the host: only its stat data, or what is staged?
         let same = before
-            .index_then
-            .as_ref()
-            .and_then(|then| ls_stage(layer, Some(then)))
+            .index_then_path()
+            .and_then(|then| ls_stage(layer, Some(&then)))
             .is_some_and(|then| Some(then) == ls_stage(layer, None));
         if !same {
             out.lines.push("aisb: the sandbox's staging area (git's index) was not brought back: what is staged changed on the host during the run".into());
@@ -1060,9 +1063,8 @@ fn install_index_back(
         };
         if super::index_stamp(&layer.host_git) != before.index {
             let then = before
-                .index_then
-                .as_ref()
-                .and_then(|t| ls_stage(layer, Some(t)));
+                .index_then_path()
+                .and_then(|t| ls_stage(layer, Some(&t)));
             if then.as_ref() != Some(&host_now) {
                 return Ok(Some(not_back(
                     "what is staged changed on the host during the run",

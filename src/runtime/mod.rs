@@ -575,7 +575,7 @@ fn claim_git_layer(plan: &Plan) -> Result<Option<GitRun>, RuntimeError> {
         }
     })?;
     Ok(Some(GitRun {
-        before: crate::git::back::Before::of(&layer.host_git, &dir),
+        before: crate::git::back::Before::of(&layer.host_git),
         layer,
         state_dir: plan.state_dir.clone(),
         run: run_name("run"),
