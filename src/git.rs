@@ -542,12 +542,57 @@ pub fn index_stamp(git_dir: &Path) -> Option<IndexStamp> {
 }
 
 /// Whether the index of `git_dir` may hold a gitlink: the mode 160000 (`00 00 e0 00`) occurs
-/// in it (a hash may hold it too; then git is asked). Without git, and bounded.
-pub fn may_have_gitlinks(git_dir: &Path) -> bool {
-    let Ok(Some(index)) = crate::beneath::read(git_dir, Path::new("index"), 256 << 20) else {
+/// in it (a hash may hold it too; then git is asked). Without git, and bounded. The answer
+/// is kept in `memo` (aisb's state) with the index's stamp: an index of 100,000 entries is
+/// read again only when it changed.
+pub fn may_have_gitlinks(git_dir: &Path, memo: &Path) -> bool {
+    let Some(stamp) = index_stamp(git_dir) else {
         return false;
     };
-    index.windows(4).any(|w| w == [0, 0, 0xe0, 0])
+    let key = format!("{stamp:?}");
+    if let Ok(text) = std::fs::read_to_string(memo) {
+        if let Some(answer) = text.strip_prefix(&key).and_then(|r| r.strip_prefix(' ')) {
+            return answer.trim() != "no";
+        }
+    }
+    let found = scan_for_gitlinks(git_dir);
+    let _ = std::fs::write(
+        memo,
+        format!("{key} {}\n", if found { "yes" } else { "no" }),
+    );
+    found
+}
+
+fn scan_for_gitlinks(git_dir: &Path) -> bool {
+    use std::io::Read;
+    const MODE: [u8; 4] = [0, 0, 0xe0, 0];
+    use std::os::unix::fs::OpenOptionsExt;
+    let Ok(f) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(git_dir.join("index"))
+    else {
+        return false;
+    };
+    if !f.metadata().is_ok_and(|m| m.is_file()) {
+        return false;
+    }
+    let mut f = f.take(256 << 20);
+    let mut buf = vec![0u8; 1 << 20];
+    let mut carry = 0usize;
+    loop {
+        let n = match f.read(&mut buf[carry..]) {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => n,
+        };
+        let end = carry + n;
+        if buf[..end].windows(4).any(|w| w == MODE) {
+            return true;
+        }
+        // The last three bytes again at the front: a match across two reads is found too.
+        carry = end.min(3);
+        buf.copy_within(end - carry..end, 0);
+    }
 }
 
 /// At most this many bytes of `git ls-files --stage` are read: an index shaped by a sandbox

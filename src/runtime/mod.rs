@@ -814,7 +814,9 @@ fn disarm_git(plan: &Plan, audit: Option<&crate::audit::Log>, before: &GitBefore
     if let Some((work_tree, git_dir, stamp, since)) = before {
         // A gitlink the index had before the run is looked into too: the sandbox may have made
         // a repository of its own where one was (the index unchanged).
-        if crate::git::index_stamp(git_dir) != *stamp || crate::git::may_have_gitlinks(git_dir) {
+        if crate::git::index_stamp(git_dir) != *stamp
+            || crate::git::may_have_gitlinks(git_dir, &plan.state_dir.join("git-gitlinks"))
+        {
             for dot in crate::git::changed_submodules(work_tree, git_dir, *since) {
                 moved.extend(crate::git::quarantine_file(&dot, &quarantine));
             }
