@@ -15,6 +15,33 @@ use support::Out;
 
 const BACKENDS: &[&str] = &["bwrap", "libcontainer"];
 
+/// A case run as root and as an ordinary user, one test each.
+macro_rules! as_root_and_a_user {
+    ($root:ident, $user:ident => $case:ident) => {
+        #[test]
+        fn $root() {
+            if support::root_or_skip("the private git directory suite") {
+                $case(None);
+            }
+        }
+
+        #[test]
+        fn $user() {
+            if support::root_or_skip("the private git directory suite") {
+                $case(Some(support::test_user()));
+            }
+        }
+    };
+}
+
+/// `[backend, root]` or `[backend, user]`, for messages.
+fn who(backend: &str, user: Option<(u32, u32)>) -> String {
+    format!(
+        "[{backend}, {}]",
+        if user.is_some() { "user" } else { "root" }
+    )
+}
+
 struct Project {
     dir: tempfile::TempDir,
     user: Option<(u32, u32)>,
@@ -153,10 +180,7 @@ fn host_obeys_nothing(p: &Project, who: &str, when: &str) {
 
 fn planted_during_and_after(user: Option<(u32, u32)>) {
     for backend in BACKENDS {
-        let who = format!(
-            "[{backend}, {}]",
-            if user.is_some() { "user" } else { "root" }
-        );
+        let who = who(backend, user);
         let p = Project::new(user);
         let script = format!(
             "M={m}\n{PLANT}\ntouch planted\ni=0; while [ ! -e go ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done\n",
@@ -200,26 +224,11 @@ fn planted_during_and_after(user: Option<(u32, u32)>) {
     }
 }
 
-#[test]
-fn nothing_planted_in_git_reaches_the_host_during_or_after_a_run_as_root() {
-    if support::root_or_skip("the private git directory suite") {
-        planted_during_and_after(None);
-    }
-}
-
-#[test]
-fn nothing_planted_in_git_reaches_the_host_during_or_after_a_run_as_a_user() {
-    if support::root_or_skip("the private git directory suite") {
-        planted_during_and_after(Some(support::test_user()));
-    }
-}
+as_root_and_a_user!(nothing_planted_in_git_reaches_the_host_during_or_after_a_run_as_root, nothing_planted_in_git_reaches_the_host_during_or_after_a_run_as_a_user => planted_during_and_after);
 
 fn moved_on_the_host(user: Option<(u32, u32)>) {
     for backend in BACKENDS {
-        let who = format!(
-            "[{backend}, {}]",
-            if user.is_some() { "user" } else { "root" }
-        );
+        let who = who(backend, user);
         let p = Project::new(user);
         let script = "echo a > a.txt; git add a.txt; git -c user.name=a -c user.email=a@a commit -qm sandbox && echo commit=ok; touch planted\n\
                       i=0; while [ ! -e go ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done\n";
@@ -272,26 +281,11 @@ fn moved_on_the_host(user: Option<(u32, u32)>) {
     }
 }
 
-#[test]
-fn a_branch_moved_on_the_host_keeps_the_sandboxs_commits_aside_as_root() {
-    if support::root_or_skip("the private git directory suite") {
-        moved_on_the_host(None);
-    }
-}
-
-#[test]
-fn a_branch_moved_on_the_host_keeps_the_sandboxs_commits_aside_as_a_user() {
-    if support::root_or_skip("the private git directory suite") {
-        moved_on_the_host(Some(support::test_user()));
-    }
-}
+as_root_and_a_user!(a_branch_moved_on_the_host_keeps_the_sandboxs_commits_aside_as_root, a_branch_moved_on_the_host_keeps_the_sandboxs_commits_aside_as_a_user => moved_on_the_host);
 
 fn killed_mid_run(user: Option<(u32, u32)>) {
     for backend in BACKENDS {
-        let who = format!(
-            "[{backend}, {}]",
-            if user.is_some() { "user" } else { "root" }
-        );
+        let who = who(backend, user);
         let p = Project::new(user);
         let script = format!(
             "M={m}\n{PLANT}\ntouch planted\nsleep 120\n",
@@ -354,28 +348,13 @@ fn killed_mid_run(user: Option<(u32, u32)>) {
     }
 }
 
-#[test]
-fn a_killed_run_plants_nothing_and_its_commits_come_back_next_time_as_root() {
-    if support::root_or_skip("the private git directory suite") {
-        killed_mid_run(None);
-    }
-}
-
-#[test]
-fn a_killed_run_plants_nothing_and_its_commits_come_back_next_time_as_a_user() {
-    if support::root_or_skip("the private git directory suite") {
-        killed_mid_run(Some(support::test_user()));
-    }
-}
+as_root_and_a_user!(a_killed_run_plants_nothing_and_its_commits_come_back_next_time_as_root, a_killed_run_plants_nothing_and_its_commits_come_back_next_time_as_a_user => killed_mid_run);
 
 /// A branch made and checked out inside becomes the host's checked-out branch; a staged
 /// file (no commit) is staged on the host, its blob with it.
 fn new_branch_and_staged(user: Option<(u32, u32)>) {
     for backend in BACKENDS {
-        let who = format!(
-            "[{backend}, {}]",
-            if user.is_some() { "user" } else { "root" }
-        );
+        let who = who(backend, user);
         let p = Project::new(user);
         let o = p.run(
             backend,
@@ -412,19 +391,7 @@ fn new_branch_and_staged(user: Option<(u32, u32)>) {
     }
 }
 
-#[test]
-fn a_branch_made_inside_is_checked_out_on_the_host_as_root() {
-    if support::root_or_skip("the private git directory suite") {
-        new_branch_and_staged(None);
-    }
-}
-
-#[test]
-fn a_branch_made_inside_is_checked_out_on_the_host_as_a_user() {
-    if support::root_or_skip("the private git directory suite") {
-        new_branch_and_staged(Some(support::test_user()));
-    }
-}
+as_root_and_a_user!(a_branch_made_inside_is_checked_out_on_the_host_as_root, a_branch_made_inside_is_checked_out_on_the_host_as_a_user => new_branch_and_staged);
 
 /// The test of the tests: with the isolation of git switched off, the plant reaches the
 /// host's git and its program runs there, so the suite above would notice.
@@ -454,10 +421,7 @@ fn a_shared_git_dir_is_caught() {
 /// The host's `git status` looks into every gitlink with that repository's configuration.
 fn gitlink_over_two_runs(user: Option<(u32, u32)>) {
     for backend in BACKENDS {
-        let who = format!(
-            "[{backend}, {}]",
-            if user.is_some() { "user" } else { "root" }
-        );
+        let who = who(backend, user);
         let p = Project::new(user);
         let o = p.run(
             backend,
@@ -497,19 +461,7 @@ fn gitlink_over_two_runs(user: Option<(u32, u32)>) {
     }
 }
 
-#[test]
-fn a_repository_made_at_a_gitlink_in_a_later_run_does_not_run_on_the_host_as_root() {
-    if support::root_or_skip("the private git directory suite") {
-        gitlink_over_two_runs(None);
-    }
-}
-
-#[test]
-fn a_repository_made_at_a_gitlink_in_a_later_run_does_not_run_on_the_host_as_a_user() {
-    if support::root_or_skip("the private git directory suite") {
-        gitlink_over_two_runs(Some(support::test_user()));
-    }
-}
+as_root_and_a_user!(a_repository_made_at_a_gitlink_in_a_later_run_does_not_run_on_the_host_as_root, a_repository_made_at_a_gitlink_in_a_later_run_does_not_run_on_the_host_as_a_user => gitlink_over_two_runs);
 
 /// What the sandbox hides in its index never hides anything on the host: its index's bytes
 /// are never installed (only the entries that differ are applied to a copy of the host's), so
@@ -519,10 +471,7 @@ fn a_repository_made_at_a_gitlink_in_a_later_run_does_not_run_on_the_host_as_a_u
 /// and `git status` run nothing planted there.
 fn flags_and_committed_gitlinks(user: Option<(u32, u32)>) {
     for backend in BACKENDS {
-        let who = format!(
-            "[{backend}, {}]",
-            if user.is_some() { "user" } else { "root" }
-        );
+        let who = who(backend, user);
         let p = Project::new(user);
         let o = p.run(
             backend,
@@ -576,19 +525,7 @@ fn flags_and_committed_gitlinks(user: Option<(u32, u32)>) {
     }
 }
 
-#[test]
-fn the_sandboxs_index_flags_and_committed_gitlinks_hide_and_run_nothing_as_root() {
-    if support::root_or_skip("the private git directory suite") {
-        flags_and_committed_gitlinks(None);
-    }
-}
-
-#[test]
-fn the_sandboxs_index_flags_and_committed_gitlinks_hide_and_run_nothing_as_a_user() {
-    if support::root_or_skip("the private git directory suite") {
-        flags_and_committed_gitlinks(Some(support::test_user()));
-    }
-}
+as_root_and_a_user!(the_sandboxs_index_flags_and_committed_gitlinks_hide_and_run_nothing_as_root, the_sandboxs_index_flags_and_committed_gitlinks_hide_and_run_nothing_as_a_user => flags_and_committed_gitlinks);
 
 /// A ref to a broken object (a commit whose tree the sandbox never wrote) does not keep the
 /// sandbox's other work out, and a layer that cannot come back is set aside, never mounted
