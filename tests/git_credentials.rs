@@ -80,6 +80,33 @@ fn case(user: Option<(u32, u32)>) {
             );
             o.expect("branch", "origin");
             o.expect_failed("key", "git-crypt's key is masked");
+            // `aisb test` checks the same from inside.
+            let mut cmd = Command::new(&exe);
+            cmd.current_dir(&proj)
+                .env_clear()
+                .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+                .env("HOME", dir.path().join("home"))
+                .env("XDG_CACHE_HOME", dir.path().join("cache"))
+                .env("XDG_CONFIG_HOME", dir.path().join("config"))
+                .args(["--trust", "test", "--backend", backend, "--json"])
+                .stdin(Stdio::null());
+            if let Some((uid, gid)) = user {
+                std::os::unix::process::CommandExt::uid(&mut cmd, uid);
+                std::os::unix::process::CommandExt::gid(&mut cmd, gid);
+            }
+            let t = Out::from(cmd.output().unwrap());
+            let checks: Vec<serde_json::Value> = serde_json::from_str(&t.stdout)
+                .unwrap_or_else(|e| panic!("{who} {e}: {}\n{}", t.stdout, t.stderr));
+            for name in [
+                "read a credential in the project's git configuration",
+                "list git-crypt's keys",
+            ] {
+                let c = checks
+                    .iter()
+                    .find(|c| c["check"] == name)
+                    .unwrap_or_else(|| panic!("{who} no check {name:?}: {checks:#?}"));
+                assert_eq!(c["ok"], true, "{who} {c:#}");
+            }
             // The host's file is untouched.
             assert_eq!(
                 std::fs::read_to_string(proj.join(".git/config")).unwrap(),

@@ -245,6 +245,35 @@ fn script(plan: &Plan, max_masks: usize) -> (String, Vec<(String, String, bool)>
         s.push_str(&format!("t {key} sh -c {}\n", q(&cmd)));
         checks.push((key, what, true));
     }
+    // No git credential inside (issue 30): the project's git configuration as the sandbox
+    // reads it names no token in a URL, no extra header, no credential setting, no include of
+    // a host file; git-crypt's keys are not readable.
+    if crate::git::git_dir_of(&plan.project).is_some() {
+        let p = q(&plan.project.to_string_lossy());
+        s.push_str(&format!(
+            "t git_credentials sh -c {}\n",
+            q(&format!(
+                "git -C {p} config --local --list 2>/dev/null | grep -qiE {}",
+                q("(^|[.])extraheader=|^credential[.]|^include(if)?[.]|://[^/@:]+:[^/@]+@")
+            ))
+        ));
+        checks.push((
+            "git_credentials".into(),
+            "read a credential in the project's git configuration".into(),
+            true,
+        ));
+        s.push_str(&format!(
+            "t git_crypt_keys sh -c {}\n",
+            q(&format!(
+                "test -n \"$(ls -A {p}/.git/git-crypt/keys 2>/dev/null)\""
+            ))
+        ));
+        checks.push((
+            "git_crypt_keys".into(),
+            "list git-crypt's keys".into(),
+            true,
+        ));
+    }
     if plan.read_only {
         let p = q(&plan.project.to_string_lossy());
         s.push_str(&format!(
