@@ -239,26 +239,23 @@ pub fn argv(spec: &Spec, inputs: &Inputs) -> Result<Vec<String>, BwrapError> {
                     {
                         continue;
                     }
-                    match mask {
-                        Some(dir) => {
-                            if !dir && !init_masks.iter().any(|m| m.starts_with("--mask=")) {
-                                let file = inputs
-                                    .mask_file
-                                    .as_ref()
-                                    .ok_or(BwrapError::Missing("masking file"))?;
-                                push(&["--ro-bind", &file.to_string_lossy(), MASK_STAGE]);
-                            }
-                            let at = n.destination().to_string_lossy().into_owned();
-                            by_init_masks.insert(at.clone());
-                            init_masks.push(if dir {
-                                format!("--mask-dir={at}")
-                            } else {
-                                format!("--mask={at}")
-                            });
+                    // Anything else bwrap mounts now; the init clones it and moves it back
+                    // on top of the overlay when it mounts that.
+                    if let Some(dir) = mask {
+                        if !dir && !init_masks.iter().any(|m| m.starts_with("--mask=")) {
+                            let file = inputs
+                                .mask_file
+                                .as_ref()
+                                .ok_or(BwrapError::Missing("masking file"))?;
+                            push(&["--ro-bind", &file.to_string_lossy(), MASK_STAGE]);
                         }
-                        // bwrap mounts it now; the init clones it and moves it back on top
-                        // of the overlay when it mounts that.
-                        None => {}
+                        let at = n.destination().to_string_lossy().into_owned();
+                        by_init_masks.insert(at.clone());
+                        init_masks.push(if dir {
+                            format!("--mask-dir={at}")
+                        } else {
+                            format!("--mask={at}")
+                        });
                     }
                 }
                 if masked.iter().any(|p| inside(Path::new(p))) {
