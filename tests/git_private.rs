@@ -577,3 +577,63 @@ fn a_broken_ref_keeps_nothing_else_out_and_poisons_no_later_run() {
         );
     }
 }
+
+/// A project with a submodule: git inside refreshes the submodule's index in
+/// `.git/modules/sub/` on every `git status`, which is no plant and is not reported as one; a
+/// `commondir` written there is.
+#[test]
+fn a_submodules_git_directory_is_reported_only_for_what_git_would_obey() {
+    if !support::root_or_skip("the private git directory suite") {
+        return;
+    }
+    for backend in BACKENDS {
+        let p = Project::new(None);
+        let lib = p.dir.path().join("lib");
+        support::git_in(p.dir.path(), &["init", "-q", "-b", "main", "lib"]);
+        std::fs::write(lib.join("lib.txt"), "lib\n").unwrap();
+        support::commit_all(&lib, "lib");
+        let add = p.git(&[
+            "-c",
+            "protocol.file.allow=always",
+            "submodule",
+            "add",
+            "-q",
+            &lib.to_string_lossy(),
+            "sub",
+        ]);
+        assert_eq!(add.code, 0, "{}", add.stderr);
+        let c = p.git(&[
+            "-c",
+            "user.name=h",
+            "-c",
+            "user.email=h@h",
+            "commit",
+            "-qm",
+            "sub",
+        ]);
+        assert_eq!(c.code, 0, "{}", c.stderr);
+        std::fs::write(p.proj().join("sub/lib.txt"), "changed\n").unwrap();
+        let o = p.run(backend, "git status --porcelain >/dev/null && git -C sub status --porcelain >/dev/null && echo ok=0");
+        o.expect("ok", "0");
+        assert!(
+            !o.stderr.contains("was written by the sandbox"),
+            "[{backend}] a submodule's refreshed index reported as a plant: {}",
+            o.stderr
+        );
+        let o = p.run(
+            backend,
+            "echo ../../evil > .git/modules/sub/commondir; echo planted=$?",
+        );
+        o.expect("planted", "0");
+        assert!(
+            o.stderr
+                .contains(".git/modules/sub/commondir was written by the sandbox"),
+            "[{backend}] {}",
+            o.stderr
+        );
+        assert!(
+            !p.proj().join(".git/modules/sub/commondir").exists(),
+            "[{backend}]"
+        );
+    }
+}

@@ -61,7 +61,6 @@ const PLANTED: &[&str] = &[
     "hooks",
     "info",
     "worktrees",
-    "modules",
     "branches",
     "remotes",
     "shallow",
@@ -214,6 +213,7 @@ pub fn bring_back(
             out.quarantined.push((layer.host_git.join(name), to));
         }
     }
+    planted_in_modules(layer, quarantine, &mut out);
     let refs = sandbox_refs(&layer.upper);
     let head = sandbox_head(&layer.upper);
     let finished = match mode {
@@ -293,6 +293,72 @@ pub fn set_aside(layer: &Layer, run: &str, keep: &Path) -> Option<PathBuf> {
     };
     let _ = crate::userns::remove_all(&layer.work);
     to
+}
+
+/// Names in a submodule's git directory (`modules/…`) that git reads as configuration, code
+/// or a location.
+const PLANTED_IN_MODULE: &[&str] = &[
+    "config",
+    "config.worktree",
+    "commondir",
+    "gitdir",
+    "hooks",
+    "info",
+    "alternates",
+    "http-alternates",
+];
+
+/// The submodules' git directories the sandbox wrote (`modules/…`, any depth): what git would
+/// obey there is reported and moved aside like the top's; the rest (an index a `git status`
+/// refreshed, objects, refs) is not brought back, and a commit made in a submodule is said so.
+fn planted_in_modules(layer: &Layer, quarantine: &Path, out: &mut Outcome) {
+    let root = layer.upper.join("modules");
+    if !std::fs::symlink_metadata(&root).is_ok_and(|m| m.is_dir()) {
+        return;
+    }
+    let mut planted = Vec::new();
+    let mut committed = false;
+    let walk = walkdir::WalkDir::new(&root)
+        .follow_links(false)
+        .follow_root_links(false)
+        .max_depth(24);
+    let mut it = walk.into_iter();
+    let mut seen = 0usize;
+    while let Some(Ok(e)) = it.next() {
+        seen += 1;
+        if seen > MAX_DIR_ENTRIES {
+            break;
+        }
+        let name = e.file_name().to_string_lossy();
+        if e.depth() > 0 && PLANTED_IN_MODULE.contains(&name.as_ref()) && !is_whiteout_entry(&e) {
+            planted.push(e.path().to_path_buf());
+            if e.file_type().is_dir() {
+                it.skip_current_dir();
+            }
+            continue;
+        }
+        if name == "refs" && e.file_type().is_dir() {
+            committed = true;
+        }
+    }
+    for p in planted {
+        let rel = p
+            .strip_prefix(&layer.upper)
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        if let Some((_, to)) = super::quarantine_file(&p, quarantine) {
+            out.quarantined.push((layer.host_git.join(rel), to));
+        }
+    }
+    if committed {
+        out.lines.push(
+            "aisb: refs written inside submodules' git directories (.git/modules/) are not brought back: commit in a submodule on the host, or in a named sandbox".into(),
+        );
+    }
+}
+
+fn is_whiteout_entry(e: &walkdir::DirEntry) -> bool {
+    e.metadata().is_ok_and(|m| is_whiteout(&m))
 }
 
 /// Empty the layer (the sandbox's writes are brought back or reported by now).
