@@ -198,8 +198,8 @@ impl GitRun {
     }
 }
 
-/// Say what [`crate::git::back::bring_back`] did. On an error the layer is kept where it is
-/// (nothing the sandbox committed is lost) and the next run tries again.
+/// Say what [`crate::git::back::bring_back`] did. On an error the layer is set aside as
+/// `failed-<run>` (nothing the sandbox committed is lost) and said where.
 fn report_git_back(
     audit: Option<&crate::audit::Log>,
     layer: &crate::git::back::Layer,
