@@ -992,20 +992,28 @@ fn settle(
 /// `git update-ref --stdin` with `input` (one transaction; a ref that moved meanwhile is
 /// left as it is).
 fn update_refs(layer: &Layer, input: &str) {
-    use std::io::Write;
-    let Ok(mut child) = super::command(&layer.host_git, None)
-        .args(["update-ref", "--stdin"])
-        .stdin(Stdio::piped())
+    let mut cmd = super::command(&layer.host_git, None);
+    cmd.args(["update-ref", "--stdin"])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-    else {
-        return;
-    };
-    if let Some(mut stdin) = child.stdin.take() {
-        let _ = stdin.write_all(input.as_bytes());
-    }
-    let _ = child.wait();
+        .stderr(Stdio::null());
+    let _ = with_input(cmd, input.as_bytes().to_vec());
+}
+
+/// Run `cmd` with `input` on its standard input, written from a thread of its own (a command
+/// that writes while it reads never blocks on a full pipe): its output.
+fn with_input(
+    mut cmd: std::process::Command,
+    input: Vec<u8>,
+) -> std::io::Result<std::process::Output> {
+    use std::io::Write;
+    let mut child = cmd.stdin(Stdio::piped()).spawn()?;
+    let mut stdin = child.stdin.take().expect("piped");
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&input);
+    });
+    let out = child.wait_with_output();
+    let _ = writer.join();
+    out
 }
 
 fn short(oid: &str) -> &str {
@@ -1183,22 +1191,12 @@ fn install_index_back(
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(io("reading the host's index")(e)),
         }
-        let mut child = super::command(&layer.host_git, None)
-            .env("GIT_INDEX_FILE", &tmp)
+        let mut cmd = super::command(&layer.host_git, None);
+        cmd.env("GIT_INDEX_FILE", &tmp)
             .args(["update-index", "-z", "--index-info"])
-            .stdin(Stdio::piped())
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(io("running git update-index"))?;
-        let mut stdin = child.stdin.take().expect("piped");
-        let writer = std::thread::spawn(move || {
-            let _ = stdin.write_all(&input);
-        });
-        let o = child
-            .wait_with_output()
-            .map_err(io("running git update-index"))?;
-        let _ = writer.join();
+            .stderr(Stdio::piped());
+        let o = with_input(cmd, input).map_err(io("running git update-index"))?;
         if !o.status.success() {
             let e = String::from_utf8_lossy(&o.stderr);
             return Ok(Some(not_back(&format!(
