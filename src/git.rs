@@ -195,7 +195,7 @@ fn gitfile_target(file: &Path, base: &Path) -> Option<PathBuf> {
 
 /// `base.join(rel)` with `.` and `..` folded without touching the file system (a symlink in
 /// the middle is not followed: guarded paths are checked component by component anyway).
-fn lexical_join(base: &Path, rel: &Path) -> PathBuf {
+pub(crate) fn lexical_join(base: &Path, rel: &Path) -> PathBuf {
     let mut out = PathBuf::new();
     for c in base.join(rel).components() {
         match c {

@@ -519,6 +519,85 @@ fn a_loosening_config_must_be_trusted() {
     );
 }
 
+/// Each kind of exposure a checked-in sandbox.kdl can add beyond what the mounts and the
+/// network show is a loosening, refused without a terminal and named: a variable of the
+/// caller's passed in (by name, by pattern, every one, secrets unfiltered, keys of a file), a
+/// tool the agent may call without asking, and an image whose files come from outside the
+/// project (another directory's Dockerfile, an OCI layout or archive elsewhere, named by
+/// `rootfs`, an `image`'s `from` or the project Dockerfile's own FROM). What narrows runs.
+#[test]
+fn every_exposure_a_configuration_adds_must_be_trusted() {
+    let cases: &[(&str, &str)] = &[
+        ("env {\n    pass \"BUILD_ID\"\n}\n", "env pass \"BUILD_ID\""),
+        ("env {\n    allow \"NPM_*\"\n}\n", "env allow \"NPM_*\""),
+        ("env {\n    inherit \"all\"\n}\n", "env inherit \"all\""),
+        (
+            "env {\n    filter-secrets #false\n}\n",
+            "env filter-secrets #false",
+        ),
+        (
+            "env {\n    from-file \".env\" \"DB_URL\"\n}\n",
+            "env from-file \".env\": DB_URL",
+        ),
+        ("tools {\n    allow \"Bash(*)\"\n}\n", "tools allow \"Bash(*)\""),
+        (
+            "rootfs dockerfile=\"../elsewhere/Dockerfile\"\n",
+            "elsewhere/Dockerfile, outside the project",
+        ),
+        (
+            "rootfs from=\"oci:/srv/layout:v1\"\n",
+            "built from /srv/layout, outside the project",
+        ),
+        (
+            "image \"x\" {\n    from \"oci-archive:../other.tar\"\n}\nrootfs image=\"x\"\n",
+            "image \"x\" is built from",
+        ),
+        (
+            "rootfs dockerfile=\"Dockerfile\"\n",
+            "Dockerfile's image is built from /srv/other",
+        ),
+    ];
+    for (text, named) in cases {
+        let t = Test::new()
+            .file("sandbox.kdl", text)
+            .file(".env", "DB_URL=postgres://secret\n")
+            .file("Dockerfile", "FROM oci:/srv/other\nRUN true\n");
+        let refused = t.with(&["run", "--backend", "bwrap", "--", "true"]);
+        assert_eq!(refused.code, 125, "{text}: {}", refused.stderr);
+        // miette wraps long lines (at `/` too): compared without the frame and the spaces.
+        let flat = |s: &str| s.replace(['│', ' ', '\n'], "");
+        assert!(
+            refused.stderr.contains("loosens the sandbox")
+                && flat(&refused.stderr).contains(&flat(named)),
+            "{text}: expected `{named}` in: {}",
+            refused.stderr
+        );
+    }
+    // The Dockerfile the image is built from is policy: read-only inside like sandbox.kdl.
+    let t = Test::new()
+        .file("sandbox.kdl", "rootfs dockerfile=\"Dockerfile\"\n")
+        .file("Dockerfile", "FROM scratch\n");
+    let plan = t.with(&["plan"]);
+    assert!(
+        plan.stdout.lines().any(|l| l.contains("/Dockerfile")
+            && l.contains("protected: aisb builds the sandbox's image from it, read-only")),
+        "{}",
+        plan.stdout
+    );
+    // Narrowing asks nothing.
+    let t = Test::new().file(
+        "sandbox.kdl",
+        "env {\n    deny \"LANG\"\n}\ntools {\n    deny \"WebFetch\"\n}\n",
+    );
+    let narrowed = t.with(&["run", "--backend", "bwrap", "--", "true"]);
+    assert!(
+        !narrowed.stderr.contains("loosens")
+            && (narrowed.code == 0 || !support::root_or_skip("running the narrowed sandbox")),
+        "{}",
+        narrowed.stderr
+    );
+}
+
 #[test]
 fn presets_list_and_show() {
     let t = Test::new();

@@ -139,12 +139,13 @@ pub const PRIVATE: &[(&str, &str)] = &[(
 
 /// The read-only binds and private copies for the protected files that exist, and the list of
 /// those that do not (the runtime's to check after the run). Nothing when the project is not
-/// written in place. `imports`: files of the configuration other than the root one, by host
-/// path. A path another mount already covers (a dependency directory, an agent preset's own
-/// mount) or that a mask hides is left to that.
+/// written in place. `imports`: the other files aisb reads as policy (imported configuration,
+/// the Dockerfile `rootfs` names), by host path, and what reads each. A path another mount
+/// already covers (a dependency directory, an agent preset's own mount) or that a mask hides
+/// is left to that.
 pub(super) fn resolve(
     sc: &Scope<'_>,
-    imports: &[PathBuf],
+    imports: &[(PathBuf, &str)],
     mounts: &[Mount],
     masked: &dyn Fn(&Path) -> bool,
 ) -> (Vec<Mount>, Vec<Protected>) {
@@ -178,14 +179,12 @@ pub(super) fn resolve(
                 .iter()
                 .map(|(rel, why)| (project.join(rel), false, why.to_string(), true)),
         )
-        .chain(imports.iter().filter(|p| p.starts_with(project)).map(|p| {
-            (
-                p.clone(),
-                false,
-                "aisb's policy (imported)".to_string(),
-                false,
-            )
-        }));
+        .chain(
+            imports
+                .iter()
+                .filter(|(p, _)| p.starts_with(project))
+                .map(|(p, why)| (p.clone(), false, why.to_string(), false)),
+        );
     for (path, dir, why, private) in listed {
         if covered(&path) {
             continue;
