@@ -539,7 +539,10 @@ fn every_exposure_a_configuration_adds_must_be_trusted() {
             "env {\n    from-file \".env\" \"DB_URL\"\n}\n",
             "env from-file \".env\": DB_URL",
         ),
-        ("tools {\n    allow \"Bash(*)\"\n}\n", "tools allow \"Bash(*)\""),
+        (
+            "tools {\n    allow \"Bash(*)\"\n}\n",
+            "tools allow \"Bash(*)\"",
+        ),
         (
             "rootfs dockerfile=\"../elsewhere/Dockerfile\"\n",
             "elsewhere/Dockerfile, outside the project",

@@ -93,7 +93,7 @@ fn not_refused(o: &Out) -> Vec<String> {
     assert!(all.len() > 30, "{all:?}");
     all.into_iter()
         .filter(|k| k != "commondir" && k != "config_worktree")
-        .filter(|k| !o.value(k).is_some_and(|v| v != "0"))
+        .filter(|k| o.value(k).is_none_or(|v| v == "0"))
         .collect()
 }
 

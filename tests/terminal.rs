@@ -64,6 +64,35 @@ impl Drop for Tmux {
     }
 }
 
+/// Resize `window` to `cols`x`rows` and wait until the shell in it reports that size
+/// (retyped until it does, at most 60 s: tmux applies a resize asynchronously).
+fn follows_resize(tmux: &Tmux, window: &str, who: &str, cols: u16, rows: u16) {
+    let o = tmux.cmd(&[
+        "resize-window",
+        "-t",
+        window,
+        "-x",
+        &cols.to_string(),
+        "-y",
+        &rows.to_string(),
+    ]);
+    assert!(o.status.success(), "{who} resize-window: {o:?}");
+    let want = format!("RESIZED {rows} {cols}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        tmux.send(window, "echo \"RESIZED $(stty size)\"");
+        std::thread::sleep(Duration::from_millis(300));
+        let s = tmux.screen(window);
+        if s.contains(&want) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{who} {window}: the resize to {cols}x{rows} never arrived:\n{s}"
+        );
+    }
+}
+
 fn session_terminals(backend: &str, user: Option<(u32, u32)>) {
     let who = format!(
         "[{backend}, {}]",
@@ -149,32 +178,7 @@ fn session_terminals(backend: &str, user: Option<(u32, u32)>) {
         assert!(!s.contains("not a tty"), "{who} {window}:\n{s}");
         tmux.send(window, "echo \"SIZE $(stty size)\"");
         tmux.wait_for(window, "SIZE 30 120");
-        let o = tmux.cmd(&[
-            "resize-window",
-            "-t",
-            window,
-            "-x",
-            &cols.to_string(),
-            "-y",
-            &rows.to_string(),
-        ]);
-        assert!(o.status.success(), "{who} resize-window: {o:?}");
-        // The resize reaches the session (retyped until it does, at most 60 s: tmux applies
-        // it asynchronously).
-        let want = format!("RESIZED {rows} {cols}");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            tmux.send(window, "echo \"RESIZED $(stty size)\"");
-            std::thread::sleep(Duration::from_millis(300));
-            let s = tmux.screen(window);
-            if s.contains(&want) {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{who} {window}: the resize to {cols}x{rows} never arrived:\n{s}"
-            );
-        }
+        follows_resize(&tmux, window, &who, cols, rows);
     }
     tmux.send("exec", "exit");
     tmux.wait_for("exec", "SESSION-ENDED");
@@ -238,4 +242,141 @@ fn output_on_the_callers_terminal_cannot_be_read_from() {
             );
         }
     }
+}
+
+/// What the sandbox prints cannot act on the caller's terminal (issue 29, item 7): an OSC 52
+/// that writes the clipboard, printed by `aisb run` (the terminal on 0-2) and by an `aisb up`
+/// shell, never reaches tmux's clipboard (set-clipboard on stores it as a paste buffer, which
+/// the same sequence printed outside aisb is shown to do first), while a full-screen program
+/// (Neovim) still draws and ^C still interrupts. Both backends, as root and as a user.
+#[test]
+fn what_the_sandbox_prints_cannot_act_on_the_terminal() {
+    if !support::root_or_skip("the terminal test (root and an ordinary user)") {
+        return;
+    }
+    for tool in ["tmux", "nvim"] {
+        if !support::tool_or_skip(tool, "the terminal test") {
+            return;
+        }
+    }
+    let user = support::test_user();
+    for backend in ["bwrap", "libcontainer"] {
+        for caller in [None, Some(user)] {
+            escapes_filtered(backend, caller);
+        }
+    }
+}
+
+fn escapes_filtered(backend: &str, user: Option<(u32, u32)>) {
+    let who = format!(
+        "[{backend}, {}]",
+        user.map_or("root".into(), |u| format!("uid {}", u.0))
+    );
+    let t = tempfile::tempdir().unwrap();
+    let repo = t.path().join("repo");
+    for d in ["repo", "home", "tmux"] {
+        std::fs::create_dir_all(t.path().join(d)).unwrap();
+    }
+    support::git_in(&repo, &["init", "-q"]);
+    let exe = match user {
+        Some((uid, gid)) => support::hand_to_user(t.path(), uid, gid),
+        None => PathBuf::from(env!("CARGO_BIN_EXE_aisb")),
+    };
+    std::fs::set_permissions(
+        t.path().join("tmux"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let tmux = Tmux {
+        dir: t.path().join("tmux"),
+        user,
+    };
+    let env = format!(
+        "cd {} && env -i PATH=/usr/bin:/bin HOME={} XDG_CACHE_HOME={} TERM=xterm SHELL=/bin/sh",
+        repo.display(),
+        t.path().join("home").display(),
+        t.path().join("cache").display()
+    );
+    let buffers = || String::from_utf8_lossy(&tmux.cmd(&["list-buffers"]).stdout).into_owned();
+    // The sequence, as the shell's printf writes it: ESC ] 52 ; c ; base64 BEL.
+    let osc52 = |text: &str| {
+        let b64 = match text {
+            "OUTSIDE" => "T1VUU0lERQ==",
+            "FROM-RUN" => "RlJPTS1SVU4=",
+            _ => "RlJPTS1VUA==", // FROM-UP
+        };
+        format!("printf '\\033]52;c;{b64}\\007'")
+    };
+    let o = tmux.cmd(&[
+        "new-session",
+        "-d",
+        "-x",
+        "120",
+        "-y",
+        "30",
+        "-n",
+        "base",
+        "sh",
+    ]);
+    assert!(o.status.success(), "{who} tmux new-session: {o:?}");
+    let o = tmux.cmd(&["set-option", "-s", "set-clipboard", "on"]);
+    assert!(o.status.success(), "{who} set-clipboard: {o:?}");
+    // Outside aisb the sequence reaches the clipboard: the check below can fail.
+    tmux.send("base", &format!("{}; echo BASE-$((6*7))", osc52("OUTSIDE")));
+    tmux.wait_for("base", "BASE-42");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !buffers().contains("OUTSIDE") {
+        assert!(
+            Instant::now() < deadline,
+            "{who} tmux never stored an OSC 52 printed outside aisb: {}",
+            buffers()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = tmux.cmd(&["delete-buffer"]);
+    let run = format!(
+        "{env} {} run --backend {backend} -- sh -c \"{}; echo RUN-\\$((6*7))\"; sleep 60",
+        exe.display(),
+        osc52("FROM-RUN").replace('"', "\\\"")
+    );
+    let o = tmux.cmd(&["new-window", "-d", "-n", "run", &run]);
+    assert!(o.status.success(), "{who} tmux new-window: {o:?}");
+    tmux.wait_for("run", "RUN-42");
+    let up = format!(
+        "{env} {} up --backend {backend} -- /bin/sh; echo SESSION-ENDED; sleep 60",
+        exe.display()
+    );
+    let o = tmux.cmd(&["new-window", "-d", "-n", "up", &up]);
+    assert!(o.status.success(), "{who} tmux new-window: {o:?}");
+    tmux.send("up", "echo UP-$((6*7))");
+    tmux.wait_for("up", "UP-42");
+    follows_resize(&tmux, "up", &who, 100, 25);
+    tmux.send(
+        "up",
+        &format!("{}; echo PRINTED-$((6*7))", osc52("FROM-UP")),
+    );
+    tmux.wait_for("up", "PRINTED-42");
+    // A full-screen program draws: Neovim's first line and its empty-line markers.
+    tmux.send(
+        "up",
+        "nvim -u NONE -i NONE -n -c 'call setline(1, \"DRAWN-\" . (6*7))'",
+    );
+    let s = tmux.wait_for("up", "DRAWN-42");
+    assert!(s.lines().any(|l| l.starts_with('~')), "{who} nvim:\n{s}");
+    tmux.send("up", ":q!");
+    // ^C interrupts the foreground program (a sleep that would outlast the wait).
+    tmux.send("up", "clear; sleep 300; echo SLEPT");
+    std::thread::sleep(Duration::from_millis(500));
+    let o = tmux.cmd(&["send-keys", "-t", "up", "C-c"]);
+    assert!(o.status.success(), "{who} send-keys C-c: {o:?}");
+    tmux.send("up", "echo INTERRUPTED-$((6*7))");
+    let s = tmux.wait_for("up", "INTERRUPTED-42");
+    assert!(!s.contains("SLEPT"), "{who}:\n{s}");
+    tmux.send("up", "exit");
+    tmux.wait_for("up", "SESSION-ENDED");
+    let b = buffers();
+    assert!(
+        !b.contains("FROM-RUN") && !b.contains("FROM-UP") && b.trim().is_empty(),
+        "{who} the sandbox wrote the terminal's clipboard: {b}"
+    );
 }

@@ -460,7 +460,7 @@ pub fn run_plan(
     }
     let _ = forwarded.thread_block();
     let sandbox =
-        std::thread::spawn(move || crate::runtime::run(&hold, root.as_ref(), backend, false));
+        std::thread::spawn(move || crate::runtime::run_detached(&hold, root.as_ref(), backend));
     const START_SECS: u64 = 60;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(START_SECS);
     let pid = loop {

@@ -666,7 +666,9 @@ fn image_sources_outside(
     project: &Path,
 ) -> Vec<String> {
     use crate::config::model::RootfsCfg;
-    let root = project.canonicalize().unwrap_or_else(|_| project.to_path_buf());
+    let root = project
+        .canonicalize()
+        .unwrap_or_else(|_| project.to_path_buf());
     // Resolved as the builder will open it: through links where it exists, lexically where not.
     let outside = |p: &Path| {
         let p = p
@@ -678,11 +680,15 @@ fn image_sources_outside(
     let froms = |base: &Path, from: &str, out: &mut Vec<String>, what: &str| {
         // A variable may name any path when the image is built: said as written.
         if from.contains('$') && (from.starts_with("oci:") || from.starts_with("oci-archive:")) {
-            out.push(format!("{what} is built from `{from}`, a path chosen when it is built"));
+            out.push(format!(
+                "{what} is built from `{from}`, a path chosen when it is built"
+            ));
             return;
         }
-        if let Ok(crate::image::Source::Layout { dir: p, .. } | crate::image::Source::Archive { file: p, .. }) =
-            crate::image::Source::parse(from, base)
+        if let Ok(
+            crate::image::Source::Layout { dir: p, .. }
+            | crate::image::Source::Archive { file: p, .. },
+        ) = crate::image::Source::parse(from, base)
         {
             if outside(&p) {
                 out.push(format!(
@@ -729,12 +735,7 @@ fn image_sources_outside(
                 .find(|d| &d.name.value == name);
             for step in decl.iter().flat_map(|d| d.steps.iter()) {
                 if let crate::config::instr::Instr::From(from) = &step.instr {
-                    froms(
-                        project,
-                        from,
-                        &mut out,
-                        &format!("image \"{name}\""),
-                    );
+                    froms(project, from, &mut out, &format!("image \"{name}\""));
                 }
             }
         }

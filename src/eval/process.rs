@@ -39,7 +39,7 @@ pub(super) fn resolve(cx: &mut Ctx<'_>, sc: &Scope<'_>, shell: PathBuf) -> Proce
     let path = |cx: &mut Ctx<'_>, v| sc.path(cx, v);
     let cwd = match &s.process.cwd {
         Some(c) => path(cx, c).unwrap_or_else(|| project.clone()),
-        None if host.cwd.starts_with(&project) => host.cwd.clone(),
+        None if host.cwd.starts_with(project) => host.cwd.clone(),
         None => project.clone(),
     };
     let args = if !req.command.is_empty() {

@@ -80,7 +80,32 @@ pub fn run(
 
     // Signals meant for the sandbox are taken here and sent to its init, which forwards them
     // to the workload; bwrap itself ignores the terminal's (it would die and SIGKILL everything).
-    let (blocked, set) = super::take_signals(interactive, false)?;
+    // The caller's terminal is never the sandbox's: aisb's own pseudo-terminal stands
+    // between, and what the sandbox prints reaches the terminal filtered. With an `aisb up`
+    // on a terminal it is the sandbox's controlling terminal and follows the window (only
+    // then: another thread may be waiting for SIGWINCH, a session of a named sandbox while
+    // this run holds its place). Signals are taken before the guard starts its threads, so
+    // that none of them is where a SIGWINCH lands.
+    use std::io::IsTerminal;
+    let relay = if interactive {
+        super::console::Relay::Full
+    } else {
+        super::console::Relay::Lines
+    };
+    let input = !super::detached();
+    let controlling = interactive && input && std::io::stdin().is_terminal();
+    let (blocked, set) = super::take_signals(interactive, controlling)?;
+    let mut guard = match super::console::TerminalGuard::install(relay, input) {
+        Ok(g) => g,
+        Err(e) => {
+            let _ = blocked.thread_unblock();
+            return Err(io("giving the sandbox a terminal")(e));
+        }
+    };
+    let resize = guard
+        .as_ref()
+        .filter(|g| g.controls_input())
+        .map(super::console::TerminalGuard::resizer);
     let mut cmd = aisb_bwrap::command(&args);
     let w = info_w.as_raw_fd();
     // SAFETY: runs between fork and exec while other threads may run: only async-signal-safe
@@ -109,11 +134,23 @@ pub fn run(
             if let Some(m) = &apply_mount {
                 m.apply()?;
             }
+            if controlling {
+                super::console::take_controlling_terminal()?;
+            }
             Ok(())
         });
     }
-    super::terminal_output_write_only(&mut cmd);
+    if let Some(g) = &guard {
+        g.apply(&mut cmd)
+            .map_err(io("giving the sandbox a terminal"))?;
+    }
+    if super::detached() {
+        cmd.stdin(std::process::Stdio::null());
+    }
     let spawned = cmd.spawn();
+    if let Some(g) = guard.as_mut() {
+        g.spawned();
+    }
     drop(info_w);
     if let Some(l) = live.as_mut() {
         l.spawned();
@@ -185,11 +222,24 @@ pub fn run(
     }
     let bwrap_pid = Pid::from_raw(child.id() as i32);
     std::thread::spawn(move || loop {
-        if let Ok(sig) = set.wait() {
-            let _ = kill(init_pid.unwrap_or(bwrap_pid), sig);
+        match set.wait() {
+            // Our window resized: the sandbox's terminal follows (and tells its foreground).
+            Ok(Signal::SIGWINCH) => match resize {
+                Some(r) => r.resize(),
+                None => {
+                    let _ = kill(init_pid.unwrap_or(bwrap_pid), Signal::SIGWINCH);
+                }
+            },
+            Ok(sig) => {
+                let _ = kill(init_pid.unwrap_or(bwrap_pid), sig);
+            }
+            Err(_) => {}
         }
     });
     let status = child.wait().map_err(io("waiting for bwrap"))?;
+    if let Some(g) = guard {
+        g.finish();
+    }
     Ok(exit_code(status))
 }
 

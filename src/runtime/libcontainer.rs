@@ -35,6 +35,19 @@ pub fn run(
     } else {
         None
     };
+    // Without a console of its own, the sandbox gets aisb's pseudo-terminal in place of each
+    // of the caller's standard descriptors that is a terminal: what it prints there is
+    // filtered as the console's is.
+    let guard_io = |source| RuntimeError::Io {
+        what: "giving the sandbox a terminal".into(),
+        source,
+    };
+    let mut guard = if terminal {
+        None
+    } else {
+        super::console::TerminalGuard::install(super::console::Relay::Lines, !super::detached())
+            .map_err(guard_io)?
+    };
     let (blocked, set) = super::take_signals(interactive, terminal)?;
     let mut cmd = std::process::Command::new(exe);
     cmd.arg("__libcontainer")
@@ -98,8 +111,16 @@ pub fn run(
             Ok(())
         });
     }
-    super::terminal_output_write_only(&mut cmd);
+    if let Some(g) = &guard {
+        g.apply(&mut cmd).map_err(guard_io)?;
+    }
+    if super::detached() {
+        cmd.stdin(std::process::Stdio::null());
+    }
     let spawned = cmd.spawn();
+    if let Some(g) = guard.as_mut() {
+        g.spawned();
+    }
     if let Some(l) = live.as_mut() {
         l.spawned();
     }
@@ -177,6 +198,9 @@ pub fn run(
         .map_err(io("waiting for the libcontainer helper"))?;
     if let Some(out) = output {
         let _ = out.join();
+    }
+    if let Some(g) = guard {
+        g.finish();
     }
     drop(raw);
     Ok(exit_code(status))

@@ -930,34 +930,27 @@ pub(crate) fn take_signals(
     Ok((blocked, forward))
 }
 
-/// When the sandbox is not given the caller's terminal as its input (stdin is not a
-/// terminal), the terminal its output goes to is handed over write-only: a new open of the
-/// same terminal (`/proc/self/fd/N`, O_WRONLY|O_NOCTTY), so the workload still sees a terminal
-/// (colours, line buffering) but cannot read what the user types into it afterwards (the
-/// descriptor a shell passes on is usually open for reading too).
-pub(crate) fn terminal_output_write_only(cmd: &mut std::process::Command) {
-    use std::io::IsTerminal;
-    use std::os::unix::fs::OpenOptionsExt;
-    if std::io::stdin().is_terminal() {
-        return;
-    }
-    let reopen = |fd: i32| {
-        std::fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_NOCTTY)
-            .open(format!("/proc/self/fd/{fd}"))
-            .ok()
-    };
-    if std::io::stdout().is_terminal() {
-        if let Some(f) = reopen(1) {
-            cmd.stdout(f);
-        }
-    }
-    if std::io::stderr().is_terminal() {
-        if let Some(f) = reopen(2) {
-            cmd.stderr(f);
-        }
-    }
+thread_local! {
+    static DETACHED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the run on this thread is detached from the caller's input ([`run_detached`]).
+pub(crate) fn detached() -> bool {
+    DETACHED.with(std::cell::Cell::get)
+}
+
+/// [`run`] for a sandbox that only holds a named one's place while sessions join it (`aisb
+/// up NAME`, on a thread of its own): it reads nothing (its standard input is /dev/null), and
+/// what it prints on the caller's terminal is filtered like a session's.
+pub fn run_detached(
+    plan: &Plan,
+    root_mount: Option<&RootMount>,
+    backend: Backend,
+) -> Result<Summary, RuntimeError> {
+    DETACHED.with(|d| d.set(true));
+    let r = run(plan, root_mount, backend, false);
+    DETACHED.with(|d| d.set(false));
+    r
 }
 
 /// Mark every descriptor from `first` up close-on-exec (`close_range(2)` with

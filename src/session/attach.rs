@@ -138,13 +138,32 @@ pub fn attach(pid: i32, command: &[String], cwd: &std::path::Path) -> Result<i32
             Ok(())
         });
     }
-    crate::runtime::terminal_output_write_only(&mut cmd);
+    // Output on the caller's terminal without a session terminal: through aisb's own, whose
+    // output is filtered as the session terminal's is.
+    let mut guard = match pty {
+        Some(_) => None,
+        None => crate::runtime::console::TerminalGuard::install(
+            crate::runtime::console::Relay::Lines,
+            true,
+        )
+        .map_err(io("giving the session a terminal"))?,
+    };
+    if let Some(g) = &guard {
+        g.apply(&mut cmd)
+            .map_err(io("giving the session a terminal"))?;
+    }
     let spawned = cmd.spawn();
+    if let Some(g) = guard.as_mut() {
+        g.spawned();
+    }
     drop(init);
     drop(cgroups);
     let mut helper = spawned.map_err(io("starting the session helper"))?;
     let Some(pty) = pty else {
         let status = helper.wait().map_err(io("waiting for the session"))?;
+        if let Some(g) = guard {
+            g.finish();
+        }
         return Ok(crate::runtime::exit_code(status));
     };
     let (ours, theirs) = pty;
