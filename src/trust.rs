@@ -109,12 +109,31 @@ pub fn loosenings(plan: &Plan) -> Vec<String> {
         ));
     }
     out.extend(plan.exposures.iter().cloned());
+    out.extend(image_sources_outside(plan));
     if plan.limits.pids > crate::eval::plan::Limits::DEFAULT_PIDS {
         out.push(format!(
             "pids limit raised to {} (default {}): more room for a runaway process to crowd the host",
             plan.limits.pids,
             crate::eval::plan::Limits::DEFAULT_PIDS
         ));
+    }
+    if plan.limits.configured("memory") {
+        let at = plan
+            .limits
+            .set_at
+            .get("memory")
+            .cloned()
+            .unwrap_or_default();
+        match (plan.limits.memory, crate::eval::plan::Limits::default_memory()) {
+            (None, _) => out.push(format!(
+                "memory limit lifted (`memory \"unlimited\"`): a runaway allocation may take the host's memory (at {at})"
+            )),
+            (Some(m), Some(d)) if m > d => out.push(format!(
+                "memory limit raised to {} (aisb's default: half the host's memory) (at {at})",
+                crate::runtime::limits::human(m)
+            )),
+            _ => {}
+        }
     }
     let proxy_vars = crate::vocab::sandbox_env();
     let secrets: Vec<&str> = plan
@@ -274,4 +293,87 @@ fn approved(path: &std::path::Path, digest: &str, now: &[String]) -> Vec<String>
         Some(d) if d == digest => now.to_vec(),
         _ => Vec::new(),
     }
+}
+
+/// Where the image's files come from, when that is outside the project: another directory's
+/// Dockerfile (its directory is the build context, copied into the image), or an OCI layout
+/// or archive elsewhere on the host named by `rootfs from=`, an `image`'s `from` or the
+/// project Dockerfile's own `FROM`. One line each.
+fn image_sources_outside(plan: &Plan) -> Vec<String> {
+    use crate::config::instr::Instr;
+    use crate::eval::plan::Rootfs;
+    use std::path::Path;
+    let project = plan.project.as_path();
+    let root = project
+        .canonicalize()
+        .unwrap_or_else(|_| project.to_path_buf());
+    // Resolved as the builder will open it: through links where it exists, lexically where not.
+    let outside = |p: &Path| {
+        let p = p
+            .canonicalize()
+            .unwrap_or_else(|_| crate::git::lexical_join(project, p));
+        !p.starts_with(&root)
+    };
+    // `oci:…` / `oci-archive:…` (a registry reference is the network's to allow).
+    let froms = |base: &Path, from: &str, out: &mut Vec<String>, what: &str| {
+        // A variable may name any path when the image is built: said as written.
+        if from.contains('$') && (from.starts_with("oci:") || from.starts_with("oci-archive:")) {
+            out.push(format!(
+                "{what} is built from `{from}`, a path chosen when it is built"
+            ));
+            return;
+        }
+        if let Ok(
+            crate::image::Source::Layout { dir: p, .. }
+            | crate::image::Source::Archive { file: p, .. },
+        ) = crate::image::Source::parse(from, base)
+        {
+            if outside(&p) {
+                out.push(format!(
+                    "{what} is built from {}, outside the project",
+                    p.display()
+                ));
+            }
+        }
+    };
+    let mut out = Vec::new();
+    match &plan.rootfs {
+        Rootfs::Host => {}
+        Rootfs::From { source } => froms(project, source, &mut out, "the root filesystem"),
+        Rootfs::Dockerfile { path } => {
+            if outside(path) {
+                out.push(format!(
+                    "the root filesystem is built from {}, outside the project (its directory is copied in as the build context)",
+                    path.display()
+                ));
+            } else {
+                // Bounded: a Dockerfile is a page of text, not a data file.
+                use std::io::Read;
+                let mut text = String::new();
+                let read = std::fs::File::open(path)
+                    .and_then(|f| f.take(1 << 20).read_to_string(&mut text));
+                let name = path
+                    .strip_prefix(project)
+                    .unwrap_or(path)
+                    .display()
+                    .to_string();
+                let base = path.parent().unwrap_or(project);
+                if read.is_ok() {
+                    for step in crate::image::dockerfile::parse(&name, &text).unwrap_or_default() {
+                        if let Instr::From(from) = &step.instr {
+                            froms(base, from, &mut out, &format!("{name}'s image"));
+                        }
+                    }
+                }
+            }
+        }
+        Rootfs::Image { name, steps } => {
+            for step in steps {
+                if let Instr::From(from) = &step.instr {
+                    froms(project, from, &mut out, &format!("image \"{name}\""));
+                }
+            }
+        }
+    }
+    out
 }

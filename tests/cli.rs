@@ -182,8 +182,19 @@ fn plan_shows_the_limits_and_where_they_were_set() {
     let t = Test::new();
     let o = t.with(&["plan"]);
     assert_eq!(o.code, 0, "{}", o.stderr);
+    // aisb's default memory limit is half the host's memory where a cgroup can hold it.
+    let memory = o
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("  memory    "))
+        .unwrap_or_default();
     assert!(
-        o.stdout.contains("  pids      4096 processes and threads   [aisb's default]\n  memory    unlimited   [aisb's default]\n  cpus      unlimited   [aisb's default]\n"),
+        o.stdout
+            .contains("  pids      4096 processes and threads   [aisb's default]\n")
+            && o.stdout
+                .contains("  cpus      unlimited   [aisb's default]\n")
+            && memory.ends_with("   [aisb's default]")
+            && (memory.contains("M, swap included") || memory.contains("unlimited")),
         "{}",
         o.stdout
     );
@@ -542,6 +553,14 @@ fn every_exposure_a_configuration_adds_must_be_trusted() {
         (
             "tools {\n    allow \"Bash(*)\"\n}\n",
             "tools allow \"Bash(*)\"",
+        ),
+        (
+            "limits {\n    memory \"unlimited\"\n}\n",
+            "memory limit lifted",
+        ),
+        (
+            "limits {\n    memory \"1T\"\n}\n",
+            "memory limit raised to 1T",
         ),
         (
             "rootfs dockerfile=\"../elsewhere/Dockerfile\"\n",

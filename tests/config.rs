@@ -178,14 +178,17 @@ fn bad_limits() {
     insta::assert_snapshot!(err("limits {\n    pids 0\n    memory \"8X\"\n    cpus -1\n    swap \"1G\"\n}\nprofile \"p\" {\n    limits {\n        pids \"many\"\n        memory 0\n        cpus 5000\n    }\n}\nlimits pids=5 {\n    memory \"1K\"\n    pids 99999999\n}\n"));
 }
 
-/// Limits default to a pids limit only; profiles change them like any scalar, and
-/// `"unlimited"` lifts a memory or CPU limit a parent set.
+/// Limits default to a pids limit and half the host's memory (which the runtime applies
+/// where a memory cgroup can hold it); profiles change them like any scalar, and `"unlimited"` lifts a memory or CPU
+/// limit a parent set.
 #[test]
 fn limits_default_and_merge_through_profiles() {
     let f = Fixture::new();
     let text = "limits {\n    memory \"8G\"\n    cpus 2\n}\nprofile \"small\" {\n    limits {\n        pids 256\n        memory \"512M\"\n        cpus 0.5\n    }\n}\nprofile \"free\" extends=\"small\" {\n    limits {\n        memory \"unlimited\"\n        cpus \"unlimited\"\n    }\n}\n";
     let d = f.plan("", None).limits;
-    assert_eq!((d.pids, d.memory, d.cpus_milli), (4096, None, None));
+    let default = aisb::eval::plan::Limits::default_memory();
+    assert!(default.is_some_and(|m| m >= 1 << 30));
+    assert_eq!((d.pids, d.memory, d.cpus_milli), (4096, default, None));
     assert!(d.set_at.is_empty());
     let top = f.plan(text, None).limits;
     assert_eq!(

@@ -1147,6 +1147,77 @@ fn an_allocation_over_the_memory_limit_kills_only_the_workload() {
     }
 }
 
+/// Nothing configured, the sandbox still has a memory limit (half the host's memory, in its
+/// own memory cgroup) and its private /tmp a size (a quarter of the host's memory): a runaway
+/// allocation or a /tmp filled from inside never takes the host's last pages (issue 29,
+/// item 6). Both backends, root and a user.
+#[test]
+fn a_sandbox_has_a_memory_limit_and_a_bounded_tmp_by_default() {
+    if !privileged() {
+        return;
+    }
+    let total: u64 = std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
+        .unwrap()
+        * 1024;
+    let memory = ((total / 2).max(1 << 30) >> 20) << 20;
+    let tmp = ((total / 4).max(64 << 20) >> 20) << 20;
+    for (backend, user) in matrix() {
+        let tag = format!("[{backend} {user:?}]");
+        let s = Sandbox::as_user(user);
+        s.write("README", "hi\n");
+        if let Some((uid, gid)) = user {
+            chown_r(s.root(), uid, gid);
+        }
+        let mut child = s
+            .aisb()
+            .args(["run", "--backend", backend, "--", "/bin/sh", "-c"])
+            .arg("stat -f -c 'tmp=%b*%S' /tmp; echo ready; read go")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+        let blocks = line
+            .trim()
+            .strip_prefix("tmp=")
+            .unwrap_or_else(|| panic!("{tag} {line}"));
+        let (b, sz) = blocks.split_once('*').unwrap();
+        let size: u64 = b.parse::<u64>().unwrap() * sz.parse::<u64>().unwrap();
+        assert_eq!(size, tmp, "{tag} /tmp's size");
+        line.clear();
+        std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+        assert_eq!(line, "ready\n", "{tag}");
+        let cgroup = descendants(child.id())
+            .into_iter()
+            .find_map(|p| cgroup_of(p, "memory"))
+            .unwrap_or_else(|| panic!("{tag} the sandbox is in no memory cgroup of its own"));
+        let limit = ["memory.limit_in_bytes", "memory.max"]
+            .iter()
+            .find_map(|f| std::fs::read_to_string(cgroup.join(f)).ok())
+            .unwrap_or_else(|| panic!("{tag} no memory limit file in {}", cgroup.display()));
+        assert_eq!(
+            limit.trim(),
+            memory.to_string(),
+            "{tag} {}",
+            cgroup.display()
+        );
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), b"go\n").unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{tag} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 /// `aisb test` proves the pids limit holds (more processes than it allows are refused) and
 /// fails when it does not: a sandbox run without its limits (the test switch) is reported.
 #[test]

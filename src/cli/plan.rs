@@ -374,10 +374,16 @@ pub fn render(plan: &Plan, _cwd: &Path, named: bool) -> String {
     let _ = writeln!(
         o,
         "  memory    {}   {}",
-        l.memory.map_or("unlimited".into(), |m| format!(
-            "{}, swap included",
-            crate::runtime::limits::human(m)
-        )),
+        match l.memory {
+            None => "unlimited".into(),
+            // aisb's default needs a memory cgroup for the caller.
+            Some(_)
+                if !l.configured("memory") && !crate::runtime::limits::default_memory_held(l) =>
+            {
+                "unlimited (no memory cgroup here for aisb's default)".into()
+            }
+            Some(m) => format!("{}, swap included", crate::runtime::limits::human(m)),
+        },
         at("memory")
     );
     let _ = writeln!(

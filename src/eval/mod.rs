@@ -630,11 +630,6 @@ fn exposures(cx: &Ctx<'_>, s: &Settings, project: &std::path::Path) -> Vec<Strin
             at(t.loc)
         ));
     }
-    if let Some(r) = s.rootfs.as_ref().filter(|r| on_disk(r.loc)) {
-        for line in image_sources_outside(cx, &r.value, project) {
-            out.push(format!("{line} (at {})", at(r.loc)));
-        }
-    }
     if let Some(r) = s.project.root.as_ref().filter(|r| on_disk(r.loc)) {
         let base = cx.loaded.base_dir();
         let base = base.canonicalize().unwrap_or(base);
@@ -652,92 +647,6 @@ fn exposures(cx: &Ctx<'_>, s: &Settings, project: &std::path::Path) -> Vec<Strin
                 project.display(),
                 at(r.loc)
             ));
-        }
-    }
-    out
-}
-
-/// Where an image's files come from, when that is outside the project: another directory's
-/// Dockerfile (its directory is the build context, copied into the image) or an OCI layout or
-/// archive elsewhere on the host. One line each, without where it was written.
-fn image_sources_outside(
-    cx: &Ctx<'_>,
-    rootfs: &crate::config::model::RootfsCfg,
-    project: &Path,
-) -> Vec<String> {
-    use crate::config::model::RootfsCfg;
-    let root = project
-        .canonicalize()
-        .unwrap_or_else(|_| project.to_path_buf());
-    // Resolved as the builder will open it: through links where it exists, lexically where not.
-    let outside = |p: &Path| {
-        let p = p
-            .canonicalize()
-            .unwrap_or_else(|_| crate::git::lexical_join(project, p));
-        !p.starts_with(&root)
-    };
-    // `FROM oci:…` / `oci-archive:…` lines (a registry reference is the network's to allow).
-    let froms = |base: &Path, from: &str, out: &mut Vec<String>, what: &str| {
-        // A variable may name any path when the image is built: said as written.
-        if from.contains('$') && (from.starts_with("oci:") || from.starts_with("oci-archive:")) {
-            out.push(format!(
-                "{what} is built from `{from}`, a path chosen when it is built"
-            ));
-            return;
-        }
-        if let Ok(
-            crate::image::Source::Layout { dir: p, .. }
-            | crate::image::Source::Archive { file: p, .. },
-        ) = crate::image::Source::parse(from, base)
-        {
-            if outside(&p) {
-                out.push(format!(
-                    "{what} is built from {}, outside the project",
-                    p.display()
-                ));
-            }
-        }
-    };
-    let mut out = Vec::new();
-    match rootfs {
-        RootfsCfg::Host => {}
-        RootfsCfg::From(source) => froms(project, source, &mut out, "the root filesystem"),
-        RootfsCfg::Dockerfile(rel) => {
-            let file = crate::git::lexical_join(project, Path::new(rel));
-            if outside(&file) {
-                out.push(format!(
-                    "the root filesystem is built from {}, outside the project (its directory is copied in as the build context)",
-                    file.display()
-                ));
-            } else {
-                // Bounded: a Dockerfile is a page of text, not a data file.
-                use std::io::Read;
-                let mut text = String::new();
-                let read = std::fs::File::open(&file)
-                    .and_then(|f| f.take(1 << 20).read_to_string(&mut text));
-                let base = file.parent().unwrap_or(project);
-                if read.is_ok() {
-                    for step in crate::image::dockerfile::parse(rel, &text).unwrap_or_default() {
-                        if let crate::config::instr::Instr::From(from) = &step.instr {
-                            froms(base, from, &mut out, &format!("{rel}'s image"));
-                        }
-                    }
-                }
-            }
-        }
-        RootfsCfg::Image(name) => {
-            let decl = cx
-                .loaded
-                .order
-                .iter()
-                .rev()
-                .flat_map(|&i| cx.loaded.files[i].images.iter())
-                .find(|d| &d.name.value == name);
-            for step in decl.iter().flat_map(|d| d.steps.iter()) {
-                if let crate::config::instr::Instr::From(from) = &step.instr {
-                    froms(project, from, &mut out, &format!("image \"{name}\""));
-                }
-            }
         }
     }
     out

@@ -132,11 +132,11 @@ pub(super) fn base(cx: &mut Ctx<'_>, sc: &Scope<'_>) -> Result<Base, EvalError> 
     mounts.push(Mount {
         target: PathBuf::from("/tmp"),
         kind: MountKind::Tmpfs {
-            size: None,
+            size: Some(super::plan::Limits::default_tmp_size()),
             mode: 0o1777,
             owner: None,
         },
-        why: "private /tmp".into(),
+        why: super::plan::PRIVATE_TMP.into(),
     });
     let project_mount = bind(sc, project, project_access, project);
     let project_writable = matches!(project_mount, MountKind::Bind { writable: true, .. });

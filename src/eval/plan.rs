@@ -361,6 +361,41 @@ impl Limits {
     pub fn configured(&self, name: &str) -> bool {
         self.set_at.contains_key(name)
     }
+
+    /// The memory limit when the configuration names none: half of the host's memory (at
+    /// least 1 GiB), in whole MiB. A build or an agent has room; a runaway allocation inside
+    /// never takes the host's last pages (the private /tmp's pages count against it too).
+    /// `None` when the host's memory cannot be read.
+    pub fn default_memory() -> Option<u64> {
+        host_memory().map(|m| ((m / 2).max(1 << 30) >> 20) << 20)
+    }
+
+    /// The size of the sandbox's private /tmp when nothing says otherwise: a quarter of the
+    /// host's memory (its pages are the host's memory), in whole MiB; 1 GiB when the host's
+    /// memory cannot be read.
+    pub fn default_tmp_size() -> u64 {
+        host_memory().map_or(1 << 30, |m| ((m / 4).max(64 << 20) >> 20) << 20)
+    }
+}
+
+/// The `why` of the sandbox's own /tmp (a tmpfs of [`Limits::default_tmp_size`]).
+pub const PRIVATE_TMP: &str = "private /tmp";
+
+/// MemTotal, in bytes (read once).
+fn host_memory() -> Option<u64> {
+    static TOTAL: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *TOTAL.get_or_init(|| {
+        let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let kib: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))?
+            .trim()
+            .strip_suffix("kB")?
+            .trim()
+            .parse()
+            .ok()?;
+        kib.checked_mul(1024)
+    })
 }
 
 impl Default for Limits {

@@ -97,7 +97,12 @@ pub(super) fn limits(cx: &Ctx<'_>, l: &crate::config::model::LimitsCfg) -> plan:
     if let Some(p) = &l.pids {
         out.pids = p.value;
     }
-    out.memory = l.memory.as_ref().and_then(|m| m.value);
+    out.memory = match &l.memory {
+        Some(m) => m.value,
+        // aisb's default; the runtime drops it where no memory cgroup can hold it for the
+        // caller (`runtime::limits::held`).
+        None => plan::Limits::default_memory(),
+    };
     out.cpus_milli = l.cpus.as_ref().and_then(|c| c.value);
     out
 }

@@ -55,6 +55,33 @@ pub fn decide(plan: &Plan) -> Result<LimitsBy, LimitsError> {
     Ok(by)
 }
 
+/// `plan` without aisb's default memory limit when a cgroup holds this caller's other limits
+/// but no memory cgroup can hold that one (a user whose delegated cgroups lack the memory
+/// controller, a host without its hierarchy). `None`: `plan` as it is (where no cgroup can be
+/// had at all, no memory limit is applied anyway).
+pub fn held(plan: &Plan) -> Option<Plan> {
+    let l = &plan.limits;
+    if l.configured("memory") || l.memory.is_none() {
+        return None;
+    }
+    let uid = nix::unistd::geteuid().as_raw();
+    let without = Limits {
+        memory: None,
+        ..l.clone()
+    };
+    if cgroup::available(l, uid).is_ok() || cgroup::available(&without, uid).is_err() {
+        return None;
+    }
+    let mut p = plan.clone();
+    p.limits.memory = None;
+    Some(p)
+}
+
+/// Whether aisb's default memory limit in `limits` is held here (for `aisb plan`).
+pub fn default_memory_held(limits: &Limits) -> bool {
+    cgroup::available(limits, nix::unistd::geteuid().as_raw()).is_ok()
+}
+
 /// Refuse the configured limits `by` cannot enforce (`why`: why no cgroup).
 fn check(limits: &Limits, by: LimitsBy, why: &str, user: &str) -> Result<(), LimitsError> {
     if by == LimitsBy::Cgroup {
@@ -70,7 +97,11 @@ fn check(limits: &Limits, by: LimitsBy, why: &str, user: &str) -> Result<(), Lim
         )
     };
     let unenforced = [
-        ("memory", limits.memory.is_some()),
+        // aisb's default memory limit is set only where a cgroup can hold it.
+        (
+            "memory",
+            limits.memory.is_some() && limits.configured("memory"),
+        ),
         ("cpus", limits.cpus_milli.is_some()),
         ("pids", by == LimitsBy::Nothing && limits.configured("pids")),
     ];

@@ -598,6 +598,8 @@ pub fn run(
         what: "locating the aisb binary".into(),
         source,
     })?;
+    let held = limits::held(plan);
+    let plan = held.as_ref().unwrap_or(plan);
     let limits_by = limits::decide(plan)?;
     let audit = crate::audit::Log::open(&plan.state_dir.join("audit.jsonl")).ok();
     let (protect_record, swept) = protect::begin(plan, audit.as_ref());

@@ -380,7 +380,9 @@ pub fn export(plan: &Plan, o: &Options) -> Result<Export, K8sError> {
         match &m.kind {
             MountKind::Tmpfs { size, .. } => {
                 let mut dir = json!({"medium": "Memory"});
-                if let Some(size) = size {
+                // The private /tmp's default size is sized from this host, not the node.
+                let default_tmp = m.why == crate::eval::plan::PRIVATE_TMP;
+                if let Some(size) = size.filter(|_| !default_tmp) {
                     dir["sizeLimit"] = json!(size.to_string());
                 }
                 volumes.push(json!({"name": name, "emptyDir": dir}));
@@ -477,7 +479,12 @@ pub fn export(plan: &Plan, o: &Options) -> Result<Export, K8sError> {
     env.dedup_by(|a, b| a["name"] == b["name"]);
 
     let mut resources = Map::new();
-    if let Some(bytes) = plan.limits.memory {
+    // The configuration's own (aisb's default is sized from this host, not the cluster's).
+    if let Some(bytes) = plan
+        .limits
+        .memory
+        .filter(|_| plan.limits.configured("memory"))
+    {
         resources.insert("memory".into(), json!(bytes.to_string()));
     }
     if let Some(milli) = plan.limits.cpus_milli {
