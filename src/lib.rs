@@ -106,6 +106,9 @@ pub enum Error {
     #[error(transparent)]
     #[diagnostic(transparent)]
     K8s(#[from] spec::k8s::K8sError),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Apparmor(#[from] cli::ApparmorError),
     #[error("unknown preset `{name}`")]
     #[diagnostic(help("{}", hint.as_ref().map_or_else(|| "`aisb presets` lists them".to_string(), |h| format!("did you mean `{h}`?"))))]
     UnknownPreset { name: String, hint: Option<String> },

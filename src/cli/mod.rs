@@ -20,6 +20,7 @@ mod proxy_serve;
 mod run;
 mod sandboxes;
 mod selftest;
+mod setup_apparmor;
 mod setup_user;
 mod spec;
 mod store;
@@ -34,6 +35,7 @@ use std::path::{Path, PathBuf};
 use clap::{Parser, Subcommand};
 
 pub use devcontainer::DevcontainerError;
+pub use setup_apparmor::ApparmorError;
 
 use crate::eval::{self, Host, Loaded, Request, Root};
 use crate::Error;
@@ -115,6 +117,7 @@ pub enum Command {
     Stop(sandboxes::StopArgs),
     Store(store::Args),
     SetupUser(setup_user::Args),
+    SetupApparmor(setup_apparmor::Args),
     Completions(completions::Args),
     Man(man::Args),
     Lsp(lsp::Args),
@@ -180,6 +183,7 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
         Command::Test(a) => selftest::run(&g, a),
         Command::Stop(a) => sandboxes::stop(&g, a),
         Command::SetupUser(a) => setup_user::run(a),
+        Command::SetupApparmor(a) => setup_apparmor::run(a),
         Command::Completions(a) => completions::run(a),
         Command::Man(a) => man::run(a),
         Command::Lsp(a) => lsp::run(a),
