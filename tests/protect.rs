@@ -368,6 +368,178 @@ fn audit_bound(user: Option<(u32, u32)>) {
 
 as_root_and_a_user!(the_audit_log_is_bounded_as_root, the_audit_log_is_bounded_as_a_user => audit_bound);
 
+/// The resident memory of the host's side of a run (aisb and its proxy: the processes below
+/// `pid` outside the sandbox's pid namespace), in KiB.
+fn host_side_rss_kib(pid: u32) -> u64 {
+    let ns = |p: u32| std::fs::read_link(format!("/proc/{p}/ns/pid")).ok();
+    let ours = ns(std::process::id());
+    let mut tree = vec![pid];
+    let mut i = 0;
+    while i < tree.len() {
+        let parent = tree[i];
+        for e in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            let ppid = std::fs::read_to_string(e.path().join("stat"))
+                .ok()
+                .and_then(|s| {
+                    s.rsplit_once(')')?
+                        .1
+                        .split_whitespace()
+                        .nth(1)?
+                        .parse()
+                        .ok()
+                });
+            if ppid == Some(parent) && !tree.contains(&p) {
+                tree.push(p);
+            }
+        }
+        i += 1;
+    }
+    tree.iter()
+        .filter(|&&p| ns(p) == ours)
+        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/status")).ok())
+        .filter_map(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
+        })
+        .sum()
+}
+
+/// The host holds a bounded amount for whatever the sandbox does through its proxy: 10,000
+/// connections opened and never written to (the proxy takes at most 1,024 at once, answers
+/// the rest 503 and closes one silent for 60 s), then 100,000 refused `CONNECT`s (each logged
+/// until the log's 16 MiB budget, then counted). The host side of the run (aisb and its proxy)
+/// grows by less than 32 MiB resident, the audit log stays under its budget, and the
+/// sandbox's allowed traffic is still served after. bwrap as root and libcontainer as a user (the proxy is the
+/// same process for both backends and callers).
+#[test]
+fn half_open_connections_and_a_flood_of_refusals_are_bounded() {
+    if !support::root_or_skip("the protected-file suite") {
+        return;
+    }
+    for (backend, user) in [
+        ("bwrap", None),
+        ("libcontainer", Some(support::test_user())),
+    ] {
+        let who = who(backend, user);
+        let p = Project::new(user);
+        std::fs::write(
+            p.proj().join("sandbox.kdl"),
+            "network {\n    allow \"example.com\"\n}\n",
+        )
+        .unwrap();
+        std::fs::write(
+            p.proj().join("flood.py"),
+            "import resource, socket, sys, threading\n\
+             soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n\
+             resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 20000), hard))\n\
+             print('ready', flush=True)\n\
+             sys.stdin.readline()\n\
+             held = []\n\
+             for i in range(10000):\n\
+             \x20   try:\n\
+             \x20       held.append(socket.create_connection(('127.0.0.1', 3128), timeout=10))\n\
+             \x20   except OSError as e:\n\
+             \x20       print('open failed after %d: %s' % (len(held), e), file=sys.stderr)\n\
+             \x20       break\n\
+             print('held=%d' % len(held), flush=True)\n\
+             sys.stdin.readline()\n\
+             for s in held:\n\
+             \x20   s.close()\n\
+             def flood(k):\n\
+             \x20   for i in range(k, 100000, 4):\n\
+             \x20       try:\n\
+             \x20           s = socket.create_connection(('127.0.0.1', 3128), timeout=10)\n\
+             \x20           s.sendall(b'CONNECT denied%d.test:443 HTTP/1.1\\r\\n\\r\\n' % i)\n\
+             \x20           s.recv(100)\n\
+             \x20           s.close()\n\
+             \x20       except OSError:\n\
+             \x20           pass\n\
+             ts = [threading.Thread(target=flood, args=(k,)) for k in range(4)]\n\
+             [t.start() for t in ts]\n\
+             [t.join() for t in ts]\n\
+             s = socket.create_connection(('127.0.0.1', 3128), timeout=10)\n\
+             s.sendall(b'CONNECT example.com:443 HTTP/1.1\\r\\n\\r\\n')\n\
+             print('after=%s' % s.recv(100).split(b' ')[1].decode(), flush=True)\n\
+             sys.stdin.readline()\n",
+        )
+        .unwrap();
+        // example.com is this test's listener (there is no internet here).
+        let upstream = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = upstream.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for c in upstream.incoming().take(4) {
+                drop(c);
+            }
+        });
+        let mut child = p
+            .aisb(&[
+                "--trust",
+                "run",
+                "--backend",
+                backend,
+                "--",
+                "python3",
+                "flood.py",
+            ])
+            .env("AISB_PROXY_PIN", format!("example.com=127.0.0.1:{port}"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+        assert_eq!(line, "ready\n", "{who}");
+        let rss_base = host_side_rss_kib(child.id());
+        std::io::Write::write_all(&mut stdin, b"open\n").unwrap();
+        line.clear();
+        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+        let held: usize = line
+            .trim()
+            .strip_prefix("held=")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{who} {line}"));
+        assert!(held > 1024, "{who} only {held} connections opened");
+        let rss_held = host_side_rss_kib(child.id());
+        std::io::Write::write_all(&mut stdin, b"go\n").unwrap();
+        line.clear();
+        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+        let rss_flooded = host_side_rss_kib(child.id());
+        // Allowed traffic is still served.
+        assert_eq!(line.trim(), "after=200", "{who}");
+        std::io::Write::write_all(&mut stdin, b"done\n").unwrap();
+        let o = child.wait_with_output().unwrap();
+        assert!(
+            o.status.success(),
+            "{who} {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        eprintln!("{who} host side: {rss_base} KiB at start, {rss_held} KiB with {held} connections opened, {rss_flooded} KiB after 100,000 refusals");
+        for (what, kib) in [("held", rss_held), ("flooded", rss_flooded)] {
+            assert!(
+                rss_base > 0 && kib < rss_base + (32 << 10),
+                "{who} {what}: {kib} KiB resident, {rss_base} KiB at start"
+            );
+        }
+        let total: u64 = walkdir::WalkDir::new(p.dir.path().join("cache"))
+            .into_iter()
+            .flatten()
+            .filter(|e| e.file_name() == "audit.jsonl")
+            .map(|e| e.metadata().unwrap().len())
+            .sum();
+        assert!(
+            total > 0 && total <= (16 << 20) + (64 << 10),
+            "{who} the audit log holds {total} bytes"
+        );
+    }
+}
+
 /// Nothing the sandbox leaves behind grants more on the host: no setuid or setgid file is made
 /// inside (when root runs aisb, the sandbox's root is the host's: such a file would run as root
 /// on the host later). chmod, install and a creating open are refused; ordinary modes work.
