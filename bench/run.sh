@@ -26,6 +26,11 @@ mkdir -p "$WORK/agent" "$HOME/.claude"
 mkdir -p "$WORK/limited"
 (cd "$WORK/limited" && git init -q && printf 'limits {\n    memory "1G"\n    cpus 1\n}\n' > sandbox.kdl && git add sandbox.kdl)
 (cd "$WORK/limited" && "$AISB" run -- true && "$AISB" run -- true)
+# A loosening approved with `aisb trust`: every run compares its plan's loosenings with the
+# approved ones (issue 29); `--trust` skips the comparison, so the difference is its cost.
+mkdir -p "$WORK/trusted"
+(cd "$WORK/trusted" && git init -q && printf 'network {\n    allow "example.com"\n}\nenv {\n    pass "BUILD_ID"\n}\n' > sandbox.kdl && git add sandbox.kdl)
+(cd "$WORK/trusted" && "$AISB" trust >/dev/null 2>&1 && "$AISB" run -- true && "$AISB" run -- true)
 
 python3 - "$RUNS" "$AISB" <<'PY'
 import os, shutil, subprocess, sys, time
@@ -46,6 +51,10 @@ cases = [
     ("  libcontainer, no limits", [aisb, "run", "--backend", "libcontainer", "--", "true"], off),
     ("  bwrap, pids+memory+cpus", [aisb, "-C", "../limited", "run", "--backend", "bwrap", "--", "true"]),
     ("  libcontainer, pids+memory+cpus", [aisb, "-C", "../limited", "run", "--backend", "libcontainer", "--", "true"]),
+]
+cases += [
+    ("approved loosenings, bwrap", [aisb, "-C", "../trusted", "run", "--backend", "bwrap", "--", "true"]),
+    ("  --trust (no plan comparison)", [aisb, "-C", "../trusted", "--trust", "run", "--backend", "bwrap", "--", "true"]),
 ]
 if os.geteuid() == 0:  # copy-on-write with bwrap needs root (see README)
     cases.append(("preset:claude, bwrap", [aisb, "-C", "../agent", "--trust", "run", "--backend", "bwrap", "--", "true"]))

@@ -180,6 +180,20 @@ fn session_terminals(backend: &str, user: Option<(u32, u32)>) {
         tmux.wait_for(window, "SIZE 30 120");
         follows_resize(&tmux, window, &who, cols, rows);
     }
+    // A session without a terminal of its own is in a session of its own too: /dev/tty there
+    // is not the caller's terminal.
+    let notty = format!(
+        "{} {} exec term -- sh -c '(echo x > /dev/tty) 2>/dev/null && echo TTY-OPENED || echo TTY-REFUSED' < /dev/null; echo NOTTY-DONE; sleep 60",
+        env(t.path()),
+        exe.display()
+    );
+    let o = tmux.cmd(&["new-window", "-d", "-n", "notty", &notty]);
+    assert!(o.status.success(), "{who} tmux new-window: {o:?}");
+    let s = tmux.wait_for("notty", "NOTTY-DONE");
+    assert!(
+        s.contains("TTY-REFUSED") && !s.contains("TTY-OPENED"),
+        "{who} /dev/tty in a session without a terminal:\n{s}"
+    );
     tmux.send("exec", "exit");
     tmux.wait_for("exec", "SESSION-ENDED");
     tmux.send("up", "exit");
@@ -334,14 +348,36 @@ fn escapes_filtered(backend: &str, user: Option<(u32, u32)>) {
         std::thread::sleep(Duration::from_millis(100));
     }
     let _ = tmux.cmd(&["delete-buffer"]);
+    // /dev/tty is never the caller's terminal (a session of the sandbox's own), and the run
+    // ends as soon as the sandbox does (no wait on the terminal's relay).
+    let probe = "(echo x > /dev/tty) 2>/dev/null && echo TTY-OPENED || echo TTY-REFUSED";
     let run = format!(
-        "{env} {} run --backend {backend} -- sh -c \"{}; echo RUN-\\$((6*7))\"; sleep 60",
-        exe.display(),
-        osc52("FROM-RUN").replace('"', "\\\"")
+        "{env} {aisb} run --backend {backend} -- sh -c \"{}; {probe}; echo RUN-\\$((6*7))\"; \
+         s=$(date +%s%N); {vars} {aisb} run --backend {backend} -- true; echo TOOK-$(( ($(date +%s%N) - s) / 1000000 ))-MS; \
+         {vars} {aisb} up --backend {backend} -- sh -c '{probe}' < /dev/null; echo UP-NOTTY-DONE; sleep 60",
+        osc52("FROM-RUN").replace('"', "\\\""),
+        aisb = exe.display(),
+        vars = env.split_once(" && ").unwrap().1,
     );
     let o = tmux.cmd(&["new-window", "-d", "-n", "run", &run]);
     assert!(o.status.success(), "{who} tmux new-window: {o:?}");
     tmux.wait_for("run", "RUN-42");
+    let s = tmux.wait_for("run", "-MS");
+    let took: u64 = s
+        .split("TOOK-")
+        .nth(1)
+        .and_then(|r| r.split('-').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{who}:\n{s}"));
+    assert!(
+        took < 3000,
+        "{who} `aisb run -- true` on a terminal took {took} ms"
+    );
+    let s = tmux.wait_for("run", "UP-NOTTY-DONE");
+    assert!(
+        s.matches("TTY-REFUSED").count() == 2 && !s.contains("TTY-OPENED"),
+        "{who} /dev/tty inside is the caller's terminal:\n{s}"
+    );
     let up = format!(
         "{env} {} up --backend {backend} -- /bin/sh; echo SESSION-ENDED; sleep 60",
         exe.display()

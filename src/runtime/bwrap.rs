@@ -50,7 +50,15 @@ pub fn run(
             source: e.into(),
         })?;
     inputs.info_fd = Some(info_w.as_raw_fd());
-    inputs.new_session = !interactive;
+    // Only an `aisb up` on a terminal keeps a session: its own pseudo-terminal (below) is the
+    // controlling one. Any other run gets a new session, or /dev/tty inside would be the
+    // caller's terminal, unfiltered.
+    let input = !super::detached();
+    let controlling = {
+        use std::io::IsTerminal;
+        interactive && input && std::io::stdin().is_terminal()
+    };
+    inputs.new_session = !controlling;
     // An ordinary user's image root, when they have subordinate ids: bwrap's user namespace
     // gets their map (as the image's RUN steps had, see `step`), so every file keeps the owner
     // the image gave it; bwrap waits while the map is written and the root mounted into its
@@ -86,14 +94,11 @@ pub fn run(
     // then: another thread may be waiting for SIGWINCH, a session of a named sandbox while
     // this run holds its place). Signals are taken before the guard starts its threads, so
     // that none of them is where a SIGWINCH lands.
-    use std::io::IsTerminal;
     let relay = if interactive {
         super::console::Relay::Full
     } else {
         super::console::Relay::Lines
     };
-    let input = !super::detached();
-    let controlling = interactive && input && std::io::stdin().is_terminal();
     let (blocked, set) = super::take_signals(interactive, controlling)?;
     let mut guard = match super::console::TerminalGuard::install(relay, input) {
         Ok(g) => g,
@@ -148,6 +153,9 @@ pub fn run(
         cmd.stdin(std::process::Stdio::null());
     }
     let spawned = cmd.spawn();
+    // The command keeps its copies of the terminal's descriptors: gone with it, so that the
+    // relay sees the end of the sandbox's output when the sandbox ends.
+    drop(cmd);
     if let Some(g) = guard.as_mut() {
         g.spawned();
     }

@@ -64,18 +64,13 @@ pub fn controllers(limits: &Limits) -> Vec<&'static str> {
     c
 }
 
-/// Mount point of the cgroup v1 hierarchy that has `controller` (from /proc/self/mountinfo:
-/// the controllers are the mount's super options, e.g. `rw,cpu,cpuacct`).
+/// Mount point of the cgroup v1 hierarchy that has `controller` (the controllers are the
+/// mount's super options, e.g. `rw,cpu,cpuacct`).
 pub fn v1_mount(controller: &str) -> Option<PathBuf> {
-    let info = fs::read_to_string("/proc/self/mountinfo").ok()?;
-    info.lines().find_map(|l| {
-        let (pre, post) = l.split_once(" - ")?;
-        let mut post = post.split(' ');
-        let (fstype, super_opts) = (post.next()?, post.nth(1)?);
-        let mount_point = pre.split(' ').nth(4)?;
-        (fstype == "cgroup" && super_opts.split(',').any(|o| o == controller))
-            .then(|| PathBuf::from(mount_point.replace("\\040", " ")))
-    })
+    super::rootless::v1_mounts()
+        .iter()
+        .find(|(_, opts)| opts.iter().any(|o| o == controller))
+        .map(|(p, _)| p.clone())
 }
 
 /// The directory under which `uid`'s sandbox cgroups go, relative to a hierarchy's root.

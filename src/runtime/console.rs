@@ -152,8 +152,22 @@ fn relay_out(mut from: std::fs::File, mut to: impl Write) {
         clean.clear();
         s.feed(&buf[..n], &mut clean);
         if to.write_all(&clean).and_then(|()| to.flush()).is_err() {
-            break;
+            return;
         }
+    }
+    clean.clear();
+    s.end(&mut clean);
+    let _ = to.write_all(&clean).and_then(|()| to.flush());
+}
+
+/// Wait for `h` at most `limit`: a process left behind may hold a terminal open.
+pub fn join_for(h: std::thread::JoinHandle<()>, limit: Duration) {
+    let deadline = std::time::Instant::now() + limit;
+    while !h.is_finished() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    if h.is_finished() {
+        let _ = h.join();
     }
 }
 
@@ -359,10 +373,11 @@ impl TerminalGuard {
 
     fn end(&mut self) {
         self.slave = None;
+        // What the user types from now on is theirs, not the sandbox's.
+        self.stop_input.take();
         if let Some(done) = self.output.take() {
             let _ = done.recv_timeout(Duration::from_secs(5));
         }
-        self.stop_input.take();
         self.raw.take();
     }
 }
@@ -429,26 +444,33 @@ fn relay_in(mut input: std::fs::File, mut master: std::fs::File, stop: OwnedFd, 
 }
 
 /// What the sandbox prints, made safe for the caller's terminal: the escape sequences that
-/// write the host's clipboard (OSC 52, iTerm2's OSC 1337, kitty's OSC 5522) or make the
-/// terminal answer back with text the sandbox chose (title reports `CSI 20 t`/`CSI 21 t`,
-/// colour queries, DECRQSS, XTGETTCAP, user-defined keys, tmux and screen pass-through,
-/// which would carry any of them past the filter) are dropped; everything a full-screen
-/// program draws with (cursor movement, colours, modes, titles, hyperlinks, the cursor
-/// position report TUIs wait for, sixel and kitty graphics) passes byte for byte.
+/// write the host's clipboard (OSC 52, iTerm2's OSC 1337, kitty's OSC 5522), make the
+/// terminal answer back with text the sandbox chose or the screen holds (title reports
+/// `CSI 20 t`/`CSI 21 t`, DECRQCRA, colour queries, DECRQSS, XTGETTCAP), define keys
+/// (DECUDK), reach the host's files (kitty graphics from a file or shared memory), or carry
+/// any of these past the filter (tmux and screen pass-through) are dropped; everything a
+/// full-screen program draws with (cursor movement, colours, modes, titles, hyperlinks, the
+/// cursor position and device reports TUIs wait for, sixel and kitty graphics sent inline)
+/// passes byte for byte.
 ///
 /// An allowlist for the string sequences (OSC, DCS, APC; SOS and PM never pass), a denylist
-/// for the rest. C1 controls, raw or UTF-8 encoded (U+009B is a CSI to some terminals), are
-/// read as their 7-bit escapes. A streaming state machine: a sequence split across reads is
-/// judged whole, and what it holds to judge is bounded ([`SEQ_MAX`]).
+/// for the rest. It parses as a terminal does (DEC's state machine): controls inside an escape
+/// sequence are executed where they stand and do not end it, parameters are numbers, C1
+/// controls raw or UTF-8 encoded are their 7-bit escapes, and a malformed UTF-8 sequence is
+/// dropped (a terminal not in UTF-8 would read a C1 in it). Streaming: a sequence split
+/// across reads is judged whole, and what it holds to judge is bounded ([`SEQ_MAX`]).
 #[derive(Default)]
 pub struct Sanitizer {
     st: St,
-    /// A CSI's parameters, an OSC's number (and a colour OSC's payload), a DCS's parameters.
+    /// A CSI's parameters, an OSC's number (and a colour OSC's payload), a DCS's parameters,
+    /// an escape's intermediates, kitty graphics' control data.
     seq: Vec<u8>,
-    /// UTF-8 continuation bytes still expected.
-    utf8: u8,
-    /// A 0xC2 held: with 0x80..=0x9F after it, it is a C1 control.
-    c2: bool,
+    /// A UTF-8 sequence being read, and how many more bytes it needs.
+    utf8: [u8; 4],
+    utf8_len: usize,
+    utf8_need: usize,
+    /// Whether anything but plain text passed (the terminal may be left in a mode).
+    escaped: bool,
 }
 
 #[derive(Default, Clone, Copy, PartialEq, Eq, Debug)]
@@ -456,11 +478,15 @@ enum St {
     #[default]
     Ground,
     Esc,
+    /// `ESC` and intermediates (`ESC ( B`, `ESC # 8`).
+    EscInter,
     Csi,
     CsiDrop,
     OscNum,
     Dcs,
     Apc,
+    /// kitty graphics' control data (`ESC _ G keys ;`).
+    Kitty,
     Str(Keep),
     /// An ESC inside a string: `\` ends it (ST), anything else aborts it.
     StrEsc(Keep),
@@ -479,53 +505,120 @@ const ESC: u8 = 0x1b;
 const BEL: u8 = 0x07;
 const CAN: u8 = 0x18;
 const SUB: u8 = 0x1a;
+const DEL: u8 = 0x7f;
 /// The most bytes held to judge one sequence; a longer one is dropped.
 pub const SEQ_MAX: usize = 512;
 
-/// OSCs that pass as they stream: titles, the working directory, hyperlinks, shell
-/// integration marks.
+/// What ends the output of a sandbox that used escapes: an open string aborted, then the
+/// modes a program may leave on put back (attributes, character set, cursor shown, mouse
+/// and bracketed paste off, kitty's keyboard flags popped, the main screen), so that what aisb
+/// prints after it is seen as written.
+pub const RESET: &[u8] =
+    b"\x18\x1b[0m\x1b(B\x1b[?25h\x1b[?1000l\x1b[?1002l\x1b[?1003l\x1b[?1006l\x1b[?2004l\x1b[<u\x1b[?1049l";
+
+/// OSCs that pass as they stream: titles, the working directory, hyperlinks, notifications
+/// and progress (9), shell integration marks.
 fn osc_passes(n: u32) -> bool {
-    matches!(n, 0 | 1 | 2 | 7 | 8 | 133 | 633)
+    matches!(n, 0 | 1 | 2 | 7 | 8 | 9 | 133 | 633)
 }
 
-/// Colour OSCs: setting passes, a query (`?`, answered into the sandbox's input) does not.
+/// Colour OSCs: setting and resetting pass, a query (`?`, answered into the sandbox's input)
+/// does not.
 fn osc_colour(n: u32) -> bool {
     matches!(n, 4 | 5 | 10..=19 | 104 | 105 | 110..=119)
+}
+
+/// A C0 control a terminal executes in the middle of an escape sequence.
+fn executed(b: u8) -> bool {
+    matches!(b, 0x00..=0x17 | 0x19 | 0x1c..=0x1f)
+}
+
+/// The first parameter of a CSI as a terminal reads it (decimal, leading zeros and
+/// sub-parameters allowed, empty is 0), with whether it had a private marker (`<=>?`) or
+/// intermediates.
+fn csi_first(seq: &[u8]) -> (u64, bool, &[u8]) {
+    let private = seq.first().is_some_and(|c| (0x3c..=0x3f).contains(c));
+    let inter_at = seq
+        .iter()
+        .position(|c| (0x20..=0x2f).contains(c))
+        .unwrap_or(seq.len());
+    let params = &seq[usize::from(private)..inter_at];
+    let first = params
+        .split(|&c| c == b';')
+        .next()
+        .unwrap_or_default()
+        .split(|&c| c == b':')
+        .next()
+        .unwrap_or_default();
+    let n = first
+        .iter()
+        .filter(|d| d.is_ascii_digit())
+        .fold(0u64, |n, d| {
+            n.saturating_mul(10).saturating_add(u64::from(d - b'0'))
+        });
+    (n, private, &seq[inter_at..])
+}
+
+/// kitty graphics with the image inline (`t=d`, the default) or none: a file, temporary file
+/// or shared-memory name would have the terminal open (and remove) something on the host.
+fn kitty_inline(keys: &[u8]) -> bool {
+    keys.split(|&c| c == b',')
+        .all(|kv| !kv.starts_with(b"t=") || kv == b"t=d")
 }
 
 impl Sanitizer {
     /// Append to `out` what of `input` may reach the terminal.
     pub fn feed(&mut self, input: &[u8], out: &mut Vec<u8>) {
         for &b in input {
-            if std::mem::take(&mut self.c2) {
-                if (0x80..=0x9f).contains(&b) {
-                    self.c1(b, out);
-                    continue;
-                }
-                self.byte(0xc2, out);
-            }
-            if self.utf8 > 0 {
+            if self.utf8_need > 0 {
                 if (0x80..=0xbf).contains(&b) {
-                    self.utf8 -= 1;
-                    self.byte(b, out);
+                    self.utf8[self.utf8_len] = b;
+                    self.utf8_len += 1;
+                    self.utf8_need -= 1;
+                    if self.utf8_need == 0 {
+                        let (bytes, len) = (self.utf8, self.utf8_len);
+                        self.utf8_len = 0;
+                        if len == 2 && bytes[0] == 0xc2 && bytes[1] <= 0x9f {
+                            // U+0080..U+009F: a C1 control.
+                            self.c1(bytes[1], out);
+                        } else {
+                            for &x in &bytes[..len] {
+                                self.byte(x, out);
+                            }
+                        }
+                    }
                     continue;
                 }
-                self.utf8 = 0;
+                // Malformed: what it held is dropped.
+                self.utf8_len = 0;
+                self.utf8_need = 0;
             }
-            match b {
-                0xc2 => self.c2 = true,
-                0x80..=0x9f => self.c1(b, out),
-                _ => {
-                    self.utf8 = match b {
-                        0xc3..=0xdf => 1,
-                        0xe0..=0xef => 2,
-                        0xf0..=0xf4 => 3,
-                        _ => 0,
-                    };
-                    self.byte(b, out);
-                }
+            let need = match b {
+                0xc2..=0xdf => 1,
+                0xe0..=0xef => 2,
+                0xf0..=0xf4 => 3,
+                _ => 0,
+            };
+            if need > 0 {
+                self.utf8[0] = b;
+                self.utf8_len = 1;
+                self.utf8_need = need;
+            } else if (0x80..=0x9f).contains(&b) {
+                self.c1(b, out);
+            } else if b < 0x80 {
+                self.byte(b, out);
             }
+            // Any other byte (a stray continuation byte, 0xc0, 0xc1, 0xf5..) is not UTF-8.
         }
+    }
+
+    /// After the last output: put the terminal back if the sandbox used escapes (see
+    /// [`RESET`]).
+    pub fn end(&mut self, out: &mut Vec<u8>) {
+        if self.escaped || self.st != St::Ground {
+            out.extend_from_slice(RESET);
+        }
+        *self = Sanitizer::default();
     }
 
     /// A C1 control is its 7-bit escape (0x9B is `ESC [`, 0x9C is ST).
@@ -536,11 +629,20 @@ impl Sanitizer {
 
     fn byte(&mut self, b: u8, out: &mut Vec<u8>) {
         match self.st {
-            St::Ground if b == ESC => self.st = St::Esc,
+            St::Ground if b == ESC => {
+                self.st = St::Esc;
+                self.escaped = true;
+            }
             St::Ground => out.push(b),
             St::Esc => {
                 self.seq.clear();
                 self.st = match b {
+                    // Executed (or, DEL, ignored) without ending the escape.
+                    _ if executed(b) => {
+                        out.push(b);
+                        St::Esc
+                    }
+                    DEL => St::Esc,
                     b'[' => St::Csi,
                     b']' => St::OscNum,
                     b'P' => St::Dcs,
@@ -549,19 +651,40 @@ impl Sanitizer {
                     ESC => St::Esc,
                     // A lone ST ends nothing (what it ended was dropped).
                     CAN | SUB | b'\\' => St::Ground,
+                    0x20..=0x2f => {
+                        self.seq.push(b);
+                        St::EscInter
+                    }
                     _ => {
                         out.extend([ESC, b]);
                         St::Ground
                     }
                 };
             }
+            St::EscInter => match b {
+                _ if executed(b) => out.push(b),
+                DEL => {}
+                0x20..=0x2f if self.seq.len() < SEQ_MAX => self.seq.push(b),
+                0x30..=0x7e => {
+                    out.push(ESC);
+                    out.extend_from_slice(&self.seq);
+                    out.push(b);
+                    self.st = St::Ground;
+                }
+                ESC => self.st = St::Esc,
+                _ => self.st = St::Ground,
+            },
             St::Csi => match b {
                 0x40..=0x7e => {
                     self.st = St::Ground;
-                    let first = self.seq.split(|&c| c == b';').next().unwrap_or_default();
-                    // Window title and icon label reports: the terminal types back text the
-                    // sandbox set.
-                    if !(b == b't' && matches!(first, b"20" | b"21")) {
+                    let (first, private, inter) = csi_first(&self.seq);
+                    // Window title and icon label reports (the terminal types back text the
+                    // sandbox set) and DECRQCRA (a checksum of any screen cell: the screen
+                    // read back).
+                    let report =
+                        (b == b't' && !private && inter.is_empty() && matches!(first, 20 | 21))
+                            || (b == b'y' && inter.contains(&b'*'));
+                    if !report {
                         out.extend([ESC, b'[']);
                         out.extend_from_slice(&self.seq);
                         out.push(b);
@@ -569,10 +692,11 @@ impl Sanitizer {
                 }
                 ESC => self.st = St::Esc,
                 CAN | SUB => self.st = St::Ground,
-                // Executed where they stand, as the terminal would.
-                0x00..=0x1f => out.push(b),
-                _ if self.seq.len() >= SEQ_MAX => self.st = St::CsiDrop,
-                _ => self.seq.push(b),
+                // Executed where they stand, as the terminal would; DEL is ignored.
+                _ if executed(b) => out.push(b),
+                DEL => {}
+                0x20..=0x3f if self.seq.len() < SEQ_MAX => self.seq.push(b),
+                _ => self.st = St::CsiDrop,
             },
             St::CsiDrop => match b {
                 0x40..=0x7e | CAN | SUB => self.st = St::Ground,
@@ -581,25 +705,32 @@ impl Sanitizer {
             },
             St::OscNum => match b {
                 b'0'..=b'9' if self.seq.len() < 6 => self.seq.push(b),
-                b';' => {
+                _ => {
                     let n: u32 = std::str::from_utf8(&self.seq)
                         .ok()
                         .and_then(|s| s.parse().ok())
                         .unwrap_or(u32::MAX);
-                    self.seq.push(b);
-                    self.st = if osc_passes(n) {
+                    if b == b';' {
+                        self.seq.push(b);
+                        self.st = if osc_passes(n) {
+                            out.extend([ESC, b']']);
+                            out.extend_from_slice(&self.seq);
+                            St::Str(Keep::Pass)
+                        } else if osc_colour(n) {
+                            St::Str(Keep::Hold)
+                        } else {
+                            St::Str(Keep::Drop)
+                        };
+                    } else if matches!(b, BEL | ESC) && (osc_passes(n) || osc_colour(n)) {
+                        // A number alone (`OSC 104 BEL` resets the colours).
                         out.extend([ESC, b']']);
                         out.extend_from_slice(&self.seq);
-                        St::Str(Keep::Pass)
-                    } else if osc_colour(n) {
-                        St::Str(Keep::Hold)
+                        self.st = St::Str(Keep::Pass);
+                        self.byte(b, out);
                     } else {
-                        St::Str(Keep::Drop)
-                    };
-                }
-                _ => {
-                    self.st = St::Str(Keep::Drop);
-                    self.byte(b, out);
+                        self.st = St::Str(Keep::Drop);
+                        self.byte(b, out);
+                    }
                 }
             },
             St::Dcs => match b {
@@ -618,16 +749,27 @@ impl Sanitizer {
                 }
             },
             // kitty's graphics protocol alone.
-            St::Apc if b == b'G' => {
-                out.extend([ESC, b'_', b'G']);
-                self.st = St::Str(Keep::Pass);
-            }
+            St::Apc if b == b'G' => self.st = St::Kitty,
             St::Apc => {
                 self.st = St::Str(Keep::Drop);
                 self.byte(b, out);
             }
+            St::Kitty => match b {
+                b';' | BEL | ESC if kitty_inline(&self.seq) => {
+                    out.extend([ESC, b'_', b'G']);
+                    out.extend_from_slice(&self.seq);
+                    self.st = St::Str(Keep::Pass);
+                    self.byte(b, out);
+                }
+                b';' | BEL | ESC => {
+                    self.st = St::Str(Keep::Drop);
+                    self.byte(b, out);
+                }
+                _ if self.seq.len() < SEQ_MAX => self.seq.push(b),
+                _ => self.st = St::Str(Keep::Drop),
+            },
             St::Str(k) => match b {
-                BEL => self.end(k, &[BEL], out),
+                BEL => self.end_string(k, &[BEL], out),
                 ESC => self.st = St::StrEsc(k),
                 CAN | SUB => {
                     if k == Keep::Pass {
@@ -642,7 +784,7 @@ impl Sanitizer {
                     Keep::Drop => {}
                 },
             },
-            St::StrEsc(k) if b == b'\\' => self.end(k, &[ESC, b'\\'], out),
+            St::StrEsc(k) if b == b'\\' => self.end_string(k, &[ESC, b'\\'], out),
             // Aborted: the terminal reads the ESC as the start of the next sequence.
             St::StrEsc(_) => {
                 self.st = St::Esc;
@@ -651,7 +793,7 @@ impl Sanitizer {
         }
     }
 
-    fn end(&mut self, k: Keep, terminator: &[u8], out: &mut Vec<u8>) {
+    fn end_string(&mut self, k: Keep, terminator: &[u8], out: &mut Vec<u8>) {
         match k {
             Keep::Pass => out.extend_from_slice(terminator),
             Keep::Hold if !self.seq.contains(&b'?') => {
@@ -725,6 +867,99 @@ mod tests {
         ] {
             assert_eq!(every_split(&[b"a", seq, b"b"].concat()), b"ab", "{seq:?}");
         }
+    }
+
+    /// Every blocked sequence with a C0 control (executed by the terminal without ending the
+    /// escape) or DEL (ignored) after each of its ESCs, and with parameters a terminal reads
+    /// as the same number.
+    #[test]
+    fn controls_inside_an_escape_and_odd_parameters_change_nothing() {
+        let blocked: &[&[u8]] = &[
+            b"\x1b]52;c;aGk=\x07",
+            b"\x1b]52;c;aGk=\x1b\\",
+            b"\x1b]1337;Copy=;aGk=\x07",
+            b"\x1b[21t",
+            b"\x1b]11;?\x07",
+            b"\x1bP$qm\x1b\\",
+            b"\x1bP+q544e\x1b\\",
+            b"\x1bX x \x1b\\",
+            b"\x1b]0;x\x1b]52;c;aGk=\x07",
+        ];
+        let clean_of = |out: &[u8]| {
+            !String::from_utf8_lossy(out).contains("52;c")
+                && !String::from_utf8_lossy(out).contains("1337")
+                && !String::from_utf8_lossy(out).contains("[21t")
+                && !String::from_utf8_lossy(out).contains("11;?")
+                && !String::from_utf8_lossy(out).contains("$q")
+                && !String::from_utf8_lossy(out).contains("+q")
+                && !String::from_utf8_lossy(out).contains(" x ")
+        };
+        let mut inserts: Vec<u8> = (0x00..=0x1fu8)
+            .filter(|&c| !matches!(c, 0x18 | 0x1a | 0x1b))
+            .collect();
+        inserts.push(0x7f);
+        for seq in blocked {
+            for &c in &inserts {
+                let mut bytes = Vec::new();
+                for &b in *seq {
+                    bytes.push(b);
+                    if b == 0x1b {
+                        bytes.push(c);
+                    }
+                }
+                let out = every_split(&bytes);
+                assert!(clean_of(&out), "{bytes:?} -> {out:?}");
+            }
+        }
+        for seq in [
+            &b"\x1b[021t"[..],
+            b"\x1b[0021;0t",
+            b"\x1b[2\x7f1t",
+            b"\x1b[21:0t",
+            b"\x1b[20;1t",
+            b"\x1b[1;1;1;1;1;1*y",
+            b"\x1b_Ga=t,t=s;L2Rldi9zaG0=\x1b\\",
+            b"\x1b_Ga=T,t=f;L2V0Yy9wYXNzd2Q=\x1b\\",
+            b"\x1b_Gt=t\x1b\\",
+            b"\x1b]9999;x\x07",
+        ] {
+            assert_eq!(every_split(&[b"a", seq, b"b"].concat()), b"ab", "{seq:?}");
+        }
+        // Not a report: the private form, and a size report.
+        for seq in [&b"\x1b[?21t"[..], b"\x1b[18t"] {
+            assert_eq!(every_split(seq), seq);
+        }
+    }
+
+    #[test]
+    fn malformed_utf8_never_hides_a_c1_control() {
+        // 0x9D inside a malformed sequence is OSC to a terminal not in UTF-8.
+        let out = every_split(b"\xe2\x9d52;c;aGk=\x07");
+        assert!(!out.contains(&0x9d) && !out.contains(&0x1b), "{out:?}");
+        assert_eq!(whole(b"a\xff\xc0\xbfb"), b"ab");
+    }
+
+    #[test]
+    fn colour_resets_pass_and_the_end_puts_the_terminal_back() {
+        for seq in [
+            &b"\x1b]104\x07"[..],
+            b"\x1b]112\x1b\\",
+            b"\x1b]9;4;1;50\x07",
+        ] {
+            assert_eq!(every_split(seq), seq);
+        }
+        let mut s = Sanitizer::default();
+        let mut out = Vec::new();
+        s.feed(b"plain\n", &mut out);
+        s.end(&mut out);
+        assert_eq!(out, b"plain\n", "plain text needs no reset");
+        let mut out = Vec::new();
+        s.feed(b"\x1b[8m\x1b]2;open title", &mut out);
+        s.end(&mut out);
+        assert!(
+            out.ends_with(RESET) && RESET.starts_with(b"\x18\x1b[0m"),
+            "{out:?}"
+        );
     }
 
     #[test]

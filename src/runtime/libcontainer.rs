@@ -118,6 +118,9 @@ pub fn run(
         cmd.stdin(std::process::Stdio::null());
     }
     let spawned = cmd.spawn();
+    // The command keeps its copies of the terminal's descriptors: gone with it, so that the
+    // relay sees the end of the sandbox's output when the sandbox ends.
+    drop(cmd);
     if let Some(g) = guard.as_mut() {
         g.spawned();
     }
@@ -197,7 +200,8 @@ pub fn run(
         .wait()
         .map_err(io("waiting for the libcontainer helper"))?;
     if let Some(out) = output {
-        let _ = out.join();
+        // A process left behind may hold the console open: waited for, not forever.
+        super::console::join_for(out, std::time::Duration::from_secs(5));
     }
     if let Some(g) = guard {
         g.finish();

@@ -164,8 +164,10 @@ pub fn begin(plan: &Plan, audit: Option<&crate::audit::Log>) -> (Pending, Option
             bytes.push(0);
         }
         let path = dir.join(std::process::id().to_string());
+        // Not synced: it is for a run killed before its end, not for a power loss (the
+        // fsync was most of the start-up).
         if std::fs::create_dir_all(&dir).is_ok()
-            && crate::atomic::write_atomic(&path, &bytes).is_ok()
+            && crate::atomic::write_atomic_unsynced(&path, &bytes).is_ok()
         {
             record = Some(path);
         }

@@ -105,20 +105,35 @@ pub fn cgroup_layout() -> CgroupLayout {
     }
 }
 
-/// Mount points of the cgroup v1 controller hierarchies (from /proc/self/mountinfo).
+/// The cgroup v1 hierarchies mounted here: each mount point with its super options (its
+/// controllers, e.g. `rw,cpu,cpuacct`), from /proc/self/mountinfo, read once per process (a
+/// run asks several times, and the mount table is long on a busy host).
+pub fn v1_mounts() -> &'static [(PathBuf, Vec<String>)] {
+    static MOUNTS: std::sync::OnceLock<Vec<(PathBuf, Vec<String>)>> = std::sync::OnceLock::new();
+    MOUNTS.get_or_init(|| {
+        let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
+            return Vec::new();
+        };
+        info.lines()
+            .filter_map(|l| {
+                let (pre, post) = l.split_once(" - ")?;
+                let mut post = post.split(' ');
+                let (fstype, super_opts) = (post.next()?, post.nth(1)?);
+                let mount_point = pre.split(' ').nth(4)?;
+                (fstype == "cgroup").then(|| {
+                    (
+                        PathBuf::from(mount_point.replace("\\040", " ")),
+                        super_opts.split(',').map(str::to_string).collect(),
+                    )
+                })
+            })
+            .collect()
+    })
+}
+
+/// Mount points of the cgroup v1 controller hierarchies.
 pub fn v1_hierarchies() -> Vec<PathBuf> {
-    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
-        return Vec::new();
-    };
-    let mut dirs: Vec<PathBuf> = info
-        .lines()
-        .filter_map(|l| {
-            let (pre, post) = l.split_once(" - ")?;
-            let fstype = post.split(' ').next()?;
-            let mount_point = pre.split(' ').nth(4)?;
-            (fstype == "cgroup").then(|| PathBuf::from(mount_point.replace("\\040", " ")))
-        })
-        .collect();
+    let mut dirs: Vec<PathBuf> = v1_mounts().iter().map(|(p, _)| p.clone()).collect();
     dirs.sort();
     dirs.dedup();
     dirs

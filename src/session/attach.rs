@@ -153,6 +153,9 @@ pub fn attach(pid: i32, command: &[String], cwd: &std::path::Path) -> Result<i32
             .map_err(io("giving the session a terminal"))?;
     }
     let spawned = cmd.spawn();
+    // The command keeps its copies of the terminal's descriptors: gone with it, so that the
+    // relay sees the end of the session's output when it ends.
+    drop(cmd);
     if let Some(g) = guard.as_mut() {
         g.spawned();
     }
@@ -191,7 +194,9 @@ pub fn attach(pid: i32, command: &[String], cwd: &std::path::Path) -> Result<i32
         source: e,
     })?;
     let status = helper.wait().map_err(io("waiting for the session"))?;
-    let _ = output.join();
+    // A process the session left behind may hold its terminal open: its output is waited
+    // for a few seconds, not forever.
+    crate::runtime::console::join_for(output, std::time::Duration::from_secs(5));
     drop(raw);
     Ok(crate::runtime::exit_code(status))
 }

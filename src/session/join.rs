@@ -425,10 +425,11 @@ fn start(tty: Option<&OwnedFd>, helper: i32, program: &crate::init::exec::Exec) 
         let _ = unsafe { nix::sys::signal::signal(sig, SigHandler::SigDfl) };
     }
     let _ = SigSet::all().thread_unblock();
+    // A session of its own, always: without one, /dev/tty inside would be the caller's
+    // terminal (the session's own pseudo-terminal, when it has one, is its controlling one).
+    let _ = nix::unistd::setsid();
     if let Some(tty) = tty {
-        // A session of its own, with the pseudo-terminal as its controlling terminal.
         let fd = tty.as_raw_fd();
-        let _ = nix::unistd::setsid();
         // SAFETY: TIOCSCTTY on a terminal descriptor we hold; the argument is an int.
         unsafe { libc::ioctl(fd, libc::TIOCSCTTY, 0) };
         for target in 0..3 {
