@@ -101,12 +101,36 @@ pub fn loosenings(plan: &Plan) -> Vec<String> {
             | MountKind::Generated { .. }
             | MountKind::Git { .. } => continue,
         };
+        // The source as the runtime will reach it: through any link (a link in the project,
+        // which the sandbox can retarget, names another directory, and another loosening).
+        let source = source.canonicalize().unwrap_or_else(|_| source.clone());
         out.push(format!(
             "{} visible {access} from {} ({})",
             m.target.display(),
             source.display(),
             m.why
         ));
+    }
+    // A tmpfs the configuration sized above the private /tmp's default: host memory.
+    let tmp_default = crate::eval::plan::Limits::default_tmp_size();
+    for m in plan
+        .mounts
+        .iter()
+        .filter(|m| m.why.starts_with("tmpfs at "))
+    {
+        if let MountKind::Tmpfs {
+            size: Some(size), ..
+        } = m.kind
+        {
+            if size > tmp_default {
+                out.push(format!(
+                    "tmpfs {} of {} (its pages are the host's memory; default: a quarter of it) ({})",
+                    m.target.display(),
+                    crate::runtime::limits::human(size),
+                    m.why
+                ));
+            }
+        }
     }
     out.extend(plan.exposures.iter().cloned());
     out.extend(image_sources_outside(plan));
@@ -269,12 +293,34 @@ fn record(path: &std::path::Path, file: &str, approved: &[String]) -> Result<(),
     crate::atomic::write_atomic(path, text.as_bytes()).map_err(io)
 }
 
-/// What identifies a loosening: its line without where it was written (` (at FILE:LINE)`),
-/// so that moving a line in the file asks nothing.
+/// What identifies a loosening: its line without where it was written, so that moving a line
+/// in the file asks nothing. Only the location aisb appended itself is cut: a final
+/// parenthesis holding `at FILE:LINE` (or `mount at FILE:LINE`) and nothing else, so a value
+/// the configuration chose (a mount target `/x (at y)`) never hides what follows it.
 fn key(line: &str) -> &str {
-    match line.rfind(" (at ") {
-        Some(i) if line.ends_with(')') => &line[..i],
-        _ => line,
+    let Some(body) = line.strip_suffix(')') else {
+        return line;
+    };
+    let Some(open) = body.rfind(" (") else {
+        return line;
+    };
+    let inner = &body[open + 2..];
+    let at = inner.strip_prefix("at ").or_else(|| {
+        inner
+            .split_once(" at ")
+            .filter(|(word, _)| word.chars().all(|c| c.is_ascii_lowercase() || c == '-'))
+            .map(|(_, rest)| rest)
+    });
+    let located = at.is_some_and(|loc| {
+        !loc.contains([' ', '(', ')'])
+            && loc
+                .rsplit_once(':')
+                .is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    });
+    if located {
+        &line[..open]
+    } else {
+        line
     }
 }
 
@@ -300,7 +346,6 @@ fn approved(path: &std::path::Path, digest: &str, now: &[String]) -> Vec<String>
 /// or archive elsewhere on the host named by `rootfs from=`, an `image`'s `from` or the
 /// project Dockerfile's own `FROM`. One line each.
 fn image_sources_outside(plan: &Plan) -> Vec<String> {
-    use crate::config::instr::Instr;
     use crate::eval::plan::Rootfs;
     use std::path::Path;
     let project = plan.project.as_path();
@@ -316,8 +361,8 @@ fn image_sources_outside(plan: &Plan) -> Vec<String> {
     };
     // `oci:…` / `oci-archive:…` (a registry reference is the network's to allow).
     let froms = |base: &Path, from: &str, out: &mut Vec<String>, what: &str| {
-        // A variable may name any path when the image is built: said as written.
-        if from.contains('$') && (from.starts_with("oci:") || from.starts_with("oci-archive:")) {
+        // A variable still unset may name any path when the image is built: said as written.
+        if from.contains('$') {
             out.push(format!(
                 "{what} is built from `{from}`, a path chosen when it is built"
             ));
@@ -341,39 +386,105 @@ fn image_sources_outside(plan: &Plan) -> Vec<String> {
         Rootfs::Host => {}
         Rootfs::From { source } => froms(project, source, &mut out, "the root filesystem"),
         Rootfs::Dockerfile { path } => {
+            // Named by where it really is (a link in the project can be retargeted).
+            let real = path.canonicalize().unwrap_or_else(|_| path.clone());
             if outside(path) {
                 out.push(format!(
-                    "the root filesystem is built from {}, outside the project (its directory is copied in as the build context)",
-                    path.display()
+                    "the root filesystem is built from {}, outside the project",
+                    real.display()
                 ));
-            } else {
-                // Bounded: a Dockerfile is a page of text, not a data file.
-                use std::io::Read;
-                let mut text = String::new();
-                let read = std::fs::File::open(path)
-                    .and_then(|f| f.take(1 << 20).read_to_string(&mut text));
-                let name = path
-                    .strip_prefix(project)
-                    .unwrap_or(path)
-                    .display()
-                    .to_string();
-                let base = path.parent().unwrap_or(project);
-                if read.is_ok() {
-                    for step in crate::image::dockerfile::parse(&name, &text).unwrap_or_default() {
-                        if let Instr::From(from) = &step.instr {
-                            froms(base, from, &mut out, &format!("{name}'s image"));
-                        }
-                    }
+            }
+            // Bounded: a Dockerfile is a page of text, not a data file.
+            use std::io::Read;
+            let mut text = String::new();
+            let read =
+                std::fs::File::open(&real).and_then(|f| f.take(1 << 20).read_to_string(&mut text));
+            let name = path
+                .strip_prefix(project)
+                .unwrap_or(path)
+                .display()
+                .to_string();
+            // The build context is the named path's directory (the link's, not its target's).
+            let base = path.parent().unwrap_or(project);
+            if read.is_ok() {
+                let steps = crate::image::dockerfile::parse(&name, &text).unwrap_or_default();
+                for from in expanded_froms(&steps) {
+                    froms(base, &from, &mut out, &format!("{name}'s image"));
                 }
             }
         }
         Rootfs::Image { name, steps } => {
-            for step in steps {
-                if let Instr::From(from) = &step.instr {
-                    froms(project, from, &mut out, &format!("image \"{name}\""));
-                }
+            for from in expanded_froms(steps) {
+                froms(project, &from, &mut out, &format!("image \"{name}\""));
             }
         }
     }
     out
+}
+
+/// Each `FROM` of `steps` as the builder reads it: the `ARG` defaults before it expanded
+/// (`ARG B=oci:/elsewhere` then `FROM $B`).
+fn expanded_froms(steps: &[crate::config::instr::Step]) -> Vec<String> {
+    use crate::config::instr::Instr;
+    let mut args = std::collections::BTreeMap::new();
+    let mut out = Vec::new();
+    for step in steps {
+        match &step.instr {
+            Instr::Arg(k, v) => {
+                let v = v
+                    .as_deref()
+                    .map(|v| crate::image::expand(v, &args))
+                    .unwrap_or_default();
+                args.insert(k.clone(), v);
+            }
+            Instr::From(from) => out.push(crate::image::expand(from, &args)),
+            _ => {}
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_location_aisb_appended_is_cut() {
+        assert_eq!(
+            key("allow \".env\": x (at sandbox.kdl:3)"),
+            "allow \".env\": x"
+        );
+        assert_eq!(
+            key("/data visible read-only from /p/data (mount at sandbox.kdl:2)"),
+            "/data visible read-only from /p/data"
+        );
+        // A value the configuration chose never ends the key early.
+        let evil = "/tmp/x (at y) visible read-write from /root/.ssh (mount at sandbox.kdl:1)";
+        assert_eq!(
+            key(evil),
+            "/tmp/x (at y) visible read-write from /root/.ssh"
+        );
+        assert_ne!(
+            key(evil),
+            key("/tmp/x (at y) visible read-only from /p/data (mount at sandbox.kdl:1)")
+        );
+        for whole in [
+            "network reaches 1 domain rule(s): a.com",
+            "x (its directory is copied in)",
+            "x (at y) visible read-write from /root/.ssh (at a b:1)",
+            "x (mount at f:1a)",
+        ] {
+            assert_eq!(key(whole), whole);
+        }
+    }
+
+    #[test]
+    fn a_from_is_read_with_its_arg_defaults() {
+        let steps = crate::image::dockerfile::parse(
+            "Dockerfile",
+            "ARG B=oci:/elsewhere\nARG C=${B}:v1\nFROM $C\n",
+        )
+        .unwrap();
+        assert_eq!(expanded_froms(&steps), ["oci:/elsewhere:v1"]);
+    }
 }

@@ -563,6 +563,15 @@ fn every_exposure_a_configuration_adds_must_be_trusted() {
             "memory limit raised to 1T",
         ),
         (
+            "env {\n    set \"HARMLESS\" \"${PATH}\"\n}\n",
+            "$PATH: the caller's value is written into the sandbox",
+        ),
+        ("tmpfs \"/scratch\" size=\"1T\"\n", "tmpfs /scratch of 1T"),
+        (
+            "rootfs dockerfile=\"Dockerfile.arg\"\n",
+            "Dockerfile.arg's image is built from /srv/argued",
+        ),
+        (
             "rootfs dockerfile=\"../elsewhere/Dockerfile\"\n",
             "elsewhere/Dockerfile, outside the project",
         ),
@@ -583,7 +592,8 @@ fn every_exposure_a_configuration_adds_must_be_trusted() {
         let t = Test::new()
             .file("sandbox.kdl", text)
             .file(".env", "DB_URL=postgres://secret\n")
-            .file("Dockerfile", "FROM oci:/srv/other\nRUN true\n");
+            .file("Dockerfile", "FROM oci:/srv/other\nRUN true\n")
+            .file("Dockerfile.arg", "ARG B=oci:/srv/argued\nFROM $B\n");
         let refused = t.with(&["run", "--backend", "bwrap", "--", "true"]);
         assert_eq!(refused.code, 125, "{text}: {}", refused.stderr);
         // miette wraps long lines (at `/` too): compared without the frame and the spaces.

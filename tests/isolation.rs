@@ -1077,6 +1077,29 @@ sys.exit(3)
     }
 }
 
+/// `aisb run --backend BACKEND -- /bin/sh -c SCRIPT` in `s`, its standard streams piped; the
+/// child and a reader of its output.
+fn spawn_piped(
+    s: &Sandbox,
+    backend: &str,
+    script: &str,
+) -> (
+    std::process::Child,
+    std::io::BufReader<std::process::ChildStdout>,
+) {
+    let mut child = s
+        .aisb()
+        .args(["run", "--backend", backend, "--", "/bin/sh", "-c"])
+        .arg(script)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    (child, stdout)
+}
+
 /// An allocation over `limits { memory … }` is killed by the kernel: only that process (the
 /// shell that started it carries on), aisb names the memory limit, and 137 passes through.
 /// The sandbox's memory cgroup is gone after.
@@ -1092,16 +1115,11 @@ fn an_allocation_over_the_memory_limit_kills_only_the_workload() {
         if let Some((uid, gid)) = user {
             chown_r(s.root(), uid, gid);
         }
-        let mut child = s
-            .aisb()
-            .args(["run", "--backend", backend, "--", "/bin/sh", "-c"])
-            .arg("echo ready; read go; python3 -c 'b = b\"x\" * (256 << 20); print(\"allocated\")'; r=$?; echo survivor=$r; exit $r")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let (mut child, mut stdout) = spawn_piped(
+            &s,
+            backend,
+            "echo ready; read go; python3 -c 'b = b\"x\" * (256 << 20); print(\"allocated\")'; r=$?; echo survivor=$r; exit $r",
+        );
         let mut line = String::new();
         std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
         assert_eq!(line, "ready\n", "{tag}");
@@ -1172,16 +1190,11 @@ fn a_sandbox_has_a_memory_limit_and_a_bounded_tmp_by_default() {
         if let Some((uid, gid)) = user {
             chown_r(s.root(), uid, gid);
         }
-        let mut child = s
-            .aisb()
-            .args(["run", "--backend", backend, "--", "/bin/sh", "-c"])
-            .arg("stat -f -c 'tmp=%b*%S' /tmp; echo ready; read go")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let (mut child, mut stdout) = spawn_piped(
+            &s,
+            backend,
+            "stat -f -c 'tmp=%b*%S' /tmp; echo ready; read go",
+        );
         let mut line = String::new();
         std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
         let blocks = line

@@ -93,7 +93,17 @@ fn follows_resize(tmux: &Tmux, window: &str, who: &str, cols: u16, rows: u16) {
     }
 }
 
-fn session_terminals(backend: &str, user: Option<(u32, u32)>) {
+/// A test's scratch: a git repository with one commit (`repo`), a home, and a tmux server of
+/// its own run as `user`; `exe` is aisb as `user` may run it.
+struct Scratch {
+    t: tempfile::TempDir,
+    repo: PathBuf,
+    exe: PathBuf,
+    tmux: Tmux,
+    who: String,
+}
+
+fn scratch(backend: &str, user: Option<(u32, u32)>) -> Scratch {
     let who = format!(
         "[{backend}, {}]",
         user.map_or("root".into(), |u| format!("uid {}", u.0))
@@ -131,6 +141,23 @@ fn session_terminals(backend: &str, user: Option<(u32, u32)>) {
         dir: t.path().join("tmux"),
         user,
     };
+    Scratch {
+        t,
+        repo,
+        exe,
+        tmux,
+        who,
+    }
+}
+
+fn session_terminals(backend: &str, user: Option<(u32, u32)>) {
+    let Scratch {
+        t,
+        repo,
+        exe,
+        tmux,
+        who,
+    } = scratch(backend, user);
     let env = |p: &Path| {
         format!(
             "cd {} && env -i PATH=/usr/bin:/bin HOME={} XDG_CACHE_HOME={} TERM=xterm SHELL=/bin/sh",
@@ -282,29 +309,13 @@ fn what_the_sandbox_prints_cannot_act_on_the_terminal() {
 }
 
 fn escapes_filtered(backend: &str, user: Option<(u32, u32)>) {
-    let who = format!(
-        "[{backend}, {}]",
-        user.map_or("root".into(), |u| format!("uid {}", u.0))
-    );
-    let t = tempfile::tempdir().unwrap();
-    let repo = t.path().join("repo");
-    for d in ["repo", "home", "tmux"] {
-        std::fs::create_dir_all(t.path().join(d)).unwrap();
-    }
-    support::git_in(&repo, &["init", "-q"]);
-    let exe = match user {
-        Some((uid, gid)) => support::hand_to_user(t.path(), uid, gid),
-        None => PathBuf::from(env!("CARGO_BIN_EXE_aisb")),
-    };
-    std::fs::set_permissions(
-        t.path().join("tmux"),
-        std::os::unix::fs::PermissionsExt::from_mode(0o700),
-    )
-    .unwrap();
-    let tmux = Tmux {
-        dir: t.path().join("tmux"),
-        user,
-    };
+    let Scratch {
+        t,
+        repo,
+        exe,
+        tmux,
+        who,
+    } = scratch(backend, user);
     let env = format!(
         "cd {} && env -i PATH=/usr/bin:/bin HOME={} XDG_CACHE_HOME={} TERM=xterm SHELL=/bin/sh",
         repo.display(),

@@ -9,7 +9,9 @@ use crate::Error;
 /// security change; this profile instead gives the permission to this aisb binary (and the
 /// bubblewrap and init it starts, which run under it) and to nothing else. It is otherwise
 /// unconfined: aisb's own isolation is its seccomp filter, namespaces and masks. Installed as
-/// /etc/apparmor.d/aisb and loaded with apparmor_parser; run it again after moving aisb.
+/// /etc/apparmor.d/aisb and loaded with apparmor_parser; run it again after moving aisb. The
+/// binary and every directory above it must be root's alone (copy it to /usr/local/bin):
+/// otherwise anyone who can replace it gets the permission.
 #[derive(Debug, clap::Args)]
 #[command(
     after_help = "Examples:\n  sudo \"$(command -v aisb)\" setup-apparmor\n  aisb setup-apparmor --print   # the profile, installed nowhere"
@@ -42,16 +44,31 @@ pub fn profile(exe: &Path, init: &Path) -> Result<String, ApparmorError> {
             path: p.to_path_buf(),
             why: "not UTF-8",
         })?;
-        if s.chars().any(|c| {
-            c.is_whitespace()
-                || c.is_control()
-                || matches!(c, '"' | '#' | ',' | '{' | '}' | '*' | '?' | '[' | ']' | '@')
-        }) || !s.starts_with('/')
+        // Letters, digits and `/._+-` alone: anything else may be an AppArmor glob, escape
+        // (`\/`) or syntax.
+        if !s.starts_with('/')
+            || !s
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '/' | '.' | '_' | '+' | '-'))
         {
             return Err(ApparmorError::BadPath {
                 path: p.to_path_buf(),
                 why: "not a plain absolute path",
             });
+        }
+        // A path an ordinary user could replace would give user namespaces to whatever they
+        // put there: the binary and every directory above it must be root's and not writable
+        // by others.
+        for a in p.ancestors() {
+            use std::os::unix::fs::MetadataExt;
+            if let Ok(md) = std::fs::symlink_metadata(a) {
+                if md.uid() != 0 || md.mode() & 0o022 != 0 {
+                    return Err(ApparmorError::BadPath {
+                        path: p.to_path_buf(),
+                        why: "it, or a directory above it, is not root's alone",
+                    });
+                }
+            }
         }
         Ok(s.to_string())
     };

@@ -96,12 +96,24 @@ pub(super) struct Scope<'a> {
     pub read_only: bool,
     pub state_dir: PathBuf,
     pub identity: Identity,
+    /// The caller's variables a value written in a configuration file on disk expanded
+    /// (name, where): each is a loosening (its value reaches the sandbox or its layout).
+    pub host_vars: std::cell::RefCell<Vec<(String, crate::config::Loc)>>,
 }
 
 impl Scope<'_> {
     /// A value with its variables expanded; an error at its span when one is unknown.
     pub fn expand(&self, cx: &mut Ctx<'_>, v: &Spanned<String>) -> Option<String> {
-        match self.vars.expand(&v.value) {
+        let before = self.vars.used.borrow().len();
+        let expanded = self.vars.expand(&v.value);
+        if cx.loaded.sources[v.loc.file].path.is_some() {
+            let used = self.vars.used.borrow();
+            let mut noted = self.host_vars.borrow_mut();
+            for name in &used[before..] {
+                noted.push((name.clone(), v.loc));
+            }
+        }
+        match expanded {
             Ok(x) => Some(x),
             Err(e) => {
                 cx.err(v.loc, e.to_string(), "in this value", Some(e.help()));
@@ -160,6 +172,7 @@ pub(super) fn scope<'a>(
         let vars = Vars {
             builtins: builtins.clone(),
             env: &host.env,
+            used: Default::default(),
         };
         match &root_raw {
             Some(r) => match vars.expand(&r.value) {
@@ -230,6 +243,7 @@ pub(super) fn scope<'a>(
     let vars = Vars {
         builtins,
         env: &host.env,
+        used: Default::default(),
     };
     let read_only = s.read_only.as_ref().is_some_and(|r| r.value);
     let project_access = match (read_only, s.project.access.as_ref().map(|a| a.value)) {
@@ -266,5 +280,6 @@ pub(super) fn scope<'a>(
         read_only,
         state_dir,
         identity,
+        host_vars: Default::default(),
     })
 }

@@ -430,7 +430,18 @@ fn resolve(
             why: format!("{BREAK_ISOLATION_ENV}=ssh"),
         });
     }
-    let exposures = exposures(cx, s, &sc.project);
+    let mut exposures = exposures(cx, s, &sc.project);
+    // The caller's variables written into on-disk values (`set "X" "${AWS_SECRET_ACCESS_KEY}"`,
+    // a shell or tmpfs path): their values reach the sandbox.
+    let mut seen = BTreeSet::new();
+    for (name, loc) in sc.host_vars.borrow().iter() {
+        if seen.insert(name.clone()) {
+            let (file, line) = loc_line(cx, *loc);
+            exposures.push(format!(
+                "${name}: the caller's value is written into the sandbox (at {file}:{line})"
+            ));
+        }
+    }
     let mut profile_list: Vec<String> = profiles.keys().map(|s| s.to_string()).collect();
     profile_list.sort();
     let config_digest = cx

@@ -77,8 +77,9 @@ pub(super) fn base(cx: &mut Ctx<'_>, sc: &Scope<'_>) -> Result<Base, EvalError> 
     let home = host.home.clone();
     if home != Path::new("/") {
         let kind = match home_mode {
+            // Its pages are the host's memory, like /tmp's.
             HomeMode::Empty => MountKind::Tmpfs {
-                size: None,
+                size: Some(super::plan::Limits::default_tmp_size()),
                 mode: 0o700,
                 owner: Some((uid, gid)),
             },
@@ -245,7 +246,8 @@ pub(super) fn user(
         mounts.push(Mount {
             target,
             kind: MountKind::Tmpfs {
-                size: t.size,
+                // Sized like /tmp unless it says (a larger size is a loosening).
+                size: Some(t.size.unwrap_or_else(super::plan::Limits::default_tmp_size)),
                 mode: 0o1777,
                 owner: None,
             },

@@ -34,14 +34,21 @@ impl VarError {
 pub struct Vars<'a> {
     pub builtins: BTreeMap<&'static str, String>,
     pub env: &'a BTreeMap<String, String>,
+    /// The caller's variables (not the built-ins) expansions have read, in order: a
+    /// configuration that copies one into the sandbox is handing it the caller's value.
+    pub used: std::cell::RefCell<Vec<String>>,
 }
 
 impl Vars<'_> {
     fn lookup(&self, name: &str) -> Option<&str> {
-        self.builtins
-            .get(name)
-            .map(String::as_str)
-            .or_else(|| self.env.get(name).map(String::as_str))
+        if let Some(v) = self.builtins.get(name) {
+            return Some(v);
+        }
+        let v = self.env.get(name).map(String::as_str);
+        if v.is_some() {
+            self.used.borrow_mut().push(name.to_string());
+        }
+        v
     }
 
     pub fn expand(&self, input: &str) -> Result<String, VarError> {
@@ -133,7 +140,11 @@ mod tests {
         let mut builtins = BTreeMap::new();
         builtins.insert("HOME", "/home/u".to_string());
         builtins.insert("PROJECT", "/src/p".to_string());
-        Vars { builtins, env }
+        Vars {
+            builtins,
+            env,
+            used: Default::default(),
+        }
     }
 
     #[test]

@@ -380,9 +380,10 @@ pub fn export(plan: &Plan, o: &Options) -> Result<Export, K8sError> {
         match &m.kind {
             MountKind::Tmpfs { size, .. } => {
                 let mut dir = json!({"medium": "Memory"});
-                // The private /tmp's default size is sized from this host, not the node.
-                let default_tmp = m.why == crate::eval::plan::PRIVATE_TMP;
-                if let Some(size) = size.filter(|_| !default_tmp) {
+                // aisb's default size (the private /tmp's, the home's, an unsized tmpfs's) is
+                // sized from this host, not the node: only a size the configuration gave.
+                let default = crate::eval::plan::Limits::default_tmp_size();
+                if let Some(size) = size.filter(|&s| s != default) {
                     dir["sizeLimit"] = json!(size.to_string());
                 }
                 volumes.push(json!({"name": name, "emptyDir": dir}));
