@@ -643,17 +643,32 @@ fn is_under(path: &Path, dir: &Path) -> bool {
     path.starts_with(dir)
 }
 
+/// Text for one YAML comment line: a path or name may hold a line break (a directory can be
+/// named anything), which would end the comment and start YAML of its own.
+fn comment(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() || matches!(c, '\u{2028}' | '\u{2029}' | '\u{85}') {
+                '?'
+            } else {
+                c
+            }
+        })
+        .collect()
+}
+
 /// The export as multi-document YAML, its notes as a comment at the top.
 pub fn to_yaml(plan: &Plan, e: &Export) -> String {
     let mut s = String::new();
-    s.push_str(&format!(
-        "# aisb export k8s: profile {} of {}\n",
+    s.push_str(&comment(&format!(
+        "# aisb export k8s: profile {} of {}",
         plan.profile,
         plan.config_file
             .as_deref()
             .map(|p| p.display().to_string())
             .unwrap_or_else(|| "the embedded default".into())
-    ));
+    )));
+    s.push('\n');
     if !e.secret_keys.is_empty() {
         s.push_str(&format!(
             "# The workload reads {} from the Secret `{}`; create it first:\n#   kubectl create secret generic {}{}\n",
@@ -667,7 +682,8 @@ pub fn to_yaml(plan: &Plan, e: &Export) -> String {
         ));
     }
     for n in &e.notes {
-        s.push_str(&format!("# note: {n}\n"));
+        s.push_str(&comment(&format!("# note: {n}")));
+        s.push('\n');
     }
     for d in &e.documents {
         s.push_str("---\n");
