@@ -540,6 +540,78 @@ fn half_open_connections_and_a_flood_of_refusals_are_bounded() {
     }
 }
 
+/// A tmpfs mounted for a test, unmounted when dropped (a failed assertion included).
+struct SmallDisk(PathBuf);
+
+impl SmallDisk {
+    fn mount(at: &Path, size: &str, owner: Option<(u32, u32)>) -> SmallDisk {
+        std::fs::create_dir_all(at).unwrap();
+        let o = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0755"),
+                "tmpfs",
+            ])
+            .arg(at)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "mount: {o:?}");
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::chown(at, Some(uid), Some(gid)).unwrap();
+        }
+        SmallDisk(at.to_path_buf())
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// The disk the sandbox's layers are written to keeps a reserve for the host: a sandbox that
+/// writes into its copy-on-write layers past it (here 200 MiB into a new node_modules, its
+/// state on a 256 MiB disk, half of which is kept) is stopped and the run fails with a message
+/// that says so, instead of filling the host's disk (issue 29, item 6).
+fn disk_bound(user: Option<(u32, u32)>) {
+    for backend in ["bwrap", "libcontainer"] {
+        let who = who(backend, user);
+        let p = Project::new(user);
+        std::fs::write(p.proj().join("package.json"), "{}\n").unwrap();
+        if let Some((uid, gid)) = user {
+            std::os::unix::fs::chown(p.proj().join("package.json"), Some(uid), Some(gid)).unwrap();
+        }
+        let _disk = SmallDisk::mount(&p.dir.path().join("cache"), "256m", user);
+        let started = std::time::Instant::now();
+        let o = p.run(
+            backend,
+            "dd if=/dev/zero of=node_modules/big bs=1M count=200 2>/dev/null; sleep 30; echo survived",
+        );
+        assert!(
+            !o.stdout.contains("survived") && o.code != 0,
+            "{who} the sandbox went on: {} {}",
+            o.stdout,
+            o.stderr
+        );
+        assert!(
+            o.stderr
+                .contains("the sandbox was stopped: what it wrote left")
+                && o.stderr.contains("for the host"),
+            "{who} {}",
+            o.stderr
+        );
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(25),
+            "{who} stopped only after {:?}",
+            started.elapsed()
+        );
+    }
+}
+
+as_root_and_a_user!(the_disk_keeps_a_reserve_as_root, the_disk_keeps_a_reserve_as_a_user => disk_bound);
+
 /// Nothing the sandbox leaves behind grants more on the host: no setuid or setgid file is made
 /// inside (when root runs aisb, the sandbox's root is the host's: such a file would run as root
 /// on the host later). chmod, install and a creating open are refused; ordinary modes work.
