@@ -630,6 +630,25 @@ fn every_exposure_a_configuration_adds_must_be_trusted() {
     );
 }
 
+/// `aisb run TASK` runs the task's command with the task's own variables and in its own
+/// directory (they were parsed and never applied).
+#[test]
+fn a_task_runs_with_its_env_and_cwd() {
+    if !support::root_or_skip("running a task") {
+        return;
+    }
+    let t = Test::new()
+        .file(
+            "sandbox.kdl",
+            "task \"t\" {\n    run \"sh\" \"-c\" \"echo V=$TASKVAR; pwd\"\n    env \"TASKVAR\" \"hello\"\n    cwd \"sub\"\n}\n",
+        )
+        .file("sub/README", "x\n");
+    let o = t.with(&["run", "--backend", "bwrap", "t"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(o.stdout.contains("V=hello\n"), "{}", o.stdout);
+    assert!(o.stdout.trim_end().ends_with("/sub"), "{}", o.stdout);
+}
+
 #[test]
 fn presets_list_and_show() {
     let t = Test::new();

@@ -53,6 +53,9 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     let loaded = g.load_for(&host, &a.command)?;
     let mut req = g.request(a.profile, a.command);
     req.sandbox = a.sandbox.clone();
+    // A task's own variables and directory, applied to the plan its command runs under.
+    let mut task_env: Vec<(String, String)> = Vec::new();
+    let mut task_cwd = None;
     if let Some(task) = &a.task {
         // Evaluate once to read the task, then again with its profile and command.
         let plan = super::evaluated(eval::evaluate(&loaded, &host, &req)?);
@@ -72,6 +75,8 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
         }
         req.command = t.args.clone();
         req.profile = req.profile.or_else(|| t.profile.clone());
+        task_env = t.env.clone();
+        task_cwd = t.cwd.clone();
     }
     if req.command.is_empty() {
         return Err(Error::Usage(
@@ -79,7 +84,15 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
                 .into(),
         ));
     }
-    let plan = super::evaluated(eval::evaluate(&loaded, &host, &req)?);
+    let mut plan = super::evaluated(eval::evaluate(&loaded, &host, &req)?);
+    for (k, v) in task_env {
+        plan.env.vars.retain(|(n, _)| *n != k);
+        plan.env.vars.push((k, v));
+    }
+    plan.env.vars.sort();
+    if let Some(cwd) = task_cwd {
+        plan.process.cwd = cwd;
+    }
     let ci = crate::ci::is_ci();
     if a.locked || ci {
         locked(&plan)?;
