@@ -105,7 +105,15 @@ impl Proj {
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(p, text).unwrap();
     }
+    /// aisb in the project, its configuration trusted: the images are built from the shared
+    /// Debian base, a layout outside the project (a loosening aisb asks about).
     fn aisb(&self) -> Command {
+        let mut cmd = self.aisb_asking();
+        cmd.arg("--trust");
+        cmd
+    }
+    /// aisb in the project, asking about what the configuration loosens as a user's would.
+    fn aisb_asking(&self) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_aisb"));
         cmd.current_dir(self.proj())
             .env_clear()
@@ -1395,7 +1403,7 @@ fn build_steps_reach_the_default_groups_or_their_own_network_through_the_proxy_a
         .join(",");
     let build = |extra: &[&str]| {
         let o = p
-            .aisb()
+            .aisb_asking()
             .arg("build")
             .args(extra)
             .env("AISB_PROXY_PIN", &pins)
@@ -1413,6 +1421,9 @@ fn build_steps_reach_the_default_groups_or_their_own_network_through_the_proxy_a
             "default",
         ),
     );
+    // The shared base is a layout outside the project: approved once, as a user would.
+    let trusted = p.aisb_asking().arg("trust").output().unwrap();
+    assert!(trusted.status.success(), "{trusted:?}");
     let (ok, err) = build(&[]);
     assert!(ok, "{err}");
     assert!(
