@@ -424,10 +424,15 @@ fn relay_in(mut input: std::fs::File, mut master: std::fs::File, stop: OwnedFd, 
         if fds[1].any() != Some(false) {
             return;
         }
+        // The caller's terminal went away: nothing more will be typed (and a read would end
+        // at once, again and again).
+        let hung_up = fds[0]
+            .revents()
+            .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR));
         match input.read(&mut buf) {
             Ok(0) if relay == Relay::Lines => {
                 // VEOF at the start of a line: the reader inside gets its end of file.
-                if master.write_all(&[0x04]).is_err() {
+                if master.write_all(&[0x04]).is_err() || hung_up {
                     return;
                 }
             }
