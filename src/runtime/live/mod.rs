@@ -73,85 +73,6 @@ pub enum LiveError {
         rule: String,
         why: String,
     },
-    #[error(
-        "the sandbox was stopped: what it wrote left {free} free on the disk that holds {} (aisb keeps {reserve} of it for the host)", dir.display()
-    )]
-    #[diagnostic(help(
-        "free space on that disk, or point XDG_CACHE_HOME at a larger one; what the sandbox wrote is in its layers under {}", dir.display()
-    ))]
-    Disk {
-        dir: PathBuf,
-        free: String,
-        reserve: String,
-    },
-}
-
-/// The disk the sandbox's layers are written to (overlay upper directories, private copies:
-/// the sandbox's state), watched while it runs: the host keeps a reserve of it.
-#[derive(Clone, Debug)]
-struct DiskGuard {
-    dir: PathBuf,
-    /// Bytes the sandbox may not take: 256 MiB or 1% of the filesystem, whichever is more,
-    /// but never more than half of what was free at the start (a run on a nearly full disk
-    /// can still write half of what is left).
-    reserve: u64,
-    /// Free at the start.
-    free: u64,
-}
-
-/// How often the disk is looked at.
-const DISK_EVERY: Duration = Duration::from_millis(500);
-
-impl DiskGuard {
-    fn new(dir: &Path) -> Option<DiskGuard> {
-        let (free, total) = disk_space(dir)?;
-        let reserve = (256u64 << 20).max(total / 100).min(free / 2);
-        Some(DiskGuard {
-            dir: dir.to_path_buf(),
-            reserve,
-            free,
-        })
-    }
-
-    /// Past the reserve, and the sandbox's state holds at least half of what was taken since
-    /// the start (another program filling the disk does not stop the sandbox).
-    fn check(&self) -> Result<(), LiveError> {
-        match disk_space(&self.dir) {
-            Some((free, _))
-                if free < self.reserve && du(&self.dir) >= self.free.saturating_sub(free) / 2 =>
-            {
-                Err(LiveError::Disk {
-                    dir: self.dir.clone(),
-                    free: crate::runtime::limits::human(free >> 20 << 20),
-                    reserve: crate::runtime::limits::human(self.reserve >> 20 << 20),
-                })
-            }
-            _ => Ok(()),
-        }
-    }
-}
-
-/// Bytes the files below `dir` take on disk, links not followed; at most a million entries
-/// are looked at (then what was counted).
-fn du(dir: &Path) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    walkdir::WalkDir::new(dir)
-        .follow_links(false)
-        .into_iter()
-        .take(1_000_000)
-        .flatten()
-        .filter_map(|e| e.metadata().ok())
-        .map(|m| m.blocks().saturating_mul(512))
-        .sum()
-}
-
-/// (free for unprivileged writers, total) bytes of the filesystem holding `dir`.
-fn disk_space(dir: &Path) -> Option<(u64, u64)> {
-    let st = rustix::fs::statvfs(dir).ok()?;
-    Some((
-        st.f_bavail.saturating_mul(st.f_frsize),
-        st.f_blocks.saturating_mul(st.f_frsize),
-    ))
 }
 
 /// The host directory watched and where the sandbox sees it, when host writes reach it.
@@ -213,7 +134,6 @@ impl Live {
             quarantine: plan.state_dir.join("quarantine"),
             audit: crate::audit::Log::open(&plan.state_dir.join("audit.jsonl")).ok(),
             stopping: stopping.clone(),
-            disk: DiskGuard::new(&plan.state_dir),
         };
         // Signals meant for the sandbox must never land on the watcher (SIGTERM's default
         // action would end aisb): it starts with all of them blocked, from its first instant.
@@ -297,7 +217,6 @@ struct Watcher {
     quarantine: PathBuf,
     audit: Option<crate::audit::Log>,
     stopping: Arc<AtomicBool>,
-    disk: Option<DiskGuard>,
 }
 
 fn readable(fd: &OwnedFd) -> bool {
@@ -407,20 +326,13 @@ impl Watcher {
             for r in pending.drain(..) {
                 self.apply(&mut masker, &r)?;
             }
-            let woken = self.wait(
-                &[stop, tree.inotify()],
-                self.disk.as_ref().map(|_| DISK_EVERY),
-            );
-            if woken && (readable(stop) || self.stopping.load(Ordering::Relaxed)) {
+            if self.wait(&[stop, tree.inotify()], None)
+                && (readable(stop) || self.stopping.load(Ordering::Relaxed))
+            {
                 return Ok(());
             }
-            if let Some(d) = &self.disk {
-                d.check()?;
-            }
-            if woken {
-                tree.events(&self.stopping, &mut pending)
-                    .map_err(err("reading inotify events"))?;
-            }
+            tree.events(&self.stopping, &mut pending)
+                .map_err(err("reading inotify events"))?;
         }
     }
 
