@@ -630,8 +630,8 @@ fn every_exposure_a_configuration_adds_must_be_trusted() {
     );
 }
 
-/// `aisb run TASK` runs the task's command with the task's own variables and in its own
-/// directory (they were parsed and never applied).
+/// `aisb run TASK` runs the task's command with the task's own variables (not those aisb
+/// sets itself) and in its own directory (they were parsed and never applied).
 #[test]
 fn a_task_runs_with_its_env_and_cwd() {
     if !support::root_or_skip("running a task") {
@@ -640,12 +640,19 @@ fn a_task_runs_with_its_env_and_cwd() {
     let t = Test::new()
         .file(
             "sandbox.kdl",
-            "task \"t\" {\n    run \"sh\" \"-c\" \"echo V=$TASKVAR; pwd\"\n    env \"TASKVAR\" \"hello\"\n    cwd \"sub\"\n}\n",
+            "task \"t\" {\n    run \"sh\" \"-c\" \"echo V=$TASKVAR H=$HOME; pwd\"\n    env \"TASKVAR\" \"hello\"\n    env \"HOME\" \"/tmp/fake\"\n    cwd \"sub\"\n}\n",
         )
         .file("sub/README", "x\n");
     let o = t.with(&["run", "--backend", "bwrap", "t"]);
     assert_eq!(o.code, 0, "{}", o.stderr);
-    assert!(o.stdout.contains("V=hello\n"), "{}", o.stdout);
+    assert!(o.stdout.contains("V=hello H="), "{}", o.stdout);
+    // What aisb sets itself stays aisb's.
+    assert!(!o.stdout.contains("H=/tmp/fake"), "{}", o.stdout);
+    assert!(
+        o.stderr.contains("the task's `env \"HOME\"` is ignored"),
+        "{}",
+        o.stderr
+    );
     assert!(o.stdout.trim_end().ends_with("/sub"), "{}", o.stdout);
 }
 

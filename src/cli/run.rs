@@ -86,6 +86,14 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     }
     let mut plan = super::evaluated(eval::evaluate(&loaded, &host, &req)?);
     for (k, v) in task_env {
+        // What aisb sets itself (the identity, XDG directories, the proxy) stays aisb's.
+        let own = matches!(k.as_str(), "HOME" | "USER" | "LOGNAME" | "SHELL")
+            || k.starts_with("XDG_")
+            || crate::vocab::sandbox_env().iter().any(|(n, _)| *n == k);
+        if own {
+            eprintln!("aisb: the task's `env \"{k}\"` is ignored: aisb sets {k} in the sandbox");
+            continue;
+        }
         plan.env.vars.retain(|(n, _)| *n != k);
         plan.env.vars.push((k, v));
     }

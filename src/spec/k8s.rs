@@ -670,16 +670,21 @@ pub fn to_yaml(plan: &Plan, e: &Export) -> String {
     )));
     s.push('\n');
     if !e.secret_keys.is_empty() {
-        s.push_str(&format!(
-            "# The workload reads {} from the Secret `{}`; create it first:\n#   kubectl create secret generic {}{}\n",
+        s.push_str(&comment(&format!(
+            "# The workload reads {} from the Secret `{}`; create it first:",
             e.secret_keys.join(", "),
             e.secret_name,
+        )));
+        s.push('\n');
+        s.push_str(&comment(&format!(
+            "#   kubectl create secret generic {}{}",
             e.secret_name,
             e.secret_keys
                 .iter()
                 .map(|k| format!(" --from-literal={k}=…"))
                 .collect::<String>()
-        ));
+        )));
+        s.push('\n');
     }
     for n in &e.notes {
         s.push_str(&comment(&format!("# note: {n}")));
