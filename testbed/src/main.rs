@@ -87,8 +87,9 @@ struct RunArgs {
     /// JSON on stdout instead of the table
     #[arg(long)]
     json: bool,
-    /// Seconds before a VM is killed
-    #[arg(long, default_value_t = 600)]
+    /// Seconds before a VM is killed (under TCG on 2 cores the matrix takes 550–600 s per
+    /// kernel now: issue 33 is to bring it back down)
+    #[arg(long, default_value_t = 900)]
     timeout: u64,
     /// Test the testbed: boot sandboxes that leak ~/.ssh (every run must then FAIL)
     #[arg(long)]
