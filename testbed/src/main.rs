@@ -89,7 +89,7 @@ struct RunArgs {
     json: bool,
     /// Seconds before a VM is killed (under TCG on 2 cores the matrix takes 550–600 s per
     /// kernel now: issue 33 is to bring it back down)
-    #[arg(long, default_value_t = 900)]
+    #[arg(long, default_value_t = 1200)]
     timeout: u64,
     /// Test the testbed: boot sandboxes that leak ~/.ssh (every run must then FAIL)
     #[arg(long)]
