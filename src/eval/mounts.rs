@@ -137,7 +137,7 @@ pub(super) fn base(cx: &mut Ctx<'_>, sc: &Scope<'_>) -> Result<Base, EvalError> 
             mode: 0o1777,
             owner: None,
         },
-        why: super::plan::PRIVATE_TMP.into(),
+        why: "private /tmp".into(),
     });
     let project_mount = bind(sc, project, project_access, project);
     let project_writable = matches!(project_mount, MountKind::Bind { writable: true, .. });

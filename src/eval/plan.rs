@@ -378,9 +378,6 @@ impl Limits {
     }
 }
 
-/// The `why` of the sandbox's own /tmp (a tmpfs of [`Limits::default_tmp_size`]).
-pub const PRIVATE_TMP: &str = "private /tmp";
-
 /// MemTotal, in bytes (read once).
 fn host_memory() -> Option<u64> {
     static TOTAL: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
