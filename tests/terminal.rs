@@ -360,7 +360,8 @@ fn escapes_filtered(backend: &str, user: Option<(u32, u32)>) {
     }
     let _ = tmux.cmd(&["delete-buffer"]);
     // /dev/tty is never the caller's terminal (a session of the sandbox's own), and the run
-    // ends as soon as the sandbox does (no wait on the terminal's relay).
+    // ends as soon as the sandbox does (no wait on the terminal's relay, which would block
+    // until a key is pressed: the bound is for a loaded CI host, a hang still fails it).
     let probe = "(echo x > /dev/tty) 2>/dev/null && echo TTY-OPENED || echo TTY-REFUSED";
     let run = format!(
         "{env} {aisb} run --backend {backend} -- sh -c \"{}; {probe}; echo RUN-\\$((6*7))\"; \
@@ -381,7 +382,7 @@ fn escapes_filtered(backend: &str, user: Option<(u32, u32)>) {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("{who}:\n{s}"));
     assert!(
-        took < 3000,
+        took < 20_000,
         "{who} `aisb run -- true` on a terminal took {took} ms"
     );
     let s = tmux.wait_for("run", "UP-NOTTY-DONE");

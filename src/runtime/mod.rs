@@ -374,6 +374,16 @@ fn sweep_dead_layers(plan: &Plan) {
         if !e.file_type().is_ok_and(|t| t.is_dir()) {
             continue;
         }
+        // `.<pid>-<nanos>`: a run making its layers (see `claim_layers`); one left by a run
+        // killed in that instant is removed once a minute old.
+        if e.file_name().as_encoded_bytes().starts_with(b".")
+            && !e
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t.elapsed().is_ok_and(|d| d.as_secs() > 60))
+        {
+            continue;
+        }
         let lock = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
@@ -477,16 +487,22 @@ fn claim_layers(plan: &Plan) -> Result<(Layers, Option<Plan>), RuntimeError> {
                     let nanos = std::time::SystemTime::now()
                         .duration_since(std::time::UNIX_EPOCH)
                         .map_or(0, |d| d.as_nanos());
-                    let run = plan
+                    let runs = plan
                         .state_dir
-                        .join(format!("{}-run", crate::eval::deps::LAYER_DIR))
-                        .join(format!("{}-{nanos}", std::process::id()));
-                    std::fs::create_dir_all(&run).map_err(io)?;
-                    let f = lock_file(&run.join(RUN_LAYERS_LOCK)).map_err(io)?;
+                        .join(format!("{}-run", crate::eval::deps::LAYER_DIR));
+                    let name = format!("{}-{nanos}", std::process::id());
+                    // Made and locked under a name the sweep leaves alone, then renamed: a
+                    // concurrent run's sweep never sees it unlocked (it took the lock between
+                    // our create and our flock, and removed the directory under us).
+                    let making = runs.join(format!(".{name}"));
+                    std::fs::create_dir_all(&making).map_err(io)?;
+                    let f = lock_file(&making.join(RUN_LAYERS_LOCK)).map_err(io)?;
                     held.push(
                         Flock::lock(f, FlockArg::LockExclusiveNonblock)
                             .map_err(|(_, e)| io(e.into()))?,
                     );
+                    let run = runs.join(name);
+                    std::fs::rename(&making, &run).map_err(io)?;
                     own = Some(run);
                 }
                 let run = own.as_ref().expect("set above");
