@@ -226,6 +226,139 @@ fn case(user: Option<(u32, u32)>) {
 
 as_root_and_a_user!(protected_files_as_root, protected_files_as_a_user => case);
 
+/// The host's tools look for their files from the directory they run in upwards: a
+/// `sub/.envrc` runs at `cd sub`, a workspace package's `.npmrc` and a nested
+/// `.cargo/config.toml` configure the build run there, `cd sub; aisb run` reads
+/// `sub/sandbox.kdl`. One the project has below its top is read-only inside; one the sandbox
+/// makes below its top (in a directory that was there, in one it made, renamed in, as a link,
+/// with its mtime set back) is moved aside when the run ends, or at the next start when aisb
+/// was killed.
+fn nested_case(user: Option<(u32, u32)>) {
+    for backend in ["bwrap", "libcontainer"] {
+        let who = who(backend, user);
+        let p = Project::new(user);
+        for (rel, text) in [("lib/.npmrc", "registry=host\n"), ("pkg/notes.txt", "n\n")] {
+            let f = p.proj().join(rel);
+            std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+            std::fs::write(&f, text).unwrap();
+        }
+        std::fs::create_dir_all(p.proj().join("deep/a/b")).unwrap();
+        std::fs::write(p.proj().join("deep/a/b/keep"), "k\n").unwrap();
+        // Untracked: the scan sees them all the same.
+        if let Some((uid, gid)) = user {
+            support::chown_r(&p.proj(), uid, gid);
+        }
+        let o = p.run(
+            backend,
+            "echo 'registry=evil' > lib/.npmrc 2>/dev/null; echo existing=$?; \
+             echo 'export PATH=/evil' > pkg/.envrc && touch -d 2001-01-01 pkg/.envrc; echo envrc=$?; \
+             mkdir -p newdir/sub && echo x > newdir/sub/.npmrc; echo new-dir=$?; \
+             mkdir -p deep/a/b/.cargo && echo '[build]' > deep/a/b/.cargo/config.toml; echo cargo=$?; \
+             mkdir -p pkg/.vscode && echo '{}' > pkg/.vscode/tasks.json; echo vscode=$?; \
+             echo 'allow \".env\"' > stage && mv stage pkg/sandbox.kdl; echo renamed-in=$?; \
+             ln -s /etc/passwd pkg/.tool-versions; echo link=$?; \
+             echo ok > pkg/free.txt; echo ordinary=$?",
+        );
+        assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
+        o.expect_failed("existing", "an existing nested .npmrc is read-only inside");
+        for k in [
+            "envrc",
+            "new-dir",
+            "cargo",
+            "vscode",
+            "renamed-in",
+            "link",
+            "ordinary",
+        ] {
+            o.expect(k, "0");
+        }
+        assert_eq!(
+            p.read("lib/.npmrc").as_deref(),
+            Some("registry=host\n"),
+            "{who} {}",
+            o.stderr
+        );
+        for rel in [
+            "pkg/.envrc",
+            "newdir/sub/.npmrc",
+            "deep/a/b/.cargo/config.toml",
+            "pkg/.vscode",
+            "pkg/sandbox.kdl",
+            "pkg/.tool-versions",
+        ] {
+            assert!(
+                !p.exists(rel),
+                "{who} {rel} the sandbox made is still in the project:\n{}",
+                o.stderr
+            );
+            assert!(
+                o.stderr.contains(&format!(
+                    "{} was created by the sandbox",
+                    p.proj().join(rel).display()
+                )),
+                "{who} {rel} not reported:\n{}",
+                o.stderr
+            );
+        }
+        assert_eq!(p.read("pkg/free.txt").as_deref(), Some("ok\n"), "{who}");
+        assert_eq!(p.read("deep/a/b/keep").as_deref(), Some("k\n"), "{who}");
+        // Nothing lost: what was moved is in the sandbox's quarantine.
+        let moved = files(&p.dir.path().join("cache"));
+        assert!(
+            moved.iter().any(|f| f.contains(".envrc.aisb-quarantined-")),
+            "{who} {moved:?}"
+        );
+
+        // aisb killed mid-run: the next start moves aside what the killed run's sandbox made.
+        let mut child = p
+            .cmd(
+                backend,
+                "mkdir -p k && echo planted > k/.npmrc && echo planted > k/.envrc; sleep 60",
+            )
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !p.exists("k/.envrc") && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        assert!(
+            p.exists("k/.envrc"),
+            "{who} the sandbox never wrote k/.envrc"
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // k/.npmrc also matches a secret pattern: the new start's scan masks it, and the mask
+        // goes with it.
+        let o = p.run(
+            backend,
+            "cat k/.envrc 2>/dev/null; echo seen=$?; test -e k/.npmrc; echo npmrc=$?",
+        );
+        assert_eq!(o.code, 0, "{who} {}", o.stderr);
+        o.expect_failed(
+            "seen",
+            "the planted k/.envrc is gone before the next run starts",
+        );
+        o.expect_failed(
+            "npmrc",
+            "the planted k/.npmrc is gone before the next run starts",
+        );
+        for rel in ["k/.envrc", "k/.npmrc"] {
+            assert!(!p.exists(rel), "{who} {rel} after a kill: {}", o.stderr);
+        }
+        // A run that writes nothing there reports nothing.
+        let o = p.run(backend, "true");
+        assert!(
+            !o.stderr.contains("was created by the sandbox"),
+            "{who} {}",
+            o.stderr
+        );
+    }
+}
+
+as_root_and_a_user!(nested_protected_files_as_root, nested_protected_files_as_a_user => nested_case);
+
 /// Masks never weaken because of what the sandbox wrote: the first run writes a negation into
 /// a nested `.gitignore`, stages the secret as tracked (without reading it) and sets its
 /// directory's mtime back; the second run still cannot read it. `aisb plan` says why it stays

@@ -108,6 +108,8 @@ fn sample_plan() -> Plan {
         ],
         live: None,
         protected: vec![],
+        project_dirs: Default::default(),
+        protect_covered: vec![],
         made_for_run: vec![],
         exposures: vec![],
         kept_masked: vec![],

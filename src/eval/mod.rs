@@ -344,7 +344,50 @@ fn resolve(
                 .skip(1)
                 .any(|a| mask_index.get(a) == Some(&true))
     };
-    let (protect_mounts, protected) = protect::resolve(&sc, &imports, &mounts, &is_masked);
+    let (protect_mounts, protected, protect_covered) = protect::resolve(
+        &sc,
+        &imports,
+        &scanned.nested_protected,
+        &mounts,
+        &is_masked,
+    );
+    // Where the run's end looks for protected names the sandbox created below the top: the
+    // directories written in place (not below a dependency or cache directory, whose writes
+    // stay in a layer of the sandbox's own).
+    let project_dirs = if !sc.read_only && sc.project_access == crate::config::model::Access::Rw {
+        let skip: Vec<Vec<u8>> = scanned
+            .roles
+            .iter()
+            .map(|r| r.rel.clone())
+            .chain(
+                scanned
+                    .masks
+                    .iter()
+                    .filter(|m| m.dir)
+                    .map(|m| m.rel.clone()),
+            )
+            .chain(
+                crate::git::git_dir_of(&sc.project)
+                    .and_then(|g| {
+                        g.strip_prefix(&sc.project)
+                            .ok()
+                            .map(|r| r.as_os_str().as_encoded_bytes().to_vec())
+                    })
+                    .filter(|r| !r.is_empty()),
+            )
+            .collect();
+        ProjectDirs {
+            dirs: scanned
+                .dirs
+                .iter()
+                .filter(|d| !skip.iter().any(|r| *d == r || scan::below(d, r)))
+                .cloned()
+                .collect(),
+            skip,
+        }
+    } else {
+        ProjectDirs::default()
+    };
     mounts.extend(protect_mounts);
     if home_mode == crate::config::model::HomeMode::Empty
         && s.toolchains.as_ref().is_none_or(|t| t.value)
@@ -481,6 +524,8 @@ fn resolve(
         masks: mask_list,
         kept_masked,
         protected,
+        project_dirs: std::sync::Arc::new(project_dirs),
+        protect_covered,
         made_for_run,
         exposures,
         live,

@@ -52,6 +52,15 @@ pub struct Plan {
     pub kept_masked: Vec<PathBuf>,
     /// Protected files absent at start (see [`Protected`]).
     pub protected: Vec<Protected>,
+    /// The project's directories written in place, relative (`""` the top), when it is: where
+    /// the run's end looks for protected names the sandbox created below the top
+    /// (`runtime::protect`).
+    #[serde(skip)]
+    pub project_dirs: std::sync::Arc<ProjectDirs>,
+    /// Protected names below the top that a mask or another mount covers (the sandbox cannot
+    /// replace them): not the sandbox's when the run's end finds them.
+    #[serde(skip)]
+    pub protect_covered: Vec<PathBuf>,
     /// Dependency directories absent on the host that the runtime makes empty for the run, so
     /// that their copy-on-write layer has a place, and removes after it while still empty
     /// (`eval::deps::absent`).
@@ -226,6 +235,16 @@ pub enum MountKind {
 pub struct GeneratedFile {
     pub name: String,
     pub content: String,
+}
+
+/// The project's directories as the scan saw them, relative to the project, `/`-separated:
+/// those written in place (`dirs`, `""` the top) and those whose writes never reach the host
+/// (`skip`: dependency and cache directories, masked directories, the git dir), which are
+/// never walked.
+#[derive(Debug, Clone, Default)]
+pub struct ProjectDirs {
+    pub dirs: Vec<Vec<u8>>,
+    pub skip: Vec<Vec<u8>>,
 }
 
 /// A file the host runs or obeys that did not exist when the sandbox started (see

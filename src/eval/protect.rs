@@ -130,6 +130,51 @@ pub const PROTECTED: &[(&str, &str)] = &[
     (".opencode.json", "OpenCode's configuration"),
 ];
 
+/// Whether the project-relative `rel` (`/`-separated, raw bytes) is, or is inside, a protected
+/// file or directory below the project's top: the host's tools look for these from the
+/// directory they run in upwards (direnv's `.envrc` on `cd sub`, cargo's `.cargo/config.toml`,
+/// npm's `.npmrc` in a workspace package, a nested `.gitattributes`, a `sandbox.kdl` found by
+/// `cd sub; aisb run`, an editor opened on a subdirectory). Returns the protected path's
+/// length in `rel` (shorter than `rel` when `rel` is inside a protected directory), whether it
+/// is a directory, and what obeys it. Names at the top are [`PROTECTED`]'s own (`resolve`).
+pub fn nested(rel: &[u8]) -> Option<(usize, bool, &'static str)> {
+    type ByFirst =
+        std::collections::HashMap<&'static [u8], Vec<(&'static [u8], bool, &'static str)>>;
+    // By first component: one hash lookup per component of every file of a cold scan.
+    static BY_FIRST: std::sync::LazyLock<ByFirst> = std::sync::LazyLock::new(|| {
+        let mut m = ByFirst::new();
+        for (name, why) in PROTECTED {
+            let (name, dir) = match name.strip_suffix('/') {
+                Some(n) => (n.as_bytes(), true),
+                None => (name.as_bytes(), false),
+            };
+            let first = name.split(|b| *b == b'/').next().unwrap_or(name);
+            m.entry(first).or_default().push((name, dir, *why));
+        }
+        m
+    });
+    let mut start = 0;
+    // Each component after the first may start a protected name.
+    while let Some(i) = rel[start..].iter().position(|b| *b == b'/') {
+        start += i + 1;
+        let tail = &rel[start..];
+        let first = tail.split(|b| *b == b'/').next().unwrap_or(tail);
+        let Some(candidates) = BY_FIRST.get(first) else {
+            continue;
+        };
+        for &(name, dir, why) in candidates {
+            if !tail.starts_with(name) {
+                continue;
+            }
+            let exact = tail.len() == name.len();
+            if exact || (dir && tail[name.len()] == b'/') {
+                return Some((start + name.len(), dir, why));
+            }
+        }
+    }
+    None
+}
+
 /// Written by the agent itself (an "always allow" answer): a private copy inside, never the
 /// host's file.
 pub const PRIVATE: &[(&str, &str)] = &[(
@@ -146,11 +191,12 @@ pub const PRIVATE: &[(&str, &str)] = &[(
 pub(super) fn resolve(
     sc: &Scope<'_>,
     imports: &[(PathBuf, &str)],
+    nested_found: &[super::scan::Nested],
     mounts: &[Mount],
     masked: &dyn Fn(&Path) -> bool,
-) -> (Vec<Mount>, Vec<Protected>) {
+) -> (Vec<Mount>, Vec<Protected>, Vec<PathBuf>) {
     if sc.read_only || sc.project_access != Access::Rw {
-        return (Vec::new(), Vec::new());
+        return (Vec::new(), Vec::new(), Vec::new());
     }
     let project = &sc.project;
     // Mounts below the project (those above it, such as a private /tmp, hold it whole).
@@ -184,9 +230,26 @@ pub(super) fn resolve(
                 .iter()
                 .filter(|(p, _)| p.starts_with(project))
                 .map(|(p, why)| (p.clone(), false, why.to_string(), false)),
-        );
-    for (path, dir, why, private) in listed {
+        )
+        .chain(nested_found.iter().filter_map(|n| {
+            use std::os::unix::ffi::OsStrExt;
+            let (_, _, why) = nested(&n.rel)?;
+            Some((
+                project.join(std::ffi::OsStr::from_bytes(&n.rel)),
+                n.dir,
+                why.to_string(),
+                false,
+            ))
+        }));
+    // Protected names below the top that a mask or another mount covers: the sandbox cannot
+    // replace them, so the run's end must not take them for its own.
+    let mut kept = Vec::new();
+    let nested_from = listed_len(imports, project);
+    for (i, (path, dir, why, private)) in listed.enumerate() {
         if covered(&path) {
+            if i >= nested_from {
+                kept.push(path);
+            }
             continue;
         }
         match std::fs::symlink_metadata(&path) {
@@ -215,5 +278,42 @@ pub(super) fn resolve(
             Err(_) => absent.push(Protected { path, dir, why }),
         }
     }
-    (out, absent)
+    (out, absent, kept)
+}
+
+/// How many of `resolve`'s list come before the nested names.
+fn listed_len(imports: &[(PathBuf, &str)], project: &Path) -> usize {
+    PROTECTED.len()
+        + PRIVATE.len()
+        + imports
+            .iter()
+            .filter(|(p, _)| p.starts_with(project))
+            .count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::nested;
+
+    #[test]
+    fn nested_names_are_found_below_the_top_only() {
+        let hit = |rel: &'static str| nested(rel.as_bytes()).map(move |(n, d, _)| (&rel[..n], d));
+        assert_eq!(hit("sub/.envrc"), Some(("sub/.envrc", false)));
+        assert_eq!(
+            hit("a/b/.cargo/config.toml"),
+            Some(("a/b/.cargo/config.toml", false))
+        );
+        assert_eq!(hit("pkg/.vscode/tasks.json"), Some(("pkg/.vscode", true)));
+        assert_eq!(hit("pkg/.vscode"), Some(("pkg/.vscode", true)));
+        assert_eq!(hit("packages/x/.npmrc"), Some(("packages/x/.npmrc", false)));
+        assert_eq!(hit("sub/sandbox.kdl"), Some(("sub/sandbox.kdl", false)));
+        // The top is `resolve`'s; look-alikes are not protected.
+        assert_eq!(hit(".envrc"), None);
+        assert_eq!(hit(".vscode/tasks.json"), None);
+        assert_eq!(hit("sub/.envrc.bak"), None);
+        assert_eq!(hit("sub/x.envrc"), None);
+        assert_eq!(hit("sub/.vscodeX/a"), None);
+        assert_eq!(hit("sub/.cargo/other.toml"), None);
+        assert_eq!(hit("sub/"), None);
+    }
 }

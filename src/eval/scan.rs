@@ -20,7 +20,7 @@ use sha2::{Digest, Sha256};
 
 use super::masks::PatternSet;
 
-const CACHE_VERSION: u32 = 5;
+const CACHE_VERSION: u32 = 6;
 const RACY_NS: i128 = 100_000_000;
 /// From this many recorded stamps on, two threads check them.
 const PARALLEL_STAMPS: usize = 4096;
@@ -80,8 +80,49 @@ pub struct ScanResult {
     pub notes: Vec<String>,
     pub git: bool,
     pub entries_seen: usize,
+    /// Files and directories the host's tools obey found below the project's top
+    /// (`eval::protect::nested`), outermost only: bound read-only inside.
+    #[serde(default)]
+    pub nested_protected: Vec<Nested>,
+    /// Every directory of the project the scan looked at (not the git dir, not below a
+    /// mask), `""` for the top: where a run's end looks for protected names it created.
+    #[serde(skip)]
+    pub dirs: Vec<Vec<u8>>,
     #[serde(skip)]
     pub from_cache: bool,
+}
+
+/// A protected name below the project's top (see `eval::protect::nested`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Nested {
+    #[serde(with = "rel_text")]
+    pub rel: Vec<u8>,
+    pub dir: bool,
+}
+
+/// The protected names among `rels` (each with whether it is a directory), outermost only.
+fn nested_protected<'a>(rels: impl Iterator<Item = (&'a [u8], bool)>) -> Vec<Nested> {
+    let mut found = BTreeSet::new();
+    for (rel, _) in rels {
+        if let Some((len, dir, _)) = super::protect::nested(rel) {
+            found.insert(Nested {
+                rel: rel[..len].to_vec(),
+                dir,
+            });
+        }
+    }
+    let mut out: Vec<Nested> = Vec::new();
+    for n in found {
+        if !out
+            .iter()
+            .rev()
+            .take(1)
+            .any(|o| o.dir && below(&n.rel, &o.rel))
+        {
+            out.push(n);
+        }
+    }
+    out
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -129,6 +170,8 @@ struct Stamp {
     size: u64,
     #[serde(rename = "i")]
     ino: u64,
+    #[serde(rename = "d", default)]
+    dir: bool,
 }
 
 fn stamp(root: &std::os::fd::OwnedFd, rel: &[u8]) -> Option<Stamp> {
@@ -147,6 +190,7 @@ fn stamp(root: &std::os::fd::OwnedFd, rel: &[u8]) -> Option<Stamp> {
         ctime_ns: m.st_ctime as i128 * 1_000_000_000 + m.st_ctime_nsec as i128,
         size: m.st_size as u64,
         ino: m.st_ino as u64,
+        dir: rustix::fs::FileType::from_raw_mode(m.st_mode) == rustix::fs::FileType::Directory,
     })
 }
 
@@ -315,6 +359,12 @@ fn load_cache(path: &Path, root: &Path, key: &str) -> Option<ScanResult> {
     }
     let mut r = cache.result;
     r.from_cache = true;
+    r.dirs = cache
+        .stamps
+        .into_iter()
+        .filter(|(Rel(rel), s)| s.is_some_and(|s| s.dir) && rel.first() != Some(&b'/'))
+        .map(|(Rel(rel), _)| rel)
+        .collect();
     Some(r)
 }
 
@@ -647,6 +697,13 @@ fn scan_git(
     let mut stamped = vec![Vec::new()];
     let git_rel = git_dir.strip_prefix(root).ok().map(bytes);
     walk_dirs(root, &masked_dirs, git_rel, &mut stamped)?;
+    let dirs = stamped.clone();
+    let nested_protected = nested_protected(
+        tracked_or_visible
+            .iter()
+            .map(|f| (*f, false))
+            .chain(dirs.iter().map(|d| (d.as_slice(), true))),
+    );
     for f in ["index", "HEAD", "info/exclude", "info/attributes", "config"] {
         stamped.push(bytes(&git_dir.join(f)).to_vec());
     }
@@ -668,6 +725,8 @@ fn scan_git(
             notes,
             git: true,
             entries_seen,
+            nested_protected,
+            dirs,
             from_cache: false,
         },
         stamped,
@@ -696,14 +755,19 @@ fn scan_plain(root: &Path, rules: &ScanRules<'_>) -> Result<(ScanResult, Vec<Vec
     let mut dirs = Dirs::new();
     let mut entries_seen = 0usize;
     let mut too_big = false;
+    let mut policy: Vec<(Vec<u8>, bool)> = Vec::new();
     walk(root, &mut |rel, is_dir| {
         entries_seen += 1;
         if entries_seen > MAX_WALK_ENTRIES {
             too_big = true;
             return;
         }
+        if super::protect::nested(bytes(rel)).is_some() {
+            policy.push((bytes(rel).to_vec(), is_dir));
+        }
         classify(rules, &mut dirs, &mut col, bytes(rel), is_dir);
     })?;
+    let nested_protected = nested_protected(policy.iter().map(|(r, d)| (r.as_slice(), *d)));
     if too_big {
         return Err(ScanError::TooBig { root: root.into() });
     }
@@ -715,6 +779,7 @@ fn scan_plain(root: &Path, rules: &ScanRules<'_>) -> Result<(ScanResult, Vec<Vec
         .collect();
     let mut stamped = vec![Vec::new()];
     walk_dirs(root, &masked_dirs, None, &mut stamped)?;
+    let dirs = stamped.clone();
     let notes =
         vec!["not a git repository: the gitignored and git-crypt layers do not apply".to_string()];
     Ok((
@@ -724,6 +789,8 @@ fn scan_plain(root: &Path, rules: &ScanRules<'_>) -> Result<(ScanResult, Vec<Vec
             notes,
             git: false,
             entries_seen,
+            nested_protected,
+            dirs,
             from_cache: false,
         },
         stamped,

@@ -22,8 +22,51 @@ pub struct Pending {
     /// under that name afterwards with another identity was put there by the sandbox (it
     /// renamed the directory holding the original and made a new one).
     bound: Vec<(PathBuf, u64, u64)>,
+    /// Protected names below the top a mask covered at start, with their identity then.
+    covered: Vec<(PathBuf, u64, u64)>,
+    /// The project's directories written in place (the plan's `project_dirs`), and when the
+    /// run started: where and since when to look for protected names made below the top.
+    dirs: std::sync::Arc<crate::eval::plan::ProjectDirs>,
+    since_ns: i128,
     record: Option<PathBuf>,
     done: bool,
+}
+
+/// A record's first entry: when its run started (`since:<ns>`); paths start with `/`.
+const SINCE: &[u8] = b"since:";
+
+fn now_ns() -> i128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i128)
+}
+
+/// What [`created_below`] found, as protected files to move aside (and a warning when it
+/// could not look everywhere).
+fn nested_created(
+    project: &Path,
+    dirs: &crate::eval::plan::ProjectDirs,
+    since_ns: i128,
+    bound: &[(PathBuf, u64, u64)],
+) -> Vec<Protected> {
+    if dirs.dirs.is_empty() {
+        return Vec::new();
+    }
+    let (found, short) = created_below(project, dirs, since_ns, bound);
+    if short {
+        eprintln!(
+            "aisb: WARNING: could not look through every directory the sandbox made or changed in {} for files the host's tools obey (.envrc, .npmrc, .vscode/ ...)\n  help: look for them yourself before running tools there",
+            project.display()
+        );
+    }
+    found
+        .into_iter()
+        .map(|(path, why)| Protected {
+            path,
+            dir: false,
+            why: why.to_string(),
+        })
+        .collect()
 }
 
 impl Pending {
@@ -41,13 +84,13 @@ impl Pending {
                 paths.push(path.clone());
             }
         }
-        quarantine(
-            &self.project,
-            &self.quarantine,
-            &self.protected,
-            &paths,
-            audit,
-        );
+        let mut protected = self.protected.clone();
+        let known: Vec<_> = self.bound.iter().chain(&self.covered).cloned().collect();
+        for p in nested_created(&self.project, &self.dirs, self.since_ns, &known) {
+            paths.push(p.path.clone());
+            protected.push(p);
+        }
+        quarantine(&self.project, &self.quarantine, &protected, &paths, audit);
         if let Some(r) = self.record.take() {
             let _ = std::fs::remove_file(r);
         }
@@ -83,15 +126,28 @@ pub fn begin(plan: &Plan, audit: Option<&crate::audit::Log>) -> (Pending, Option
             // Our own file, never followed: a record is a list of NUL-ended paths.
             if let Ok(Some(bytes)) = crate::beneath::read(&dir, Path::new(&e.file_name()), 1 << 20)
             {
-                let paths: Vec<PathBuf> = bytes
+                let mut paths: Vec<PathBuf> = bytes
                     .split(|b| *b == 0)
-                    .filter(|p| !p.is_empty())
+                    .filter(|p| p.first() == Some(&b'/'))
                     .map(|p| PathBuf::from(std::ffi::OsStr::from_bytes(p)))
                     .collect();
+                let mut protected = plan.protected.clone();
+                // What the killed run's sandbox made below the top since it started: the scan
+                // of this start saw it as the project's own.
+                let since = bytes
+                    .split(|b| *b == 0)
+                    .find_map(|p| p.strip_prefix(SINCE))
+                    .and_then(|n| std::str::from_utf8(n).ok()?.parse::<i128>().ok());
+                if let Some(since) = since {
+                    for p in nested_created(&plan.project, &plan.project_dirs, since, &[]) {
+                        paths.push(p.path.clone());
+                        protected.push(p);
+                    }
+                }
                 moved.extend(quarantine(
                     &plan.project,
                     &quarantine_dir,
-                    &plan.protected,
+                    &protected,
                     &paths,
                     audit,
                 ));
@@ -135,30 +191,40 @@ pub fn begin(plan: &Plan, audit: Option<&crate::audit::Log>) -> (Pending, Option
             }
         }
     }
-    let changed =
-        moved
-            .iter()
-            .any(|p| plan.mounts.iter().any(|m| m.target == *p))
-            .then(|| {
-                let mut p = plan.clone();
-                for path in &moved {
-                    if let Some(i) = p.mounts.iter().position(|m| {
-                        m.target == *path && crate::eval::protect::is_protect_mount(m)
-                    }) {
-                        let m = p.mounts.remove(i);
-                        p.protected.push(Protected {
-                            path: path.clone(),
-                            dir: false,
-                            why: m.why,
-                        });
-                    }
+    let changed = moved
+        .iter()
+        .any(|p| {
+            plan.mounts.iter().any(|m| m.target == *p) || plan.masks.iter().any(|m| m.path == *p)
+        })
+        .then(|| {
+            let mut p = plan.clone();
+            // A mask on what was moved would have nothing to cover (a name the killed run's
+            // sandbox made that the sensitive patterns match).
+            p.masks.retain(|m| !moved.contains(&m.path));
+            for path in &moved {
+                if let Some(i) = p
+                    .mounts
+                    .iter()
+                    .position(|m| m.target == *path && crate::eval::protect::is_protect_mount(m))
+                {
+                    let m = p.mounts.remove(i);
+                    p.protected.push(Protected {
+                        path: path.clone(),
+                        dir: false,
+                        why: m.why,
+                    });
                 }
-                p
-            });
+            }
+            p
+        });
     let plan = changed.as_ref().unwrap_or(plan);
+    let since_ns = now_ns();
     let mut record = None;
-    if !plan.protected.is_empty() {
+    if !plan.protected.is_empty() || !plan.project_dirs.dirs.is_empty() {
         let mut bytes = Vec::new();
+        bytes.extend_from_slice(SINCE);
+        bytes.extend_from_slice(since_ns.to_string().as_bytes());
+        bytes.push(0);
         for p in &plan.protected {
             bytes.extend_from_slice(p.path.as_os_str().as_bytes());
             bytes.push(0);
@@ -172,25 +238,189 @@ pub fn begin(plan: &Plan, audit: Option<&crate::audit::Log>) -> (Pending, Option
             record = Some(path);
         }
     }
+    let identity = |p: &PathBuf| {
+        use std::os::unix::fs::MetadataExt;
+        let md = std::fs::symlink_metadata(p).ok()?;
+        Some((p.clone(), md.dev(), md.ino()))
+    };
     let bound = plan
         .mounts
         .iter()
         .filter(|m| crate::eval::protect::is_protect_mount(m))
-        .filter_map(|m| {
-            use std::os::unix::fs::MetadataExt;
-            let md = std::fs::symlink_metadata(&m.target).ok()?;
-            Some((m.target.clone(), md.dev(), md.ino()))
-        })
+        .filter_map(|m| identity(&m.target))
         .collect();
+    // Known at start under a mask (or another mount): kept by the end's check, never compared
+    // by the sweep above (a mask is no bind of ours).
+    let covered: Vec<(PathBuf, u64, u64)> =
+        plan.protect_covered.iter().filter_map(identity).collect();
     let pending = Pending {
         project: plan.project.clone(),
         quarantine: quarantine_dir,
         protected: plan.protected.clone(),
         bound,
+        covered,
+        dirs: plan.project_dirs.clone(),
+        since_ns,
         record,
         done: false,
     };
     (pending, changed)
+}
+
+/// How far before a run's start a change still counts as the run's: the kernel stamps ctime
+/// from a clock that lags the one the start was read from by up to a tick.
+const CLOCK_SLACK_NS: i128 = 50_000_000;
+
+/// At most this many entries of directories the sandbox made are looked at (a run that
+/// unpacked a huge tree into the project): past it, the check says so.
+const MAX_NEW_ENTRIES: usize = 1_000_000;
+
+/// From this many directories on, two threads look at them.
+const PARALLEL_DIRS: usize = 4096;
+
+fn ctime_ns(st: &rustix::fs::Stat) -> i128 {
+    st.st_ctime as i128 * 1_000_000_000 + st.st_ctime_nsec as i128
+}
+
+/// The protected names below the project's top (`eval::protect::nested`: a `sub/.envrc`, a
+/// `packages/x/.npmrc`, a `pkg/.vscode/`) that appeared since `since_ns`, with what obeys
+/// each: in each of `dirs` (the scan's, relative) whose ctime moved since (any entry made,
+/// renamed in or removed moves it; the sandbox cannot set a ctime), and throughout any
+/// directory not in `dirs` (made or renamed in by the sandbox). An entry counts when its own
+/// ctime moved (made, renamed, changed) and it is not one of the files bound read-only
+/// (`bound`: their identity at start). Directories are opened beneath the project without
+/// following links; a link under a protected name is itself the find. The second value: the
+/// check stopped early (a directory it could not open, or [`MAX_NEW_ENTRIES`]).
+fn created_below(
+    project: &Path,
+    dirs: &crate::eval::plan::ProjectDirs,
+    since_ns: i128,
+    bound: &[(PathBuf, u64, u64)],
+) -> (Vec<(PathBuf, &'static str)>, bool) {
+    use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
+    use std::os::unix::ffi::OsStrExt;
+    let mut found = Vec::new();
+    let Ok(root) = rustix::fs::open(
+        project,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) else {
+        return (found, !dirs.dirs.is_empty());
+    };
+    let since = since_ns - CLOCK_SLACK_NS;
+    let stat = |rel: &[u8]| {
+        rustix::fs::statat(
+            &root,
+            std::ffi::OsStr::from_bytes(rel),
+            AtFlags::SYMLINK_NOFOLLOW | AtFlags::EMPTY_PATH,
+        )
+        .ok()
+    };
+    let changed = |part: &[Vec<u8>]| -> Vec<Vec<u8>> {
+        part.iter()
+            .filter(|d| {
+                stat(d).is_some_and(|st| {
+                    FileType::from_raw_mode(st.st_mode) == FileType::Directory
+                        && ctime_ns(&st) >= since
+                })
+            })
+            .cloned()
+            .collect()
+    };
+    // One stat per directory: a big repository has tens of thousands, so two threads share
+    // them (as the scan's own check does at start).
+    let mut todo = if dirs.dirs.len() < PARALLEL_DIRS {
+        changed(&dirs.dirs)
+    } else {
+        let (a, b) = dirs.dirs.split_at(dirs.dirs.len() / 2);
+        std::thread::scope(
+            |s| match std::thread::Builder::new().spawn_scoped(s, || changed(b)) {
+                Ok(other) => {
+                    let mut mine = changed(a);
+                    match other.join() {
+                        Ok(theirs) => mine.extend(theirs),
+                        Err(_) => mine.extend(changed(b)),
+                    }
+                    mine
+                }
+                Err(_) => [changed(a), changed(b)].concat(),
+            },
+        )
+    };
+    if todo.is_empty() {
+        return (found, false);
+    }
+    // Looked at only when changed (known), or never (skipped); any other directory is new.
+    let known: std::collections::HashSet<&[u8]> = dirs
+        .dirs
+        .iter()
+        .chain(dirs.skip.iter())
+        .map(Vec::as_slice)
+        .collect();
+    let mut new_entries = 0usize;
+    let mut short = false;
+    while let Some(dir) = todo.pop() {
+        let fd = if dir.is_empty() {
+            rustix::io::dup(&root)
+        } else {
+            rustix::fs::openat2(
+                &root,
+                std::ffi::OsStr::from_bytes(&dir),
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+                ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+            )
+        };
+        let Ok(fd) = fd else {
+            // Gone (removed, renamed: its new name is looked at where it is now) or swapped
+            // for a link: nothing under this name for a host tool to obey.
+            continue;
+        };
+        let new_dir = !known.contains(dir.as_slice());
+        let Ok(mut entries) = rustix::fs::Dir::read_from(&fd) else {
+            short = true;
+            continue;
+        };
+        while let Some(Ok(entry)) = entries.read() {
+            let name = entry.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            if new_dir {
+                new_entries += 1;
+                if new_entries > MAX_NEW_ENTRIES {
+                    return (found, true);
+                }
+            }
+            let rel = if dir.is_empty() {
+                name.to_vec()
+            } else {
+                [&dir[..], b"/", name].concat()
+            };
+            let Ok(st) = rustix::fs::statat(&fd, entry.file_name(), AtFlags::SYMLINK_NOFOLLOW)
+            else {
+                continue;
+            };
+            let is_dir = FileType::from_raw_mode(st.st_mode) == FileType::Directory;
+            let path = project.join(std::ffi::OsStr::from_bytes(&rel));
+            if let Some((_, _, why)) = crate::eval::protect::nested(&rel) {
+                let kept = bound.iter().any(|(p, dev, ino)| {
+                    *p == path && (*dev, *ino) == (st.st_dev as u64, st.st_ino as u64)
+                });
+                if ctime_ns(&st) >= since && !kept {
+                    found.push((path, why));
+                    continue;
+                }
+                if !is_dir || known.contains(rel.as_slice()) {
+                    continue;
+                }
+            }
+            if is_dir && name != b".git" && !known.contains(rel.as_slice()) {
+                todo.push(rel);
+            }
+        }
+    }
+    (found, short)
 }
 
 /// Move each of `paths` that exists into `into`; returns those moved.
