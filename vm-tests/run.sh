@@ -26,12 +26,14 @@ as_caller() { # uid gid command...
 plain=$(grep -L '^# network: transparent' "$here"/scenarios/*.sh)
 transparent=$(grep -l '^# network: transparent' "$here"/scenarios/*.sh)
 
-# The script that runs inside the sandbox: each scenario in its own shell, `name=status`.
+# The script that runs inside the sandbox: each scenario in its own shell, `name=status`, and
+# `name.t=START END` (the uptime around it, read by a builtin: under TCG a fork costs).
 make_driver() { # scenario files...
     echo 'cd "$PROJ"'
     for f in "$@"; do
         name=$(basename "$f" .sh)
-        printf '( %s\n) >/dev/null 2>&1 </dev/null; echo "%s=$?"\n' "$(grep -v '^#' "$f")" "$name"
+        printf 'read -r t0 _ < /proc/uptime\n( %s\n) >/dev/null 2>&1 </dev/null; echo "%s=$?"; read -r t1 _ < /proc/uptime; echo "%s.t=$t0 $t1"\n' \
+            "$(grep -v '^#' "$f")" "$name" "$name"
     done
 }
 driver=$(mktemp); make_driver $plain > "$driver"
@@ -51,8 +53,9 @@ report() {
         elif [ "$expect" = blocked ] && [ "$got" != 0 ]; then outcome=pass; detail="refused (status $got)"
         elif [ "$expect" = works ] && [ "$got" = 0 ]; then outcome=pass; detail="works"
         else outcome=fail; detail="expected $expect, got status $got"; fi
-        printf '@@RESULT {"scenario":"%s","backend":"%s","user":"%s","outcome":"%s","detail":"%s"}\n' \
-            "$scen" "$backend" "$name" "$outcome" "$detail"
+        secs=$(printf '%s\n' "$out" | sed -n "s/^$scen\.t=//p" | awk '{ printf "%.2f", $2 - $1 }')
+        printf '@@RESULT {"scenario":"%s","backend":"%s","user":"%s","outcome":"%s","detail":"%s","seconds":%s}\n' \
+            "$scen" "$backend" "$name" "$outcome" "$detail" "${secs:-0}"
     done
 }
 

@@ -106,6 +106,9 @@ struct Outcome {
     user: String,
     outcome: String,
     detail: String,
+    /// How long the scenario took inside the sandbox (the guest's uptime around it).
+    #[serde(default)]
+    seconds: f64,
     #[serde(default)]
     kernel: String,
 }
@@ -607,6 +610,26 @@ fn report(runs: &[VmRun], json: bool, wall: f64, expect_failures: bool) -> Resul
             println!(
                 "  {} {} {} on {}: {} ({})",
                 o.outcome, o.scenario, o.backend, o.kernel, o.user, o.detail
+            );
+        }
+        // Where the matrix's time goes: the slowest scenarios per kernel, summed over the
+        // backends and callers (issue 33 keeps the matrix under 90 s).
+        for k in &kernels {
+            let mut by: std::collections::BTreeMap<&str, f64> = Default::default();
+            for o in all.iter().filter(|o| o.kernel == *k) {
+                *by.entry(o.scenario.as_str()).or_default() += o.seconds;
+            }
+            let total: f64 = by.values().sum();
+            let mut slow: Vec<(&str, f64)> = by.into_iter().collect();
+            slow.sort_by(|a, b| b.1.total_cmp(&a.1));
+            let top: Vec<String> = slow
+                .iter()
+                .take(6)
+                .map(|(s, t)| format!("{s} {t:.1} s"))
+                .collect();
+            println!(
+                "{k}: scenarios took {total:.1} s inside the sandboxes; slowest: {}",
+                top.join(", ")
             );
         }
         for r in runs {
