@@ -237,7 +237,13 @@ fn nested_case(user: Option<(u32, u32)>) {
     for backend in ["bwrap", "libcontainer"] {
         let who = who(backend, user);
         let p = Project::new(user);
-        for (rel, text) in [("lib/.npmrc", "registry=host\n"), ("pkg/notes.txt", "n\n")] {
+        for (rel, text) in [
+            ("lib/.npmrc", "registry=host\n"),
+            ("pkg/notes.txt", "n\n"),
+            (".gitignore", "node_modules/\n"),
+            ("web/index.js", "1\n"),
+            ("web/node_modules/dep/index.js", "2\n"),
+        ] {
             let f = p.proj().join(rel);
             std::fs::create_dir_all(f.parent().unwrap()).unwrap();
             std::fs::write(&f, text).unwrap();
@@ -354,6 +360,47 @@ fn nested_case(user: Option<(u32, u32)>) {
             "{who} {}",
             o.stderr
         );
+
+        // Around the check: a tree written by one run under a harmless name and renamed into
+        // place by the next (its files keep their old ctime), a directory made unreadable, a
+        // link to a directory the check does not look through, a git repository below the
+        // top, and a dependency directory made anew after its parent was renamed away with
+        // the copy-on-write layer mounted on it.
+        let o = p.run(
+            backend,
+            "mkdir -p stash/c && echo '[build]' > stash/c/config.toml; echo stash=$?",
+        );
+        o.expect("stash", "0");
+        assert!(p.exists("stash/c/config.toml"), "{who} {}", o.stderr);
+        let outside = p.dir.path().join("home");
+        let o = p.run(
+            backend,
+            &format!(
+                "mv stash/c pkg/.cargo; echo renamed=$?; \
+                 mkdir -p x/sub/.cargo && echo '[build]' > x/sub/.cargo/config.toml && chmod 311 x; echo unreadable=$?; \
+                 ln -s {} tools; echo link=$?; \
+                 git init -q nested && git -C nested config core.fsmonitor 'touch /tmp/pwned'; echo nested-git=$?; \
+                 mv web web.o && mkdir -p web/node_modules/t/.cargo && echo '[build]' > web/node_modules/t/.cargo/config.toml; echo swapped=$?",
+                outside.display()
+            ),
+        );
+        assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
+        for k in ["renamed", "unreadable", "link", "nested-git", "swapped"] {
+            o.expect(k, "0");
+        }
+        for rel in [
+            "pkg/.cargo/config.toml",
+            "x/sub/.cargo/config.toml",
+            "tools",
+            "nested/.git",
+            "web/node_modules/t/.cargo/config.toml",
+        ] {
+            assert!(
+                !p.exists(rel),
+                "{who} {rel} the sandbox made is still in the project:\n{}",
+                o.stderr
+            );
+        }
     }
 }
 

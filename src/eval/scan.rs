@@ -597,6 +597,7 @@ fn scan_git(
         ignored_args.push("--directory");
     }
     let ignored = git(root, &ignored_args, None)?;
+    let mut ignored_policy: Vec<Vec<u8>> = Vec::new();
     for entry in split_z(&ignored) {
         entries_seen += 1;
         let is_dir = entry.ends_with(b"/");
@@ -632,6 +633,9 @@ fn scan_git(
             }
             dirs.insert(rel.to_vec(), true);
         }
+        // Visible although git ignores it: a policy name there is bound read-only like a
+        // tracked one (not inside a dependency directory, whose writes stay in a layer).
+        let policy_here = own.is_none() && !inside;
         if is_dir {
             // An exempt ignored dir (a tool dir such as `.claude/`, a dependency dir): check
             // what is inside.
@@ -640,9 +644,15 @@ fn scan_git(
             walk(&dir, &mut |sub, sub_dir| {
                 let r = [rel, b"/", bytes(sub)].concat();
                 entries_seen += 1;
+                if policy_here && super::protect::nested(&r).is_some() {
+                    ignored_policy.push(r.clone());
+                }
                 classify(rules, &mut dirs, &mut col, &r, sub_dir);
             })?;
         } else {
+            if policy_here && super::protect::nested(rel).is_some() {
+                ignored_policy.push(rel.to_vec());
+            }
             classify(rules, &mut dirs, &mut col, rel, false);
         }
     }
@@ -702,6 +712,7 @@ fn scan_git(
         tracked_or_visible
             .iter()
             .map(|f| (*f, false))
+            .chain(ignored_policy.iter().map(|f| (f.as_slice(), false)))
             .chain(dirs.iter().map(|d| (d.as_slice(), true))),
     );
     for f in ["index", "HEAD", "info/exclude", "info/attributes", "config"] {

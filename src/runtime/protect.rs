@@ -123,6 +123,7 @@ pub fn begin(plan: &Plan, audit: Option<&crate::audit::Log>) -> (Pending, Option
             if alive {
                 continue;
             }
+            let mut keep_record = false;
             // Our own file, never followed: a record is a list of NUL-ended paths.
             if let Ok(Some(bytes)) = crate::beneath::read(&dir, Path::new(&e.file_name()), 1 << 20)
             {
@@ -139,6 +140,11 @@ pub fn begin(plan: &Plan, audit: Option<&crate::audit::Log>) -> (Pending, Option
                     .find_map(|p| p.strip_prefix(SINCE))
                     .and_then(|n| std::str::from_utf8(n).ok()?.parse::<i128>().ok());
                 if let Some(since) = since {
+                    if plan.project_dirs.dirs.is_empty() {
+                        // This run does not write the project in place (read-only, a named
+                        // sandbox's clone): the record waits for one that does.
+                        keep_record = true;
+                    }
                     for p in nested_created(&plan.project, &plan.project_dirs, since, &[]) {
                         paths.push(p.path.clone());
                         protected.push(p);
@@ -152,7 +158,16 @@ pub fn begin(plan: &Plan, audit: Option<&crate::audit::Log>) -> (Pending, Option
                     audit,
                 ));
             }
-            let _ = std::fs::remove_file(e.path());
+            if !keep_record {
+                let _ = std::fs::remove_file(e.path());
+            } else if e
+                .file_name()
+                .to_str()
+                .is_some_and(|n| n.parse::<i32>().is_ok())
+            {
+                // Renamed off its pid: this run's own record may take that name.
+                let _ = std::fs::rename(e.path(), dir.join(format!("kept-{}", now_ns())));
+            }
         }
     }
     // A symbolic link under a secret's name that leads nowhere is a trap for a later write on
@@ -271,9 +286,9 @@ pub fn begin(plan: &Plan, audit: Option<&crate::audit::Log>) -> (Pending, Option
 /// from a clock that lags the one the start was read from by up to a tick.
 const CLOCK_SLACK_NS: i128 = 50_000_000;
 
-/// At most this many entries of directories the sandbox made are looked at (a run that
-/// unpacked a huge tree into the project): past it, the check says so.
-const MAX_NEW_ENTRIES: usize = 1_000_000;
+/// At most this many entries are looked at (a run that unpacked a huge tree into the project):
+/// past it, what the sandbox made and was not looked at is moved aside.
+const MAX_ENTRIES: usize = 2_000_000;
 
 /// From this many directories on, two threads look at them.
 const PARALLEL_DIRS: usize = 4096;
@@ -283,14 +298,21 @@ fn ctime_ns(st: &rustix::fs::Stat) -> i128 {
 }
 
 /// The protected names below the project's top (`eval::protect::nested`: a `sub/.envrc`, a
-/// `packages/x/.npmrc`, a `pkg/.vscode/`) that appeared since `since_ns`, with what obeys
-/// each: in each of `dirs` (the scan's, relative) whose ctime moved since (any entry made,
-/// renamed in or removed moves it; the sandbox cannot set a ctime), and throughout any
-/// directory not in `dirs` (made or renamed in by the sandbox). An entry counts when its own
-/// ctime moved (made, renamed, changed) and it is not one of the files bound read-only
-/// (`bound`: their identity at start). Directories are opened beneath the project without
-/// following links; a link under a protected name is itself the find. The second value: the
-/// check stopped early (a directory it could not open, or [`MAX_NEW_ENTRIES`]).
+/// `packages/x/.npmrc`, a `pkg/.vscode/`) that the sandbox made, with what obeys each. Looked
+/// for in each of `dirs` (the scan's, relative) whose ctime moved since `since_ns` (an entry
+/// made, renamed in or removed moves it; the sandbox cannot set a ctime), and throughout any
+/// directory the scan did not know (made or renamed in by the sandbox, or a skipped one made
+/// anew: a dependency directory whose parent was renamed away with its layer). An entry of a
+/// known directory counts when its own ctime moved and it is not one of the files bound
+/// read-only (`bound`: their identity at start); in a new directory every one counts, whatever
+/// its ctime (a tree written by an earlier run and renamed into place keeps its old times).
+/// Also found: a git repository made below the top (the host's git would obey its
+/// configuration), and a new link to a directory the check does not look through (outside the
+/// project, below a skipped directory): the host's tool would find its files through it.
+/// Directories are opened beneath the project without following links; one that cannot be
+/// opened or read (made unreadable) is the find itself when it is new; so is every new
+/// directory left when [`MAX_ENTRIES`] is reached. The second value: the check could not look
+/// everywhere (a known directory it could not read).
 fn created_below(
     project: &Path,
     dirs: &crate::eval::plan::ProjectDirs,
@@ -299,6 +321,11 @@ fn created_below(
 ) -> (Vec<(PathBuf, &'static str)>, bool) {
     use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
     use std::os::unix::ffi::OsStrExt;
+    const GIT: &str = "the host's git obeys a repository's configuration and hooks";
+    const LINK: &str =
+        "a link to a directory aisb does not look through: the host's tools would read what is there";
+    const UNREAD: &str = "a directory made so that aisb could not look into it";
+    const TOO_BIG: &str = "a directory too big for aisb to look through";
     let mut found = Vec::new();
     let Ok(root) = rustix::fs::open(
         project,
@@ -316,7 +343,7 @@ fn created_below(
         )
         .ok()
     };
-    let changed = |part: &[Vec<u8>]| -> Vec<Vec<u8>> {
+    let changed = |part: &[Vec<u8>]| -> Vec<(Vec<u8>, bool)> {
         part.iter()
             .filter(|d| {
                 stat(d).is_some_and(|st| {
@@ -324,7 +351,7 @@ fn created_below(
                         && ctime_ns(&st) >= since
                 })
             })
-            .cloned()
+            .map(|d| (d.clone(), false))
             .collect()
     };
     // One stat per directory: a big repository has tens of thousands, so two threads share
@@ -350,47 +377,104 @@ fn created_below(
     if todo.is_empty() {
         return (found, false);
     }
-    // Looked at only when changed (known), or never (skipped); any other directory is new.
-    let known: std::collections::HashSet<&[u8]> = dirs
-        .dirs
-        .iter()
-        .chain(dirs.skip.iter())
-        .map(Vec::as_slice)
-        .collect();
-    let mut new_entries = 0usize;
-    let mut short = false;
-    while let Some(dir) = todo.pop() {
-        let fd = if dir.is_empty() {
-            rustix::io::dup(&root)
-        } else {
-            rustix::fs::openat2(
-                &root,
-                std::ffi::OsStr::from_bytes(&dir),
-                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-                ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-            )
+    let known: std::collections::HashSet<&[u8]> = dirs.dirs.iter().map(Vec::as_slice).collect();
+    let skipped: std::collections::HashSet<&[u8]> = dirs.skip.iter().map(Vec::as_slice).collect();
+    // Where a link may lead without being a find: below the project, in a directory the
+    // check looks at (known, or new: not below a skipped one).
+    let looked_at = |real: &Path| -> bool {
+        let Ok(rel) = real.strip_prefix(project) else {
+            return false;
         };
-        let Ok(fd) = fd else {
+        let rel = rel.as_os_str().as_bytes();
+        !dirs
+            .skip
+            .iter()
+            .any(|s| rel == s.as_slice() || crate::eval::scan::below(rel, s))
+            && !rel.split(|b| *b == b'/').any(|c| c == b".git")
+    };
+    let path_of = |rel: &[u8]| project.join(std::ffi::OsStr::from_bytes(rel));
+    let mut entries_read = 0usize;
+    let mut short = false;
+    while let Some((dir, new_dir)) = todo.pop() {
+        let open = || {
+            if dir.is_empty() {
+                rustix::io::dup(&root)
+            } else {
+                rustix::fs::openat2(
+                    &root,
+                    std::ffi::OsStr::from_bytes(&dir),
+                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::empty(),
+                    ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+                )
+            }
+        };
+        let fd = match open() {
+            Ok(fd) => fd,
+            Err(rustix::io::Errno::ACCESS) => {
+                // Made unreadable inside (`chmod 311`): readable for its owner again, as the
+                // quarantine does, then looked at; or, when that is not ours to do, the find.
+                let p = path_of(&dir);
+                if let Ok(md) = std::fs::symlink_metadata(&p) {
+                    use std::os::unix::fs::PermissionsExt;
+                    if md.is_dir() {
+                        let mode = md.permissions().mode() | 0o700;
+                        let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode));
+                    }
+                }
+                match open() {
+                    Ok(fd) => fd,
+                    Err(_) if new_dir => {
+                        found.push((p, UNREAD));
+                        continue;
+                    }
+                    Err(_) => {
+                        short = true;
+                        continue;
+                    }
+                }
+            }
             // Gone (removed, renamed: its new name is looked at where it is now) or swapped
             // for a link: nothing under this name for a host tool to obey.
-            continue;
+            Err(_) => continue,
         };
-        let new_dir = !known.contains(dir.as_slice());
         let Ok(mut entries) = rustix::fs::Dir::read_from(&fd) else {
-            short = true;
+            if new_dir {
+                found.push((path_of(&dir), UNREAD));
+            } else {
+                short = true;
+            }
             continue;
         };
-        while let Some(Ok(entry)) = entries.read() {
+        loop {
+            let entry = match entries.read() {
+                None => break,
+                Some(Ok(e)) => e,
+                Some(Err(_)) => {
+                    if new_dir {
+                        found.push((path_of(&dir), UNREAD));
+                    } else {
+                        short = true;
+                    }
+                    break;
+                }
+            };
             let name = entry.file_name().to_bytes();
             if name == b"." || name == b".." {
                 continue;
             }
-            if new_dir {
-                new_entries += 1;
-                if new_entries > MAX_NEW_ENTRIES {
-                    return (found, true);
+            entries_read += 1;
+            if entries_read > MAX_ENTRIES {
+                // Fail closed: what was not looked at of what the sandbox made is moved aside.
+                if new_dir {
+                    found.push((path_of(&dir), TOO_BIG));
                 }
+                found.extend(
+                    todo.iter()
+                        .filter(|(_, new)| *new)
+                        .map(|(d, _)| (path_of(d), TOO_BIG)),
+                );
+                return (found, true);
             }
             let rel = if dir.is_empty() {
                 name.to_vec()
@@ -401,22 +485,53 @@ fn created_below(
             else {
                 continue;
             };
-            let is_dir = FileType::from_raw_mode(st.st_mode) == FileType::Directory;
-            let path = project.join(std::ffi::OsStr::from_bytes(&rel));
+            let kind = FileType::from_raw_mode(st.st_mode);
+            let is_dir = kind == FileType::Directory;
+            let fresh = new_dir || ctime_ns(&st) >= since;
+            let path = path_of(&rel);
+            let top = dir.is_empty();
             if let Some((_, _, why)) = crate::eval::protect::nested(&rel) {
                 let kept = bound.iter().any(|(p, dev, ino)| {
                     *p == path && (*dev, *ino) == (st.st_dev as u64, st.st_ino as u64)
                 });
-                if ctime_ns(&st) >= since && !kept {
+                if fresh && !kept {
                     found.push((path, why));
                     continue;
                 }
-                if !is_dir || known.contains(rel.as_slice()) {
-                    continue;
-                }
             }
-            if is_dir && name != b".git" && !known.contains(rel.as_slice()) {
-                todo.push(rel);
+            if name == b".git" {
+                // The project's own is its git layer's; one made below the top is a find.
+                if !top && fresh {
+                    found.push((path, GIT));
+                }
+                continue;
+            }
+            if kind == FileType::Symlink {
+                if fresh {
+                    let leads_to_dir = std::fs::metadata(&path).is_ok_and(|m| m.is_dir());
+                    if leads_to_dir
+                        && !std::fs::canonicalize(&path).is_ok_and(|real| looked_at(&real))
+                    {
+                        found.push((path, LINK));
+                    }
+                }
+                continue;
+            }
+            if !is_dir {
+                continue;
+            }
+            let is_known = known.contains(rel.as_slice());
+            if skipped.contains(rel.as_slice()) {
+                // A dependency, cache or masked directory: its writes stay in the sandbox's
+                // layer, unless this is a new one in its place (the old one renamed away
+                // with its layer mounted on it).
+                if fresh {
+                    todo.push((rel, true));
+                }
+                continue;
+            }
+            if !is_known {
+                todo.push((rel, true));
             }
         }
     }

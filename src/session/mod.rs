@@ -300,6 +300,8 @@ pub fn prepare(plan: &mut Plan, name: &str) -> Result<Session, SessionError> {
     plan.mounts
         .retain(|m| !crate::eval::protect::is_protect_mount(m));
     plan.protected.clear();
+    plan.project_dirs = Default::default();
+    plan.protect_covered.clear();
     for m in &mut plan.mounts {
         if m.target != repo {
             continue;
