@@ -32,6 +32,16 @@ mkdir -p "$WORK/trusted"
 (cd "$WORK/trusted" && git init -q && printf 'network {\n    allow "example.com"\n}\nenv {\n    pass "BUILD_ID"\n}\n' > sandbox.kdl && git add sandbox.kdl)
 (cd "$WORK/trusted" && "$AISB" trust >/dev/null 2>&1 && "$AISB" run -- true && "$AISB" run -- true)
 
+# A bigger project: 10,000 directories, which the end of every run stats for policy files the
+# sandbox made below the top (issue 29); the switch shows that check's share.
+mkdir -p "$WORK/big"
+(cd "$WORK/big" && git init -q && python3 -c "
+import os
+for i in range(100):
+    for j in range(100):
+        os.makedirs(f'd{i}/e{j}'); open(f'd{i}/e{j}/f.txt', 'w').write('x')
+" && git add -A && "$AISB" run -- true && "$AISB" run -- true)
+
 python3 - "$RUNS" "$AISB" <<'PY'
 import os, shutil, subprocess, sys, time
 runs, aisb = int(sys.argv[1]), sys.argv[2]
@@ -52,7 +62,10 @@ cases = [
     ("  bwrap, pids+memory+cpus", [aisb, "-C", "../limited", "run", "--backend", "bwrap", "--", "true"]),
     ("  libcontainer, pids+memory+cpus", [aisb, "-C", "../limited", "run", "--backend", "libcontainer", "--", "true"]),
 ]
+no_below = dict(os.environ, AISB_TEST_BREAK_ISOLATION="policy-below")
 cases += [
+    ("10,000-directory project, bwrap", [aisb, "-C", "../big", "run", "--backend", "bwrap", "--", "true"]),
+    ("  without the check below the top", [aisb, "-C", "../big", "run", "--backend", "bwrap", "--", "true"], no_below),
     ("approved loosenings, bwrap", [aisb, "-C", "../trusted", "run", "--backend", "bwrap", "--", "true"]),
     ("  --trust (no plan comparison)", [aisb, "-C", "../trusted", "--trust", "run", "--backend", "bwrap", "--", "true"]),
 ]
