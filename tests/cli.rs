@@ -933,3 +933,141 @@ fn control_characters_in_names_and_paths_are_refused_and_export_checks_trust() {
     let o = t.with(&["--trust", "export", "bundle", bundle]);
     assert_eq!(o.code, 0, "{}", o.stderr);
 }
+
+/// `aisb why` names the rule that decides, where it is written, and what would change it: for
+/// paths (a built-in secret pattern, a `block` line, a file inside a gitignored directory, a
+/// build output, a protected file, one not there yet, the project, /etc outside its snapshot),
+/// domains (allowed and denied by a line, refused by the allowlist), variables (passed, set,
+/// held back as a secret) and tool calls.
+#[test]
+fn why_names_the_rule_where_it_is_written_and_what_changes_it() {
+    let t = Test::new()
+        .file(
+            "sandbox.kdl",
+            "block \"notes.txt\"\nnetwork {\n    allow \"example.com\"\n    deny \"bad.example.com\"\n}\nenv {\n    set \"BAR\" \"1\"\n}\ntools {\n    deny \"Bash(git push:*)\"\n}\n",
+        )
+        .file("notes.txt", "n\n")
+        .file(".env", "K=1\n")
+        .file(".gitignore", "out/\nprivate/\n")
+        .file("out/report.txt", "r\n")
+        .file("private/notes.txt", "p\n")
+        .file("src/main.rs", "fn main() {}\n");
+    support::git_in(&t.proj(), &["init", "-q"]);
+    let why = |args: &[&str]| -> serde_json::Value {
+        let mut all = vec!["--trust", "why", "--json"];
+        all.extend_from_slice(args);
+        let o = t.with(&all);
+        assert_eq!(o.code, 0, "{args:?}: {}", o.stderr);
+        serde_json::from_str(&o.stdout).unwrap_or_else(|e| panic!("{args:?}: {e}\n{}", o.stdout))
+    };
+    let check = |args: &[&str], decision: &str, rule: &str, from: &str| {
+        let v = why(args);
+        assert_eq!(v["decision"], decision, "{args:?}: {v}");
+        assert!(
+            v["rule"].as_str().unwrap().contains(rule),
+            "{args:?}: rule {v}"
+        );
+        assert!(
+            v["from"].as_str().unwrap().contains(from),
+            "{args:?}: from {v}"
+        );
+        v
+    };
+    let v = check(
+        &[".env"],
+        "masked",
+        "sensitive \".env\"",
+        "built-in secret patterns",
+    );
+    assert!(
+        v["change"].as_str().unwrap().contains("allow \".env\""),
+        "{v}"
+    );
+    check(
+        &["notes.txt"],
+        "masked",
+        "block \"notes.txt\"",
+        "sandbox.kdl:1",
+    );
+    let v = check(
+        &["private/notes.txt"],
+        "masked",
+        "gitignored",
+        "git ignores it",
+    );
+    assert!(v["notes"].to_string().contains("masked as a whole"), "{v}");
+    check(
+        &["sandbox.kdl"],
+        "read-only",
+        "aisb's policy",
+        "eval::protect",
+    );
+    // A build output git ignores is the project's, written copy-on-write.
+    check(
+        &["out/report.txt"],
+        "copy-on-write",
+        "dependency dir out/",
+        "aisb's plan",
+    );
+    check(&["sub/.envrc"], "moved-aside", "direnv", "eval::protect");
+    check(&[".env.production"], "masked", ".env", "built-in");
+    check(&["src/main.rs"], "writable", "[project]", "aisb's plan");
+    check(
+        &["/etc/shadow"],
+        "not-visible",
+        "/etc entries",
+        "only the project",
+    );
+    check(
+        &["example.com"],
+        "allowed",
+        "allow \"example.com\"",
+        "sandbox.kdl:3",
+    );
+    check(
+        &["bad.example.com"],
+        "refused",
+        "deny \"bad.example.com\"",
+        "sandbox.kdl:4",
+    );
+    let v = check(
+        &["evil.example.org"],
+        "refused",
+        "not in the allowlist",
+        "allowlist",
+    );
+    assert!(
+        v["change"].as_str().unwrap().contains("evil.example.org"),
+        "{v}"
+    );
+    check(
+        &["--as", "domain", "notes.txt"],
+        "refused",
+        "not in the allowlist",
+        "allowlist",
+    );
+    let v = check(&["GITHUB_TOKEN"], "dropped", "secret", "environment filter");
+    assert!(
+        v["change"]
+            .as_str()
+            .unwrap()
+            .contains("pass \"GITHUB_TOKEN\""),
+        "{v}"
+    );
+    check(&["BAR"], "passed", "env set", "sandbox.kdl:7");
+    check(
+        &["Bash(git push origin main)"],
+        "refused",
+        "git push",
+        "sandbox.kdl:10",
+    );
+    check(&["Bash(ls)"], "allowed", "no rule denies it", "none match");
+    // Never a value: the token's is in the caller's environment only.
+    let o = t.with(&["--trust", "why", "GITHUB_TOKEN"]);
+    assert!(!o.stdout.contains("ghp_secret_value"), "{}", o.stdout);
+    assert!(
+        o.stdout.contains("dropped: looks like a secret"),
+        "{}",
+        o.stdout
+    );
+}

@@ -28,6 +28,7 @@ mod tasks;
 mod tasks_export;
 mod trust;
 mod up;
+mod why;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -52,6 +53,7 @@ Examples:
   aisb spec > config.json        the OCI runtime spec
   aisb export bundle /tmp/b      a bundle any OCI runtime (runc) can run
   aisb audit --blocked-only      what the sandbox's network policy refused
+  aisb why .env                  which rule masks it, where it is written, what changes it
   aisb up fix-42                 a named sandbox: its own shared clone, synced both ways
   aisb ls                        this repository's named sandboxes
   aisb rm fix-42                 remove one (refused while it has unsynced commits)
@@ -108,6 +110,7 @@ pub enum Command {
     Presets(presets::Args),
     Doctor(doctor::Args),
     Audit(audit::Args),
+    Why(why::Args),
     Ls(sandboxes::LsArgs),
     Rm(sandboxes::RmArgs),
     Gc(sandboxes::GcArgs),
@@ -176,6 +179,7 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
         Command::Store(a) => store::run(a),
         Command::Doctor(a) => doctor::run(a),
         Command::Audit(a) => audit::run(&g, a),
+        Command::Why(a) => why::run(&g, a),
         Command::Ls(a) => sandboxes::ls(&g, a),
         Command::Rm(a) => sandboxes::rm(&g, a),
         Command::Gc(a) => sandboxes::gc(a),
