@@ -1071,3 +1071,52 @@ fn why_names_the_rule_where_it_is_written_and_what_changes_it() {
         o.stdout
     );
 }
+
+/// `aisb suggest` turns the last run's network refusals into a diff of sandbox.kdl, each line
+/// with its reason, applied by nobody: the file is unchanged, and once the user applies it
+/// the next run asks like any loosening.
+#[test]
+fn suggest_proposes_the_lines_the_last_runs_refusals_call_for() {
+    if !support::root_or_skip("suggest (a sandbox with a network)") {
+        return;
+    }
+    let config = "network {\n    allow \"allowed.test\"\n}\n";
+    let t = Test::new().file("sandbox.kdl", config);
+    support::git_in(&t.proj(), &["init", "-q"]);
+    let o = t.with(&["suggest"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(o.stderr.contains("no audit log yet"), "{}", o.stderr);
+    let o = t.with(&[
+        "--trust",
+        "run",
+        "--backend",
+        "bwrap",
+        "--",
+        "sh",
+        "-c",
+        "curl -s -m 10 -o /dev/null https://registry.test/x; curl -s -m 10 -o /dev/null https://registry.test/y; curl -s -m 10 -o /dev/null http://other.test:8080/; true",
+    ]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let o = t.with(&["suggest"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert_eq!(
+        o.stdout,
+        "--- a/sandbox.kdl\n+++ b/sandbox.kdl\n@@ -1,3 +1,5 @@\n network {\n+    allow \"other.test:8080\" // refused 1 time (not in the allowlist)\n+    allow \"registry.test\" // refused 2 times (not in the allowlist)\n     allow \"allowed.test\"\n }\n",
+        "{}",
+        o.stderr
+    );
+    assert!(o.stderr.contains("proposed, not applied"), "{}", o.stderr);
+    assert_eq!(
+        std::fs::read_to_string(t.proj().join("sandbox.kdl")).unwrap(),
+        config
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&t.with(&["suggest", "--json"]).stdout).unwrap();
+    assert_eq!(v["proposals"][1]["count"], 2, "{v}");
+    // Applied by the user: the next run refuses without a terminal until it is approved.
+    let applied = "network {\n    allow \"other.test:8080\"\n    allow \"registry.test\"\n    allow \"allowed.test\"\n}\n";
+    std::fs::write(t.proj().join("sandbox.kdl"), applied).unwrap();
+    let o = t.with(&["run", "--backend", "bwrap", "--", "true"]);
+    assert_ne!(o.code, 0, "{}", o.stderr);
+    assert!(o.stderr.contains("registry.test"), "{}", o.stderr);
+}

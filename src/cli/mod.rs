@@ -24,6 +24,7 @@ mod setup_apparmor;
 mod setup_user;
 mod spec;
 mod store;
+mod suggest;
 mod tasks;
 mod tasks_export;
 mod trust;
@@ -54,6 +55,7 @@ Examples:
   aisb export bundle /tmp/b      a bundle any OCI runtime (runc) can run
   aisb audit --blocked-only      what the sandbox's network policy refused
   aisb why .env                  which rule masks it, where it is written, what changes it
+  aisb suggest                   the sandbox.kdl lines the last run's refusals call for (a diff)
   aisb up fix-42                 a named sandbox: its own shared clone, synced both ways
   aisb ls                        this repository's named sandboxes
   aisb rm fix-42                 remove one (refused while it has unsynced commits)
@@ -111,6 +113,7 @@ pub enum Command {
     Doctor(doctor::Args),
     Audit(audit::Args),
     Why(why::Args),
+    Suggest(suggest::Args),
     Ls(sandboxes::LsArgs),
     Rm(sandboxes::RmArgs),
     Gc(sandboxes::GcArgs),
@@ -180,6 +183,7 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> Result<i32, Error> {
         Command::Doctor(a) => doctor::run(a),
         Command::Audit(a) => audit::run(&g, a),
         Command::Why(a) => why::run(&g, a),
+        Command::Suggest(a) => suggest::run(&g, a),
         Command::Ls(a) => sandboxes::ls(&g, a),
         Command::Rm(a) => sandboxes::rm(&g, a),
         Command::Gc(a) => sandboxes::gc(a),
