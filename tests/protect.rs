@@ -164,7 +164,12 @@ fn case(user: Option<(u32, u32)>) {
             Some("# host\n"),
             "{who}"
         );
-        assert!(!p.exists("mvnx/jvm.config"), "{who} {}", o.stderr);
+        // The link the sandbox made goes (what it led to is obeyed by nothing without it).
+        assert!(
+            !p.exists(".mvn/jvm.config") && !p.exists(".mvn"),
+            "{who} {}",
+            o.stderr
+        );
         for rel in [".gitmodules", ".husky", ".envrc"] {
             assert!(
                 !p.exists(rel),
@@ -243,6 +248,7 @@ fn nested_case(user: Option<(u32, u32)>) {
             (".gitignore", "node_modules/\n"),
             ("web/index.js", "1\n"),
             ("web/node_modules/dep/index.js", "2\n"),
+            ("jvm.config", "user\n"),
         ] {
             let f = p.proj().join(rel);
             std::fs::create_dir_all(f.parent().unwrap()).unwrap();
@@ -250,6 +256,9 @@ fn nested_case(user: Option<(u32, u32)>) {
         }
         std::fs::create_dir_all(p.proj().join("deep/a/b")).unwrap();
         std::fs::write(p.proj().join("deep/a/b/keep"), "k\n").unwrap();
+        // A repository of its own below the top (a vendored clone).
+        std::fs::create_dir_all(p.proj().join("vendor/lib")).unwrap();
+        support::git_in(&p.proj().join("vendor/lib"), &["init", "-q"]);
         // Untracked: the scan sees them all the same.
         if let Some((uid, gid)) = user {
             support::chown_r(&p.proj(), uid, gid);
@@ -257,7 +266,7 @@ fn nested_case(user: Option<(u32, u32)>) {
         let o = p.run(
             backend,
             "echo 'registry=evil' > lib/.npmrc 2>/dev/null; echo existing=$?; \
-             echo 'export PATH=/evil' > pkg/.envrc && touch -d 2001-01-01 pkg/.envrc; echo envrc=$?; \
+             echo 'export PATH=/evil' > pkg/.envrc; echo envrc=$?; touch -d 2001-01-01 pkg/.envrc 2>/dev/null; \
              mkdir -p newdir/sub && echo x > newdir/sub/.npmrc; echo new-dir=$?; \
              mkdir -p deep/a/b/.cargo && echo '[build]' > deep/a/b/.cargo/config.toml; echo cargo=$?; \
              mkdir -p pkg/.vscode && echo '{}' > pkg/.vscode/tasks.json; echo vscode=$?; \
@@ -368,9 +377,11 @@ fn nested_case(user: Option<(u32, u32)>) {
         // the copy-on-write layer mounted on it.
         let o = p.run(
             backend,
-            "mkdir -p stash/c && echo '[build]' > stash/c/config.toml; echo stash=$?",
+            "mkdir -p stash/c && echo '[build]' > stash/c/config.toml; echo stash=$?; \
+             mkdir -p pkg2/.cargo stash2/cg && echo '[build]' > stash2/cg/config.toml; echo stash2=$?",
         );
         o.expect("stash", "0");
+        o.expect("stash2", "0");
         assert!(p.exists("stash/c/config.toml"), "{who} {}", o.stderr);
         let outside = p.dir.path().join("home");
         let o = p.run(
@@ -380,20 +391,51 @@ fn nested_case(user: Option<(u32, u32)>) {
                  mkdir -p x/sub/.cargo && echo '[build]' > x/sub/.cargo/config.toml && chmod 311 x; echo unreadable=$?; \
                  ln -s {} tools; echo link=$?; \
                  git init -q nested && git -C nested config core.fsmonitor 'touch /tmp/pwned'; echo nested-git=$?; \
-                 mv web web.o && mkdir -p web/node_modules/t/.cargo && echo '[build]' > web/node_modules/t/.cargo/config.toml; echo swapped=$?",
+                 mv web web.o && mkdir -p web/node_modules/t/.cargo && echo '[build]' > web/node_modules/t/.cargo/config.toml; echo swapped=$?; \
+                 rmdir pkg2/.cargo && mv stash2/cg pkg2/.cargo; echo known-swapped=$?; \
+                 mkdir -p sub2 && echo '[build]' > sub2/config.toml && ln -s . sub2/.cargo; echo dot-link=$?; \
+                 ln -s . .mvn; echo top-link=$?; \
+                 mkdir -p src2/objects src2/refs && echo 'ref: refs/heads/main' > src2/HEAD && printf '[core]\\n\\tpager = touch /tmp/pwned\\n' > src2/config; echo bare=$?; \
+                 echo '[core]' >> vendor/lib/.git/config 2>/dev/null; echo nested-repo=$?",
                 outside.display()
             ),
         );
         assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
-        for k in ["renamed", "unreadable", "link", "nested-git", "swapped"] {
+        for k in [
+            "renamed",
+            "unreadable",
+            "link",
+            "nested-git",
+            "swapped",
+            "known-swapped",
+            "dot-link",
+            "top-link",
+            "bare",
+        ] {
             o.expect(k, "0");
         }
+        o.expect_failed(
+            "nested-repo",
+            "an existing nested repository is read-only inside",
+        );
+        // The user's own `jvm.config` is never taken for `.mvn/jvm.config` through the new
+        // link: the link goes.
+        assert_eq!(
+            p.read("jvm.config").as_deref(),
+            Some("user\n"),
+            "{who} {}",
+            o.stderr
+        );
         for rel in [
             "pkg/.cargo/config.toml",
             "x/sub/.cargo/config.toml",
             "tools",
             "nested/.git",
             "web/node_modules/t/.cargo/config.toml",
+            "pkg2/.cargo/config.toml",
+            "sub2/.cargo",
+            "src2/HEAD",
+            ".mvn",
         ] {
             assert!(
                 !p.exists(rel),

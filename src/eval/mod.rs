@@ -389,7 +389,7 @@ fn resolve(
                 dirs: scanned
                     .dirs
                     .iter()
-                    .filter(|d| !skip.iter().any(|r| *d == r || scan::below(d, r)))
+                    .filter(|(d, _)| !skip.iter().any(|r| d == r || scan::below(d, r)))
                     .cloned()
                     .collect(),
                 skip,

@@ -243,7 +243,8 @@ pub struct GeneratedFile {
 /// never walked.
 #[derive(Debug, Clone, Default)]
 pub struct ProjectDirs {
-    pub dirs: Vec<Vec<u8>>,
+    /// With each its inode at the scan.
+    pub dirs: Vec<(Vec<u8>, u64)>,
     pub skip: Vec<Vec<u8>>,
 }
 

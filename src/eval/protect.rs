@@ -130,6 +130,25 @@ pub const PROTECTED: &[(&str, &str)] = &[
     (".opencode.json", "OpenCode's configuration"),
 ];
 
+/// Protected below the top only: a git repository inside the project (a vendored clone, a
+/// submodule's checkout). The host's git obeys its configuration and hooks in that directory;
+/// the project's own `.git` at the top is its git layer's (`crate::git`).
+pub const BELOW_ONLY: &[(&str, &str)] = &[(
+    ".git/",
+    "the host's git obeys a repository's configuration and hooks",
+)];
+
+/// Whether `name` (one path component) starts a protected name (`.cargo` of
+/// `.cargo/config.toml`, `.vscode`): a link the sandbox makes under such a name could put a
+/// protected file where the host's tool looks through it (`ln -s . sub/.cargo`).
+pub fn starts_a_name(name: &[u8]) -> bool {
+    PROTECTED
+        .iter()
+        .chain(BELOW_ONLY)
+        .chain(PRIVATE)
+        .any(|(n, _)| n.trim_end_matches('/').split('/').next().map(str::as_bytes) == Some(name))
+}
+
 /// Whether the project-relative `rel` (`/`-separated, raw bytes) is, or is inside, a protected
 /// file or directory below the project's top: the host's tools look for these from the
 /// directory they run in upwards (direnv's `.envrc` on `cd sub`, cargo's `.cargo/config.toml`,
@@ -143,7 +162,7 @@ pub fn nested(rel: &[u8]) -> Option<(usize, bool, &'static str)> {
     // By first component: one hash lookup per component of every file of a cold scan.
     static BY_FIRST: std::sync::LazyLock<ByFirst> = std::sync::LazyLock::new(|| {
         let mut m = ByFirst::new();
-        for (name, why) in PROTECTED {
+        for (name, why) in PROTECTED.iter().chain(BELOW_ONLY) {
             let (name, dir) = match name.strip_suffix('/') {
                 Some(n) => (n.as_bytes(), true),
                 None => (name.as_bytes(), false),
@@ -315,5 +334,13 @@ mod tests {
         assert_eq!(hit("sub/.vscodeX/a"), None);
         assert_eq!(hit("sub/.cargo/other.toml"), None);
         assert_eq!(hit("sub/"), None);
+        // A repository below the top is policy; the project's own is its git layer's.
+        assert_eq!(
+            hit("vendor/lib/.git/config"),
+            Some(("vendor/lib/.git", true))
+        );
+        assert_eq!(hit(".git/config"), None);
+        assert!(super::starts_a_name(b".cargo") && super::starts_a_name(b".git"));
+        assert!(!super::starts_a_name(b"src"));
     }
 }

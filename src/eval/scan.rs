@@ -86,8 +86,10 @@ pub struct ScanResult {
     pub nested_protected: Vec<Nested>,
     /// Every directory of the project the scan looked at (not the git dir, not below a
     /// mask), `""` for the top: where a run's end looks for protected names it created.
+    /// With each its inode when the scan saw it: a directory under a known name with another
+    /// inode was put there since (renamed in), and is looked at as a new one.
     #[serde(skip)]
-    pub dirs: Vec<Vec<u8>>,
+    pub dirs: Vec<(Vec<u8>, u64)>,
     #[serde(skip)]
     pub from_cache: bool,
 }
@@ -362,8 +364,8 @@ fn load_cache(path: &Path, root: &Path, key: &str) -> Option<ScanResult> {
     r.dirs = cache
         .stamps
         .into_iter()
-        .filter(|(Rel(rel), s)| s.is_some_and(|s| s.dir) && rel.first() != Some(&b'/'))
-        .map(|(Rel(rel), _)| rel)
+        .filter(|(Rel(rel), _)| rel.first() != Some(&b'/'))
+        .filter_map(|(Rel(rel), s)| s.filter(|s| s.dir).map(|s| (rel, s.ino)))
         .collect();
     Some(r)
 }
@@ -704,16 +706,15 @@ fn scan_git(
                 .map(|r| r.rel.as_slice()),
         )
         .collect();
-    let mut stamped = vec![Vec::new()];
     let git_rel = git_dir.strip_prefix(root).ok().map(bytes);
-    walk_dirs(root, &masked_dirs, git_rel, &mut stamped)?;
-    let dirs = stamped.clone();
+    let dirs = walk_dirs(root, &masked_dirs, git_rel)?;
+    let mut stamped: Vec<Vec<u8>> = dirs.iter().map(|(d, _)| d.clone()).collect();
     let nested_protected = nested_protected(
         tracked_or_visible
             .iter()
             .map(|f| (*f, false))
             .chain(ignored_policy.iter().map(|f| (f.as_slice(), false)))
-            .chain(dirs.iter().map(|d| (d.as_slice(), true))),
+            .chain(dirs.iter().map(|(d, _)| (d.as_slice(), true))),
     );
     for f in ["index", "HEAD", "info/exclude", "info/attributes", "config"] {
         stamped.push(bytes(&git_dir.join(f)).to_vec());
@@ -788,9 +789,8 @@ fn scan_plain(root: &Path, rules: &ScanRules<'_>) -> Result<(ScanResult, Vec<Vec
         .filter(|m| m.dir)
         .map(|m| m.rel.as_slice())
         .collect();
-    let mut stamped = vec![Vec::new()];
-    walk_dirs(root, &masked_dirs, None, &mut stamped)?;
-    let dirs = stamped.clone();
+    let dirs = walk_dirs(root, &masked_dirs, None)?;
+    let stamped: Vec<Vec<u8>> = dirs.iter().map(|(d, _)| d.clone()).collect();
     let notes =
         vec!["not a git repository: the gitignored and git-crypt layers do not apply".to_string()];
     Ok((
@@ -833,13 +833,16 @@ fn walk(dir: &Path, f: &mut dyn FnMut(&Path, bool)) -> Result<(), ScanError> {
     Ok(())
 }
 
-/// Every directory under `root` except the git dir and masked directories.
+/// `root` (as `""`) and every directory under it except the git dir and masked directories,
+/// each with its inode.
 fn walk_dirs(
     root: &Path,
     masked: &BTreeSet<&[u8]>,
     git_rel: Option<&[u8]>,
-    out: &mut Vec<Vec<u8>>,
-) -> Result<(), ScanError> {
+) -> Result<Vec<(Vec<u8>, u64)>, ScanError> {
+    use std::os::unix::fs::MetadataExt;
+    use walkdir::DirEntryExt;
+    let mut out = vec![(Vec::new(), fs::metadata(root).map_or(0, |m| m.ino()))];
     let mut it = walkdir::WalkDir::new(root)
         .min_depth(1)
         .follow_links(false)
@@ -858,9 +861,9 @@ fn walk_dirs(
             it.skip_current_dir();
             continue;
         }
-        out.push(raw.to_vec());
+        out.push((raw.to_vec(), entry.ino()));
     }
-    Ok(())
+    Ok(out)
 }
 
 #[cfg(test)]

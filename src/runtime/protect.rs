@@ -78,18 +78,19 @@ impl Pending {
     /// Move aside what appeared of the protected paths, then drop the run's record.
     fn sweep(&mut self, audit: Option<&crate::audit::Log>) {
         use std::os::unix::fs::MetadataExt;
-        let mut paths: Vec<PathBuf> = self.protected.iter().map(|p| p.path.clone()).collect();
+        // What the check below the top found goes first: a link it found (`ln -s . .cargo`)
+        // is moved before a protected path through it (`.cargo/config`) would resolve to the
+        // user's own file (`config/`).
+        let known: Vec<_> = self.bound.iter().chain(&self.covered).cloned().collect();
+        let mut protected = nested_created(&self.project, &self.dirs, self.since_ns, &known);
+        let mut paths: Vec<PathBuf> = protected.iter().map(|p| p.path.clone()).collect();
+        paths.extend(self.protected.iter().map(|p| p.path.clone()));
         for (path, dev, ino) in &self.bound {
             if std::fs::symlink_metadata(path).is_ok_and(|m| (m.dev(), m.ino()) != (*dev, *ino)) {
                 paths.push(path.clone());
             }
         }
-        let mut protected = self.protected.clone();
-        let known: Vec<_> = self.bound.iter().chain(&self.covered).cloned().collect();
-        for p in nested_created(&self.project, &self.dirs, self.since_ns, &known) {
-            paths.push(p.path.clone());
-            protected.push(p);
-        }
+        protected.extend(self.protected.iter().cloned());
         quarantine(&self.project, &self.quarantine, &protected, &paths, audit);
         if let Some(r) = self.record.take() {
             let _ = std::fs::remove_file(r);
@@ -145,10 +146,10 @@ pub fn begin(plan: &Plan, audit: Option<&crate::audit::Log>) -> (Pending, Option
                         // sandbox's clone): the record waits for one that does.
                         keep_record = true;
                     }
-                    for p in nested_created(&plan.project, &plan.project_dirs, since, &[]) {
-                        paths.push(p.path.clone());
-                        protected.push(p);
-                    }
+                    // First, as at a run's end (see `Pending::sweep`).
+                    let found = nested_created(&plan.project, &plan.project_dirs, since, &[]);
+                    paths.splice(0..0, found.iter().map(|p| p.path.clone()));
+                    protected.extend(found);
                 }
                 moved.extend(quarantine(
                     &plan.project,
@@ -293,6 +294,19 @@ const MAX_ENTRIES: usize = 2_000_000;
 /// From this many directories on, two threads look at them.
 const PARALLEL_DIRS: usize = 4096;
 
+/// Whether the directory `fd` holds a `HEAD` file, `objects/` and `refs/`: what git takes for
+/// a bare repository.
+fn bare_repo(fd: &std::os::fd::OwnedFd) -> bool {
+    use rustix::fs::{statat, AtFlags, FileType};
+    let is = |n: &str, t: FileType| {
+        statat(fd, n, AtFlags::SYMLINK_NOFOLLOW)
+            .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == t)
+    };
+    is("HEAD", FileType::RegularFile)
+        && is("objects", FileType::Directory)
+        && is("refs", FileType::Directory)
+}
+
 fn ctime_ns(st: &rustix::fs::Stat) -> i128 {
     st.st_ctime as i128 * 1_000_000_000 + st.st_ctime_nsec as i128
 }
@@ -323,7 +337,7 @@ fn created_below(
     use std::os::unix::ffi::OsStrExt;
     const GIT: &str = "the host's git obeys a repository's configuration and hooks";
     const LINK: &str =
-        "a link to a directory aisb does not look through: the host's tools would read what is there";
+        "a link under a protected name, or to where aisb does not look: the host's tools would read what is there";
     const UNREAD: &str = "a directory made so that aisb could not look into it";
     const TOO_BIG: &str = "a directory too big for aisb to look through";
     let mut found = Vec::new();
@@ -343,15 +357,21 @@ fn created_below(
         )
         .ok()
     };
-    let changed = |part: &[Vec<u8>]| -> Vec<(Vec<u8>, bool)> {
+    // A directory changed since (its ctime), or another one under its name (renamed in: a
+    // tree made by an earlier run keeps its times, so all of it is looked at, as new).
+    let changed = |part: &[(Vec<u8>, u64)]| -> Vec<(Vec<u8>, bool)> {
         part.iter()
-            .filter(|d| {
-                stat(d).is_some_and(|st| {
-                    FileType::from_raw_mode(st.st_mode) == FileType::Directory
-                        && ctime_ns(&st) >= since
-                })
+            .filter_map(|(d, ino)| {
+                let st = stat(d)?;
+                if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
+                    return None;
+                }
+                if st.st_ino as u64 != *ino {
+                    Some((d.clone(), true))
+                } else {
+                    (ctime_ns(&st) >= since).then(|| (d.clone(), false))
+                }
             })
-            .map(|d| (d.clone(), false))
             .collect()
     };
     // One stat per directory: a big repository has tens of thousands, so two threads share
@@ -377,20 +397,43 @@ fn created_below(
     if todo.is_empty() {
         return (found, false);
     }
-    let known: std::collections::HashSet<&[u8]> = dirs.dirs.iter().map(Vec::as_slice).collect();
+    let known: std::collections::HashSet<&[u8]> =
+        dirs.dirs.iter().map(|(d, _)| d.as_slice()).collect();
     let skipped: std::collections::HashSet<&[u8]> = dirs.skip.iter().map(Vec::as_slice).collect();
-    // Where a link may lead without being a find: below the project, in a directory the
-    // check looks at (known, or new: not below a skipped one).
-    let looked_at = |real: &Path| -> bool {
-        let Ok(rel) = real.strip_prefix(project) else {
-            return false;
+    // Where a new link may lead without being a find, by its text alone: below the project,
+    // not into a skipped directory or a git directory (which the check does not look
+    // through), or into the read-only Nix store (`result -> /nix/store/…`).
+    let leads_to_looked_at = |dir: &[u8], target: &[u8]| -> bool {
+        if target.starts_with(b"/nix/store/") {
+            return true;
+        }
+        let project_bytes = project.as_os_str().as_bytes();
+        let mut parts: Vec<&[u8]> = Vec::new();
+        let rest = match target.strip_prefix(project_bytes) {
+            Some(r) if r.is_empty() || r[0] == b'/' => r,
+            _ if target.first() == Some(&b'/') => return false,
+            _ => {
+                parts.extend(dir.split(|b| *b == b'/').filter(|c| !c.is_empty()));
+                target
+            }
         };
-        let rel = rel.as_os_str().as_bytes();
+        for c in rest.split(|b| *b == b'/') {
+            match c {
+                b"" | b"." => {}
+                b".." => {
+                    if parts.pop().is_none() {
+                        return false;
+                    }
+                }
+                c => parts.push(c),
+            }
+        }
+        let rel = parts.join(&b'/');
         !dirs
             .skip
             .iter()
-            .any(|s| rel == s.as_slice() || crate::eval::scan::below(rel, s))
-            && !rel.split(|b| *b == b'/').any(|c| c == b".git")
+            .any(|s| rel == *s || crate::eval::scan::below(&rel, s))
+            && !parts.iter().any(|c| *c == b".git")
     };
     let path_of = |rel: &[u8]| project.join(std::ffi::OsStr::from_bytes(rel));
     let mut entries_read = 0usize;
@@ -499,21 +542,34 @@ fn created_below(
                     continue;
                 }
             }
-            if name == b".git" {
-                // The project's own is its git layer's; one made below the top is a find.
-                if !top && fresh {
-                    found.push((path, GIT));
-                }
+            if top && name == b".git" {
+                // The project's own: its git layer's.
                 continue;
             }
+            if fresh && matches!(name, b"HEAD" | b"objects" | b"refs" | b"config") && bare_repo(&fd)
+            {
+                // `HEAD`, `objects/` and `refs/` side by side, one of them (or `config`) new:
+                // the host's git, run in this directory, takes it for a bare repository and
+                // obeys its `config`. Its `HEAD` moved aside, it is none.
+                let head = path_of(&if dir.is_empty() {
+                    b"HEAD".to_vec()
+                } else {
+                    [&dir[..], b"/HEAD"].concat()
+                });
+                if !found.iter().any(|(p, _)| *p == head) {
+                    found.push((head, GIT));
+                }
+            }
             if kind == FileType::Symlink {
-                if fresh {
-                    let leads_to_dir = std::fs::metadata(&path).is_ok_and(|m| m.is_dir());
-                    if leads_to_dir
-                        && !std::fs::canonicalize(&path).is_ok_and(|real| looked_at(&real))
-                    {
-                        found.push((path, LINK));
-                    }
+                // Never followed (an automount or a network path would hang the host's aisb or
+                // reach out): read, and resolved by name only.
+                if fresh
+                    && (crate::eval::protect::starts_a_name(name)
+                        || rustix::fs::readlinkat(&fd, entry.file_name(), Vec::new())
+                            .map(|t| !leads_to_looked_at(&dir, t.as_bytes()))
+                            .unwrap_or(true))
+                {
+                    found.push((path, LINK));
                 }
                 continue;
             }
@@ -547,6 +603,11 @@ fn quarantine(
     audit: Option<&crate::audit::Log>,
 ) -> Vec<PathBuf> {
     let mut out = Vec::new();
+    // Looked up per file moved: a sandbox can make a million of them.
+    let whys: std::collections::HashMap<&Path, &str> = protected
+        .iter()
+        .map(|p| (p.path.as_path(), p.why.as_str()))
+        .collect();
     for path in paths {
         if !path.starts_with(project) {
             continue;
@@ -562,8 +623,16 @@ fn quarantine(
             path.clone()
         };
         let path = &path;
-        if std::fs::symlink_metadata(path).is_err() {
-            continue;
+        match std::fs::symlink_metadata(path) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENAMETOOLONG) => {
+                eprintln!(
+                    "aisb: WARNING: {} was created by the sandbox under a path too long to move aside: remove it before any tool reads it",
+                    path.display()
+                );
+                continue;
+            }
+            Err(_) => continue,
         }
         let mut moved = crate::git::quarantine_file(path, into);
         if moved.is_none() {
@@ -602,10 +671,10 @@ fn quarantine(
             }
             continue;
         };
-        let why = protected
-            .iter()
-            .find(|p| p.path == from)
-            .map_or("the host runs or obeys it", |p| p.why.as_str());
+        let why = whys
+            .get(from.as_path())
+            .copied()
+            .unwrap_or("the host runs or obeys it");
         report(
             audit,
             &from,
