@@ -113,6 +113,23 @@ fn files(dir: &Path) -> Vec<String> {
         .collect()
 }
 
+/// `rel`, which the sandbox made, is gone from the project and was reported as moved aside.
+fn moved_aside(p: &Project, o: &Out, who: &str, rel: &str) {
+    assert!(
+        !p.exists(rel),
+        "{who} {rel} the sandbox made is still in the project:\n{}",
+        o.stderr
+    );
+    assert!(
+        o.stderr.contains(&format!(
+            "{} was created by the sandbox",
+            p.proj().join(rel).display()
+        )),
+        "{who} {rel} not reported:\n{}",
+        o.stderr
+    );
+}
+
 fn case(user: Option<(u32, u32)>) {
     for backend in ["bwrap", "libcontainer"] {
         let who = who(backend, user);
@@ -171,19 +188,7 @@ fn case(user: Option<(u32, u32)>) {
             o.stderr
         );
         for rel in [".gitmodules", ".husky", ".envrc"] {
-            assert!(
-                !p.exists(rel),
-                "{who} {rel} is still in the project:\n{}",
-                o.stderr
-            );
-            assert!(
-                o.stderr.contains(&format!(
-                    "{} was created by the sandbox",
-                    p.proj().join(rel).display()
-                )),
-                "{who} {rel} not reported:\n{}",
-                o.stderr
-            );
+            moved_aside(&p, &o, &who, rel);
         }
         assert_eq!(p.read("notes-free.txt").as_deref(), Some("ok\n"), "{who}");
         let moved = files(&p.dir.path().join("cache"));
@@ -301,19 +306,7 @@ fn nested_case(user: Option<(u32, u32)>) {
             "pkg/sandbox.kdl",
             "pkg/.tool-versions",
         ] {
-            assert!(
-                !p.exists(rel),
-                "{who} {rel} the sandbox made is still in the project:\n{}",
-                o.stderr
-            );
-            assert!(
-                o.stderr.contains(&format!(
-                    "{} was created by the sandbox",
-                    p.proj().join(rel).display()
-                )),
-                "{who} {rel} not reported:\n{}",
-                o.stderr
-            );
+            moved_aside(&p, &o, &who, rel);
         }
         assert_eq!(p.read("pkg/free.txt").as_deref(), Some("ok\n"), "{who}");
         assert_eq!(p.read("deep/a/b/keep").as_deref(), Some("k\n"), "{who}");

@@ -26,13 +26,23 @@ pub struct Args {
     pub follow: bool,
 }
 
+/// The audit log of the sandbox `name` (default: `default`), with the plan it was found by.
+pub(super) fn log_of(
+    g: &Global,
+    host: &crate::eval::Host,
+    name: Option<String>,
+) -> Result<(crate::eval::Plan, std::path::PathBuf), Error> {
+    let loaded = g.load(host)?;
+    let mut req = g.request(None, vec![]);
+    req.sandbox = name;
+    let plan = super::evaluated(crate::eval::evaluate(&loaded, host, &req)?);
+    let path = plan.state_dir.join("audit.jsonl");
+    Ok((plan, path))
+}
+
 pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     let host = super::host()?;
-    let loaded = g.load(&host)?;
-    let mut req = g.request(None, vec![]);
-    req.sandbox = a.name.clone();
-    let plan = super::evaluated(crate::eval::evaluate(&loaded, &host, &req)?);
-    let path = plan.state_dir.join("audit.jsonl");
+    let (_, path) = log_of(g, &host, a.name.clone())?;
     let mut file = match std::fs::File::open(&path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && !a.follow => {

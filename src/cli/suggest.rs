@@ -56,11 +56,7 @@ struct Suggestion {
 
 pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
     let host = super::host()?;
-    let loaded = g.load(&host)?;
-    let mut req = g.request(None, vec![]);
-    req.sandbox = a.name.clone();
-    let plan = super::evaluated(crate::eval::evaluate(&loaded, &host, &req)?);
-    let path = plan.state_dir.join("audit.jsonl");
+    let (plan, path) = super::audit::log_of(g, &host, a.name.clone())?;
     let events = match last_run(&path) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
