@@ -861,7 +861,10 @@ fn walk_dirs(
             it.skip_current_dir();
             continue;
         }
-        out.push((raw.to_vec(), entry.ino()));
+        // The inode as stat(2) gives it, as the end of a run compares it: a readdir's d_ino can
+        // differ on overlayfs and under a mount point.
+        let ino = entry.metadata().map_or(entry.ino(), |m| m.ino());
+        out.push((raw.to_vec(), ino));
     }
     Ok(out)
 }
