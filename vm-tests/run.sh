@@ -25,6 +25,15 @@ as_caller() { # uid gid command...
 # allowed.test (pinned to a busybox httpd on loopback); the rest in the default one (no network).
 plain=$(grep -L '^# network: transparent' "$here"/scenarios/*.sh)
 transparent=$(grep -l '^# network: transparent' "$here"/scenarios/*.sh)
+# SMALL_PIDS=1 (the VM testbed): scenarios marked `# pids: small` (the fork bomb) run in a third
+# sandbox whose sandbox.kdl sets `limits { pids 256 }`: under TCG each fork costs ~16 ms, and
+# 4,096 of them per backend and caller were 90% of the matrix. The same cgroup stops them, a
+# sixteenth as many; on the host (cargo test) they keep the default of 4,096.
+limited=""
+if [ "${SMALL_PIDS:-}" = 1 ]; then
+    limited=$(grep -l '^# pids: small' $plain)
+    plain=$(grep -L '^# pids: small' $plain)
+fi
 
 # The script that runs inside the sandbox: each scenario in its own shell, `name=status`, and
 # `name.t=START END` (the uptime around it, read by a builtin: under TCG a fork costs).
@@ -38,6 +47,7 @@ make_driver() { # scenario files...
 }
 driver=$(mktemp); make_driver $plain > "$driver"
 net_driver=$(mktemp); make_driver $transparent > "$net_driver"
+lim_driver=$(mktemp); make_driver $limited > "$lim_driver"
 
 # One `@@RESULT` line per scenario in $3... from the sandbox's output $1 (aisb's status $2).
 report() {
@@ -75,6 +85,11 @@ for backend in $backends; do
         (cd "$root/net" && git init -q)
         cp "$probe" "$root/net/bin/aisb-probe"; cp "$net_driver" "$root/net/bin/driver.sh"
         [ -e "$(dirname "$aisb")/aisb-init" ] && cp "$(dirname "$aisb")/aisb-init" "$root/aisb-init"
+        # The small-pids project: its own sandbox.kdl (narrower than the default: no trust).
+        mkdir -p "$root/lim/bin"
+        printf 'limits {\n    pids 256\n}\n' > "$root/lim/sandbox.kdl"
+        (cd "$root/lim" && git init -q)
+        cp "$lim_driver" "$root/lim/bin/driver.sh"
         [ -n "$owner" ] && chown -R "$owner" "$root"
         # Host-side steps (`# host: CMD`, with $PROJ): run while the sandbox runs, once the
         # scenario inside has created .host-go-NAME in the project (a secret that appears late).
@@ -98,6 +113,15 @@ for backend in $backends; do
         wait
         errfile="$root/stderr"
         report "$out" "$rc" $plain
+        if [ -n "$limited" ]; then
+            out=$(cd "$root/lim" && as_caller "$uid" "$gid" env -i PATH=/usr/local/bin:/usr/bin:/bin \
+                HOME="$root/home" XDG_CACHE_HOME="$root/cache" \
+                "$root/aisb" run --backend "$backend" -- env PROJ="$root/lim" \
+                /bin/sh "$root/lim/bin/driver.sh" 2>"$root/lim-stderr")
+            rc=$?
+            errfile="$root/lim-stderr"
+            report "$out" "$rc" $limited
+        fi
         [ -n "$transparent" ] || continue
         port=$((18000 + $$ % 1000))
         busybox httpd -f -p "127.0.0.1:$port" -h "$root/www" & httpd=$!
@@ -111,4 +135,4 @@ for backend in $backends; do
         report "$out" "$rc" $transparent
     done
 done
-rm -f "$driver" "$net_driver"
+rm -f "$driver" "$net_driver" "$lim_driver"

@@ -465,7 +465,7 @@ probe seccomp grep -q '^Seccomp:' /proc/self/status
 probe cgroup2 test -e /sys/fs/cgroup/cgroup.controllers
 "#;
 
-const INIT_STAGE2_TAIL: &str = r#"sh /vm-tests/run.sh /usr/local/bin/aisb /usr/local/bin/aisb-probe /tmp/work "bwrap libcontainer" "root tester:1000:1000"
+const INIT_STAGE2_TAIL: &str = r#"SMALL_PIDS=1 sh /vm-tests/run.sh /usr/local/bin/aisb /usr/local/bin/aisb-probe /tmp/work "bwrap libcontainer" "root tester:1000:1000"
 echo "@@DMESG"
 dmesg
 echo "@@DONE"

@@ -1,6 +1,8 @@
 # a bounded fork bomb (5,000 subshells) stops at the pids limit; the sandbox carries on once they
 # end and are reaped (builtins only until then: every slot may be taken). Each waits in open() on
-# a FIFO, so one writer ends them all; no exec (under TCG an exec costs ten forks).
+# a FIFO, so one writer ends them all; no exec (under TCG an exec costs ten forks). In the VMs
+# it runs in a sandbox with `limits { pids 256 }` (see run.sh's SMALL_PIDS).
+# pids: small
 # expect: blocked
 f=/tmp/fork-bomb-fifo-$$
 mkfifo "$f" || exit 126
