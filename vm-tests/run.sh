@@ -30,9 +30,9 @@ transparent=$(grep -l '^# network: transparent' "$here"/scenarios/*.sh)
 # 4,096 of them per backend and caller were 90% of the matrix. The same cgroup stops them, a
 # sixteenth as many; on the host (cargo test) they keep the default of 4,096.
 limited=""
-if [ "${SMALL_PIDS:-}" = 1 ]; then
-    limited=$(grep -l '^# pids: small' $plain)
-    plain=$(grep -L '^# pids: small' $plain)
+if [ "${SMALL_PIDS:-}" = 1 ] && [ -n "$plain" ]; then
+    limited=$(grep -l '^# pids: small' $plain </dev/null)
+    plain=$(grep -L '^# pids: small' $plain </dev/null)
 fi
 
 # The script that runs inside the sandbox: each scenario in its own shell, `name=status`, and
