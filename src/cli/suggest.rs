@@ -170,7 +170,7 @@ fn propose(events: &[Event], allowed: &[String]) -> (Vec<Proposal>, Vec<String>)
                     format!("{name}:{port}")
                 };
                 if crate::config::domain::DomainRule::parse(&value).is_err()
-                    || allowed.iter().any(|a| *a == value)
+                    || allowed.contains(&value)
                 {
                     continue;
                 }

@@ -2,7 +2,7 @@
 //! environment variable or an agent's tool call, where that rule is written, and what would
 //! change it. Read from the plan `aisb run` would use; nothing runs.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::Serialize;
 
@@ -147,13 +147,16 @@ fn written_at<'a>(
     value: &str,
     pick: impl Fn(&'a Settings) -> Vec<&'a crate::config::model::S<String>>,
 ) -> Option<String> {
-    for (_, s) in settings(loaded) {
-        if let Some(v) = pick(s).into_iter().find(|v| v.value == value) {
-            let f = &loaded.sources[v.loc.file];
-            return Some(format!("{}:{}", f.name, f.line_col(v.loc.span.offset()).0));
-        }
-    }
-    None
+    settings(loaded).find_map(|(_, s)| {
+        let v = pick(s).into_iter().find(|v| v.value == value)?;
+        Some(at(loaded, v.loc))
+    })
+}
+
+/// `FILE:LINE` of `loc`.
+fn at(loaded: &Loaded, loc: crate::config::Loc) -> String {
+    let f = &loaded.sources[loc.file];
+    format!("{}:{}", f.name, f.line_col(loc.span.offset()).0)
 }
 
 /// `"X"` inside the first pair of double quotes of `rule` (`block "X"` -> `X`).
@@ -161,26 +164,6 @@ fn quoted(rule: &str) -> Option<&str> {
     let start = rule.find('"')? + 1;
     let end = start + rule[start..].find('"')?;
     Some(&rule[start..end])
-}
-
-fn lexical(cwd: &Path, target: &str) -> PathBuf {
-    let mut out = PathBuf::new();
-    let p = Path::new(target);
-    let joined = if p.is_absolute() {
-        p.to_path_buf()
-    } else {
-        cwd.join(p)
-    };
-    for c in joined.components() {
-        match c {
-            std::path::Component::ParentDir => {
-                out.pop();
-            }
-            std::path::Component::CurDir => {}
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 fn why(target: &str, kind: Kind, decision: &str, rule: String, from: String) -> Why {
@@ -196,7 +179,7 @@ fn why(target: &str, kind: Kind, decision: &str, rule: String, from: String) -> 
 }
 
 fn path(plan: &Plan, loaded: &Loaded, cwd: &Path, target: &str) -> Why {
-    let abs = lexical(cwd, target);
+    let abs = crate::git::lexical_join(cwd, Path::new(target));
     let rel = abs
         .strip_prefix(&plan.project)
         .ok()
@@ -491,13 +474,7 @@ fn domain(plan: &Plan, loaded: &Loaded, target: &str) -> Why {
 }
 
 fn written_at_mode(loaded: &Loaded) -> Option<String> {
-    for (_, s) in settings(loaded) {
-        if let Some(m) = &s.network.mode {
-            let f = &loaded.sources[m.loc.file];
-            return Some(format!("{}:{}", f.name, f.line_col(m.loc.span.offset()).0));
-        }
-    }
-    None
+    settings(loaded).find_map(|(_, s)| Some(at(loaded, s.network.mode.as_ref()?.loc)))
 }
 
 fn env(plan: &Plan, loaded: &Loaded, name: &str) -> Why {
@@ -510,10 +487,7 @@ fn env(plan: &Plan, loaded: &Loaded, name: &str) -> Why {
                 .set
                 .iter()
                 .find(|(k, _)| k.value == name)
-                .map(|(k, _)| {
-                    let f = &loaded.sources[k.loc.file];
-                    format!("{}:{}", f.name, f.line_col(k.loc.span.offset()).0)
-                })
+                .map(|(k, _)| at(loaded, k.loc))
         });
         let (rule, from) = if let Some(at) = set_at {
             ("env set: a value the configuration gives".to_string(), at)

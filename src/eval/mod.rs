@@ -351,52 +351,9 @@ fn resolve(
         &mounts,
         &is_masked,
     );
-    // Where the run's end looks for protected names the sandbox created below the top: the
-    // directories written in place (not below a dependency or cache directory, whose writes
-    // stay in a layer of the sandbox's own).
-    // Another test of the tests (and the benchmark's way to show the check's cost): no look
-    // below the top at the run's end.
-    let below_off = std::env::var(BREAK_ISOLATION_ENV).as_deref() == Ok("policy-below");
-    if below_off {
-        eprintln!(
-            "aisb: WARNING: {BREAK_ISOLATION_ENV}=policy-below: files the host obeys that this sandbox makes below the project's top stay there (a test of the tests)"
-        );
-    }
-    let project_dirs =
-        if !below_off && !sc.read_only && sc.project_access == crate::config::model::Access::Rw {
-            let skip: Vec<Vec<u8>> = scanned
-                .roles
-                .iter()
-                .map(|r| r.rel.clone())
-                .chain(
-                    scanned
-                        .masks
-                        .iter()
-                        .filter(|m| m.dir)
-                        .map(|m| m.rel.clone()),
-                )
-                .chain(
-                    crate::git::git_dir_of(&sc.project)
-                        .and_then(|g| {
-                            g.strip_prefix(&sc.project)
-                                .ok()
-                                .map(|r| r.as_os_str().as_encoded_bytes().to_vec())
-                        })
-                        .filter(|r| !r.is_empty()),
-                )
-                .collect();
-            ProjectDirs {
-                dirs: scanned
-                    .dirs
-                    .iter()
-                    .filter(|(d, _)| !skip.iter().any(|r| d == r || scan::below(d, r)))
-                    .cloned()
-                    .collect(),
-                skip,
-            }
-        } else {
-            ProjectDirs::default()
-        };
+    // The project's git directory (read once: the git-crypt keys below are in it too).
+    let git_dir = crate::git::git_dir_of(&sc.project);
+    let project_dirs = protect::below_top(&sc, &scanned, git_dir.as_deref());
     mounts.extend(protect_mounts);
     if home_mode == crate::config::model::HomeMode::Empty
         && s.toolchains.as_ref().is_none_or(|t| t.value)
@@ -434,7 +391,7 @@ fn resolve(
         }
     }
     // git-crypt's key decrypts every file the git-crypt layer hides.
-    if let Some(keys) = crate::git::git_dir_of(&sc.project).map(|g| g.join("git-crypt")) {
+    if let Some(keys) = git_dir.as_ref().map(|g| g.join("git-crypt")) {
         if std::fs::symlink_metadata(&keys).is_ok_and(|m| m.is_dir()) {
             mask_list.push(Mask {
                 path: keys,

@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 
 use super::host::Scope;
-use super::plan::{Mount, MountKind, Protected};
+use super::plan::{Mount, MountKind, ProjectDirs, Protected};
 use crate::config::model::Access;
 
 /// How a protected file's mount starts its `why`.
@@ -236,19 +236,19 @@ pub(super) fn resolve(
                 project.join(rel.trim_end_matches('/')),
                 rel.ends_with('/'),
                 why.to_string(),
-                false,
+                Place::Top,
             )
         })
         .chain(
             PRIVATE
                 .iter()
-                .map(|(rel, why)| (project.join(rel), false, why.to_string(), true)),
+                .map(|(rel, why)| (project.join(rel), false, why.to_string(), Place::Private)),
         )
         .chain(
             imports
                 .iter()
                 .filter(|(p, _)| p.starts_with(project))
-                .map(|(p, why)| (p.clone(), false, why.to_string(), false)),
+                .map(|(p, why)| (p.clone(), false, why.to_string(), Place::Top)),
         )
         .chain(nested_found.iter().filter_map(|n| {
             use std::os::unix::ffi::OsStrExt;
@@ -257,16 +257,15 @@ pub(super) fn resolve(
                 project.join(std::ffi::OsStr::from_bytes(&n.rel)),
                 n.dir,
                 why.to_string(),
-                false,
+                Place::Below,
             ))
         }));
     // Protected names below the top that a mask or another mount covers: the sandbox cannot
     // replace them, so the run's end must not take them for its own.
     let mut kept = Vec::new();
-    let nested_from = listed_len(imports, project);
-    for (i, (path, dir, why, private)) in listed.enumerate() {
+    for (path, dir, why, place) in listed {
         if covered(&path) {
-            if i >= nested_from {
+            if place == Place::Below {
                 kept.push(path);
             }
             continue;
@@ -275,7 +274,7 @@ pub(super) fn resolve(
             // A link is never bound over (the bind would follow it); it is the user's, or, made
             // by a sandbox, moved aside like any other protected file it creates.
             Ok(md) if md.file_type().is_symlink() => continue,
-            Ok(md) if private && md.is_file() => out.push(Mount {
+            Ok(md) if place == Place::Private && md.is_file() => out.push(Mount {
                 target: path.clone(),
                 kind: MountKind::Copy {
                     source: path.clone(),
@@ -300,14 +299,64 @@ pub(super) fn resolve(
     (out, absent, kept)
 }
 
-/// How many of `resolve`'s list come before the nested names.
-fn listed_len(imports: &[(PathBuf, &str)], project: &Path) -> usize {
-    PROTECTED.len()
-        + PRIVATE.len()
-        + imports
+/// Where the run's end looks for protected names the sandbox made below the top
+/// (`runtime::protect`): the scan's directories written in place, and those it never walks,
+/// whose writes stay in a layer of the sandbox's own (dependency and cache directories, masked
+/// directories, a git directory inside the project). Nothing when the project is not written
+/// in place, or under `AISB_TEST_BREAK_ISOLATION=policy-below` (a test of the tests, and the
+/// benchmark's way to show the check's cost).
+pub(super) fn below_top(
+    sc: &Scope<'_>,
+    scanned: &super::scan::ScanResult,
+    git_dir: Option<&Path>,
+) -> ProjectDirs {
+    let env = super::BREAK_ISOLATION_ENV;
+    if std::env::var(env).as_deref() == Ok("policy-below") {
+        eprintln!(
+            "aisb: WARNING: {env}=policy-below: files the host obeys that this sandbox makes below the project's top stay there (a test of the tests)"
+        );
+        return ProjectDirs::default();
+    }
+    if sc.read_only || sc.project_access != Access::Rw {
+        return ProjectDirs::default();
+    }
+    let skip: Vec<Vec<u8>> = scanned
+        .roles
+        .iter()
+        .map(|r| r.rel.clone())
+        .chain(
+            scanned
+                .masks
+                .iter()
+                .filter(|m| m.dir)
+                .map(|m| m.rel.clone()),
+        )
+        .chain(
+            git_dir
+                .and_then(|g| g.strip_prefix(&sc.project).ok())
+                .map(|r| r.as_os_str().as_encoded_bytes().to_vec())
+                .filter(|r| !r.is_empty()),
+        )
+        .collect();
+    ProjectDirs {
+        dirs: scanned
+            .dirs
             .iter()
-            .filter(|(p, _)| p.starts_with(project))
-            .count()
+            .filter(|(d, _)| !skip.iter().any(|r| d == r || super::scan::below(d, r)))
+            .cloned()
+            .collect(),
+        skip,
+    }
+}
+
+/// Where a protected file of `resolve`'s list is: one at the top (bound read-only), the agent's
+/// own settings (a private copy), or one below the top (bound read-only; kept by the run's
+/// end when a mask covers it).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Place {
+    Top,
+    Private,
+    Below,
 }
 
 #[cfg(test)]

@@ -102,29 +102,19 @@ pub struct Nested {
     pub dir: bool,
 }
 
-/// The protected names among `rels` (each with whether it is a directory), outermost only.
-fn nested_protected<'a>(rels: impl Iterator<Item = (&'a [u8], bool)>) -> Vec<Nested> {
-    let mut found = BTreeSet::new();
-    for (rel, _) in rels {
-        if let Some((len, dir, _)) = super::protect::nested(rel) {
-            found.insert(Nested {
+/// The protected names among `rels`, each once: `protect::nested` gives the outermost one a
+/// path is in, so none is inside another.
+fn nested_protected<'a>(rels: impl Iterator<Item = &'a [u8]>) -> Vec<Nested> {
+    let found: BTreeSet<Nested> = rels
+        .filter_map(|rel| {
+            let (len, dir, _) = super::protect::nested(rel)?;
+            Some(Nested {
                 rel: rel[..len].to_vec(),
                 dir,
-            });
-        }
-    }
-    let mut out: Vec<Nested> = Vec::new();
-    for n in found {
-        if !out
-            .iter()
-            .rev()
-            .take(1)
-            .any(|o| o.dir && below(&n.rel, &o.rel))
-        {
-            out.push(n);
-        }
-    }
-    out
+            })
+        })
+        .collect();
+    found.into_iter().collect()
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -266,7 +256,8 @@ mod rel_text {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 struct Rel(#[serde(with = "rel_text")] Vec<u8>);
 
-fn now_ns() -> i128 {
+/// Now, in nanoseconds since the epoch (what the scan and a run's end compare times with).
+pub(crate) fn now_ns() -> i128 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as i128)
@@ -328,6 +319,31 @@ pub fn scan(
     Ok(result)
 }
 
+/// `f` over `items`: from `threshold` items on, over each half on a thread of its own (both
+/// joined before this returns, long before any fork), `on_panic` standing in for a half whose
+/// thread panicked; on this thread alone below it, or when no thread can be had (a process
+/// limit).
+pub(crate) fn in_halves<T: Sync, R: Send>(
+    items: &[T],
+    threshold: usize,
+    f: impl Fn(&[T]) -> R + Sync,
+    on_panic: impl FnOnce(&[T]) -> R,
+) -> Vec<R> {
+    if items.len() < threshold {
+        return vec![f(items)];
+    }
+    let (a, b) = items.split_at(items.len() / 2);
+    std::thread::scope(
+        |s| match std::thread::Builder::new().spawn_scoped(s, || f(b)) {
+            Ok(other) => {
+                let mine = f(a);
+                vec![mine, other.join().unwrap_or_else(|_| on_panic(b))]
+            }
+            Err(_) => vec![f(a), f(b)],
+        },
+    )
+}
+
 fn load_cache(path: &Path, root: &Path, key: &str) -> Option<ScanResult> {
     let bytes = fs::read(path).ok()?;
     let cache: CacheFile = serde_json::from_slice(&bytes).ok()?;
@@ -343,19 +359,10 @@ fn load_cache(path: &Path, root: &Path, key: &str) -> Option<ScanResult> {
         })
     };
     // A big repository records tens of thousands of directories: two threads stat them
-    // (both joined here, long before any fork).
-    let fresh = if cache.stamps.len() < PARALLEL_STAMPS {
-        unchanged(&cache.stamps)
-    } else {
-        let (a, b) = cache.stamps.split_at(cache.stamps.len() / 2);
-        std::thread::scope(|s| {
-            match std::thread::Builder::new().spawn_scoped(s, || unchanged(b)) {
-                Ok(other) => unchanged(a) && other.join().unwrap_or(false),
-                // No thread to be had (a process limit): one does it all.
-                Err(_) => unchanged(a) && unchanged(b),
-            }
-        })
-    };
+    // (a panicked half counts as changed).
+    let fresh = in_halves(&cache.stamps, PARALLEL_STAMPS, unchanged, |_| false)
+        .into_iter()
+        .all(|f| f);
     if !fresh {
         return None;
     }
@@ -712,9 +719,9 @@ fn scan_git(
     let nested_protected = nested_protected(
         tracked_or_visible
             .iter()
-            .map(|f| (*f, false))
-            .chain(ignored_policy.iter().map(|f| (f.as_slice(), false)))
-            .chain(dirs.iter().map(|(d, _)| (d.as_slice(), true))),
+            .copied()
+            .chain(ignored_policy.iter().map(Vec::as_slice))
+            .chain(dirs.iter().map(|(d, _)| d.as_slice())),
     );
     for f in ["index", "HEAD", "info/exclude", "info/attributes", "config"] {
         stamped.push(bytes(&git_dir.join(f)).to_vec());
@@ -767,7 +774,7 @@ fn scan_plain(root: &Path, rules: &ScanRules<'_>) -> Result<(ScanResult, Vec<Vec
     let mut dirs = Dirs::new();
     let mut entries_seen = 0usize;
     let mut too_big = false;
-    let mut policy: Vec<(Vec<u8>, bool)> = Vec::new();
+    let mut policy: Vec<Vec<u8>> = Vec::new();
     walk(root, &mut |rel, is_dir| {
         entries_seen += 1;
         if entries_seen > MAX_WALK_ENTRIES {
@@ -775,11 +782,11 @@ fn scan_plain(root: &Path, rules: &ScanRules<'_>) -> Result<(ScanResult, Vec<Vec
             return;
         }
         if super::protect::nested(bytes(rel)).is_some() {
-            policy.push((bytes(rel).to_vec(), is_dir));
+            policy.push(bytes(rel).to_vec());
         }
         classify(rules, &mut dirs, &mut col, bytes(rel), is_dir);
     })?;
-    let nested_protected = nested_protected(policy.iter().map(|(r, d)| (r.as_slice(), *d)));
+    let nested_protected = nested_protected(policy.iter().map(Vec::as_slice));
     if too_big {
         return Err(ScanError::TooBig { root: root.into() });
     }

@@ -35,12 +35,6 @@ pub struct Pending {
 /// A record's first entry: when its run started (`since:<ns>`); paths start with `/`.
 const SINCE: &[u8] = b"since:";
 
-fn now_ns() -> i128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as i128)
-}
-
 /// What [`created_below`] found, as protected files to move aside (and a warning when it
 /// could not look everywhere).
 fn nested_created(
@@ -167,7 +161,10 @@ pub fn begin(plan: &Plan, audit: Option<&crate::audit::Log>) -> (Pending, Option
                 .is_some_and(|n| n.parse::<i32>().is_ok())
             {
                 // Renamed off its pid: this run's own record may take that name.
-                let _ = std::fs::rename(e.path(), dir.join(format!("kept-{}", now_ns())));
+                let _ = std::fs::rename(
+                    e.path(),
+                    dir.join(format!("kept-{}", crate::eval::scan::now_ns())),
+                );
             }
         }
     }
@@ -234,7 +231,7 @@ pub fn begin(plan: &Plan, audit: Option<&crate::audit::Log>) -> (Pending, Option
             p
         });
     let plan = changed.as_ref().unwrap_or(plan);
-    let since_ns = now_ns();
+    let since_ns = crate::eval::scan::now_ns();
     let mut record = None;
     if !plan.protected.is_empty() || !plan.project_dirs.dirs.is_empty() {
         let mut bytes = Vec::new();
@@ -293,6 +290,18 @@ const MAX_ENTRIES: usize = 2_000_000;
 
 /// From this many directories on, two threads look at them.
 const PARALLEL_DIRS: usize = 4096;
+
+/// A directory (not a link) made read-only or unreadable inside: all of it for its owner
+/// again (`u+rwx`), so that it can be looked into and what is in it moved.
+fn open_to_owner(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(md) = std::fs::symlink_metadata(path) {
+        if md.is_dir() {
+            let mode = md.permissions().mode() | 0o700;
+            let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode));
+        }
+    }
+}
 
 /// Whether the directory `fd` holds a `HEAD` file, `objects/` and `refs/`: what git takes for
 /// a bare repository.
@@ -366,7 +375,7 @@ fn created_below(
                 if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
                     return None;
                 }
-                if st.st_ino as u64 != *ino {
+                if st.st_ino != *ino {
                     Some((d.clone(), true))
                 } else {
                     (ctime_ns(&st) >= since).then(|| (d.clone(), false))
@@ -376,24 +385,8 @@ fn created_below(
     };
     // One stat per directory: a big repository has tens of thousands, so two threads share
     // them (as the scan's own check does at start).
-    let mut todo = if dirs.dirs.len() < PARALLEL_DIRS {
-        changed(&dirs.dirs)
-    } else {
-        let (a, b) = dirs.dirs.split_at(dirs.dirs.len() / 2);
-        std::thread::scope(
-            |s| match std::thread::Builder::new().spawn_scoped(s, || changed(b)) {
-                Ok(other) => {
-                    let mut mine = changed(a);
-                    match other.join() {
-                        Ok(theirs) => mine.extend(theirs),
-                        Err(_) => mine.extend(changed(b)),
-                    }
-                    mine
-                }
-                Err(_) => [changed(a), changed(b)].concat(),
-            },
-        )
-    };
+    let mut todo =
+        crate::eval::scan::in_halves(&dirs.dirs, PARALLEL_DIRS, changed, |b| changed(b)).concat();
     if todo.is_empty() {
         return (found, false);
     }
@@ -458,13 +451,7 @@ fn created_below(
                 // Made unreadable inside (`chmod 311`): readable for its owner again, as the
                 // quarantine does, then looked at; or, when that is not ours to do, the find.
                 let p = path_of(&dir);
-                if let Ok(md) = std::fs::symlink_metadata(&p) {
-                    use std::os::unix::fs::PermissionsExt;
-                    if md.is_dir() {
-                        let mode = md.permissions().mode() | 0o700;
-                        let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode));
-                    }
-                }
+                open_to_owner(&p);
                 match open() {
                     Ok(fd) => fd,
                     Err(_) if new_dir => {
@@ -489,6 +476,8 @@ fn created_below(
             }
             continue;
         };
+        // This directory's `HEAD` is a find once, whichever of its names shows it first.
+        let mut bare_found = false;
         loop {
             let entry = match entries.read() {
                 None => break,
@@ -534,9 +523,9 @@ fn created_below(
             let path = path_of(&rel);
             let top = dir.is_empty();
             if let Some((_, _, why)) = crate::eval::protect::nested(&rel) {
-                let kept = bound.iter().any(|(p, dev, ino)| {
-                    *p == path && (*dev, *ino) == (st.st_dev as u64, st.st_ino as u64)
-                });
+                let kept = bound
+                    .iter()
+                    .any(|(p, dev, ino)| *p == path && (*dev, *ino) == (st.st_dev, st.st_ino));
                 if fresh && !kept {
                     found.push((path, why));
                     continue;
@@ -546,7 +535,10 @@ fn created_below(
                 // The project's own: its git layer's.
                 continue;
             }
-            if fresh && matches!(name, b"HEAD" | b"objects" | b"refs" | b"config") && bare_repo(&fd)
+            if !bare_found
+                && fresh
+                && matches!(name, b"HEAD" | b"objects" | b"refs" | b"config")
+                && bare_repo(&fd)
             {
                 // `HEAD`, `objects/` and `refs/` side by side, one of them (or `config`) new:
                 // the host's git, run in this directory, takes it for a bare repository and
@@ -556,9 +548,8 @@ fn created_below(
                 } else {
                     [&dir[..], b"/HEAD"].concat()
                 });
-                if !found.iter().any(|(p, _)| *p == head) {
-                    found.push((head, GIT));
-                }
+                found.push((head, GIT));
+                bare_found = true;
             }
             if kind == FileType::Symlink {
                 // Never followed (an automount or a network path would hang the host's aisb or
@@ -639,22 +630,9 @@ fn quarantine(
             // A directory made read-only inside (`chmod 555 .vscode`) keeps what is in it:
             // made writable for its owner again, then moved.
             if let Some(parent) = path.parent().filter(|p| p.starts_with(project)) {
-                use std::os::unix::fs::PermissionsExt;
-                if let Ok(md) = std::fs::symlink_metadata(parent) {
-                    if md.is_dir() {
-                        let mode = md.permissions().mode() | 0o700;
-                        let _ =
-                            std::fs::set_permissions(parent, std::fs::Permissions::from_mode(mode));
-                    }
-                }
+                open_to_owner(parent);
             }
-            if let Ok(md) = std::fs::symlink_metadata(path) {
-                if md.is_dir() {
-                    use std::os::unix::fs::PermissionsExt;
-                    let mode = md.permissions().mode() | 0o700;
-                    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode));
-                }
-            }
+            open_to_owner(path);
             moved = crate::git::quarantine_file(path, into);
         }
         let Some((from, to)) = moved else {
