@@ -153,6 +153,7 @@ fn sample_plan() -> Plan {
         },
         tasks: vec![],
         profiles: vec![],
+        credentials: vec![],
     }
 }
 

@@ -89,6 +89,14 @@ pub enum Kind {
     /// (written once when the budget runs out, and again with the final count when the run's
     /// log closes).
     Dropped { events: u64, budget_bytes: u64 },
+    /// The proxy put a brokered credential's real value in a request to a host it is bound
+    /// to (`credential`): which one, where, never the value.
+    Credential {
+        credential: String,
+        host: String,
+        method: String,
+        path: String,
+    },
 }
 
 impl Event {
@@ -176,6 +184,12 @@ impl Event {
                 "{t}  DROPPED {events} event(s): this run's log reached its {} MiB budget",
                 budget_bytes >> 20
             ),
+            Kind::Credential {
+                credential,
+                host,
+                method,
+                path,
+            } => format!("{t}  CREDENTIAL {credential} put in {method} https://{host}{path}"),
         }
     }
 }

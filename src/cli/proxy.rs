@@ -41,7 +41,17 @@ pub fn run(a: Args) -> Result<i32, Error> {
         Some(p) => Some(Log::open(p).map_err(io(p))?),
         None => None,
     };
+    let broker = match &cfg.broker {
+        Some(b) => Some(
+            crate::proxy::broker::Broker::new(b).map_err(|why| Error::Io {
+                path: a.policy.clone(),
+                source: std::io::Error::other(format!("credential brokering: {why}")),
+            })?,
+        ),
+        None => None,
+    };
     let proxy = Arc::new(Proxy {
+        broker,
         policy: Policy::new(&cfg),
         slots: Proxy::run_slots(),
         audit,

@@ -115,6 +115,7 @@ fn policy_rules(g: &Global, a: &ServeArgs) -> Result<PolicyConfig, Error> {
             localhost_ports: Vec::new(),
             resolve: Vec::new(),
             pins: Vec::new(),
+            broker: None,
         };
         // Each rule must be one the configuration language accepts: a policy file is input.
         for rule in cfg.allow.iter().chain(&cfg.deny) {
@@ -141,6 +142,7 @@ fn policy_rules(g: &Global, a: &ServeArgs) -> Result<PolicyConfig, Error> {
         localhost_ports: Vec::new(),
         resolve: Vec::new(),
         pins: Vec::new(),
+        broker: None,
     })
 }
 
@@ -161,6 +163,7 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
         audit: Some(audit),
         reported: Default::default(),
         buffer: a.buffer_kib as usize * 1024,
+        broker: None,
     });
     let limits = Limits {
         max_connections: a.max_connections as usize,

@@ -245,6 +245,45 @@ pub struct Settings {
     /// `tools { allow …; deny … }`: the agent tools the workload may call (see `crate::tools`).
     #[serde(default)]
     pub tools: ToolsCfg,
+    /// `credential "NAME" env="VAR" { from …; hosts …; header … }`: a secret the sandbox sees
+    /// only as a placeholder, the proxy adding the real value for its hosts (issue 31).
+    #[serde(default)]
+    pub credentials: Vec<CredentialCfg>,
+}
+
+/// One `credential`, as written.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct CredentialCfg {
+    pub name: S<String>,
+    /// The variable that holds the placeholder inside.
+    pub env: Option<S<String>>,
+    /// Where the real value comes from on the host.
+    pub from: Option<S<CredentialSource>>,
+    /// The hosts it is added for (exact names).
+    pub hosts: Vec<S<String>>,
+    /// The header it goes in, and how (`raw`, `bearer`, `basic`; raw when not said).
+    pub header: Option<S<String>>,
+    pub scheme: Option<S<String>>,
+    pub loc: super::diag::Loc,
+}
+
+/// `from env="VAR"`, `from file="PATH"`, `from command="gh auth token"`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CredentialSource {
+    Env(String),
+    File(String),
+    Command(String),
+}
+
+impl std::fmt::Display for CredentialSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CredentialSource::Env(v) => write!(f, "the caller's ${v}"),
+            CredentialSource::File(p) => write!(f, "the file {p}"),
+            CredentialSource::Command(c) => write!(f, "the output of `{c}`"),
+        }
+    }
 }
 
 /// `tools { allow "Read"; deny "Write" "Bash(git push:*)" }`, rules as written.

@@ -33,6 +33,7 @@ pub const SETTINGS_NODES: &[&str] = &[
     "tools",
     "backend",
     "rootfs",
+    "credential",
 ];
 pub const PROFILE_PROPS: &[&str] = &["extends", "description"];
 pub const TASK_PROPS: &[&str] = &["description"];
@@ -72,6 +73,10 @@ pub const USER_PROPS: &[&str] = &["uid", "gid", "name"];
 pub const RLIMIT_PROPS: &[&str] = &["soft", "hard"];
 pub const LIMITS_CHILDREN: &[&str] = &["pids", "memory", "cpus"];
 pub const TOOLS_CHILDREN: &[&str] = &["allow", "deny"];
+pub const CREDENTIAL_PROPS: &[&str] = &["env"];
+pub const CREDENTIAL_CHILDREN: &[&str] = &["from", "hosts", "header"];
+pub const CREDENTIAL_FROM_PROPS: &[&str] = &["env", "file", "command"];
+pub const HEADER_PROPS: &[&str] = &["scheme"];
 const BOOLS: &[&str] = &["#true", "#false"];
 
 /// What may appear on a node, found by its path of node names from the top of the file
@@ -153,6 +158,12 @@ pub fn shape(path: &[&str]) -> Option<Shape> {
         "rlimit" => s(RLIMIT_PROPS, &[], &[]),
         "limits" => s(&[], LIMITS_CHILDREN, &[]),
         "tools" => s(&[], TOOLS_CHILDREN, &[]),
+        "credential" => s(CREDENTIAL_PROPS, CREDENTIAL_CHILDREN, &[]),
+        "from" => s(CREDENTIAL_FROM_PROPS, &[], &[]),
+        "header" => Shape {
+            prop_values: &[("scheme", &crate::proxy::broker::Scheme::NAMES)],
+            ..s(HEADER_PROPS, &[], &[])
+        },
         _ => Shape::default(),
     })
 }

@@ -123,4 +123,9 @@ pub fn merge(
     // Tool rules append: a child profile adds denials and allowances, never removes a denial.
     base.tools.allow.extend(over.tools.allow.iter().cloned());
     base.tools.deny.extend(over.tools.deny.iter().cloned());
+    // A credential said again by name is the later one's, whole.
+    for c in &over.credentials {
+        base.credentials.retain(|b| b.name.value != c.name.value);
+        base.credentials.push(c.clone());
+    }
 }

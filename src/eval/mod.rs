@@ -301,6 +301,7 @@ fn resolve(
     mounts::user(cx, &sc, &mut mounts, &shell, home_mode);
     let mut env = env::resolve(cx, &sc, &shell, xdg_env);
     let network = network::resolve(cx, &sc, groups, &mut env);
+    let credentials = credentials(cx, s, &network, &mut env);
     let process = process::resolve(cx, &sc, shell);
     let tasks = tasks::resolve(cx, &sc, profiles);
     let masks::Resolved {
@@ -508,7 +509,98 @@ fn resolve(
         tools,
         tasks,
         profiles: profile_list,
+        credentials,
     })
+}
+
+/// The merged `credential`s, checked against the network they need: the proxy adds them, so
+/// the network must be `allow` and every host one it allows. The variable a credential names
+/// is the placeholder's alone: a value the environment would otherwise pass under that name
+/// is dropped.
+fn credentials(
+    cx: &mut Ctx<'_>,
+    s: &Settings,
+    network: &plan::Network,
+    env: &mut plan::Env,
+) -> Vec<plan::Credential> {
+    let mut out = Vec::new();
+    let policy = crate::proxy::policy::Policy::new(&crate::proxy::policy::PolicyConfig {
+        allow: network.allow.clone(),
+        deny: network.deny.clone(),
+        ..Default::default()
+    });
+    for c in &s.credentials {
+        let (Some(var), Some(from), Some(header)) = (&c.env, &c.from, &c.header) else {
+            continue; // the decoder said what is missing
+        };
+        if network.mode != crate::config::model::NetMode::Allow {
+            cx.err(
+                c.loc,
+                format!(
+                    "credential `{}` is added by the network proxy, and this sandbox has none",
+                    c.name.value
+                ),
+                "no proxy",
+                Some("a credential needs `network { allow \"HOST\" }` naming its hosts".into()),
+            );
+            continue;
+        }
+        let mut hosts = Vec::new();
+        for h in &c.hosts {
+            let Ok(name) = crate::config::domain::normalise_name(&h.value) else {
+                continue;
+            };
+            if let Err(b) = policy.check(&name, 443) {
+                cx.err(
+                    h.loc,
+                    format!(
+                        "credential `{}` is bound to {name}, which the network does not allow: {}",
+                        c.name.value, b.rule
+                    ),
+                    "not allowed",
+                    Some(format!("allow it: `network {{ allow \"{name}\" }}`")),
+                );
+                continue;
+            }
+            if !hosts.contains(&name) {
+                hosts.push(name);
+            }
+        }
+        if out.iter().any(|o: &plan::Credential| o.env == var.value) {
+            cx.err(
+                var.loc,
+                format!("two credentials put their placeholder in ${}", var.value),
+                "one variable each",
+                Some("give each credential a variable of its own".into()),
+            );
+            continue;
+        }
+        if let Some(i) = env.vars.iter().position(|(k, _)| *k == var.value) {
+            env.vars.remove(i);
+            env.dropped.push(plan::Dropped {
+                name: var.value.clone(),
+                reason: format!(
+                    "brokered: the sandbox gets a placeholder (credential `{}`)",
+                    c.name.value
+                ),
+            });
+        }
+        let (file, line) = loc_line(cx, c.loc);
+        out.push(plan::Credential {
+            name: c.name.value.clone(),
+            env: var.value.clone(),
+            source: from.value.clone(),
+            hosts,
+            header: header.value.to_ascii_lowercase(),
+            scheme: c
+                .scheme
+                .as_ref()
+                .and_then(|s| crate::proxy::broker::Scheme::parse(&s.value))
+                .unwrap_or(crate::proxy::broker::Scheme::Raw),
+            at: format!("{file}:{line}"),
+        });
+    }
+    out
 }
 
 /// The merged `tools` rules, each with its `file:line` (the reason a refusal gives).
@@ -603,6 +695,18 @@ fn exposures(cx: &Ctx<'_>, s: &Settings, project: &std::path::Path) -> Vec<Strin
             "dependency-dirs \"{}\": visible although git ignores it, only credential files masked inside (at {})",
             d.value,
             at(d.loc)
+        ));
+    }
+    for c in s.credentials.iter().filter(|c| on_disk(c.loc)) {
+        let hosts: Vec<&str> = c.hosts.iter().map(|h| h.value.as_str()).collect();
+        out.push(format!(
+            "credential \"{}\": {} added to requests to {} (at {})",
+            c.name.value,
+            c.from
+                .as_ref()
+                .map_or_else(String::new, |f| f.value.to_string()),
+            hosts.join(", "),
+            at(c.loc)
         ));
     }
     // What the host hands the sandbox through its environment.

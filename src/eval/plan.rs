@@ -84,6 +84,26 @@ pub struct Plan {
     pub tools: crate::tools::Policy,
     pub tasks: Vec<Task>,
     pub profiles: Vec<String>,
+    /// Brokered credentials (`credential`): the sandbox's variable holds a placeholder, the
+    /// proxy adds the real value for the hosts (issue 31). No value here: it is read at start.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub credentials: Vec<Credential>,
+}
+
+/// One brokered credential: where its real value comes from and where it may go.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Credential {
+    pub name: String,
+    /// The variable inside that holds the placeholder.
+    pub env: String,
+    pub source: crate::config::model::CredentialSource,
+    /// Normalised host names.
+    pub hosts: Vec<String>,
+    /// The header, lower case.
+    pub header: String,
+    pub scheme: crate::proxy::broker::Scheme,
+    /// `file:line` of the `credential` node.
+    pub at: String,
 }
 
 impl Plan {

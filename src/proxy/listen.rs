@@ -209,6 +209,7 @@ mod tests {
                     audit: None,
                     reported: Default::default(),
                     buffer: 64 * 1024,
+                    broker: None,
                 });
                 let _ = super::super::server::serve(l, p).await;
             })

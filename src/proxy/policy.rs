@@ -28,6 +28,10 @@ pub struct PolicyConfig {
     /// allow/deny decision is still made on the name.
     #[serde(default)]
     pub pins: Vec<(String, SocketAddr)>,
+    /// Credentials the proxy adds for their hosts (`credential`), with the user's CA key:
+    /// handed over the proxy's stdin only, never written to a file or an argument.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub broker: Option<super::broker::BrokerConfig>,
 }
 
 #[derive(Debug, Clone)]
@@ -300,6 +304,7 @@ mod tests {
                 ("public.test".into(), "93.184.216.34".parse().unwrap()),
             ],
             pins: vec![("gateway.test".into(), "127.0.0.1:9999".parse().unwrap())],
+            broker: None,
         })
     }
 

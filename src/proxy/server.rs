@@ -50,6 +50,9 @@ pub struct Proxy {
     pub reported: std::sync::atomic::AtomicU64,
     /// Copy buffer per direction per connection (bytes).
     pub buffer: usize,
+    /// Brokered credentials (`credential`): connections to their hosts are terminated and
+    /// their placeholders replaced ([`super::broker`]). None when no credential is bound.
+    pub broker: Option<super::broker::Broker>,
 }
 
 /// The most events one sandbox run may report from inside; past it they are dropped, once
@@ -308,7 +311,10 @@ impl Proxy {
         }
         let (mut o, upstream) = self.open(proto, host, port, start).await;
         match (&o.result, upstream) {
-            (Ok(_), Some(up)) => (o.up, o.down) = self.tunnel(&mut tcp, up, early).await,
+            (Ok(_), Some(up)) => {
+                let to = Some((o.host.as_str(), o.port));
+                (o.up, o.down) = self.carry(&mut tcp, up, early, to).await
+            }
             (Err(b), _) => {
                 let authority = format!("{}:{}", o.host, o.port);
                 let text = blocked_text("CONNECT", &o.host, o.port, b);
@@ -516,7 +522,8 @@ impl Proxy {
                         client
                             .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
                             .await?;
-                        (o.up, o.down) = self.tunnel(client, up, &buf[head_len..]).await;
+                        let to = Some((o.host.as_str(), o.port));
+                        (o.up, o.down) = self.carry(client, up, &buf[head_len..], to).await;
                     }
                     (Err(b), _) => {
                         // Logged before the client hears it: a run may end as soon as it does.
@@ -640,7 +647,29 @@ impl Proxy {
 
     /// An open tunnel (CONNECT or SOCKS5, already answered): `early`, what the client sent
     /// behind its request, then both ways until each side ends. The bytes up and down.
-    async fn tunnel<S: Conn>(&self, client: &mut S, mut up: TcpStream, early: &[u8]) -> (u64, u64) {
+    /// For a host a credential is bound to (`to`: its name and port), the broker's terminated
+    /// connection instead.
+    async fn carry<S: Conn>(
+        &self,
+        client: &mut S,
+        mut up: TcpStream,
+        early: &[u8],
+        to: Option<(&str, u16)>,
+    ) -> (u64, u64) {
+        if let (Some(b), Some((host, port))) = (&self.broker, to) {
+            if b.bound(host, port) {
+                return match b
+                    .serve(client, early, host, port, up, self.audit.as_ref())
+                    .await
+                {
+                    Ok(moved) => moved,
+                    Err(why) => {
+                        let _ = writeln!(std::io::stderr(), "aisb: {host}:{port}: {why}");
+                        (0, 0)
+                    }
+                };
+            }
+        }
         if !early.is_empty() && up.write_all(early).await.is_err() {
             return (0, 0);
         }
@@ -725,7 +754,8 @@ impl Proxy {
         match (&o.result, upstream) {
             (Ok(_), Some(up)) => {
                 client.write_all(&reply(0)).await?;
-                (o.up, o.down) = self.tunnel(client, up, &buf[len..]).await;
+                let to = Some((o.host.as_str(), o.port));
+                (o.up, o.down) = self.carry(client, up, &buf[len..], to).await;
             }
             // 2: connection not allowed by ruleset; 4: host unreachable. Logged first.
             (Err(_), _) if o.addr.is_none() => {
@@ -865,6 +895,7 @@ mod tests {
             audit: None,
             reported: Default::default(),
             buffer: RUN_BUFFER,
+            broker: None,
         };
         let allowed = (0..MAX_REPORTED + 5).filter(|_| p.may_report(&log)).count();
         assert_eq!(allowed as u64, MAX_REPORTED);

@@ -1,6 +1,7 @@
 //! Running a plan: write its bundle, start it on a backend, pass the exit status through.
 //! Backends share one spec (see `spec`); each lives in its own crate under `runtimes/`.
 
+pub mod broker;
 mod bwrap;
 pub mod cgroup;
 pub(crate) mod console;
@@ -620,7 +621,20 @@ pub fn run(
     let audit = crate::audit::Log::open(&plan.state_dir.join("audit.jsonl")).ok();
     let (protect_record, swept) = protect::begin(plan, audit.as_ref());
     let plan = swept.as_ref().unwrap_or(plan);
-    let proxy = net::start(plan, &exe)?;
+    let net::Started {
+        proxy,
+        env: brokered,
+    } = net::start(plan, &exe)?;
+    // The placeholders of brokered credentials, in place of any value of theirs.
+    let with_placeholders = (!brokered.is_empty()).then(|| {
+        let mut p = plan.clone();
+        p.env
+            .vars
+            .retain(|(k, _)| !brokered.iter().any(|(b, _)| b == k));
+        p.env.vars.extend(brokered);
+        p
+    });
+    let plan = with_placeholders.as_ref().unwrap_or(plan);
     if let Some(log) = &audit {
         let _ = log.write(crate::audit::Kind::Start {
             profile: plan.profile.clone(),

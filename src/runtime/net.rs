@@ -79,22 +79,43 @@ pub fn policy(plan: &Plan) -> Result<PolicyConfig, RuntimeError> {
         localhost_ports: plan.network.localhost_ports.clone(),
         resolve,
         pins,
+        broker: None,
     })
 }
 
-/// Start the proxy when the plan's network needs one; wait until it listens.
-pub fn start(plan: &Plan, exe: &Path) -> Result<Option<ProxyProcess>, RuntimeError> {
+/// A started proxy, and what the sandbox's environment gets for the credentials it brokers
+/// (each one's placeholder, and the variables that point the ecosystems at the CA bundle).
+pub struct Started {
+    pub proxy: Option<ProxyProcess>,
+    pub env: Vec<(String, String)>,
+}
+
+/// Start the proxy when the plan's network needs one; wait until it listens. With brokered
+/// credentials, their real values are read here, on the host, and go to the proxy alone.
+pub fn start(plan: &Plan, exe: &Path) -> Result<Started, RuntimeError> {
     if plan.network.mode != NetMode::Allow {
-        return Ok(None);
+        return Ok(Started {
+            proxy: None,
+            env: Vec::new(),
+        });
     }
-    let policy = policy(plan)?;
-    start_with(
+    let mut policy = policy(plan)?;
+    let brokering = super::broker::prepare(plan)?;
+    policy.broker = brokering.as_ref().map(|b| b.config.clone());
+    let proxy = start_with(
         &policy,
         &plan.state_dir.join("net"),
         &plan.state_dir.join("audit.jsonl"),
         exe,
-    )
-    .map(Some)
+    )?;
+    let env = match brokering {
+        Some(b) => b.finish(&proxy.dir)?,
+        None => Vec::new(),
+    };
+    Ok(Started {
+        proxy: Some(proxy),
+        env,
+    })
 }
 
 /// Start a proxy enforcing `policy`, its socket in a fresh 0700 directory under `parent`, its

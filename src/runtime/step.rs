@@ -60,6 +60,7 @@ pub fn run(step: &Step, on_line: &mut dyn FnMut(&str)) -> Result<i32, RuntimeErr
             localhost_ports: Vec::new(),
             resolve,
             pins,
+            broker: None,
         };
         Some(super::net::start_with(
             &policy,

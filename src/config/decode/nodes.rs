@@ -155,6 +155,11 @@ impl Decoder<'_> {
             "process" => self.process(node, &mut s.process),
             "limits" => self.limits(node, &mut s.limits),
             "tools" => self.tools(node, &mut s.tools),
+            "credential" => {
+                if let Some(c) = self.credential(node) {
+                    s.credentials.push(c);
+                }
+            }
             "rootfs" => {
                 self.only_props(node, ROOTFS_PROPS);
                 let mut network_at = None;
@@ -568,6 +573,140 @@ impl Decoder<'_> {
                 }
             }
         }
+    }
+
+    /// `credential "NAME" env="VAR" { from env="VAR"|file="PATH"|command="…"; hosts "a.com";
+    /// header "x-api-key" scheme="raw|bearer|basic" }` (issue 31).
+    fn credential(&mut self, node: &KdlNode) -> Option<CredentialCfg> {
+        self.only_props(node, CREDENTIAL_PROPS);
+        let name = self
+            .args(node, 1, 1, "the credential's name")
+            .first()
+            .and_then(|e| self.string(e))?;
+        let help_all = "e.g. credential \"anthropic\" env=\"ANTHROPIC_API_KEY\" { from env=\"ANTHROPIC_API_KEY\"; hosts \"api.anthropic.com\"; header \"x-api-key\" }";
+        let env = self.prop_string(node, "env");
+        if let Some(v) = &env {
+            if !is_env_name(&v.value) {
+                self.err(
+                    v.loc.span,
+                    format!("`{}` is not a valid variable name", v.value.escape_debug()),
+                    "invalid name",
+                    Some(
+                        "the variable that holds the placeholder inside: letters, digits and `_`"
+                            .into(),
+                    ),
+                );
+            }
+        }
+        let mut c = CredentialCfg {
+            name,
+            env,
+            from: None,
+            hosts: Vec::new(),
+            header: None,
+            scheme: None,
+            loc: self.loc(node.span()),
+        };
+        for child in self.children(node, CREDENTIAL_CHILDREN) {
+            self.no_children(child);
+            match child.name().value() {
+                "from" => {
+                    self.only_props(child, CREDENTIAL_FROM_PROPS);
+                    self.args(child, 0, 0, "");
+                    let said: Vec<(&str, Spanned<String>)> = ["env", "file", "command"]
+                        .into_iter()
+                        .filter_map(|k| Some((k, self.prop_string(child, k)?)))
+                        .collect();
+                    match said.as_slice() {
+                        [(k, v)] if !v.value.trim().is_empty() && !v.value.contains(['\0', '\n', '\r']) => {
+                            let value = match *k {
+                                "env" => CredentialSource::Env(v.value.clone()),
+                                "file" => CredentialSource::File(v.value.clone()),
+                                _ => CredentialSource::Command(v.value.clone()),
+                            };
+                            c.from = Some(Spanned::new(value, v.loc));
+                        }
+                        _ => self.err(
+                            child.span(),
+                            "`from` takes exactly one of env=, file=, command=, not empty",
+                            "where the real value comes from",
+                            Some("e.g. `from env=\"GH_TOKEN\"`, `from file=\"~/.config/openai/key\"`, `from command=\"gh auth token\"`".into()),
+                        ),
+                    }
+                }
+                "hosts" => {
+                    self.only_props(child, &[]);
+                    for e in self.args(child, 1, usize::MAX, "host names") {
+                        let Some(h) = self.string(e) else { continue };
+                        match crate::config::domain::normalise_name(&h.value) {
+                            Ok(_) if !h.value.contains(['*', ':', '/']) => c.hosts.push(h),
+                            _ => self.err(
+                                e.span(),
+                                format!("`{}` is not a host name", h.value.escape_debug()),
+                                "not a host",
+                                Some("a credential is bound to exact names (`api.github.com`): no wildcard, port or path".into()),
+                            ),
+                        }
+                    }
+                }
+                _ => {
+                    self.only_props(child, HEADER_PROPS);
+                    let Some(h) = self
+                        .args(child, 1, 1, "a header name")
+                        .first()
+                        .and_then(|e| self.string(e))
+                    else {
+                        continue;
+                    };
+                    let token = !h.value.is_empty()
+                        && h.value
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b));
+                    if !token || h.value.eq_ignore_ascii_case("host") {
+                        self.err(
+                            h.loc.span,
+                            format!("`{}` is not a header a credential can go in", h.value.escape_debug()),
+                            "bad header",
+                            Some("name the header, e.g. `header \"x-api-key\"` or `header \"Authorization\" scheme=\"bearer\"`".into()),
+                        );
+                        continue;
+                    }
+                    c.header = Some(h);
+                    if let Some(e) = self.prop(child, "scheme") {
+                        c.scheme = self
+                            .enumerated(
+                                e,
+                                &crate::proxy::broker::Scheme::NAMES,
+                                crate::proxy::broker::Scheme::parse,
+                            )
+                            .map(|s| Spanned::new(s.value.name().to_string(), s.loc));
+                    }
+                }
+            }
+        }
+        let missing: Vec<&str> = [
+            (c.env.is_none(), "env= (the variable inside)"),
+            (c.from.is_none(), "from (where the real value is)"),
+            (c.hosts.is_empty(), "hosts (where it may be sent)"),
+            (c.header.is_none(), "header (where in a request it goes)"),
+        ]
+        .into_iter()
+        .filter_map(|(m, what)| m.then_some(what))
+        .collect();
+        if !missing.is_empty() {
+            self.err(
+                node.span(),
+                format!(
+                    "credential `{}` does not say {}",
+                    c.name.value,
+                    missing.join(", ")
+                ),
+                "incomplete",
+                Some(help_all.into()),
+            );
+            return None;
+        }
+        Some(c)
     }
 
     pub(super) fn network(&mut self, node: &KdlNode, net: &mut NetworkCfg) {

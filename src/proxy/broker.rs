@@ -1,0 +1,880 @@
+//! Credential brokering (issue 31): the sandbox holds a placeholder; the proxy, on the host,
+//! puts the real credential in, and only in the one header the credential declares, only on
+//! requests to the hosts it is bound to.
+//!
+//! A connection to a bound host on port 443 is terminated here: the client gets a leaf
+//! certificate for that host from the user's CA ([`super::ca`]), the upstream is verified
+//! against the host's roots. Every other connection stays an opaque tunnel. On a terminated
+//! connection each request is read and checked before it goes on: its `Host` must be the name
+//! the connection was opened to (domain fronting is answered `421`), and its body is passed
+//! on by its declared framing, never searched. Responses are passed back as they come, their
+//! framing followed only to know where the next request starts.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use base64::Engine as _;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+
+use super::ca::Ca;
+use super::request::split_authority;
+use crate::audit::{Kind, Log};
+
+/// Where in a request a credential goes: the whole value of its header, after `Bearer `, or
+/// as the user name or password of `Basic` authentication (git over HTTPS).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scheme {
+    Raw,
+    Bearer,
+    Basic,
+}
+
+impl Scheme {
+    pub const NAMES: [&'static str; 3] = ["raw", "bearer", "basic"];
+    pub fn parse(s: &str) -> Option<Scheme> {
+        match s.to_ascii_lowercase().as_str() {
+            "raw" | "none" => Some(Scheme::Raw),
+            "bearer" => Some(Scheme::Bearer),
+            "basic" => Some(Scheme::Basic),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
+}
+
+/// One credential as the proxy holds it: its real value, the placeholder the sandbox has
+/// instead, and where the one may replace the other.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Brokered {
+    pub name: String,
+    /// Normalised host names (exact: a credential is never added to a name below them).
+    pub hosts: Vec<String>,
+    /// The header, in lower case.
+    pub header: String,
+    pub scheme: Scheme,
+    pub placeholder: String,
+    pub real: String,
+}
+
+impl std::fmt::Debug for Brokered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Brokered")
+            .field("name", &self.name)
+            .field("hosts", &self.hosts)
+            .field("header", &self.header)
+            .field("scheme", &self.scheme)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the proxy is handed for brokering (over its stdin, with the rest of its policy).
+#[derive(Clone, Default, Serialize, Deserialize)]
+pub struct BrokerConfig {
+    pub credentials: Vec<Brokered>,
+    /// The user's CA key, PEM.
+    pub ca_key: String,
+}
+
+impl std::fmt::Debug for BrokerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BrokerConfig")
+            .field("credentials", &self.credentials)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A request head larger than this is refused (`431`), as the proxy's own.
+const MAX_HEAD: usize = 64 * 1024;
+/// A line of a chunked body (a size, a trailer) longer than this ends the connection.
+const MAX_LINE: usize = 4096;
+/// Trailer lines after a chunked body, at most.
+const MAX_TRAILERS: usize = 64;
+/// A terminated connection with no request for this long is closed.
+const IDLE: Duration = Duration::from_secs(120);
+/// The TLS handshakes (the client's and the upstream's) must end within this.
+const HANDSHAKE: Duration = Duration::from_secs(20);
+
+pub struct Broker {
+    creds: Vec<Brokered>,
+    ca: Ca,
+    leaf_key: rcgen::KeyPair,
+    leaf_der: PrivateKeyDer<'static>,
+    /// Server configurations by host name, made on first use.
+    leaves: Mutex<HashMap<String, Arc<rustls::ServerConfig>>>,
+    upstream: Arc<rustls::ClientConfig>,
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// The roots the upstream is verified against: the host's bundle (`SSL_CERT_FILE` when the
+/// caller sets it, as OpenSSL reads it; the system's otherwise).
+pub fn host_roots_file() -> std::path::PathBuf {
+    std::env::var_os("SSL_CERT_FILE")
+        .filter(|v| !v.is_empty())
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| "/etc/ssl/certs/ca-certificates.crt".into())
+}
+
+impl Broker {
+    pub fn new(cfg: &BrokerConfig) -> Result<Broker, String> {
+        let ca = Ca::from_key_pem(&cfg.ca_key)?;
+        let (leaf_key, leaf_der) = super::ca::leaf_key()?;
+        let file = host_roots_file();
+        let mut roots = rustls::RootCertStore::empty();
+        let certs = <CertificateDer as rustls::pki_types::pem::PemObject>::pem_file_iter(&file)
+            .map_err(|e| format!("reading the host's roots {}: {e}", file.display()))?;
+        roots.add_parsable_certificates(certs.flatten());
+        if roots.is_empty() {
+            return Err(format!(
+                "no root certificate in {}: the broker cannot verify the hosts it adds credentials for",
+                file.display()
+            ));
+        }
+        let mut upstream = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        upstream.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Broker {
+            creds: cfg.credentials.clone(),
+            ca,
+            leaf_key,
+            leaf_der,
+            leaves: Mutex::new(HashMap::new()),
+            upstream: Arc::new(upstream),
+        })
+    }
+
+    /// Whether a connection to `host:port` is terminated (a credential is bound to the host;
+    /// HTTPS's port only).
+    pub fn bound(&self, host: &str, port: u16) -> bool {
+        port == 443 && self.creds.iter().any(|c| c.hosts.iter().any(|h| h == host))
+    }
+
+    fn server_config(&self, host: &str) -> Result<Arc<rustls::ServerConfig>, String> {
+        let mut leaves = self.leaves.lock().map_err(|_| "poisoned".to_string())?;
+        if let Some(c) = leaves.get(host) {
+            return Ok(Arc::clone(c));
+        }
+        let leaf = self.ca.leaf(host, &self.leaf_key)?;
+        let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_no_client_auth()
+            .with_single_cert(vec![leaf, self.ca.cert_der()], self.leaf_der.clone_key())
+            .map_err(|e| e.to_string())?;
+        // HTTP/1.1 only: a client that offers h2 falls back (see the README).
+        cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let cfg = Arc::new(cfg);
+        if leaves.len() < 4096 {
+            leaves.insert(host.to_string(), Arc::clone(&cfg));
+        }
+        Ok(cfg)
+    }
+
+    /// Serve a connection to a bound `host` (already allowed, `up` connected): TLS with the
+    /// client (whose first bytes, read already, are `early`) and with the upstream, then the
+    /// requests one by one. The bytes moved up and down.
+    pub async fn serve<C: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        client: C,
+        early: &[u8],
+        host: &str,
+        port: u16,
+        up: TcpStream,
+        audit: Option<&Log>,
+    ) -> Result<(u64, u64), String> {
+        let server = self.server_config(host)?;
+        let client = Prefixed {
+            early: early.to_vec(),
+            at: 0,
+            inner: client,
+        };
+        let accept = tokio_rustls::TlsAcceptor::from(server).accept(client);
+        let client = tokio::time::timeout(HANDSHAKE, accept)
+            .await
+            .map_err(|_| "the client's TLS handshake timed out".to_string())?
+            .map_err(|e| format!("the client's TLS handshake failed: {e}"))?;
+        let name = ServerName::try_from(host.to_string()).map_err(|e| e.to_string())?;
+        let connect =
+            tokio_rustls::TlsConnector::from(Arc::clone(&self.upstream)).connect(name, up);
+        let mut client = client;
+        let upstream = match tokio::time::timeout(HANDSHAKE, connect).await {
+            Ok(Ok(u)) => u,
+            Ok(Err(e)) => {
+                let why = format!("aisb: {host} did not verify against the host's roots: {e}");
+                let _ = answer(&mut client, 502, "Bad Gateway", &why).await;
+                return Err(why);
+            }
+            Err(_) => {
+                let why = format!("aisb: the TLS handshake with {host} timed out");
+                let _ = answer(&mut client, 504, "Gateway Timeout", &why).await;
+                return Err(why);
+            }
+        };
+        let creds: Vec<&Brokered> = self
+            .creds
+            .iter()
+            .filter(|c| c.hosts.iter().any(|h| h == host))
+            .collect();
+        let mut c = Side::new(client);
+        let mut u = Side::new(upstream);
+        let mut moved = (0u64, 0u64);
+        let result = exchange(&mut c, &mut u, host, port, &creds, audit, &mut moved).await;
+        let _ = c.io.shutdown().await;
+        result.map(|()| moved)
+    }
+}
+
+/// A client whose first bytes were read already: those first, then the connection.
+struct Prefixed<C> {
+    early: Vec<u8>,
+    at: usize,
+    inner: C,
+}
+
+impl<C: AsyncRead + Unpin> AsyncRead for Prefixed<C> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if self.at < self.early.len() {
+            let n = buf.remaining().min(self.early.len() - self.at);
+            let at = self.at;
+            buf.put_slice(&self.early[at..at + n]);
+            self.at += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<C: AsyncWrite + Unpin> AsyncWrite for Prefixed<C> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// One side of a terminated connection: the stream and what was read from it and not yet
+/// passed on.
+struct Side<S> {
+    io: S,
+    buf: Vec<u8>,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Side<S> {
+    fn new(io: S) -> Side<S> {
+        Side {
+            io,
+            buf: Vec::new(),
+        }
+    }
+
+    /// Read more into the buffer; 0 at the end.
+    async fn fill(&mut self) -> std::io::Result<usize> {
+        let mut chunk = vec![0u8; 64 * 1024];
+        let n = self.io.read(&mut chunk).await?;
+        self.buf.extend_from_slice(&chunk[..n]);
+        Ok(n)
+    }
+
+    /// A whole head (to its blank line) taken from the buffer; None at a clean end before one.
+    async fn head(&mut self) -> Result<Option<Vec<u8>>, Refusal> {
+        loop {
+            if let Some(end) = find(&self.buf, b"\r\n\r\n") {
+                return Ok(Some(self.buf.drain(..end + 4).collect()));
+            }
+            if self.buf.len() > MAX_HEAD {
+                return Err(Refusal::new(431, "the request head is larger than 64 KiB"));
+            }
+            match self.fill().await {
+                Ok(0) if self.buf.is_empty() => return Ok(None),
+                Ok(0) => return Err(Refusal::new(400, "the connection ended inside a head")),
+                Ok(_) => {}
+                Err(_) => return Ok(None),
+            }
+        }
+    }
+
+    /// One line (with its CRLF) of at most [`MAX_LINE`] bytes.
+    async fn line(&mut self) -> std::io::Result<Vec<u8>> {
+        loop {
+            if let Some(end) = find(&self.buf, b"\r\n") {
+                return Ok(self.buf.drain(..end + 2).collect());
+            }
+            if self.buf.len() > MAX_LINE {
+                return Err(bad("a chunked body's line is too long"));
+            }
+            if self.fill().await? == 0 {
+                return Err(bad("the connection ended inside a chunked body"));
+            }
+        }
+    }
+
+    /// Pass exactly `n` bytes on to `to`.
+    async fn copy_exact<W: AsyncWrite + Unpin>(
+        &mut self,
+        mut n: u64,
+        to: &mut W,
+    ) -> std::io::Result<()> {
+        while n > 0 {
+            if self.buf.is_empty() && self.fill().await? == 0 {
+                return Err(bad("the connection ended inside a body"));
+            }
+            let take = (self.buf.len() as u64).min(n) as usize;
+            to.write_all(&self.buf[..take]).await?;
+            self.buf.drain(..take);
+            n -= take as u64;
+        }
+        Ok(())
+    }
+
+    /// Pass a body framed as `framing` on to `to`; its length.
+    async fn body<W: AsyncWrite + Unpin>(
+        &mut self,
+        framing: Framing,
+        to: &mut W,
+    ) -> std::io::Result<u64> {
+        match framing {
+            Framing::None => Ok(0),
+            Framing::Length(n) => self.copy_exact(n, to).await.map(|()| n),
+            Framing::Chunked => {
+                let mut total = 0u64;
+                loop {
+                    let line = self.line().await?;
+                    let size =
+                        chunk_size(&line).ok_or_else(|| bad("a chunk's size does not parse"))?;
+                    to.write_all(&line).await?;
+                    total += line.len() as u64;
+                    if size == 0 {
+                        for _ in 0..MAX_TRAILERS {
+                            let t = self.line().await?;
+                            to.write_all(&t).await?;
+                            total += t.len() as u64;
+                            if t == b"\r\n" {
+                                return Ok(total);
+                            }
+                        }
+                        return Err(bad("too many trailer lines"));
+                    }
+                    self.copy_exact(size + 2, to).await?;
+                    total += size + 2;
+                }
+            }
+            Framing::UntilClose => {
+                let mut total = self.buf.len() as u64;
+                to.write_all(&self.buf).await?;
+                self.buf.clear();
+                loop {
+                    let n = self.fill().await?;
+                    if n == 0 {
+                        return Ok(total);
+                    }
+                    to.write_all(&self.buf).await?;
+                    self.buf.clear();
+                    total += n as u64;
+                }
+            }
+        }
+    }
+}
+
+fn bad(why: &str) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, why.to_string())
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// A chunk-size line's size (extensions after `;` ignored); None when it does not parse.
+fn chunk_size(line: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(line).ok()?.trim_end_matches("\r\n");
+    let digits = text.split(';').next()?.trim();
+    if digits.is_empty() || digits.len() > 15 {
+        return None;
+    }
+    u64::from_str_radix(digits, 16).ok()
+}
+
+/// How a message's body ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    None,
+    Length(u64),
+    Chunked,
+    UntilClose,
+}
+
+/// A request the broker answers itself, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Refusal {
+    code: u16,
+    why: String,
+}
+
+impl Refusal {
+    fn new(code: u16, why: impl Into<String>) -> Refusal {
+        Refusal {
+            code,
+            why: why.into(),
+        }
+    }
+    fn reason(&self) -> &'static str {
+        match self.code {
+            400 => "Bad Request",
+            403 => "Forbidden",
+            421 => "Misdirected Request",
+            431 => "Request Header Fields Too Large",
+            501 => "Not Implemented",
+            _ => "Error",
+        }
+    }
+}
+
+/// A checked request, ready to go on.
+#[derive(Debug)]
+struct Checked {
+    head: Vec<u8>,
+    method: String,
+    path: String,
+    framing: Framing,
+    /// The names of the credentials put in.
+    injected: Vec<String>,
+    close: bool,
+}
+
+/// The body framing a message's headers declare; a refusal for ones that disagree (the
+/// request smuggling shapes: both lengths, differing lengths, a coding other than chunked).
+fn framing(headers: &[httparse::Header<'_>], request: bool) -> Result<Framing, Refusal> {
+    let mut te: Option<String> = None;
+    let mut cl: Option<u64> = None;
+    for h in headers {
+        if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            let v = String::from_utf8_lossy(h.value).trim().to_ascii_lowercase();
+            te = Some(match te {
+                Some(t) => format!("{t}, {v}"),
+                None => v,
+            });
+        } else if h.name.eq_ignore_ascii_case("content-length") {
+            let v = std::str::from_utf8(h.value)
+                .ok()
+                .map(str::trim)
+                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|v| v.parse::<u64>().ok())
+                .ok_or_else(|| Refusal::new(400, "a Content-Length that is not a number"))?;
+            if cl.is_some_and(|c| c != v) {
+                return Err(Refusal::new(400, "two different Content-Lengths"));
+            }
+            cl = Some(v);
+        }
+    }
+    match (te, cl) {
+        (Some(_), Some(_)) if request => Err(Refusal::new(
+            400,
+            "both Transfer-Encoding and Content-Length",
+        )),
+        (Some(t), _) if t == "chunked" => Ok(Framing::Chunked),
+        (Some(t), _) if request => Err(Refusal::new(
+            501,
+            format!("a request body coded `{t}` (only chunked is passed on)"),
+        )),
+        (Some(_), _) => Ok(Framing::UntilClose),
+        (None, Some(n)) => Ok(Framing::Length(n)),
+        (None, None) if request => Ok(Framing::None),
+        (None, None) => Ok(Framing::UntilClose),
+    }
+}
+
+/// Check one request head sent on a connection terminated for `host:port`, and put the
+/// credentials bound to the host in their headers.
+fn check_request(
+    head: &[u8],
+    host: &str,
+    port: u16,
+    creds: &[&Brokered],
+) -> Result<Checked, Refusal> {
+    let mut headers = [httparse::EMPTY_HEADER; 128];
+    let mut req = httparse::Request::new(&mut headers);
+    match req.parse(head) {
+        Ok(httparse::Status::Complete(_)) => {}
+        _ => return Err(Refusal::new(400, "not an HTTP/1.1 request")),
+    }
+    let method = req.method.unwrap_or("").to_string();
+    let path = req.path.unwrap_or("").to_string();
+    if req.version != Some(1) {
+        return Err(Refusal::new(
+            400,
+            "only HTTP/1.1 is served on a brokered connection",
+        ));
+    }
+    if method == "CONNECT" || !(path.starts_with('/') || (path == "*" && method == "OPTIONS")) {
+        return Err(Refusal::new(
+            421,
+            format!("the request names `{path}`: on a connection to {host}, only a path on it may be asked for"),
+        ));
+    }
+    // The Host must be the name the connection was opened (and its certificate made) for.
+    let hosts: Vec<&httparse::Header> = req
+        .headers
+        .iter()
+        .filter(|h| h.name.eq_ignore_ascii_case("host"))
+        .collect();
+    let named = match hosts.as_slice() {
+        [one] => std::str::from_utf8(one.value)
+            .ok()
+            .and_then(|v| split_authority(v.trim(), Some(port)))
+            .and_then(|(h, p)| Some((crate::config::domain::normalise_name(&h).ok()?, p))),
+        _ => None,
+    };
+    if named.as_ref() != Some(&(host.to_string(), port)) {
+        let shown = hosts
+            .first()
+            .map(|h| String::from_utf8_lossy(h.value).into_owned())
+            .unwrap_or_else(|| "none".into());
+        return Err(Refusal::new(
+            421,
+            format!(
+                "the request's Host ({}) is not {host}, the name this connection was opened to",
+                crate::vocab::clean_label(&shown)
+            ),
+        ));
+    }
+    let framing = framing(req.headers, true)?;
+    let mut close = false;
+    let mut injected = Vec::new();
+    let mut out = Vec::with_capacity(head.len() + 64);
+    out.extend_from_slice(format!("{method} {path} HTTP/1.1\r\n").as_bytes());
+    for h in req.headers.iter() {
+        let mut value = h.value.to_vec();
+        if h.name.eq_ignore_ascii_case("connection") {
+            close |= String::from_utf8_lossy(h.value)
+                .to_ascii_lowercase()
+                .split(',')
+                .any(|t| t.trim() == "close");
+        }
+        for c in creds
+            .iter()
+            .filter(|c| h.name.eq_ignore_ascii_case(&c.header))
+        {
+            if let Some(v) = put_in(&value, c) {
+                value = v;
+                injected.push(c.name.clone());
+            }
+        }
+        out.extend_from_slice(h.name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(&value);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    Ok(Checked {
+        head: out,
+        method,
+        path,
+        framing,
+        injected,
+        close,
+    })
+}
+
+/// A header's value with the credential's placeholder replaced by the real value, where the
+/// scheme puts it; None when the value does not carry the placeholder there.
+fn put_in(value: &[u8], c: &Brokered) -> Option<Vec<u8>> {
+    let text = std::str::from_utf8(value).ok()?.trim();
+    match c.scheme {
+        Scheme::Raw => (text == c.placeholder).then(|| c.real.as_bytes().to_vec()),
+        Scheme::Bearer => {
+            let (scheme, token) = text.split_once(' ')?;
+            (scheme.eq_ignore_ascii_case("bearer") && token.trim() == c.placeholder)
+                .then(|| format!("Bearer {}", c.real).into_bytes())
+        }
+        Scheme::Basic => {
+            let (scheme, encoded) = text.split_once(' ')?;
+            if !scheme.eq_ignore_ascii_case("basic") {
+                return None;
+            }
+            let engine = base64::engine::general_purpose::STANDARD;
+            let decoded = String::from_utf8(engine.decode(encoded.trim()).ok()?).ok()?;
+            let (user, pass) = decoded.split_once(':')?;
+            let pair = match (user == c.placeholder, pass == c.placeholder) {
+                (_, true) => format!("{user}:{}", c.real),
+                (true, false) => format!("{}:{pass}", c.real),
+                (false, false) => return None,
+            };
+            Some(format!("Basic {}", engine.encode(pair)).into_bytes())
+        }
+    }
+}
+
+/// An answer of the broker's own, closing the connection.
+async fn answer<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    code: u16,
+    reason: &str,
+    body: &str,
+) -> std::io::Result<()> {
+    let body = format!("{body}\n");
+    let msg = format!(
+        "HTTP/1.1 {code} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nX-Aisb-Blocked: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len(),
+        body.trim().replace(['\r', '\n'], " ")
+    );
+    w.write_all(msg.as_bytes()).await?;
+    w.flush().await
+}
+
+/// Requests and their answers, one after another, until either side ends.
+async fn exchange<C, U>(
+    c: &mut Side<C>,
+    u: &mut Side<U>,
+    host: &str,
+    port: u16,
+    creds: &[&Brokered],
+    audit: Option<&Log>,
+    moved: &mut (u64, u64),
+) -> Result<(), String>
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    U: AsyncRead + AsyncWrite + Unpin,
+{
+    loop {
+        let head = match tokio::time::timeout(IDLE, c.head()).await {
+            Err(_) | Ok(Ok(None)) => return Ok(()),
+            Ok(Ok(Some(h))) => h,
+            Ok(Err(r)) => {
+                let _ = answer(&mut c.io, r.code, r.reason(), &format!("aisb: {}", r.why)).await;
+                return Err(r.why);
+            }
+        };
+        let checked = match check_request(&head, host, port, creds) {
+            Ok(ch) => ch,
+            Err(r) => {
+                let text = format!(
+                    "aisb: refused a request on the connection to {host}: {}",
+                    r.why
+                );
+                if let Some(log) = audit {
+                    let _ = log.write(Kind::Net {
+                        action: "block".into(),
+                        proto: "https".into(),
+                        host: host.to_string(),
+                        port,
+                        rule: r.why.clone(),
+                        addr: None,
+                        bytes_up: 0,
+                        bytes_down: 0,
+                        duration_ms: 0,
+                    });
+                }
+                let _ = answer(&mut c.io, r.code, r.reason(), &text).await;
+                return Err(r.why);
+            }
+        };
+        if let Some(log) = audit {
+            for name in &checked.injected {
+                let _ = log.write(Kind::Credential {
+                    credential: name.clone(),
+                    host: host.to_string(),
+                    method: checked.method.clone(),
+                    path: crate::vocab::clean_label(checked.path.split('?').next().unwrap_or("")),
+                });
+            }
+        }
+        let io = |e: std::io::Error| e.to_string();
+        u.io.write_all(&checked.head).await.map_err(io)?;
+        moved.0 += checked.head.len() as u64;
+        moved.0 += c.body(checked.framing, &mut u.io).await.map_err(io)?;
+        u.io.flush().await.map_err(io)?;
+        // The answers: any 1xx before the final one, then its body.
+        loop {
+            let head = match u.head().await {
+                Ok(Some(h)) => h,
+                Ok(None) => return Ok(()),
+                Err(r) => return Err(format!("{host} answered with a bad head: {}", r.why)),
+            };
+            let mut headers = [httparse::EMPTY_HEADER; 128];
+            let mut resp = httparse::Response::new(&mut headers);
+            if !matches!(resp.parse(&head), Ok(httparse::Status::Complete(_))) {
+                return Err(format!("{host} answered something other than HTTP/1.1"));
+            }
+            let code = resp.code.unwrap_or(0);
+            c.io.write_all(&head).await.map_err(io)?;
+            moved.1 += head.len() as u64;
+            if code == 101 {
+                // A protocol switch (a WebSocket): both ways as they are from here.
+                c.io.write_all(&u.buf).await.map_err(io)?;
+                u.io.write_all(&c.buf).await.map_err(io)?;
+                let (a, b) = tokio::io::copy_bidirectional(&mut c.io, &mut u.io)
+                    .await
+                    .unwrap_or((0, 0));
+                moved.0 += a;
+                moved.1 += b;
+                return Ok(());
+            }
+            if (100..200).contains(&code) {
+                c.io.flush().await.map_err(io)?;
+                continue;
+            }
+            let framing = if checked.method == "HEAD" || code == 204 || code == 304 {
+                Framing::None
+            } else {
+                framing(resp.headers, false).unwrap_or(Framing::UntilClose)
+            };
+            let close = checked.close
+                || framing == Framing::UntilClose
+                || resp.headers.iter().any(|h| {
+                    h.name.eq_ignore_ascii_case("connection")
+                        && String::from_utf8_lossy(h.value)
+                            .to_ascii_lowercase()
+                            .contains("close")
+                });
+            moved.1 += u.body(framing, &mut c.io).await.map_err(io)?;
+            c.io.flush().await.map_err(io)?;
+            if close {
+                return Ok(());
+            }
+            break;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cred(scheme: Scheme, header: &str) -> Brokered {
+        Brokered {
+            name: "test".into(),
+            hosts: vec!["api.example.test".into()],
+            header: header.into(),
+            scheme,
+            placeholder: "sk-test-PLACEHOLDER0000".into(),
+            real: "sk-test-REALREALREAL1234".into(),
+        }
+    }
+
+    fn check(head: &str, c: &Brokered) -> Result<Checked, Refusal> {
+        check_request(head.as_bytes(), "api.example.test", 443, &[c])
+    }
+
+    #[test]
+    fn the_placeholder_is_replaced_only_in_the_declared_header() {
+        let c = cred(Scheme::Raw, "x-api-key");
+        let got = check(
+            "POST /v1/messages HTTP/1.1\r\nHost: api.example.test\r\nx-api-key: sk-test-PLACEHOLDER0000\r\nx-other: sk-test-PLACEHOLDER0000\r\nContent-Length: 3\r\n\r\n",
+            &c,
+        )
+        .unwrap();
+        let head = String::from_utf8(got.head).unwrap();
+        assert!(
+            head.contains("x-api-key: sk-test-REALREALREAL1234\r\n"),
+            "{head}"
+        );
+        assert!(
+            head.contains("x-other: sk-test-PLACEHOLDER0000\r\n"),
+            "{head}"
+        );
+        assert_eq!(got.injected, vec!["test".to_string()]);
+        assert_eq!(got.framing, Framing::Length(3));
+    }
+
+    #[test]
+    fn bearer_and_basic_carry_it_where_they_say() {
+        let c = cred(Scheme::Bearer, "authorization");
+        let got = check(
+            "GET / HTTP/1.1\r\nHost: api.example.test:443\r\nAuthorization: bearer sk-test-PLACEHOLDER0000\r\n\r\n",
+            &c,
+        )
+        .unwrap();
+        assert!(String::from_utf8(got.head)
+            .unwrap()
+            .contains("Authorization: Bearer sk-test-REALREALREAL1234\r\n"));
+        let c = cred(Scheme::Basic, "authorization");
+        let engine = base64::engine::general_purpose::STANDARD;
+        let sent = engine.encode("x-access-token:sk-test-PLACEHOLDER0000");
+        let got = check(
+            &format!("GET /repo.git/info/refs HTTP/1.1\r\nHost: api.example.test\r\nAuthorization: Basic {sent}\r\n\r\n"),
+            &c,
+        )
+        .unwrap();
+        let want = engine.encode("x-access-token:sk-test-REALREALREAL1234");
+        assert!(String::from_utf8(got.head)
+            .unwrap()
+            .contains(&format!("Authorization: Basic {want}\r\n")));
+        // Not the placeholder: passed as it is, nothing put in.
+        let got = check(
+            "GET / HTTP/1.1\r\nHost: api.example.test\r\nAuthorization: Basic Zm9vOmJhcg==\r\n\r\n",
+            &c,
+        )
+        .unwrap();
+        assert!(got.injected.is_empty());
+    }
+
+    #[test]
+    fn another_host_or_a_smuggling_shape_is_refused() {
+        let c = cred(Scheme::Raw, "x-api-key");
+        for (head, code) in [
+            ("GET / HTTP/1.1\r\nHost: echo.example.test\r\nx-api-key: sk-test-PLACEHOLDER0000\r\n\r\n", 421),
+            ("GET / HTTP/1.1\r\nHost: api.example.test:8443\r\n\r\n", 421),
+            ("GET / HTTP/1.1\r\n\r\n", 421),
+            ("GET / HTTP/1.1\r\nHost: api.example.test\r\nHost: other.test\r\n\r\n", 421),
+            ("GET https://other.test/ HTTP/1.1\r\nHost: api.example.test\r\n\r\n", 421),
+            ("CONNECT other.test:443 HTTP/1.1\r\nHost: api.example.test\r\n\r\n", 421),
+            ("POST / HTTP/1.1\r\nHost: api.example.test\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n", 400),
+            ("POST / HTTP/1.1\r\nHost: api.example.test\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n", 400),
+            ("POST / HTTP/1.1\r\nHost: api.example.test\r\nTransfer-Encoding: gzip\r\n\r\n", 501),
+            ("GET / HTTP/1.0\r\nHost: api.example.test\r\n\r\n", 400),
+        ] {
+            let r = check(head, &c).err().unwrap_or_else(|| panic!("passed: {head:?}"));
+            assert_eq!(r.code, code, "{head:?}: {}", r.why);
+        }
+    }
+
+    #[test]
+    fn chunk_sizes_parse_with_a_bound() {
+        assert_eq!(chunk_size(b"1a;ext=1\r\n"), Some(26));
+        assert_eq!(chunk_size(b"0\r\n"), Some(0));
+        assert_eq!(chunk_size(b"zz\r\n"), None);
+        assert_eq!(chunk_size(b"ffffffffffffffffff\r\n"), None);
+    }
+
+    /// A chunked body passes whole, and what follows it is the next request's.
+    #[tokio::test]
+    async fn a_chunked_body_ends_where_it_says() {
+        let (a, mut b) = tokio::io::duplex(1024);
+        b.write_all(b"3\r\nabc\r\n0\r\nX-T: 1\r\n\r\nGET /next")
+            .await
+            .unwrap();
+        drop(b);
+        let mut side = Side::new(a);
+        let mut out = Vec::new();
+        let n = side.body(Framing::Chunked, &mut out).await.unwrap();
+        assert_eq!(out, b"3\r\nabc\r\n0\r\nX-T: 1\r\n\r\n");
+        assert_eq!(n, out.len() as u64);
+        assert_eq!(side.buf, b"GET /next");
+    }
+}

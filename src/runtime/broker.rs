@@ -1,0 +1,317 @@
+//! The host's half of credential brokering (issue 31): each `credential`'s real value read
+//! where the configuration says (the caller's environment, a file of the user's, a command's
+//! output), a placeholder of the same shape made for it, and the user's CA. The real values
+//! and the CA key go to the proxy over its stdin; the sandbox gets the placeholders and a
+//! bundle of the host's roots and the CA's certificate, beside the proxy's socket.
+
+use std::io::Read as _;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::RuntimeError;
+use crate::config::model::CredentialSource;
+use crate::eval::plan::{Credential, Plan};
+use crate::proxy::broker::{BrokerConfig, Brokered};
+
+/// The bundle's name in the proxy's directory (`/run/aisb/net` inside).
+pub const BUNDLE: &str = "ca-bundle.pem";
+/// The variables the ecosystems read for their trusted roots, all pointed at the bundle:
+/// OpenSSL and curl, Node, Python's requests and pip, git.
+pub const CA_VARS: &[&str] = &[
+    "SSL_CERT_FILE",
+    "CURL_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "REQUESTS_CA_BUNDLE",
+    "PIP_CERT",
+    "GIT_SSL_CAINFO",
+];
+/// A credential longer than this is not one.
+const MAX_VALUE: usize = 16 * 1024;
+/// A `from command=` that has not answered by then is killed, and the run does not start.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(20);
+/// The host's roots are read up to this size.
+const MAX_ROOTS: u64 = 8 << 20;
+
+pub struct Prepared {
+    pub config: BrokerConfig,
+    placeholders: Vec<(String, String)>,
+    ca_pem: String,
+}
+
+fn err(what: String) -> RuntimeError {
+    RuntimeError::Io {
+        what,
+        source: std::io::Error::from(std::io::ErrorKind::InvalidData),
+    }
+}
+
+/// The credentials of `plan` read and given placeholders; None when it has none (or none of
+/// them has a value on this host: each one without is said on stderr, and its variable stays
+/// unset inside).
+pub fn prepare(plan: &Plan) -> Result<Option<Prepared>, RuntimeError> {
+    if plan.credentials.is_empty() {
+        return Ok(None);
+    }
+    let mut credentials = Vec::new();
+    let mut placeholders = Vec::new();
+    for c in &plan.credentials {
+        let Some(real) = read(c, plan)? else {
+            eprintln!(
+                "aisb: credential `{}`: {} has no value here; ${} stays unset inside",
+                c.name, c.source, c.env
+            );
+            continue;
+        };
+        let placeholder = placeholder(&real);
+        placeholders.push((c.env.clone(), placeholder.clone()));
+        credentials.push(Brokered {
+            name: c.name.clone(),
+            hosts: c.hosts.clone(),
+            header: c.header.clone(),
+            scheme: c.scheme,
+            placeholder,
+            real,
+        });
+    }
+    if credentials.is_empty() {
+        return Ok(None);
+    }
+    let dir = plan
+        .store
+        .parent()
+        .map_or_else(|| plan.store.join("ca"), |p| p.join("ca"));
+    let ca = crate::proxy::ca::load_or_create(&dir)
+        .map_err(|why| err(format!("the credential broker's CA: {why}")))?;
+    Ok(Some(Prepared {
+        config: BrokerConfig {
+            credentials,
+            ca_key: ca.key_pem(),
+        },
+        placeholders,
+        ca_pem: ca.cert_pem(),
+    }))
+}
+
+impl Prepared {
+    /// Write the CA bundle into the proxy's directory `dir`; the variables the sandbox gets.
+    pub fn finish(self, dir: &Path) -> Result<Vec<(String, String)>, RuntimeError> {
+        let roots = crate::proxy::broker::host_roots_file();
+        let mut bundle = String::new();
+        if let Ok(f) = std::fs::File::open(&roots) {
+            let _ = f.take(MAX_ROOTS).read_to_string(&mut bundle);
+        }
+        if !bundle.is_empty() && !bundle.ends_with('\n') {
+            bundle.push('\n');
+        }
+        bundle.push_str(&self.ca_pem);
+        let path = dir.join(BUNDLE);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, bundle.as_bytes()))
+            .map_err(|source| RuntimeError::Io {
+                what: format!("writing {}", path.display()),
+                source,
+            })?;
+        let inside = Path::new(crate::vocab::PROXY_DIR).join(BUNDLE);
+        let inside = inside.to_string_lossy().into_owned();
+        let mut env = self.placeholders;
+        env.extend(CA_VARS.iter().map(|v| (v.to_string(), inside.clone())));
+        Ok(env)
+    }
+}
+
+/// A credential's real value, from where it says; None when that source has nothing (an
+/// unset variable, a missing file). A value with a line break or other control character is
+/// refused: it would be a header of its own.
+fn read(c: &Credential, plan: &Plan) -> Result<Option<String>, RuntimeError> {
+    let value = match &c.source {
+        CredentialSource::Env(v) => match std::env::var(v) {
+            Ok(v) => v,
+            Err(_) => return Ok(None),
+        },
+        CredentialSource::File(p) => {
+            let path = file_path(p, plan)
+                .map_err(|why| err(format!("credential `{}` ({}): {why}", c.name, c.at)))?;
+            match std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&path)
+            {
+                Ok(f) => {
+                    let mut text = String::new();
+                    f.take(MAX_VALUE as u64 + 1)
+                        .read_to_string(&mut text)
+                        .map_err(|source| RuntimeError::Io {
+                            what: format!("reading {} (credential `{}`)", path.display(), c.name),
+                            source,
+                        })?;
+                    text
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                Err(source) => {
+                    return Err(RuntimeError::Io {
+                        what: format!(
+                            "reading {} (credential `{}`; a link there is not followed)",
+                            path.display(),
+                            c.name
+                        ),
+                        source,
+                    })
+                }
+            }
+        }
+        CredentialSource::Command(cmd) => run(cmd, &c.name)?,
+    };
+    let value = value.trim().to_string();
+    if value.is_empty() {
+        return Ok(None);
+    }
+    if value.len() > MAX_VALUE || value.chars().any(char::is_control) {
+        return Err(err(format!(
+            "credential `{}` ({}): the value from {} is not one credential (longer than {MAX_VALUE} bytes, or holds a line break or control character)",
+            c.name, c.at, c.source
+        )));
+    }
+    Ok(Some(value))
+}
+
+/// Where `from file=` reads: `~/` the user's home, else an absolute path; never in the
+/// project, which the sandbox writes (it could make the file a link to any of the user's
+/// files, and the proxy would send that file's text to the credential's hosts).
+fn file_path(p: &str, plan: &Plan) -> Result<PathBuf, String> {
+    let path = match p.strip_prefix("~/") {
+        Some(rest) => plan.identity.home.join(rest),
+        None if Path::new(p).is_absolute() => PathBuf::from(p),
+        None => return Err(format!("`{p}` is not absolute: write `~/…` or `/…`")),
+    };
+    let lexical = crate::git::lexical_join(Path::new("/"), &path);
+    if lexical.starts_with(&plan.project) {
+        return Err(format!(
+            "{} is in the project, which the sandbox writes: keep the credential outside it",
+            lexical.display()
+        ));
+    }
+    Ok(lexical)
+}
+
+/// `from command=`: its output, by `/bin/sh -c`, no stdin, within [`COMMAND_TIMEOUT`].
+fn run(cmd: &str, name: &str) -> Result<String, RuntimeError> {
+    let mut child = std::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg(cmd)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|source| RuntimeError::Spawn {
+            program: format!("/bin/sh -c {cmd:?} (credential `{name}`)"),
+            source,
+        })?;
+    let mut out = child.stdout.take();
+    let reader = std::thread::spawn(move || {
+        let mut text = Vec::new();
+        if let Some(o) = out.as_mut() {
+            let _ = o.take(MAX_VALUE as u64 + 1).read_to_end(&mut text);
+        }
+        text
+    });
+    let start = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break s,
+            Ok(None) if start.elapsed() < COMMAND_TIMEOUT => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(err(format!(
+                    "credential `{name}`: `{cmd}` did not answer within {} s",
+                    COMMAND_TIMEOUT.as_secs()
+                )));
+            }
+        }
+    };
+    let text = reader.join().unwrap_or_default();
+    if !status.success() {
+        return Err(err(format!(
+            "credential `{name}`: `{cmd}` failed ({status})"
+        )));
+    }
+    String::from_utf8(text).map_err(|_| {
+        err(format!(
+            "credential `{name}`: `{cmd}` printed something other than text"
+        ))
+    })
+}
+
+/// A placeholder of the real value's shape: the same prefix (to its last `-` or `_` in the
+/// first 16 characters: `sk-ant-api03-`, `ghp_`, `sk-proj-`), then random letters and digits
+/// where the value has them, its other characters kept, so a client that checks a key's form
+/// still starts. Different in every run.
+pub fn placeholder(real: &str) -> String {
+    let cut = real
+        .char_indices()
+        .take(16)
+        .filter(|(_, c)| matches!(c, '-' | '_'))
+        .map(|(i, _)| i + 1)
+        .last()
+        .unwrap_or(0);
+    let (prefix, rest) = real.split_at(cut);
+    const ALNUM: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    let mut bytes = vec![0u8; rest.len().max(1)];
+    random(&mut bytes);
+    let mut out = prefix.to_string();
+    for (c, r) in rest.chars().zip(bytes.iter().cycle()) {
+        out.push(if c.is_ascii_alphanumeric() {
+            ALNUM[*r as usize % ALNUM.len()] as char
+        } else {
+            c
+        });
+    }
+    if out == real {
+        // Only a value of no letters or digits after its prefix: mark it instead.
+        out.push('x');
+    }
+    out
+}
+
+fn random(buf: &mut [u8]) {
+    let mut filled = 0;
+    while filled < buf.len() {
+        // SAFETY: the pointer and length are the unfilled part of `buf`.
+        let n =
+            unsafe { libc::getrandom(buf[filled..].as_mut_ptr().cast(), buf.len() - filled, 0) };
+        if n <= 0 {
+            // getrandom(2) does not fail on a running system; a counter is not a secret anyway.
+            for (i, b) in buf[filled..].iter_mut().enumerate() {
+                *b = (i as u8).wrapping_mul(31);
+            }
+            return;
+        }
+        filled += n as usize;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_keep_the_shape_and_differ() {
+        let real = "sk-ant-api03-AbCdEf0123456789-xyzXYZ_0000";
+        let a = placeholder(real);
+        let b = placeholder(real);
+        assert_eq!(a.len(), real.len());
+        assert!(a.starts_with("sk-ant-api03-"), "{a}");
+        assert_ne!(a, real);
+        assert_ne!(a, b);
+        assert_eq!(a.find('_'), real.find('_'));
+        let gh = placeholder("ghp_0123456789abcdefABCDEF0123456789abcd");
+        assert!(gh.starts_with("ghp_") && gh.len() == 40, "{gh}");
+    }
+}
