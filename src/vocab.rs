@@ -110,7 +110,7 @@ pub fn summarise_tool_call(body: &[u8]) -> (String, String) {
 }
 
 /// At most [`MAX_INPUT`] characters, control characters shown as spaces (one log line).
-fn shorten(s: &str) -> String {
+pub fn shorten(s: &str) -> String {
     let mut out: String = s
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })

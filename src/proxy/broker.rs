@@ -559,7 +559,7 @@ fn check_request(
             421,
             format!(
                 "the request's Host ({}) is not {host}, the name this connection was opened to",
-                crate::vocab::clean_label(&shown)
+                crate::vocab::shorten(&shown)
             ),
         ));
     }
@@ -700,7 +700,7 @@ where
                     credential: name.clone(),
                     host: host.to_string(),
                     method: checked.method.clone(),
-                    path: crate::vocab::clean_label(checked.path.split('?').next().unwrap_or("")),
+                    path: crate::vocab::shorten(checked.path.split('?').next().unwrap_or("")),
                 });
             }
         }
