@@ -47,6 +47,42 @@ impl Mock {
     }
     /// `script`: the JSON list of steps (commands, or `{"tool": …, "input": …}`).
     fn start_raw(dir: &Path, script: &str) -> Mock {
+        Mock::start_with(dir, script, &[])
+    }
+    /// [`Mock::start`] over HTTPS with a certificate for every name of the agent presets'
+    /// domains, from a CA of the test's own; its certificate is at `dir/mock-ca.pem`.
+    fn start_tls(dir: &Path, script: &[&str]) -> Mock {
+        let names: Vec<String> = aisb::eval::BUILTIN_GROUPS
+            .iter()
+            .filter(|(g, _)| ["anthropic", "openai", "google"].contains(g))
+            .flat_map(|(_, domains)| domains.iter().map(|d| d.to_string()))
+            .collect();
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.distinguished_name
+            .push(rcgen::DnType::CommonName, "aisb test model API CA");
+        p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        p.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca = p.self_signed(&ca_key).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let leaf = rcgen::CertificateParams::new(names)
+            .unwrap()
+            .signed_by(&key, &ca, &ca_key)
+            .unwrap();
+        std::fs::write(dir.join("mock-ca.pem"), ca.pem()).unwrap();
+        std::fs::write(dir.join("mock-cert.pem"), leaf.pem()).unwrap();
+        std::fs::write(dir.join("mock-key.pem"), key.serialize_pem()).unwrap();
+        let (cert, key) = (dir.join("mock-cert.pem"), dir.join("mock-key.pem"));
+        Mock::start_with(
+            dir,
+            &serde_json::to_string(script).unwrap(),
+            &[cert.as_path(), key.as_path()],
+        )
+    }
+    fn start_with(dir: &Path, script: &str, tls: &[&Path]) -> Mock {
         let (port_file, log) = (dir.join("mock.port"), dir.join("mock.jsonl"));
         let _ = std::fs::remove_file(&port_file);
         let _ = std::fs::remove_file(&log);
@@ -58,6 +94,7 @@ impl Mock {
             .arg(&port_file)
             .arg(&log)
             .arg(script)
+            .args(tls)
             .spawn()
             .expect("python3");
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
@@ -1096,4 +1133,80 @@ fn claude_runs_the_projects_tests_through_its_shell_tool() {
         assert!(!text(1).contains("leaked"), "[{backend}] {}", text(1));
         assert!(text(1).contains("env-read=1"), "[{backend}] {}", text(1));
     }
+}
+
+/// Issue 31: Claude Code in its preset holds a placeholder, never the key; the proxy puts the
+/// real key in `x-api-key` of its requests to its API (a TLS mock here, which checks it), on
+/// both backends. What the model's command prints of the variable is the placeholder.
+#[test]
+fn claude_reaches_its_api_with_a_key_it_never_holds() {
+    if !needs("claude") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let (home, proj) = project(t.path(), "import \"preset:claude\"\n");
+    let real = format!(
+        "sk-ant-api03-{}",
+        std::process::id()
+            .to_string()
+            .repeat(12)
+            .chars()
+            .take(40)
+            .collect::<String>()
+    );
+    for backend in ["bwrap", "libcontainer"] {
+        let mock = Mock::start_tls(t.path(), &["printenv ANTHROPIC_API_KEY"]);
+        let out = Out::from(
+            aisb(t.path(), &home, &proj)
+                .args(["--trust", "run", "--backend", backend, "--"])
+                .args(["claude", "-p", "do the task", "--output-format", "json"])
+                .env("ANTHROPIC_API_KEY", &real)
+                .env("AISB_PROXY_PIN", mock.pins())
+                .env("SSL_CERT_FILE", t.path().join("mock-ca.pem"))
+                .output()
+                .unwrap(),
+        );
+        assert_eq!(out.code, 0, "[{backend}] {}\n{}", out.stdout, out.stderr);
+        assert!(
+            out.stdout.contains("MOCK-DONE"),
+            "[{backend}] {}",
+            out.stdout
+        );
+        let requests = mock.requests();
+        let messages: Vec<&serde_json::Value> = requests
+            .iter()
+            .filter(|r| r["path"].as_str().unwrap_or("").starts_with("/v1/messages"))
+            .collect();
+        assert!(!messages.is_empty(), "[{backend}] {requests:#?}");
+        for r in &messages {
+            assert_eq!(r["x-api-key"], real.as_str(), "[{backend}] {r}");
+        }
+        // What the command inside printed, sent back to the model: a placeholder of its shape.
+        let results = messages
+            .iter()
+            .filter_map(|r| r["tool_results"].as_array().cloned())
+            .max_by_key(Vec::len)
+            .unwrap_or_default();
+        let printed = results
+            .first()
+            .and_then(|r| r["content"].as_str())
+            .unwrap_or("")
+            .trim()
+            .to_string();
+        assert!(
+            printed.starts_with("sk-ant-api03-") && printed.len() == real.len() && printed != real,
+            "[{backend}] the sandbox's variable: {printed:?}"
+        );
+        assert!(
+            !out.stdout.contains(&real) && !out.stderr.contains(&real),
+            "[{backend}]"
+        );
+    }
+    let events = audit(t.path(), &home, &proj);
+    assert!(
+        events.iter().any(|e| e["event"] == "credential"
+            && e["credential"] == "anthropic-api-key"
+            && e["host"] == "api.anthropic.com"),
+        "{events:#?}"
+    );
 }

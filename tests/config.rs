@@ -69,10 +69,21 @@ fn example_file_is_valid_and_decodes_every_node() {
     ));
     // env: set with variables, pass, allow, secrets dropped by NAME.
     let names: Vec<&str> = plan.env.vars.iter().map(|(k, _)| k.as_str()).collect();
+    assert!(names.contains(&"CI") && names.contains(&"NODE_ENV"));
+    // The preset's key is brokered: not passed in, a placeholder made at start instead.
+    assert!(!names.contains(&"ANTHROPIC_API_KEY"), "{names:?}");
+    let brokered: Vec<(&str, &str)> = plan
+        .credentials
+        .iter()
+        .map(|c| (c.name.as_str(), c.env.as_str()))
+        .collect();
     assert!(
-        names.contains(&"CI")
-            && names.contains(&"NODE_ENV")
-            && names.contains(&"ANTHROPIC_API_KEY")
+        brokered.contains(&("anthropic-api-key", "ANTHROPIC_API_KEY")),
+        "{brokered:?}"
+    );
+    assert!(
+        brokered.contains(&("example-api", "EXAMPLE_API_TOKEN")),
+        "{brokered:?}"
     );
     assert!(!names.contains(&"OPENAI_API_KEY") && !names.contains(&"AWS_SECRET_ACCESS_KEY"));
     let cache_dir = plan
@@ -1007,4 +1018,65 @@ fn tool_policy_is_mirrored_into_each_agents_layer() {
     let policy: aisb::tools::Policy = serde_json::from_str(&file("/etc/aisb")).unwrap();
     assert_eq!(policy.deny.len(), 3);
     assert_eq!(policy.deny[2].at, "sandbox.kdl:7");
+}
+
+/// A `credential` says everything it needs, at its span: what is missing, a proxy to add it, a
+/// host the network allows, a header that is one, exactly one source.
+#[test]
+fn credentials_are_checked_where_they_are_written() {
+    let net = "network {\n    allow \"api.example.com\"\n}\n";
+    let ok = "credential \"k\" env=\"K\" {\n    from env=\"K\"\n    hosts \"api.example.com\"\n    header \"x-api-key\"\n}\n";
+    let f = Fixture::new();
+    let plan = f.plan(&format!("{net}{ok}"), None);
+    assert_eq!(plan.credentials.len(), 1);
+    assert_eq!(plan.credentials[0].hosts, ["api.example.com"]);
+    for (text, want) in [
+        (ok.to_string(), "has none"),
+        (
+            format!("{net}credential \"k\" env=\"K\" {{\n    from env=\"K\"\n}}\n"),
+            "does not say hosts",
+        ),
+        (
+            ok.replace("api.example.com", "other.example.com")
+                .replace("credential", &format!("{net}credential")),
+            "does not allow",
+        ),
+        (
+            format!("{net}{}", ok.replace("x-api-key", "x-api\\nkey")),
+            "control character",
+        ),
+        (
+            format!("{net}{}", ok.replace("x-api-key", "x api key")),
+            "not a header",
+        ),
+        (
+            format!("{net}{}", ok.replace("x-api-key", "Host")),
+            "not a header",
+        ),
+        (
+            format!(
+                "{net}{}",
+                ok.replace("from env=\"K\"", "from env=\"K\" file=\"/k\"")
+            ),
+            "exactly one of",
+        ),
+        (
+            format!(
+                "{net}{}",
+                ok.replace("api.example.com\"", "*.example.com\"")
+            ),
+            "is not a host name",
+        ),
+        (
+            format!("{net}{}", ok.replace("env=\"K\" {", "env=\"1K\" {")),
+            "not a valid variable name",
+        ),
+        (
+            format!("{net}{ok}{}", ok.replace("\"k\"", "\"j\"")),
+            "two credentials",
+        ),
+    ] {
+        let e = err(&text);
+        assert!(e.contains(want), "{text}\n{e}");
+    }
 }

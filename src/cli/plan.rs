@@ -347,6 +347,31 @@ pub fn render(plan: &Plan, _cwd: &Path, named: bool) -> String {
         }
     }
 
+    if !plan.credentials.is_empty() {
+        let _ = writeln!(
+            o,
+            "\ncredentials (brokered: a placeholder inside, the real value added by the proxy)"
+        );
+        for c in &plan.credentials {
+            let hosts = if c.hosts.is_empty() {
+                "no host (the network allows none of its hosts)".to_string()
+            } else {
+                format!("https://{}", c.hosts.join(", https://"))
+            };
+            let _ = writeln!(
+                o,
+                "  {}  ${} inside; real value from {}; added to {} in header {} ({})   [{}]",
+                c.name,
+                c.env,
+                c.source,
+                hosts,
+                c.header,
+                c.scheme.name(),
+                c.at
+            );
+        }
+    }
+
     let p = &plan.process;
     let _ = writeln!(o, "\nprocess");
     let _ = writeln!(o, "  command   {}", p.args.join(" "));

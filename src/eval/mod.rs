@@ -533,6 +533,12 @@ fn credentials(
         let (Some(var), Some(from), Some(header)) = (&c.env, &c.from, &c.header) else {
             continue; // the decoder said what is missing
         };
+        // A preset's credential (not in a file on disk) where the configuration took the
+        // proxy away is not brokered: the preset's `pass` decides, as before brokering.
+        let on_disk = cx.loaded.sources[c.loc.file].path.is_some();
+        if network.mode != crate::config::model::NetMode::Allow && !on_disk {
+            continue;
+        }
         if network.mode != crate::config::model::NetMode::Allow {
             cx.err(
                 c.loc,
@@ -551,6 +557,10 @@ fn credentials(
                 continue;
             };
             if let Err(b) = policy.check(&name, 443) {
+                // A preset's host the project's domains left out: never added there.
+                if !on_disk {
+                    continue;
+                }
                 cx.err(
                     h.loc,
                     format!(

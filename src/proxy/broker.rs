@@ -106,11 +106,13 @@ const HANDSHAKE: Duration = Duration::from_secs(20);
 pub struct Broker {
     creds: Vec<Brokered>,
     ca: Ca,
-    leaf_key: rcgen::KeyPair,
-    leaf_der: PrivateKeyDer<'static>,
+    /// The key of every leaf this proxy makes, made on first use (not before the proxy is
+    /// ready: a run that never reaches a bound host pays nothing for it).
+    leaf_key: std::sync::OnceLock<Result<(rcgen::KeyPair, PrivateKeyDer<'static>), String>>,
     /// Server configurations by host name, made on first use.
     leaves: Mutex<HashMap<String, Arc<rustls::ServerConfig>>>,
-    upstream: Arc<rustls::ClientConfig>,
+    /// The upstream's TLS configuration with the host's roots, read on first use.
+    upstream: std::sync::OnceLock<Result<Arc<rustls::ClientConfig>, String>>,
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
@@ -126,34 +128,36 @@ pub fn host_roots_file() -> std::path::PathBuf {
         .unwrap_or_else(|| "/etc/ssl/certs/ca-certificates.crt".into())
 }
 
+/// The upstream's TLS configuration: the host's roots, HTTP/1.1.
+fn upstream_config() -> Result<Arc<rustls::ClientConfig>, String> {
+    let file = host_roots_file();
+    let mut roots = rustls::RootCertStore::empty();
+    let certs = <CertificateDer as rustls::pki_types::pem::PemObject>::pem_file_iter(&file)
+        .map_err(|e| format!("reading the host's roots {}: {e}", file.display()))?;
+    roots.add_parsable_certificates(certs.flatten());
+    if roots.is_empty() {
+        return Err(format!(
+            "no root certificate in {}: the broker cannot verify the hosts it adds credentials for",
+            file.display()
+        ));
+    }
+    let mut upstream = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    upstream.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(upstream))
+}
+
 impl Broker {
     pub fn new(cfg: &BrokerConfig) -> Result<Broker, String> {
-        let ca = Ca::from_key_pem(&cfg.ca_key)?;
-        let (leaf_key, leaf_der) = super::ca::leaf_key()?;
-        let file = host_roots_file();
-        let mut roots = rustls::RootCertStore::empty();
-        let certs = <CertificateDer as rustls::pki_types::pem::PemObject>::pem_file_iter(&file)
-            .map_err(|e| format!("reading the host's roots {}: {e}", file.display()))?;
-        roots.add_parsable_certificates(certs.flatten());
-        if roots.is_empty() {
-            return Err(format!(
-                "no root certificate in {}: the broker cannot verify the hosts it adds credentials for",
-                file.display()
-            ));
-        }
-        let mut upstream = rustls::ClientConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        upstream.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(Broker {
             creds: cfg.credentials.clone(),
-            ca,
-            leaf_key,
-            leaf_der,
+            ca: Ca::from_key_pem(&cfg.ca_key)?,
+            leaf_key: std::sync::OnceLock::new(),
             leaves: Mutex::new(HashMap::new()),
-            upstream: Arc::new(upstream),
+            upstream: std::sync::OnceLock::new(),
         })
     }
 
@@ -168,12 +172,17 @@ impl Broker {
         if let Some(c) = leaves.get(host) {
             return Ok(Arc::clone(c));
         }
-        let leaf = self.ca.leaf(host, &self.leaf_key)?;
+        let (key, der) = self
+            .leaf_key
+            .get_or_init(super::ca::leaf_key)
+            .as_ref()
+            .map_err(Clone::clone)?;
+        let leaf = self.ca.leaf(host, key)?;
         let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| e.to_string())?
             .with_no_client_auth()
-            .with_single_cert(vec![leaf, self.ca.cert_der()], self.leaf_der.clone_key())
+            .with_single_cert(vec![leaf, self.ca.cert_der()], der.clone_key())
             .map_err(|e| e.to_string())?;
         // HTTP/1.1 only: a client that offers h2 falls back (see the README).
         cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
@@ -208,9 +217,15 @@ impl Broker {
             .map_err(|_| "the client's TLS handshake timed out".to_string())?
             .map_err(|e| format!("the client's TLS handshake failed: {e}"))?;
         let name = ServerName::try_from(host.to_string()).map_err(|e| e.to_string())?;
-        let connect =
-            tokio_rustls::TlsConnector::from(Arc::clone(&self.upstream)).connect(name, up);
         let mut client = client;
+        let upstream = match self.upstream.get_or_init(upstream_config) {
+            Ok(u) => u,
+            Err(why) => {
+                let _ = answer(&mut client, 502, "Bad Gateway", &format!("aisb: {why}")).await;
+                return Err(why.clone());
+            }
+        };
+        let connect = tokio_rustls::TlsConnector::from(Arc::clone(upstream)).connect(name, up);
         let upstream = match tokio::time::timeout(HANDSHAKE, connect).await {
             Ok(Ok(u)) => u,
             Ok(Err(e)) => {

@@ -2,7 +2,7 @@
 """A scripted model server for the agent tests: speaks just enough of the Anthropic Messages,
 OpenAI Chat Completions / Responses and Gemini generateContent APIs for a real client to run.
 
-usage: mock_llm.py PORT_FILE LOG_FILE [SCRIPT_JSON]
+usage: mock_llm.py PORT_FILE LOG_FILE [SCRIPT_JSON [CERT_PEM KEY_PEM]]
 
 Binds 127.0.0.1 on a free port and writes it to PORT_FILE. Every request is appended to
 LOG_FILE as one JSON line (method, path, Host header, and for Anthropic the tool results the
@@ -11,7 +11,8 @@ client sent back). SCRIPT_JSON is a list of steps, each a shell command (a Bash 
 Anthropic request that offers tools has fewer tool results than the script has steps, the
 answer is a tool_use for the next one (for Gemini, a functionCall while it has fewer function
 responses than steps, tool steps only); then a final text "MOCK-DONE". Exits after 300 s at
-most.
+most. With CERT_PEM and KEY_PEM it speaks HTTPS (the credential brokering tests); each entry then
+also has the credential headers it got (x-api-key, authorization, x-goog-api-key).
 """
 import json
 import sys
@@ -20,6 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 PORT_FILE, LOG_FILE = sys.argv[1], sys.argv[2]
 SCRIPT = json.loads(sys.argv[3]) if len(sys.argv) > 3 else []
+TLS = sys.argv[4:6] if len(sys.argv) > 5 else None
 LOCK = threading.Lock()
 
 
@@ -170,8 +172,14 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def keys(self, entry):
+        if TLS:
+            for h in ("x-api-key", "authorization", "x-goog-api-key"):
+                entry[h] = self.headers.get(h)
+        return entry
+
     def do_GET(self):
-        log({"method": "GET", "path": self.path, "host": self.headers.get("Host")})
+        log(self.keys({"method": "GET", "path": self.path, "host": self.headers.get("Host")}))
         if "/models" in self.path:
             self.reply("application/json", json.dumps(
                 {"object": "list", "data": [{"id": "mock", "object": "model"}]}).encode())
@@ -213,11 +221,17 @@ class Handler(BaseHTTPRequestHandler):
                 ctype, data = "text/event-stream", b"data: " + data + b"\r\n\r\n"
         else:
             ctype, data = "application/json", b"{}"
-        log(entry)
+        log(self.keys(entry))
         self.reply(ctype, data)
 
 
 server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+if TLS:
+    import ssl  # noqa: E402
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(TLS[0], TLS[1])
+    server.socket = context.wrap_socket(server.socket, server_side=True)
 with open(PORT_FILE + ".tmp", "w") as f:
     f.write(str(server.server_address[1]))
 import os  # noqa: E402
