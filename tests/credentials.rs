@@ -53,81 +53,72 @@ fn mock_pki(names: &[&str]) -> (String, Vec<Arc<rustls::ServerConfig>>) {
     (ca.pem(), configs)
 }
 
+/// What a mock answers a request head with: a status line's code and reason, extra headers,
+/// and a body.
+type Handler = dyn Fn(&str) -> (&'static str, String, Vec<u8>) + Send + Sync;
+
 /// An HTTPS server on 127.0.0.1 (at most 200 connections, each request answered in turn,
-/// kept alive): `/check` says whether the real key arrived (`key=real`) or what came instead;
-/// `/echo` answers with the `x-api-key` it got.
-fn mock(cfg: Arc<rustls::ServerConfig>, real: String) -> u16 {
+/// kept alive; a body by its length or chunked is read and dropped), answering by `handler`.
+fn serve(cfg: Arc<rustls::ServerConfig>, handler: Arc<Handler>) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
         for conn in listener.incoming().take(200).flatten() {
             let cfg = Arc::clone(&cfg);
-            let real = real.clone();
+            let handler = Arc::clone(&handler);
             std::thread::spawn(move || {
                 let _ = conn.set_read_timeout(Some(Duration::from_secs(20)));
                 let tls = rustls::ServerConnection::new(cfg).unwrap();
                 let mut s = rustls::StreamOwned::new(tls, conn);
                 let mut buf = Vec::new();
-                for _ in 0..50 {
+                let mut more = |s: &mut rustls::StreamOwned<_, _>, buf: &mut Vec<u8>| {
+                    let mut chunk = [0u8; 4096];
+                    match Read::read(s, &mut chunk) {
+                        Ok(0) | Err(_) => false,
+                        Ok(n) => {
+                            buf.extend_from_slice(&chunk[..n]);
+                            true
+                        }
+                    }
+                };
+                for _ in 0..100 {
                     let end = loop {
                         if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
                             break i + 4;
                         }
-                        let mut chunk = [0u8; 4096];
-                        match s.read(&mut chunk) {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        if !more(&mut s, &mut buf) {
+                            return;
                         }
                     };
                     let head = String::from_utf8_lossy(&buf[..end]).into_owned();
                     buf.drain(..end);
-                    let header = |name: &str| {
-                        head.lines()
-                            .find_map(|l| {
-                                let (k, v) = l.split_once(':')?;
-                                k.trim()
-                                    .eq_ignore_ascii_case(name)
-                                    .then(|| v.trim().to_string())
-                            })
-                            .unwrap_or_else(|| "none".into())
-                    };
-                    // A body: by its length, or chunked to its last chunk.
-                    if let Ok(n) = header("content-length").parse::<usize>() {
+                    if let Ok(n) = header(&head, "content-length").parse::<usize>() {
                         while buf.len() < n {
-                            let mut chunk = [0u8; 4096];
-                            match s.read(&mut chunk) {
-                                Ok(0) | Err(_) => return,
-                                Ok(k) => buf.extend_from_slice(&chunk[..k]),
+                            if !more(&mut s, &mut buf) {
+                                return;
                             }
                         }
                         buf.drain(..n);
-                    } else if header("transfer-encoding") == "chunked" {
-                        while !buf.windows(5).any(|w| w == b"0\r\n\r\n") {
-                            let mut chunk = [0u8; 4096];
-                            match s.read(&mut chunk) {
-                                Ok(0) | Err(_) => return,
-                                Ok(k) => buf.extend_from_slice(&chunk[..k]),
+                    } else if header(&head, "transfer-encoding") == "chunked" {
+                        let at = loop {
+                            if let Some(at) = buf.windows(5).position(|w| w == b"0\r\n\r\n") {
+                                break at;
                             }
-                        }
-                        let at = buf.windows(5).position(|w| w == b"0\r\n\r\n").unwrap();
+                            if !more(&mut s, &mut buf) {
+                                return;
+                            }
+                        };
                         buf.drain(..at + 5);
                     }
-                    let path = head.split(' ').nth(1).unwrap_or("/").to_string();
-                    let key = header("x-api-key");
-                    let body = if path.starts_with("/echo") {
-                        format!("x-api-key={key}")
-                    } else if key == real {
-                        "key=real".to_string()
-                    } else if key.contains(&real[8..]) {
-                        "key=mangled".to_string()
-                    } else {
-                        "key=other".to_string()
-                    };
+                    let (status, extra, body) = handler(&head);
                     let msg = format!(
-                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nContent-Type: text/plain\r\n\r\n{body}",
+                        "HTTP/1.1 {status}\r\nContent-Length: {}\r\nContent-Type: text/plain\r\n{extra}\r\n",
                         body.len()
                     );
-                    if s.write_all(msg.as_bytes()).is_err() || s.flush().is_err() {
+                    if s.write_all(msg.as_bytes()).is_err()
+                        || s.write_all(&body).is_err()
+                        || s.flush().is_err()
+                    {
                         return;
                     }
                 }
@@ -137,8 +128,78 @@ fn mock(cfg: Arc<rustls::ServerConfig>, real: String) -> u16 {
     port
 }
 
-/// A key for the test: `sk-test-` and 32 random letters and digits.
-fn canary() -> String {
+/// A header's value in a request head (`none` when absent).
+fn header(head: &str, name: &str) -> String {
+    head.lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "none".into())
+}
+
+/// The API mock: `/check` says whether the real key arrived in `x-api-key` (`key=real`) or
+/// what came instead; `/echo` answers with the `x-api-key` it got.
+fn mock(cfg: Arc<rustls::ServerConfig>, real: String) -> u16 {
+    serve(
+        cfg,
+        Arc::new(move |head: &str| {
+            let path = head.split(' ').nth(1).unwrap_or("/");
+            let key = header(head, "x-api-key");
+            let body = if path.starts_with("/echo") {
+                format!("x-api-key={key}")
+            } else if key == real {
+                "key=real".to_string()
+            } else if key.contains(&real[8..]) {
+                "key=mangled".to_string()
+            } else {
+                "key=other".to_string()
+            };
+            ("200 OK", String::new(), body.into_bytes())
+        }),
+    )
+}
+
+/// A git server over dumb HTTP for the bare repositories below `root`, behind Basic
+/// authentication whose password must be `real`: a `401` with a challenge without it, a `403`
+/// with another.
+fn git_mock(cfg: Arc<rustls::ServerConfig>, real: String, root: std::path::PathBuf) -> u16 {
+    use base64::Engine as _;
+    serve(
+        cfg,
+        Arc::new(move |head: &str| {
+            let auth = header(head, "authorization");
+            let Some(encoded) = auth.strip_prefix("Basic ") else {
+                return (
+                    "401 Unauthorized",
+                    "WWW-Authenticate: Basic realm=\"git\"\r\n".into(),
+                    b"who are you".to_vec(),
+                );
+            };
+            let pair = base64::engine::general_purpose::STANDARD
+                .decode(encoded)
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .unwrap_or_default();
+            if pair.split_once(':').map(|(_, p)| p) != Some(real.as_str()) {
+                return ("403 Forbidden", String::new(), b"wrong password".to_vec());
+            }
+            let path = head.split(' ').nth(1).unwrap_or("/");
+            let path = path.split('?').next().unwrap_or("/");
+            if path.contains("..") {
+                return ("404 Not Found", String::new(), Vec::new());
+            }
+            match std::fs::read(root.join(path.trim_start_matches('/'))) {
+                Ok(b) => ("200 OK", String::new(), b),
+                Err(_) => ("404 Not Found", String::new(), Vec::new()),
+            }
+        }),
+    )
+}
+
+/// A key for the test: `prefix` and 32 random letters and digits.
+fn canary(prefix: &str) -> String {
     let mut b = [0u8; 32];
     std::fs::File::open("/dev/urandom")
         .unwrap()
@@ -149,7 +210,7 @@ fn canary() -> String {
         .iter()
         .map(|x| ALNUM[*x as usize % ALNUM.len()] as char)
         .collect();
-    format!("sk-test-{tail}")
+    format!("{prefix}{tail}")
 }
 
 /// What runs inside: each client's answer on a line of its own, and a search for the real
@@ -172,10 +233,19 @@ print(u.urlopen(r, timeout=20).read().decode())' 2>&1 | tail -1)"
 echo "node=$(node -e '
 fetch("https://api.broker.test/check", {headers: {"x-api-key": process.env.TEST_KEY}})
   .then(r => r.text()).then(t => console.log(t), e => console.log("error", String(e.cause || e)))' 2>&1 | tail -1)"
+git config --global credential.helper '!f() { echo username=x-access-token; echo "password=$GIT_TOKEN"; }; f'
+echo "git_token=$GIT_TOKEN"
+echo "clone=$(git clone -q https://git.broker.test/repo.git /tmp/clone 2>&1 && cat /tmp/clone/README)"
+echo "push=$(curl -sS --max-time 20 -o /dev/null -w '%{http_code}' -X POST -u "x-access-token:$GIT_TOKEN" --data x https://git.broker.test/repo.git/git-receive-pack 2>&1)"
+echo "push_spelt=$(curl -sS --max-time 20 -o /dev/null -w '%{http_code}' -X POST -u "x-access-token:$GIT_TOKEN" --data x https://git.broker.test/repo.git/git%2Dreceive-pack 2>&1)"
+echo "delete=$(curl -sS --max-time 20 -o /dev/null -w '%{http_code}' -X DELETE -u "x-access-token:$GIT_TOKEN" https://git.broker.test/repo.git 2>&1)"
 echo "leaks=$(python3 - "$REVERSED" <<'PY'
 import os, re, subprocess, sys
-needle = sys.argv[1][::-1].encode()
-assert len(needle) > 20, "no key to search for"
+needles = [n[::-1].encode() for n in sys.argv[1].split()]
+assert len(needles) == 2 and all(len(n) > 20 for n in needles), "no keys to search for"
+needle = needles[0]
+def has(data):
+    return any(n in data for n in needles)
 me = str(os.getpid())
 # The search proves it can find the key: a process holding it must be found.
 planted = subprocess.Popen(["sleep", "60"], env={"CANARY": needle.decode()})
@@ -183,7 +253,7 @@ found = []
 for pid in [p for p in os.listdir("/proc") if p.isdigit() and p != me]:
     for what in ("environ", "cmdline"):
         try:
-            if needle in open(f"/proc/{pid}/{what}", "rb").read():
+            if has(open(f"/proc/{pid}/{what}", "rb").read()):
                 found.append(f"{pid}/{what}")
         except OSError:
             pass
@@ -201,7 +271,7 @@ for pid in [p for p in os.listdir("/proc") if p.isdigit() and p != me]:
             continue
         try:
             mem.seek(a)
-            if needle in mem.read(b - a):
+            if has(mem.read(b - a)):
                 found.append(f"{pid}/mem")
         except (OSError, ValueError, OverflowError):
             pass
@@ -209,7 +279,7 @@ for top in ("/tmp", "/run", os.environ.get("HOME", "/"), os.getcwd()):
     for d, _, files in os.walk(top):
         for f in files:
             try:
-                if needle in open(os.path.join(d, f), "rb").read(1 << 24):
+                if has(open(os.path.join(d, f), "rb").read(1 << 24)):
                     found.append(os.path.join(d, f))
             except OSError:
                 pass
@@ -266,12 +336,34 @@ fn only_placeholders_inside_and_the_real_key_reaches_its_own_host_alone() {
     {
         return;
     }
-    let real = canary();
-    let (ca_pem, configs) = mock_pki(&["api.broker.test", "echo.broker.test"]);
+    let real = canary("sk-test-");
+    let token = canary("ghp_");
+    let (ca_pem, configs) = mock_pki(&["api.broker.test", "echo.broker.test", "git.broker.test"]);
     let api = mock(Arc::clone(&configs[0]), real.clone());
     let echo = mock(Arc::clone(&configs[1]), real.clone());
-    let pins = format!("api.broker.test=127.0.0.1:{api},echo.broker.test=127.0.0.1:{echo}");
-    let reversed: String = real.chars().rev().collect();
+    // A bare repository served over dumb HTTP, for `git clone` with a brokered password.
+    let repos = tempfile::tempdir().unwrap();
+    let src = repos.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    support::git_in(&src, &["init", "-q"]);
+    std::fs::write(src.join("README"), "cloned with a brokered token\n").unwrap();
+    support::git_in(&src, &["add", "-A"]);
+    support::git_in(&src, &["commit", "-qm", "one"]);
+    support::git_in(repos.path(), &["clone", "-q", "--bare", "src", "repo.git"]);
+    support::git_in(&repos.path().join("repo.git"), &["update-server-info"]);
+    let git = git_mock(
+        Arc::clone(&configs[2]),
+        token.clone(),
+        repos.path().to_path_buf(),
+    );
+    let pins = format!(
+        "api.broker.test=127.0.0.1:{api},echo.broker.test=127.0.0.1:{echo},git.broker.test=127.0.0.1:{git}"
+    );
+    let reversed: String = format!(
+        "{} {}",
+        real.chars().rev().collect::<String>(),
+        token.chars().rev().collect::<String>()
+    );
     let user = support::test_user();
     for caller in [None, Some(user)] {
         let t = tempfile::tempdir().unwrap();
@@ -283,7 +375,7 @@ fn only_placeholders_inside_and_the_real_key_reaches_its_own_host_alone() {
         std::fs::write(
             dir.join("proj/sandbox.kdl"),
             r#"network {
-    allow "api.broker.test" "echo.broker.test"
+    allow "api.broker.test" "echo.broker.test" "git.broker.test"
 }
 env {
     pass "REVERSED"
@@ -292,6 +384,14 @@ credential "test-key" env="TEST_KEY" {
     from env="REAL_TEST_KEY"
     hosts "api.broker.test"
     header "x-api-key"
+}
+// git over HTTPS: fetch only.
+credential "git" env="GIT_TOKEN" {
+    from env="REAL_GIT_TOKEN"
+    hosts "git.broker.test"
+    header "Authorization" scheme="basic"
+    allow-request "GET *" "HEAD *" "POST */git-upload-pack"
+    deny-request "POST */git-receive-pack"
 }
 "#,
         )
@@ -312,6 +412,7 @@ credential "test-key" env="TEST_KEY" {
                 &[
                     ("AISB_PROXY_PIN", pins.clone()),
                     ("REAL_TEST_KEY", real.clone()),
+                    ("REAL_GIT_TOKEN", token.clone()),
                     (
                         "SSL_CERT_FILE",
                         dir.join("upstream-ca.pem").display().to_string(),
@@ -341,6 +442,16 @@ credential "test-key" env="TEST_KEY" {
             // A request on the bound host's connection naming another host is refused.
             o.expect("fronting", "421");
             o.expect("leaks", "none");
+            // git: a clone with the brokered password; push and other writes refused.
+            let git_token = o.value("git_token").unwrap_or_default();
+            assert!(
+                git_token.starts_with("ghp_") && git_token != token,
+                "{what} {git_token}"
+            );
+            o.expect("clone", "cloned with a brokered token");
+            for key in ["push", "push_spelt", "delete"] {
+                o.expect(key, "403");
+            }
             // Each injection is in the audit log, by name; the value never.
             let log = Command::new(&exe)
                 .arg("audit")
@@ -359,6 +470,16 @@ credential "test-key" env="TEST_KEY" {
                 "{what} audit:\n{log}"
             );
             assert!(!log.contains(&real), "{what} the audit log holds the key");
+            assert!(
+                log.contains("deny-request \"POST */git-receive-pack\" of credential `git`"),
+                "{what} audit:\n{log}"
+            );
+            assert!(
+                log.contains(
+                    "CREDENTIAL git put in GET https://git.broker.test/repo.git/info/refs"
+                ),
+                "{what} audit:\n{log}"
+            );
         }
         // The CA's key is the user's alone, outside anything the sandbox sees.
         let key = dir.join("cache/aisb/ca/key.pem");

@@ -369,6 +369,11 @@ pub fn render(plan: &Plan, _cwd: &Path, named: bool) -> String {
                 c.scheme.name(),
                 c.at
             );
+            for (what, list) in [("allow", &c.allow_requests), ("deny", &c.deny_requests)] {
+                for (rule, at) in list {
+                    let _ = writeln!(o, "    {what}-request \"{rule}\"   [{at}]");
+                }
+            }
         }
     }
 

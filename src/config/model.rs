@@ -261,6 +261,12 @@ pub struct CredentialCfg {
     pub from: Option<S<CredentialSource>>,
     /// The hosts it is added for (exact names).
     pub hosts: Vec<S<String>>,
+    /// `allow-request "GET *"`, `deny-request "POST */git-receive-pack"`: which requests to its
+    /// hosts may go at all (`METHOD PATH`, `*` any run of characters).
+    #[serde(default)]
+    pub allow_requests: Vec<S<String>>,
+    #[serde(default)]
+    pub deny_requests: Vec<S<String>>,
     /// The header it goes in, and how (`raw`, `bearer`, `basic`; raw when not said).
     pub header: Option<S<String>>,
     pub scheme: Option<S<String>>,

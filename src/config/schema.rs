@@ -74,7 +74,8 @@ pub const RLIMIT_PROPS: &[&str] = &["soft", "hard"];
 pub const LIMITS_CHILDREN: &[&str] = &["pids", "memory", "cpus"];
 pub const TOOLS_CHILDREN: &[&str] = &["allow", "deny"];
 pub const CREDENTIAL_PROPS: &[&str] = &["env"];
-pub const CREDENTIAL_CHILDREN: &[&str] = &["from", "hosts", "header"];
+pub const CREDENTIAL_CHILDREN: &[&str] =
+    &["from", "hosts", "header", "allow-request", "deny-request"];
 pub const CREDENTIAL_FROM_PROPS: &[&str] = &["env", "file", "command"];
 pub const HEADER_PROPS: &[&str] = &["scheme"];
 const BOOLS: &[&str] = &["#true", "#false"];

@@ -596,11 +596,23 @@ fn credentials(
             });
         }
         let (file, line) = loc_line(cx, c.loc);
+        let rules = |list: &[crate::config::Spanned<String>]| {
+            list.iter()
+                .map(|r| {
+                    let (file, line) = loc_line(cx, r.loc);
+                    (r.value.clone(), format!("{file}:{line}"))
+                })
+                .collect::<Vec<_>>()
+        };
+        let allow_requests = rules(&c.allow_requests);
+        let deny_requests = rules(&c.deny_requests);
         out.push(plan::Credential {
             name: c.name.value.clone(),
             env: var.value.clone(),
             source: from.value.clone(),
             hosts,
+            allow_requests,
+            deny_requests,
             header: header.value.to_ascii_lowercase(),
             scheme: c
                 .scheme

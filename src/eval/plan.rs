@@ -99,6 +99,11 @@ pub struct Credential {
     pub source: crate::config::model::CredentialSource,
     /// Normalised host names.
     pub hosts: Vec<String>,
+    /// Request rules for its hosts: (rule, `file:line`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub allow_requests: Vec<(String, String)>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub deny_requests: Vec<(String, String)>,
     /// The header, lower case.
     pub header: String,
     pub scheme: crate::proxy::broker::Scheme,

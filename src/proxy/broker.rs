@@ -58,6 +58,12 @@ pub struct Brokered {
     pub name: String,
     /// Normalised host names (exact: a credential is never added to a name below them).
     pub hosts: Vec<String>,
+    /// Which requests to its hosts may go at all: (`METHOD PATH` rule, where it was written).
+    /// A deny wins; a non-empty allow list refuses what it does not name.
+    #[serde(default)]
+    pub allow_requests: Vec<(String, String)>,
+    #[serde(default)]
+    pub deny_requests: Vec<(String, String)>,
     /// The header, in lower case.
     pub header: String,
     pub scheme: Scheme,
@@ -90,6 +96,136 @@ impl std::fmt::Debug for BrokerConfig {
             .field("credentials", &self.credentials)
             .finish_non_exhaustive()
     }
+}
+
+/// `METHOD PATH`: a request rule of a credential's hosts. `*` as the method is any method; in
+/// the path, `*` is any run of characters (slashes too). Paths are matched as a server reads
+/// them: percent-decoded, dot segments resolved, repeated slashes one, the query left out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestRule {
+    method: String,
+    path: String,
+}
+
+impl RequestRule {
+    pub fn parse(rule: &str) -> Result<RequestRule, String> {
+        let (method, path) = rule
+            .trim()
+            .split_once(' ')
+            .ok_or("a method, a space, then a path")?;
+        let path = path.trim();
+        if method != "*" && !(method.bytes().all(|b| b.is_ascii_uppercase()) && !method.is_empty())
+        {
+            return Err(format!("`{method}` is not a method (upper case, or `*`)"));
+        }
+        if !(path.starts_with('/') || path.starts_with('*')) || path.contains(char::is_whitespace) {
+            return Err("the path starts with `/` or `*` and has no spaces".into());
+        }
+        Ok(RequestRule {
+            method: method.to_string(),
+            path: path.to_string(),
+        })
+    }
+
+    fn matches(&self, method: &str, path: &str) -> bool {
+        (self.method == "*" || self.method == method) && wildcard(&self.path, path)
+    }
+}
+
+/// `*` matches any run of characters; everything else itself.
+fn wildcard(pattern: &str, text: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    let (first, rest) = (parts[0], &parts[1..]);
+    let Some(mut left) = text.strip_prefix(first) else {
+        return false;
+    };
+    let Some((last, middle)) = rest.split_last() else {
+        return left.is_empty();
+    };
+    for part in middle {
+        match left.find(part) {
+            Some(i) => left = &left[i + part.len()..],
+            None => return false,
+        }
+    }
+    left.len() >= last.len() && left.ends_with(last)
+}
+
+/// A request target's path as a server reads it (see [`RequestRule`]); None when it does not
+/// decode to text.
+fn normal_path(target: &str) -> Option<String> {
+    let path = target.split(['?', '#']).next().unwrap_or("");
+    let bytes = path.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok()?;
+            decoded.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else if bytes[i] == b'%' {
+            return None;
+        } else {
+            decoded.push(bytes[i]);
+            i += 1;
+        }
+    }
+    let text = String::from_utf8(decoded).ok()?;
+    if text.contains(|c: char| c.is_control()) {
+        return None;
+    }
+    let mut out: Vec<&str> = Vec::new();
+    for seg in text.split('/') {
+        match seg {
+            "" | "." => {}
+            ".." => {
+                out.pop();
+            }
+            s => out.push(s),
+        }
+    }
+    let mut p = format!("/{}", out.join("/"));
+    if text.ends_with('/') && p != "/" {
+        p.push('/');
+    }
+    Some(p)
+}
+
+/// Whether the credentials' request rules let `method path` go to their host; the refusal
+/// names the rule and where it was written.
+fn rules_allow(method: &str, target: &str, creds: &[&Brokered]) -> Result<(), Refusal> {
+    if creds
+        .iter()
+        .all(|c| c.allow_requests.is_empty() && c.deny_requests.is_empty())
+    {
+        return Ok(());
+    }
+    let path = normal_path(target)
+        .ok_or_else(|| Refusal::new(400, "a request path that does not decode to text"))?;
+    let hit = |list: &[(String, String)]| {
+        list.iter()
+            .find(|(r, _)| RequestRule::parse(r).is_ok_and(|r| r.matches(method, &path)))
+            .cloned()
+    };
+    for c in creds {
+        if let Some((rule, at)) = hit(&c.deny_requests) {
+            return Err(Refusal::new(
+                403,
+                format!("{method} {path} is refused by deny-request \"{rule}\" of credential `{}` ({at})", c.name),
+            ));
+        }
+        if !c.allow_requests.is_empty() && hit(&c.allow_requests).is_none() {
+            let at = &c.allow_requests[0].1;
+            return Err(Refusal::new(
+                403,
+                format!(
+                    "{method} {path} is not in the allow-request list of credential `{}` ({at})",
+                    c.name
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A request head larger than this is refused (`431`), as the proxy's own.
@@ -578,6 +714,7 @@ fn check_request(
             ),
         ));
     }
+    rules_allow(&method, &path, creds)?;
     let framing = framing(req.headers, true)?;
     let mut close = false;
     let mut injected = Vec::new();
@@ -789,7 +926,51 @@ mod tests {
             scheme,
             placeholder: "sk-test-PLACEHOLDER0000".into(),
             real: "sk-test-REALREALREAL1234".into(),
+            allow_requests: vec![],
+            deny_requests: vec![],
         }
+    }
+
+    /// Read-only git and API: fetch allowed, push refused, however the path is spelt.
+    #[test]
+    fn request_rules_match_the_path_a_server_reads() {
+        let mut c = cred(Scheme::Basic, "authorization");
+        c.allow_requests = vec![
+            ("GET *".into(), "sandbox.kdl:3".into()),
+            ("HEAD *".into(), "sandbox.kdl:3".into()),
+            ("POST */git-upload-pack".into(), "sandbox.kdl:4".into()),
+        ];
+        c.deny_requests = vec![("* /admin/*".into(), "sandbox.kdl:5".into())];
+        let req = |m: &str, p: &str| {
+            check(
+                &format!("{m} {p} HTTP/1.1\r\nHost: api.example.test\r\n\r\n"),
+                &c,
+            )
+            .map(|_| ())
+        };
+        assert!(req("GET", "/me/repo.git/info/refs?service=git-upload-pack").is_ok());
+        assert!(req("POST", "/me/repo.git/git-upload-pack").is_ok());
+        for (m, p) in [
+            ("POST", "/me/repo.git/git-receive-pack"),
+            ("POST", "/me/repo.git/git-upload-pack/../git-receive-pack"),
+            ("POST", "/me/repo.git/git%2Dreceive-pack"),
+            ("DELETE", "/repos/me/repo"),
+            ("GET", "/admin/x"),
+            ("GET", "//admin//x"),
+            ("GET", "/x/%2e%2e/admin/x"),
+            ("GET", "/a%ZZ"),
+            ("GET", "/a%00b"),
+        ] {
+            let r = req(m, p).err().unwrap_or_else(|| panic!("{m} {p} passed"));
+            assert!(matches!(r.code, 403 | 400), "{m} {p}: {r:?}");
+            assert!(r.code == 400 || r.why.contains("sandbox.kdl:"), "{r:?}");
+        }
+        assert!(RequestRule::parse("get *").is_err());
+        assert!(RequestRule::parse("GET").is_err());
+        assert!(RequestRule::parse("GET x").is_err());
+        assert!(wildcard("*/git-upload-pack", "/a/b/git-upload-pack"));
+        assert!(!wildcard("*/git-upload-pack", "/a/b/git-upload-pack2"));
+        assert!(wildcard("/a*b*c", "/abc") && !wildcard("/a*b*c", "/acb"));
     }
 
     fn check(head: &str, c: &Brokered) -> Result<Checked, Refusal> {

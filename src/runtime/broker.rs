@@ -68,6 +68,8 @@ pub fn prepare(plan: &Plan) -> Result<Option<Prepared>, RuntimeError> {
         credentials.push(Brokered {
             name: c.name.clone(),
             hosts: c.hosts.clone(),
+            allow_requests: c.allow_requests.clone(),
+            deny_requests: c.deny_requests.clone(),
             header: c.header.clone(),
             scheme: c.scheme,
             placeholder,

@@ -603,6 +603,8 @@ impl Decoder<'_> {
             env,
             from: None,
             hosts: Vec::new(),
+            allow_requests: Vec::new(),
+            deny_requests: Vec::new(),
             header: None,
             scheme: None,
             loc: self.loc(node.span()),
@@ -632,6 +634,25 @@ impl Decoder<'_> {
                             "where the real value comes from",
                             Some("e.g. `from env=\"GH_TOKEN\"`, `from file=\"~/.config/openai/key\"`, `from command=\"gh auth token\"`".into()),
                         ),
+                    }
+                }
+                "allow-request" | "deny-request" => {
+                    self.only_props(child, &[]);
+                    let deny = child.name().value() == "deny-request";
+                    for e in self.args(child, 1, usize::MAX, "request rules") {
+                        let Some(r) = self.string(e) else { continue };
+                        if let Err(why) = crate::proxy::broker::RequestRule::parse(&r.value) {
+                            self.err(
+                                e.span(),
+                                format!("`{}` is not a request rule: {why}", r.value.escape_debug()),
+                                "bad rule",
+                                Some("write `METHOD PATH`, `*` for any run of characters: `GET *`, `POST */git-upload-pack`, `* /repos/me/*`".into()),
+                            );
+                        } else if deny {
+                            c.deny_requests.push(r);
+                        } else {
+                            c.allow_requests.push(r);
+                        }
                     }
                 }
                 "hosts" => {
