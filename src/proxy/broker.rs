@@ -114,8 +114,8 @@ impl RequestRule {
             .split_once(' ')
             .ok_or("a method, a space, then a path")?;
         let path = path.trim();
-        if method != "*" && !(method.bytes().all(|b| b.is_ascii_uppercase()) && !method.is_empty())
-        {
+        let token = !method.is_empty() && method.bytes().all(|b| b.is_ascii_uppercase());
+        if method != "*" && !token {
             return Err(format!("`{method}` is not a method (upper case, or `*`)"));
         }
         if !(path.starts_with('/') || path.starts_with('*')) || path.contains(char::is_whitespace) {
