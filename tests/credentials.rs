@@ -71,7 +71,7 @@ fn serve(cfg: Arc<rustls::ServerConfig>, handler: Arc<Handler>) -> u16 {
                 let tls = rustls::ServerConnection::new(cfg).unwrap();
                 let mut s = rustls::StreamOwned::new(tls, conn);
                 let mut buf = Vec::new();
-                let mut more = |s: &mut rustls::StreamOwned<_, _>, buf: &mut Vec<u8>| {
+                let more = |s: &mut rustls::StreamOwned<_, _>, buf: &mut Vec<u8>| {
                     let mut chunk = [0u8; 4096];
                     match Read::read(s, &mut chunk) {
                         Ok(0) | Err(_) => false,
