@@ -3,8 +3,11 @@
 # one run: a 100 MB download and 1,000 small requests, (1) direct on the host, (2) through the
 # proxy variables (plain HTTP, and a CONNECT tunnel as HTTPS would use), (3) transparently
 # (curl --noproxy '*': the DNS stub's synthetic address, the init's relay on port 80, the same
-# proxy); then the DNS stub's answers per second, and the start-up cost of the feature
-# (`aisb run -- true` in allow mode, transparent on vs `network transparent=#false`). The
+# proxy); then the DNS stub's answers per second, the start-up cost of the feature
+# (`aisb run -- true` in allow mode, transparent on vs `network transparent=#false`), and the
+# credential broker's terminated TLS (issue 31) against an opaque tunnel to the same HTTPS
+# server and against direct: throughput, the added time per request on a kept-alive
+# connection and per new connection. The
 # server is on the host's loopback; the sandbox reaches it by a name pinned with
 # AISB_PROXY_PIN.
 #
@@ -28,7 +31,8 @@ else
     AISB="$PWD/target/release/aisb"
 fi
 WORK=$(mktemp -d)
-trap 'kill $SERVER 2>/dev/null; rm -rf "$WORK"' EXIT
+TLS_SERVER=
+trap 'kill $SERVER $TLS_SERVER 2>/dev/null; rm -rf "$WORK"' EXIT
 mkdir -p "$WORK/www" "$WORK/proj" "$WORK/home"
 head -c "${MB}000000" /dev/zero > "$WORK/www/big"
 echo ok > "$WORK/www/small"
@@ -36,10 +40,33 @@ PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0));
 (cd "$WORK/www" && exec python3 -m http.server "$PORT" --bind 127.0.0.1 >/dev/null 2>&1) &
 SERVER=$!
 for _ in $(seq 50); do curl -s -o /dev/null "http://127.0.0.1:$PORT/small" && break; sleep 0.1; done
-(cd "$WORK/proj" && git init -q && printf 'network {\n    allow "bench.test"\n}\n' > sandbox.kdl)
+# An HTTPS server (HTTP/1.1, kept alive) with a certificate for the two names the sandbox
+# reaches it by: brokered.test (a credential is bound to it: terminated) and tunnel.test (not:
+# an opaque tunnel), from a CA of the bench's own, which aisb takes as the host's roots.
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=bench-ca \
+    -keyout "$WORK/ca.key" -out "$WORK/ca.pem" 2>/dev/null
+openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=brokered.test \
+    -keyout "$WORK/tls.key" -out "$WORK/tls.csr" 2>/dev/null
+printf 'subjectAltName=DNS:brokered.test,DNS:tunnel.test\n' > "$WORK/san.ext"
+openssl x509 -req -in "$WORK/tls.csr" -CA "$WORK/ca.pem" -CAkey "$WORK/ca.key" -CAcreateserial \
+    -days 1 -extfile "$WORK/san.ext" -out "$WORK/tls.pem" 2>/dev/null
+TLS_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+(cd "$WORK/www" && exec python3 -c '
+import http.server, ssl, sys
+class H(http.server.SimpleHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *a): pass
+s = http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H)
+c = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER); c.load_cert_chain(sys.argv[2], sys.argv[3])
+s.socket = c.wrap_socket(s.socket, server_side=True)
+s.serve_forever()' "$TLS_PORT" "$WORK/tls.pem" "$WORK/tls.key" >/dev/null 2>&1) &
+TLS_SERVER=$!
+for _ in $(seq 50); do curl -s -o /dev/null --cacert "$WORK/ca.pem" --resolve "brokered.test:$TLS_PORT:127.0.0.1" "https://brokered.test:$TLS_PORT/small" && break; sleep 0.1; done
+(cd "$WORK/proj" && git init -q && printf 'network {\n    allow "bench.test" "brokered.test" "tunnel.test"\n}\ncredential "bench" env="BENCH_KEY" {\n    from env="BENCH_REAL_KEY"\n    hosts "brokered.test"\n    header "x-api-key"\n}\n' > sandbox.kdl)
 mkdir -p "$WORK/off"
 (cd "$WORK/off" && git init -q && printf 'network transparent=#false {\n    allow "bench.test"\n}\n' > sandbox.kdl)
-export HOME="$WORK/home" XDG_CACHE_HOME="$WORK/cache" AISB_PROXY_PIN="bench.test=127.0.0.1:$PORT"
+export HOME="$WORK/home" XDG_CACHE_HOME="$WORK/cache" AISB_PROXY_PIN="bench.test=127.0.0.1:$PORT,brokered.test=127.0.0.1:$TLS_PORT,tunnel.test=127.0.0.1:$TLS_PORT"
+export SSL_CERT_FILE="$WORK/ca.pem" BENCH_REAL_KEY="sk-bench-0123456789abcdef0123456789abcdef" TLS_PORT
 cd "$WORK/proj"
 
 # One script (in the project, so the sandbox sees it), run on the host and inside the
@@ -51,6 +78,16 @@ echo "download \$(big)"
 [ -n "\${TUNNEL:-}" ] && echo "download_tunnel \$(big -p)"
 echo "small \$(curl -s -o /dev/null -w '%{time_total}\n' \$CURL "\$BASE/small?[1-$REQS]" | awk '{ s += \$1 } END { print s }')"
 exit 0
+EOF
+# The TLS paths: a download, REQS requests on one kept-alive connection (the time of the whole
+# curl, connection included), and REQS requests each on a new connection.
+cat > "$WORK/proj/tls.sh" <<EOF
+set -f
+c() { curl -s -o /dev/null -H "x-api-key: \$BENCH_KEY" \$CURL "\$@"; }
+echo "download \$(c -w '%{time_total}' "\$BASE/big")"
+s=\$(date +%s%N); c "\$BASE/small?[1-$REQS]"; e=\$(date +%s%N)
+echo "kept \$(( (e - s) / 1000 ))e-6"
+echo "new \$(c -w '%{time_total}\n' -H 'Connection: close' "\$BASE/small?[1-$REQS]" | awk '{ s += \$1 } END { print s }')"
 EOF
 # The stub's answer rate: QUERIES lookups of an allowed name (answered from the pool after
 # the first) and as many of distinct unlisted names (each asks the proxy once).
@@ -103,6 +140,29 @@ for name, r in best.items():
     per = (r["small"] - d["small"]) / reqs * 1000
     tun_s = f"{tun:>12.0f}" if tun else f"{'-':>12}"
     print(f"{name:<34}{mbs:>8.0f}{tun_s}{pct:>9.0f}%{r['small']:>12.3f}{per:>9.3f}")
+
+tls = os.path.join(work, "proj", "tls.sh")
+tport = os.environ["TLS_PORT"]
+tcases = {"direct (host loopback)": ["env", f"BASE=https://brokered.test:{tport}", f"CURL=--cacert {work}/ca.pem --resolve brokered.test:{tport}:127.0.0.1", "BENCH_KEY=x", "sh", tls]}
+for b in ("bwrap", "libcontainer"):
+    tcases[f"opaque tunnel ({b})"] = run(b) + ["BASE=https://tunnel.test", "sh", tls]
+    tcases[f"brokered, terminated ({b})"] = run(b) + ["BASE=https://brokered.test", "sh", tls]
+tbest = {}
+for _ in range(rounds):
+    for name, cmd in tcases.items():
+        for k, v in measure(cmd, env).items():
+            tbest.setdefault(name, {})
+            tbest[name][k] = min(tbest[name].get(k, v), v)
+d = tbest["direct (host loopback)"]
+print(f"\nHTTPS through the credential broker, best of {rounds} rounds ({mb} MB download; {reqs} requests kept alive, and {reqs} each on a new connection); + ms against the opaque tunnel of the same backend")
+print(f"{'case':<34}{'MB/s':>8}{'% direct':>10}{'+ms/req':>9}{'+ms/new conn':>14}")
+for name, r in tbest.items():
+    mbs = mb / r["download"]
+    pct = 100 * mbs / (mb / d["download"])
+    base = tbest.get(name.replace("brokered, terminated", "opaque tunnel")) if "brokered" in name else None
+    per = f"{(r['kept'] - base['kept']) / reqs * 1000:>9.3f}" if base else f"{'-':>9}"
+    new = f"{(r['new'] - base['new']) / reqs * 1000:>14.3f}" if base else f"{'-':>14}"
+    print(f"{name:<34}{mbs:>8.0f}{pct:>9.0f}%{per}{new}")
 
 print(f"\nDNS stub, answers per second ({queries} queries each, UDP, one client)")
 for b in ("bwrap", "libcontainer"):
