@@ -336,7 +336,7 @@ fn only_placeholders_inside_and_the_real_key_reaches_its_own_host_alone() {
     {
         return;
     }
-    let real = canary("sk-test-");
+    let real = canary("sk-proj-");
     let token = canary("ghp_");
     let (ca_pem, configs) = mock_pki(&["api.broker.test", "echo.broker.test", "git.broker.test"]);
     let api = mock(Arc::clone(&configs[0]), real.clone());
@@ -423,7 +423,7 @@ credential "git" env="GIT_TOKEN" {
             assert_eq!(o.code, 0, "{what}\n{}\n{}", o.stdout, o.stderr);
             let placeholder = o.value("placeholder").unwrap_or_default().to_string();
             assert!(
-                placeholder.starts_with("sk-test-") && placeholder.len() == real.len() && placeholder != real,
+                placeholder.starts_with("sk-proj-") && placeholder.len() == real.len() && placeholder != real,
                 "{what} the sandbox's variable is not a placeholder of the key's shape: {placeholder:?}"
             );
             assert!(
@@ -487,6 +487,112 @@ credential "git" env="GIT_TOKEN" {
         assert_eq!(
             std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
             0o600
+        );
+    }
+}
+
+/// With the home visible (`home "ro"`), nothing that holds a real value is: aisb's state with
+/// the CA key, a `from file=` credential's file; the variable a real value is read from is not
+/// passed, nor one whose value was made from it. The file's value still reaches its host.
+#[test]
+fn a_visible_home_shows_no_real_value() {
+    if !support::root_or_skip("credential brokering")
+        || !support::tool_or_skip("curl", "credential brokering")
+    {
+        return;
+    }
+    let real = canary("sk-file-");
+    let token = canary("ghp_");
+    let (ca_pem, configs) = mock_pki(&["api.broker.test"]);
+    let api = mock(Arc::clone(&configs[0]), real.clone());
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path();
+    for d in ["home/.config/tok", "proj"] {
+        std::fs::create_dir_all(dir.join(d)).unwrap();
+    }
+    let file = dir.join("home/.config/tok/token");
+    std::fs::write(&file, format!("{real}\n")).unwrap();
+    std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    std::fs::write(dir.join("upstream-ca.pem"), &ca_pem).unwrap();
+    support::git_in(&dir.join("proj"), &["init", "-q"]);
+    std::fs::write(
+        dir.join("proj/sandbox.kdl"),
+        r#"home "ro"
+network {
+    allow "api.broker.test"
+}
+env {
+    pass "GITHUB_TOKEN"
+    set "COPY" "copied-${GITHUB_TOKEN}"
+}
+credential "file-key" env="FILE_KEY" {
+    from file="~/.config/tok/token"
+    hosts "api.broker.test"
+    header "x-api-key"
+}
+credential "gh" env="GH_TOKEN" {
+    from env="GITHUB_TOKEN"
+    hosts "api.broker.test"
+    header "Authorization" scheme="bearer"
+}
+"#,
+    )
+    .unwrap();
+    let script = r#"
+echo "ca=$(cat ~/.cache/aisb/ca/key.pem >/dev/null 2>&1; echo $?)"
+echo "cache=$(ls -A ~/.cache/aisb 2>/dev/null | wc -l)"
+echo "file=$(cat ~/.config/tok/token >/dev/null 2>&1; echo $?)"
+echo "github=${GITHUB_TOKEN:-unset}"
+echo "copy=${COPY:-unset}"
+echo "gh=$GH_TOKEN"
+echo "check=$(curl -sS --max-time 20 https://api.broker.test/check -H "x-api-key: $FILE_KEY" 2>&1)"
+"#;
+    for backend in BACKENDS {
+        let out = Command::new(env!("CARGO_BIN_EXE_aisb"))
+            .args([
+                "--trust",
+                "run",
+                "--backend",
+                backend,
+                "--",
+                "/bin/sh",
+                "-c",
+                script,
+            ])
+            .current_dir(dir.join("proj"))
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("HOME", dir.join("home"))
+            .env("AISB_PROXY_PIN", format!("api.broker.test=127.0.0.1:{api}"))
+            .env("SSL_CERT_FILE", dir.join("upstream-ca.pem"))
+            .env("GITHUB_TOKEN", &token)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let o = Out::from(out);
+        let what = format!("[{backend}]");
+        assert_eq!(o.code, 0, "{what}\n{}\n{}", o.stdout, o.stderr);
+        assert!(
+            dir.join("home/.cache/aisb/ca/key.pem").exists(),
+            "{what} no CA made"
+        );
+        o.expect_failed("ca", "the CA key is readable inside");
+        o.expect("cache", "0");
+        o.expect_failed("file", "the credential's file is readable inside");
+        o.expect("github", "unset");
+        o.expect("copy", "unset");
+        let gh = o.value("gh").unwrap_or_default();
+        assert!(gh.starts_with("ghp_") && gh != token, "{what} {gh}");
+        o.expect("check", "key=real");
+        assert!(
+            !o.stdout.contains(&real) && !o.stdout.contains(&token),
+            "{what}\n{}",
+            o.stdout
+        );
+        assert!(
+            o.stderr.contains("$COPY is kept out"),
+            "{what}\n{}",
+            o.stderr
         );
     }
 }

@@ -41,6 +41,11 @@ pub fn run(a: Args) -> Result<i32, Error> {
         Some(p) => Some(Log::open(p).map_err(io(p))?),
         None => None,
     };
+    if cfg.broker.is_some() {
+        // Real credentials and the CA key are in this process's memory: no core dump of it
+        // (its directory is the one the sandbox sees), no ptrace by another of the user's.
+        let _ = nix::sys::prctl::set_dumpable(false);
+    }
     let broker = match &cfg.broker {
         Some(b) => Some(
             crate::proxy::broker::Broker::new(b).map_err(|why| Error::Io {

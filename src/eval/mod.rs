@@ -376,6 +376,37 @@ fn resolve(
         sc.host.config_home().join("aisb"),
     ];
     let before = mask_list.len();
+    // And when the home is visible (`home "ro"`, `"overlay"`) and they are in it: the same
+    // records, and the credential broker's CA key.
+    let home_visible = home_mode != crate::config::model::HomeMode::Empty;
+    for d in own
+        .iter()
+        .filter(|d| home_visible && d.starts_with(&host.home) && **d != host.home)
+    {
+        let _ = std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+            .recursive(true)
+            .create(d);
+        mask_list.push(Mask {
+            path: d.clone(),
+            dir: true,
+            rule: "aisb's own state (trust records, caches, the credential broker's CA)".into(),
+        });
+    }
+    // A brokered credential's file, wherever the sandbox could read it.
+    for c in &credentials {
+        if let crate::config::model::CredentialSource::File(f) = &c.source {
+            let path = f
+                .strip_prefix("~/")
+                .map_or_else(|| std::path::PathBuf::from(f), |r| host.home.join(r));
+            if std::fs::symlink_metadata(&path).is_ok() {
+                mask_list.push(Mask {
+                    dir: path.is_dir(),
+                    path,
+                    rule: format!("the real value of credential `{}`", c.name),
+                });
+            }
+        }
+    }
     for d in own {
         if d.starts_with(&sc.project) && d != sc.project {
             // Made now if absent (no link followed below the project: the sandbox writes
@@ -585,15 +616,22 @@ fn credentials(
             );
             continue;
         }
-        if let Some(i) = env.vars.iter().position(|(k, _)| *k == var.value) {
-            env.vars.remove(i);
-            env.dropped.push(plan::Dropped {
-                name: var.value.clone(),
-                reason: format!(
-                    "brokered: the sandbox gets a placeholder (credential `{}`)",
-                    c.name.value
-                ),
-            });
+        // The placeholder's variable, and the variable the real value is read from.
+        let source_var = match &from.value {
+            crate::config::model::CredentialSource::Env(v) => Some(v.as_str()),
+            _ => None,
+        };
+        for name in std::iter::once(var.value.as_str()).chain(source_var) {
+            if let Some(i) = env.vars.iter().position(|(k, _)| k == name) {
+                env.vars.remove(i);
+                env.dropped.push(plan::Dropped {
+                    name: name.to_string(),
+                    reason: format!(
+                        "brokered: the sandbox gets a placeholder (credential `{}`)",
+                        c.name.value
+                    ),
+                });
+            }
         }
         let (file, line) = loc_line(cx, c.loc);
         let rules = |list: &[crate::config::Spanned<String>]| {
@@ -719,15 +757,29 @@ fn exposures(cx: &Ctx<'_>, s: &Settings, project: &std::path::Path) -> Vec<Strin
             at(d.loc)
         ));
     }
+    // The whole node: where the value goes (header, scheme) and what may be asked with it
+    // (the rules) are as much the loosening as its hosts.
     for c in s.credentials.iter().filter(|c| on_disk(c.loc)) {
+        let list = |l: &[crate::config::Spanned<String>], none: &str| {
+            if l.is_empty() {
+                return none.to_string();
+            }
+            l.iter()
+                .map(|r| format!("\"{}\"", r.value))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
         let hosts: Vec<&str> = c.hosts.iter().map(|h| h.value.as_str()).collect();
         out.push(format!(
-            "credential \"{}\": {} added to requests to {} (at {})",
+            "credential \"{}\": {} added to requests to {} in header {} ({}), ${} inside; allow-request {}; deny-request {} (at {})",
             c.name.value,
-            c.from
-                .as_ref()
-                .map_or_else(String::new, |f| f.value.to_string()),
+            c.from.as_ref().map_or_else(String::new, |f| f.value.to_string()),
             hosts.join(", "),
+            c.header.as_ref().map_or("?", |h| h.value.as_str()),
+            c.scheme.as_ref().map_or("raw", |s| s.value.as_str()),
+            c.env.as_ref().map_or("?", |e| e.value.as_str()),
+            list(&c.allow_requests, "(any)"),
+            list(&c.deny_requests, "(none)"),
             at(c.loc)
         ));
     }

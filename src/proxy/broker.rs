@@ -151,48 +151,50 @@ fn wildcard(pattern: &str, text: &str) -> bool {
     left.len() >= last.len() && left.ends_with(last)
 }
 
-/// A request target's path as a server reads it (see [`RequestRule`]); None when it does not
-/// decode to text.
-fn normal_path(target: &str) -> Option<String> {
-    let path = target.split(['?', '#']).next().unwrap_or("");
+/// A request target's path as the request rules match it: percent-decoded, the query left
+/// out. A target a server could read as another path is refused rather than guessed at: dot
+/// segments (plain or encoded), an encoded `/` or `\`, a `\`, `//`, `;` parameters, a
+/// fragment, anything not printable ASCII.
+fn normal_path(target: &str) -> Result<String, &'static str> {
+    let path = target.split('?').next().unwrap_or("");
+    let lower = path.to_ascii_lowercase();
+    if !path.bytes().all(|b| b.is_ascii_graphic())
+        || ["%2f", "%5c", "%2e", "\\", "//", ";", "#"]
+            .iter()
+            .any(|bad| lower.contains(bad))
+        || path.split('/').any(|seg| seg == "." || seg == "..")
+    {
+        return Err(
+            "a path a server could read as another one (dot segments, encoded slashes, `;`, `//`)",
+        );
+    }
     let bytes = path.as_bytes();
     let mut decoded = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok()?;
-            decoded.push(u8::from_str_radix(hex, 16).ok()?);
+        if bytes[i] == b'%' {
+            let hex = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))
+                .ok_or("a path with a `%` that is not an escape")?;
+            decoded.push(u8::from_str_radix(hex, 16).map_err(|_| "a bad escape")?);
             i += 3;
-        } else if bytes[i] == b'%' {
-            return None;
         } else {
             decoded.push(bytes[i]);
             i += 1;
         }
     }
-    let text = String::from_utf8(decoded).ok()?;
-    if text.contains(|c: char| c.is_control()) {
-        return None;
+    let text = String::from_utf8(decoded).map_err(|_| "a path that does not decode to text")?;
+    if text.chars().any(char::is_control) {
+        return Err("a path with a control character");
     }
-    let mut out: Vec<&str> = Vec::new();
-    for seg in text.split('/') {
-        match seg {
-            "" | "." => {}
-            ".." => {
-                out.pop();
-            }
-            s => out.push(s),
-        }
-    }
-    let mut p = format!("/{}", out.join("/"));
-    if text.ends_with('/') && p != "/" {
-        p.push('/');
-    }
-    Some(p)
+    Ok(text)
 }
 
 /// Whether the credentials' request rules let `method path` go to their host; the refusal
-/// names the rule and where it was written.
+/// names the rule and where it was written. A deny rule matches whatever the case and a
+/// trailing `/` (servers that ignore them are common); an allow rule matches exactly.
 fn rules_allow(method: &str, target: &str, creds: &[&Brokered]) -> Result<(), Refusal> {
     if creds
         .iter()
@@ -200,21 +202,37 @@ fn rules_allow(method: &str, target: &str, creds: &[&Brokered]) -> Result<(), Re
     {
         return Ok(());
     }
-    let path = normal_path(target)
-        .ok_or_else(|| Refusal::new(400, "a request path that does not decode to text"))?;
-    let hit = |list: &[(String, String)]| {
+    let path = normal_path(target).map_err(|why| Refusal::new(400, why))?;
+    let loose = path.trim_end_matches('/').to_ascii_lowercase();
+    let hit = |list: &[(String, String)], loosely: bool| {
         list.iter()
-            .find(|(r, _)| RequestRule::parse(r).is_ok_and(|r| r.matches(method, &path)))
+            .find(|(r, _)| {
+                RequestRule::parse(r).is_ok_and(|r| {
+                    if loosely {
+                        let lowered = RequestRule {
+                            method: r.method.clone(),
+                            path: r.path.to_ascii_lowercase(),
+                        };
+                        lowered.matches(method, &loose)
+                            || lowered.matches(method, &path.to_ascii_lowercase())
+                    } else {
+                        r.matches(method, &path)
+                    }
+                })
+            })
             .cloned()
     };
     for c in creds {
-        if let Some((rule, at)) = hit(&c.deny_requests) {
+        if let Some((rule, at)) = hit(&c.deny_requests, true) {
             return Err(Refusal::new(
                 403,
-                format!("{method} {path} is refused by deny-request \"{rule}\" of credential `{}` ({at})", c.name),
+                format!(
+                    "{method} {path} is refused by deny-request \"{rule}\" of credential `{}` ({at})",
+                    c.name
+                ),
             ));
         }
-        if !c.allow_requests.is_empty() && hit(&c.allow_requests).is_none() {
+        if !c.allow_requests.is_empty() && hit(&c.allow_requests, false).is_none() {
             let at = &c.allow_requests[0].1;
             return Err(Refusal::new(
                 403,
@@ -234,8 +252,15 @@ const MAX_HEAD: usize = 64 * 1024;
 const MAX_LINE: usize = 4096;
 /// Trailer lines after a chunked body, at most.
 const MAX_TRAILERS: usize = 64;
-/// A terminated connection with no request for this long is closed.
+/// A terminated connection with no request for this long is closed (and a client that sends
+/// nothing of a body for as long).
 const IDLE: Duration = Duration::from_secs(120);
+/// An upstream silent for this long in an answer (a model streams for minutes, but not in
+/// silence) ends the connection.
+const UPSTREAM_IDLE: Duration = Duration::from_secs(600);
+/// Requests on brokered connections (injections and refusals) written to the audit log per
+/// proxy, at most: a sandbox cannot spend the run's log budget on them.
+const MAX_LOGGED: u64 = 10_000;
 /// The TLS handshakes (the client's and the upstream's) must end within this.
 const HANDSHAKE: Duration = Duration::from_secs(20);
 
@@ -249,6 +274,8 @@ pub struct Broker {
     leaves: Mutex<HashMap<String, Arc<rustls::ServerConfig>>>,
     /// The upstream's TLS configuration with the host's roots, read on first use.
     upstream: std::sync::OnceLock<Result<Arc<rustls::ClientConfig>, String>>,
+    /// Audit lines written (see [`MAX_LOGGED`]).
+    logged: std::sync::atomic::AtomicU64,
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
@@ -258,10 +285,24 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 /// The roots the upstream is verified against: the host's bundle (`SSL_CERT_FILE` when the
 /// caller sets it, as OpenSSL reads it; the system's otherwise).
 pub fn host_roots_file() -> std::path::PathBuf {
+    /// Where distributions keep theirs: Debian and Ubuntu, Fedora and RHEL, Alpine and
+    /// Arch's link, openSUSE.
+    const SYSTEM: [&str; 4] = [
+        "/etc/ssl/certs/ca-certificates.crt",
+        "/etc/pki/tls/certs/ca-bundle.crt",
+        "/etc/ssl/cert.pem",
+        "/etc/ssl/ca-bundle.pem",
+    ];
     std::env::var_os("SSL_CERT_FILE")
         .filter(|v| !v.is_empty())
         .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| "/etc/ssl/certs/ca-certificates.crt".into())
+        .or_else(|| {
+            SYSTEM
+                .iter()
+                .map(std::path::PathBuf::from)
+                .find(|p| p.is_file())
+        })
+        .unwrap_or_else(|| SYSTEM[0].into())
 }
 
 /// The upstream's TLS configuration: the host's roots, HTTP/1.1.
@@ -294,6 +335,7 @@ impl Broker {
             leaf_key: std::sync::OnceLock::new(),
             leaves: Mutex::new(HashMap::new()),
             upstream: std::sync::OnceLock::new(),
+            logged: Default::default(),
         })
     }
 
@@ -380,10 +422,25 @@ impl Broker {
             .iter()
             .filter(|c| c.hosts.iter().any(|h| h == host))
             .collect();
-        let mut c = Side::new(client);
-        let mut u = Side::new(upstream);
+        let mut c = Side::new(client, IDLE);
+        let mut u = Side::new(upstream, UPSTREAM_IDLE);
         let mut moved = (0u64, 0u64);
-        let result = exchange(&mut c, &mut u, host, port, &creds, audit, &mut moved).await;
+        let log = |kind: Kind| {
+            let Some(log) = audit else { return };
+            let n = self
+                .logged
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if n < MAX_LOGGED {
+                let _ = log.write(kind);
+            } else if n == MAX_LOGGED {
+                let _ = log.write(Kind::Agent {
+                    agent: "aisb".into(),
+                    tool: "audit-limit".into(),
+                    input: format!("{MAX_LOGGED} requests on brokered connections logged: further ones are not"),
+                });
+            }
+        };
+        let result = exchange(&mut c, &mut u, host, port, &creds, &log, &mut moved).await;
         let _ = c.io.shutdown().await;
         result.map(|()| moved)
     }
@@ -434,30 +491,40 @@ impl<C: AsyncWrite + Unpin> AsyncWrite for Prefixed<C> {
 struct Side<S> {
     io: S,
     buf: Vec<u8>,
+    /// What each read goes into first (allocated once per side).
+    chunk: Vec<u8>,
+    /// A read that waits longer than this ends the connection.
+    idle: Duration,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Side<S> {
-    fn new(io: S) -> Side<S> {
+    fn new(io: S, idle: Duration) -> Side<S> {
         Side {
             io,
             buf: Vec::new(),
+            chunk: vec![0u8; 64 * 1024],
+            idle,
         }
     }
 
     /// Read more into the buffer; 0 at the end.
     async fn fill(&mut self) -> std::io::Result<usize> {
-        let mut chunk = vec![0u8; 64 * 1024];
-        let n = self.io.read(&mut chunk).await?;
-        self.buf.extend_from_slice(&chunk[..n]);
+        let n = tokio::time::timeout(self.idle, self.io.read(&mut self.chunk))
+            .await
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+        self.buf.extend_from_slice(&self.chunk[..n]);
         Ok(n)
     }
 
     /// A whole head (to its blank line) taken from the buffer; None at a clean end before one.
     async fn head(&mut self) -> Result<Option<Vec<u8>>, Refusal> {
+        // Where the search goes on from: bytes already searched are not searched again.
+        let mut from = 0;
         loop {
-            if let Some(end) = find(&self.buf, b"\r\n\r\n") {
-                return Ok(Some(self.buf.drain(..end + 4).collect()));
+            if let Some(end) = find(&self.buf[from..], b"\r\n\r\n") {
+                return Ok(Some(self.buf.drain(..from + end + 4).collect()));
             }
+            from = self.buf.len().saturating_sub(3);
             if self.buf.len() > MAX_HEAD {
                 return Err(Refusal::new(431, "the request head is larger than 64 KiB"));
             }
@@ -472,10 +539,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Side<S> {
 
     /// One line (with its CRLF) of at most [`MAX_LINE`] bytes.
     async fn line(&mut self) -> std::io::Result<Vec<u8>> {
+        let mut from = 0;
         loop {
-            if let Some(end) = find(&self.buf, b"\r\n") {
-                return Ok(self.buf.drain(..end + 2).collect());
+            if let Some(end) = find(&self.buf[from..], b"\r\n") {
+                return Ok(self.buf.drain(..from + end + 2).collect());
             }
+            from = self.buf.len().saturating_sub(1);
             if self.buf.len() > MAX_LINE {
                 return Err(bad("a chunked body's line is too long"));
             }
@@ -501,6 +570,50 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Side<S> {
             n -= take as u64;
         }
         Ok(())
+    }
+
+    /// A chunked request body, read strictly and passed on chunked anew: each size line hex
+    /// digits (extensions dropped) with no CR or LF inside, each chunk's data followed by CRLF,
+    /// trailers dropped. What goes upstream can be read only one way. Its length.
+    async fn rechunk<W: AsyncWrite + Unpin>(&mut self, to: &mut W) -> std::io::Result<u64> {
+        let mut total = 0u64;
+        loop {
+            let line = self.line().await?;
+            let text = &line[..line.len() - 2];
+            let digits = text.split(|b| *b == b';').next().unwrap_or_default();
+            if text.iter().any(|b| matches!(b, b'\r' | b'\n'))
+                || digits.is_empty()
+                || digits.len() > 15
+                || !digits.iter().all(u8::is_ascii_hexdigit)
+            {
+                return Err(bad("a chunk's size line is not hex digits"));
+            }
+            let size = u64::from_str_radix(std::str::from_utf8(digits).unwrap_or("0"), 16)
+                .map_err(|_| bad("a chunk's size does not parse"))?;
+            if size == 0 {
+                for _ in 0..MAX_TRAILERS {
+                    if self.line().await? == b"\r\n" {
+                        to.write_all(b"0\r\n\r\n").await?;
+                        return Ok(total + 5);
+                    }
+                }
+                return Err(bad("too many trailer lines"));
+            }
+            let size_line = format!("{size:x}\r\n");
+            to.write_all(size_line.as_bytes()).await?;
+            self.copy_exact(size, to).await?;
+            while self.buf.len() < 2 {
+                if self.fill().await? == 0 {
+                    return Err(bad("the connection ended inside a chunked body"));
+                }
+            }
+            if self.buf[..2] != *b"\r\n" {
+                return Err(bad("a chunk's data is not followed by CRLF"));
+            }
+            self.buf.drain(..2);
+            to.write_all(b"\r\n").await?;
+            total += size_line.len() as u64 + size + 2;
+        }
     }
 
     /// Pass a body framed as `framing` on to `to`; its length.
@@ -599,6 +712,7 @@ impl Refusal {
             400 => "Bad Request",
             403 => "Forbidden",
             421 => "Misdirected Request",
+            417 => "Expectation Failed",
             431 => "Request Header Fields Too Large",
             501 => "Not Implemented",
             _ => "Error",
@@ -616,25 +730,35 @@ struct Checked {
     /// The names of the credentials put in.
     injected: Vec<String>,
     close: bool,
+    /// The client waits for `100 Continue` before its body (answered by the broker: the
+    /// upstream is not told, so nothing it answers early can split the body from its head).
+    expect_continue: bool,
 }
 
-/// The body framing a message's headers declare; a refusal for ones that disagree (the
-/// request smuggling shapes: both lengths, differing lengths, a coding other than chunked).
+/// A header value with HTTP's optional whitespace (space and tab, nothing else) cut off both
+/// ends; None when it is not ASCII (a server may trim what this does not, and disagree).
+fn ows_trim(value: &[u8]) -> Option<&str> {
+    let text = std::str::from_utf8(value).ok().filter(|t| t.is_ascii())?;
+    Some(text.trim_matches([' ', '\t']))
+}
+
+/// The body framing a message's headers declare, read strictly (ASCII digits only, exactly
+/// `chunked`); a refusal for anything a server could read another way: both lengths, differing
+/// lengths, a coding other than chunked, a length or coding not plain ASCII.
 fn framing(headers: &[httparse::Header<'_>], request: bool) -> Result<Framing, Refusal> {
-    let mut te: Option<String> = None;
+    let mut te: Vec<String> = Vec::new();
     let mut cl: Option<u64> = None;
     for h in headers {
         if h.name.eq_ignore_ascii_case("transfer-encoding") {
-            let v = String::from_utf8_lossy(h.value).trim().to_ascii_lowercase();
-            te = Some(match te {
-                Some(t) => format!("{t}, {v}"),
-                None => v,
-            });
+            let v = ows_trim(h.value)
+                .ok_or_else(|| Refusal::new(400, "a Transfer-Encoding that is not plain ASCII"))?;
+            te.extend(
+                v.split(',')
+                    .map(|c| c.trim_matches([' ', '\t']).to_ascii_lowercase()),
+            );
         } else if h.name.eq_ignore_ascii_case("content-length") {
-            let v = std::str::from_utf8(h.value)
-                .ok()
-                .map(str::trim)
-                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+            let v = ows_trim(h.value)
+                .filter(|v| !v.is_empty() && v.len() <= 18 && v.bytes().all(|b| b.is_ascii_digit()))
                 .and_then(|v| v.parse::<u64>().ok())
                 .ok_or_else(|| Refusal::new(400, "a Content-Length that is not a number"))?;
             if cl.is_some_and(|c| c != v) {
@@ -643,25 +767,44 @@ fn framing(headers: &[httparse::Header<'_>], request: bool) -> Result<Framing, R
             cl = Some(v);
         }
     }
-    match (te, cl) {
-        (Some(_), Some(_)) if request => Err(Refusal::new(
+    match (te.as_slice(), cl) {
+        ([], Some(n)) => Ok(Framing::Length(n)),
+        ([], None) if request => Ok(Framing::None),
+        ([], None) => Ok(Framing::UntilClose),
+        (_, Some(_)) if request => Err(Refusal::new(
             400,
             "both Transfer-Encoding and Content-Length",
         )),
-        (Some(t), _) if t == "chunked" => Ok(Framing::Chunked),
-        (Some(t), _) if request => Err(Refusal::new(
+        ([one], _) if one == "chunked" => Ok(Framing::Chunked),
+        (codings, _) if request => Err(Refusal::new(
             501,
-            format!("a request body coded `{t}` (only chunked is passed on)"),
+            format!(
+                "a request body coded `{}` (only chunked is passed on)",
+                crate::vocab::shorten(&codings.join(", "))
+            ),
         )),
-        (Some(_), _) => Ok(Framing::UntilClose),
-        (None, Some(n)) => Ok(Framing::Length(n)),
-        (None, None) if request => Ok(Framing::None),
-        (None, None) => Ok(Framing::UntilClose),
+        (codings, _) if codings.last().is_some_and(|c| c == "chunked") => Ok(Framing::Chunked),
+        _ => Ok(Framing::UntilClose),
     }
 }
 
+/// Headers the broker writes itself on a terminated connection (the client's are dropped):
+/// the Host (the name connected to), the body's framing (canonical), `Expect` (answered here).
+const REWRITTEN: [&str; 4] = ["host", "content-length", "transfer-encoding", "expect"];
+/// Headers some servers read as another method or path: refused where request rules apply.
+const OVERRIDES: [&str; 6] = [
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
+    "x-original-url",
+    "x-rewrite-url",
+    "x-original-method",
+];
+
 /// Check one request head sent on a connection terminated for `host:port`, and put the
-/// credentials bound to the host in their headers.
+/// credentials bound to the host in their headers. The head that goes on is rebuilt: the
+/// request line, a `Host` naming the host, the client's other headers with the credentials put
+/// in, and a canonical framing header.
 fn check_request(
     head: &[u8],
     host: &str,
@@ -671,7 +814,8 @@ fn check_request(
     let mut headers = [httparse::EMPTY_HEADER; 128];
     let mut req = httparse::Request::new(&mut headers);
     match req.parse(head) {
-        Ok(httparse::Status::Complete(_)) => {}
+        // The whole head, to its CRLF CRLF, and nothing else (a bare-LF head ends earlier).
+        Ok(httparse::Status::Complete(n)) if n == head.len() => {}
         _ => return Err(Refusal::new(400, "not an HTTP/1.1 request")),
     }
     let method = req.method.unwrap_or("").to_string();
@@ -682,10 +826,23 @@ fn check_request(
             "only HTTP/1.1 is served on a brokered connection",
         ));
     }
+    if method.is_empty() || !method.bytes().all(|b| b.is_ascii_uppercase()) {
+        return Err(Refusal::new(400, "a method that is not upper-case letters"));
+    }
+    // A server that echoes the request would send the credential back.
+    if matches!(method.as_str(), "TRACE" | "TRACK") {
+        return Err(Refusal::new(
+            403,
+            format!("{method} is refused on a connection a credential is added to"),
+        ));
+    }
     if method == "CONNECT" || !(path.starts_with('/') || (path == "*" && method == "OPTIONS")) {
         return Err(Refusal::new(
             421,
-            format!("the request names `{path}`: on a connection to {host}, only a path on it may be asked for"),
+            format!(
+                "the request names `{}`: on a connection to {host}, only a path on it may be asked for",
+                crate::vocab::shorten(&path)
+            ),
         ));
     }
     // The Host must be the name the connection was opened (and its certificate made) for.
@@ -695,9 +852,8 @@ fn check_request(
         .filter(|h| h.name.eq_ignore_ascii_case("host"))
         .collect();
     let named = match hosts.as_slice() {
-        [one] => std::str::from_utf8(one.value)
-            .ok()
-            .and_then(|v| split_authority(v.trim(), Some(port)))
+        [one] => ows_trim(one.value)
+            .and_then(|v| split_authority(v, Some(port)))
             .and_then(|(h, p)| Some((crate::config::domain::normalise_name(&h).ok()?, p))),
         _ => None,
     };
@@ -714,13 +870,53 @@ fn check_request(
             ),
         ));
     }
+    let ruled = creds
+        .iter()
+        .any(|c| !c.allow_requests.is_empty() || !c.deny_requests.is_empty());
+    for h in req.headers.iter() {
+        // `Content_Length` is a Content-Length to a CGI or WSGI server.
+        let dashed = h.name.replace('_', "-");
+        if h.name.contains('_') && REWRITTEN.iter().any(|r| dashed.eq_ignore_ascii_case(r)) {
+            return Err(Refusal::new(
+                400,
+                format!("a header named `{}`", crate::vocab::shorten(h.name)),
+            ));
+        }
+        if ruled && OVERRIDES.iter().any(|o| dashed.eq_ignore_ascii_case(o)) {
+            return Err(Refusal::new(
+                403,
+                format!(
+                    "`{}` would let the server read another method or path than the request rules checked",
+                    crate::vocab::shorten(h.name)
+                ),
+            ));
+        }
+    }
     rules_allow(&method, &path, creds)?;
     let framing = framing(req.headers, true)?;
+    let mut expect_continue = false;
+    for h in req
+        .headers
+        .iter()
+        .filter(|h| h.name.eq_ignore_ascii_case("expect"))
+    {
+        match ows_trim(h.value) {
+            Some(v) if v.eq_ignore_ascii_case("100-continue") => expect_continue = true,
+            _ => return Err(Refusal::new(417, "an Expect other than 100-continue")),
+        }
+    }
     let mut close = false;
     let mut injected = Vec::new();
     let mut out = Vec::with_capacity(head.len() + 64);
     out.extend_from_slice(format!("{method} {path} HTTP/1.1\r\n").as_bytes());
+    match port {
+        443 => out.extend_from_slice(format!("Host: {host}\r\n").as_bytes()),
+        p => out.extend_from_slice(format!("Host: {host}:{p}\r\n").as_bytes()),
+    }
     for h in req.headers.iter() {
+        if REWRITTEN.iter().any(|r| h.name.eq_ignore_ascii_case(r)) {
+            continue;
+        }
         let mut value = h.value.to_vec();
         if h.name.eq_ignore_ascii_case("connection") {
             close |= String::from_utf8_lossy(h.value)
@@ -733,6 +929,12 @@ fn check_request(
             .filter(|c| h.name.eq_ignore_ascii_case(&c.header))
         {
             if let Some(v) = put_in(&value, c) {
+                if injected.contains(&c.name) {
+                    return Err(Refusal::new(
+                        400,
+                        format!("two `{}` headers carry credential `{}`", c.header, c.name),
+                    ));
+                }
                 value = v;
                 injected.push(c.name.clone());
             }
@@ -742,6 +944,11 @@ fn check_request(
         out.extend_from_slice(&value);
         out.extend_from_slice(b"\r\n");
     }
+    match framing {
+        Framing::Length(n) => out.extend_from_slice(format!("Content-Length: {n}\r\n").as_bytes()),
+        Framing::Chunked => out.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
+        Framing::None | Framing::UntilClose => {}
+    }
     out.extend_from_slice(b"\r\n");
     Ok(Checked {
         head: out,
@@ -750,18 +957,20 @@ fn check_request(
         framing,
         injected,
         close,
+        expect_continue,
     })
 }
 
 /// A header's value with the credential's placeholder replaced by the real value, where the
-/// scheme puts it; None when the value does not carry the placeholder there.
+/// scheme puts it (for `basic`, the password only: a user name is logged and echoed); None
+/// when the value does not carry the placeholder there.
 fn put_in(value: &[u8], c: &Brokered) -> Option<Vec<u8>> {
-    let text = std::str::from_utf8(value).ok()?.trim();
+    let text = ows_trim(value)?;
     match c.scheme {
         Scheme::Raw => (text == c.placeholder).then(|| c.real.as_bytes().to_vec()),
         Scheme::Bearer => {
             let (scheme, token) = text.split_once(' ')?;
-            (scheme.eq_ignore_ascii_case("bearer") && token.trim() == c.placeholder)
+            (scheme.eq_ignore_ascii_case("bearer") && token == c.placeholder)
                 .then(|| format!("Bearer {}", c.real).into_bytes())
         }
         Scheme::Basic => {
@@ -770,14 +979,12 @@ fn put_in(value: &[u8], c: &Brokered) -> Option<Vec<u8>> {
                 return None;
             }
             let engine = base64::engine::general_purpose::STANDARD;
-            let decoded = String::from_utf8(engine.decode(encoded.trim()).ok()?).ok()?;
+            let decoded = String::from_utf8(engine.decode(encoded).ok()?).ok()?;
             let (user, pass) = decoded.split_once(':')?;
-            let pair = match (user == c.placeholder, pass == c.placeholder) {
-                (_, true) => format!("{user}:{}", c.real),
-                (true, false) => format!("{}:{pass}", c.real),
-                (false, false) => return None,
-            };
-            Some(format!("Basic {}", engine.encode(pair)).into_bytes())
+            (pass == c.placeholder && !user.contains(&c.placeholder)).then(|| {
+                let pair = format!("{user}:{}", c.real);
+                format!("Basic {}", engine.encode(pair)).into_bytes()
+            })
         }
     }
 }
@@ -806,7 +1013,7 @@ async fn exchange<C, U>(
     host: &str,
     port: u16,
     creds: &[&Brokered],
-    audit: Option<&Log>,
+    log: &(dyn Fn(Kind) + Sync),
     moved: &mut (u64, u64),
 ) -> Result<(), String>
 where
@@ -829,8 +1036,8 @@ where
                     "aisb: refused a request on the connection to {host}: {}",
                     r.why
                 );
-                if let Some(log) = audit {
-                    let _ = log.write(Kind::Net {
+                {
+                    log(Kind::Net {
                         action: "block".into(),
                         proto: "https".into(),
                         host: host.to_string(),
@@ -846,9 +1053,9 @@ where
                 return Err(r.why);
             }
         };
-        if let Some(log) = audit {
+        {
             for name in &checked.injected {
-                let _ = log.write(Kind::Credential {
+                log(Kind::Credential {
                     credential: name.clone(),
                     host: host.to_string(),
                     method: checked.method.clone(),
@@ -859,7 +1066,17 @@ where
         let io = |e: std::io::Error| e.to_string();
         u.io.write_all(&checked.head).await.map_err(io)?;
         moved.0 += checked.head.len() as u64;
-        moved.0 += c.body(checked.framing, &mut u.io).await.map_err(io)?;
+        if checked.expect_continue && checked.framing != Framing::None {
+            c.io.write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+                .await
+                .map_err(io)?;
+            c.io.flush().await.map_err(io)?;
+        }
+        moved.0 += match checked.framing {
+            Framing::Chunked => c.rechunk(&mut u.io).await,
+            other => c.body(other, &mut u.io).await,
+        }
+        .map_err(io)?;
         u.io.flush().await.map_err(io)?;
         // The answers: any 1xx before the final one, then its body.
         loop {
@@ -1050,6 +1267,95 @@ mod tests {
         }
     }
 
+    /// What a server could read another way is refused, and what goes on is canonical.
+    #[test]
+    fn heads_go_on_canonical_and_ambiguity_is_refused() {
+        let c = cred(Scheme::Raw, "x-api-key");
+        let got = check(
+            "POST /v1 HTTP/1.1\r\nhost: API.example.test.\r\nExpect: 100-continue\r\nContent-Length:  3 \r\nx-api-key: sk-test-PLACEHOLDER0000\r\n\r\n",
+            &c,
+        )
+        .unwrap();
+        let head = String::from_utf8(got.head).unwrap();
+        assert!(
+            head.starts_with("POST /v1 HTTP/1.1\r\nHost: api.example.test\r\n"),
+            "{head}"
+        );
+        assert!(head.ends_with("Content-Length: 3\r\n\r\n"), "{head}");
+        assert!(
+            !head.to_ascii_lowercase().contains("expect") && !head.contains("API."),
+            "{head}"
+        );
+        assert!(got.expect_continue);
+        let mut ruled = cred(Scheme::Raw, "x-api-key");
+        ruled.deny_requests = vec![("DELETE /repos/me/prod".into(), "s.kdl:1".into())];
+        for (head, code) in [
+            ("POST / HTTP/1.1\r\nHost: api.example.test\r\nContent-Length: \u{a0}5\r\n\r\n", 400),
+            ("POST / HTTP/1.1\r\nHost: api.example.test\r\nTransfer-Encoding: chunked\u{a0}\r\n\r\n", 400),
+            ("POST / HTTP/1.1\r\nHost: api.example.test\r\nContent_Length: 300\r\n\r\n", 400),
+            ("POST / HTTP/1.1\r\nHost: api.example.test\r\nExpect: 200-ok\r\n\r\n", 417),
+            ("TRACE / HTTP/1.1\r\nHost: api.example.test\r\nx-api-key: sk-test-PLACEHOLDER0000\r\n\r\n", 403),
+            ("delete / HTTP/1.1\r\nHost: api.example.test\r\n\r\n", 400),
+            ("GET / HTTP/1.1\r\nHost: api.example.test\r\nx-api-key: sk-test-PLACEHOLDER0000\r\nX-API-KEY: sk-test-PLACEHOLDER0000\r\n\r\n", 400),
+            ("GET / HTTP/1.1\nHost: api.example.test\n\n\r\n\r\n", 400),
+        ] {
+            let r = check(head, &c).err().unwrap_or_else(|| panic!("passed: {head:?}"));
+            assert_eq!(r.code, code, "{head:?}: {}", r.why);
+        }
+        let ruled_check =
+            |head: &str| check_request(head.as_bytes(), "api.example.test", 443, &[&ruled]);
+        for (head, code) in [
+            ("DELETE /Repos/me/PROD/ HTTP/1.1\r\nHost: api.example.test\r\n\r\n", 403),
+            ("DELETE /repos/me/prod;x HTTP/1.1\r\nHost: api.example.test\r\n\r\n", 400),
+            ("DELETE /repos/me/prod//.. HTTP/1.1\r\nHost: api.example.test\r\n\r\n", 400),
+            ("POST /repos/me/prod HTTP/1.1\r\nHost: api.example.test\r\nX-HTTP-Method-Override: DELETE\r\n\r\n", 403),
+        ] {
+            let r = ruled_check(head).err().unwrap_or_else(|| panic!("passed: {head:?}"));
+            assert_eq!(r.code, code, "{head:?}: {}", r.why);
+        }
+        // Basic: the password only; a placeholder as the user name is left as it is.
+        let b = cred(Scheme::Basic, "authorization");
+        let engine = base64::engine::general_purpose::STANDARD;
+        let sent = engine.encode("sk-test-PLACEHOLDER0000:x");
+        let got = check(
+            &format!(
+                "GET / HTTP/1.1\r\nHost: api.example.test\r\nAuthorization: Basic {sent}\r\n\r\n"
+            ),
+            &b,
+        )
+        .unwrap();
+        assert!(got.injected.is_empty());
+    }
+
+    /// A chunked request body goes on chunked anew; one a server could read another way ends
+    /// the connection.
+    #[tokio::test]
+    async fn chunked_request_bodies_are_read_strictly() {
+        for (body, want) in [
+            (
+                &b"3;ext\r\nabc\r\n0\r\nT: 1\r\n\r\n"[..],
+                Some(&b"3\r\nabc\r\n0\r\n\r\n"[..]),
+            ),
+            (b"3\r\nabcX\n0\r\n\r\n", None),
+            (b"+3\r\nabc\r\n0\r\n\r\n", None),
+            (b"3;\nx\r\nabc\r\n0\r\n\r\n", None),
+        ] {
+            let (a, mut b) = tokio::io::duplex(1024);
+            b.write_all(body).await.unwrap();
+            drop(b);
+            let mut side = Side::new(a, IDLE);
+            let mut out = Vec::new();
+            let got = side.rechunk(&mut out).await;
+            match want {
+                Some(w) => {
+                    got.unwrap();
+                    assert_eq!(out, w);
+                }
+                None => assert!(got.is_err(), "{:?} passed", String::from_utf8_lossy(body)),
+            }
+        }
+    }
+
     #[test]
     fn chunk_sizes_parse_with_a_bound() {
         assert_eq!(chunk_size(b"1a;ext=1\r\n"), Some(26));
@@ -1066,7 +1372,7 @@ mod tests {
             .await
             .unwrap();
         drop(b);
-        let mut side = Side::new(a);
+        let mut side = Side::new(a, IDLE);
         let mut out = Vec::new();
         let n = side.body(Framing::Chunked, &mut out).await.unwrap();
         assert_eq!(out, b"3\r\nabc\r\n0\r\nX-T: 1\r\n\r\n");

@@ -664,7 +664,21 @@ impl Proxy {
                 {
                     Ok(moved) => moved,
                     Err(why) => {
-                        let _ = writeln!(std::io::stderr(), "aisb: {host}:{port}: {why}");
+                        // Once per host on the terminal (the sandbox can make many); each in
+                        // the audit log.
+                        static SAID: std::sync::Mutex<Vec<String>> =
+                            std::sync::Mutex::new(Vec::new());
+                        let first = SAID.lock().is_ok_and(|mut said| {
+                            let new = said.len() < 64 && !said.iter().any(|h| h == host);
+                            if new {
+                                said.push(host.to_string());
+                            }
+                            new
+                        });
+                        if first {
+                            let why = crate::vocab::shorten(&why);
+                            let _ = writeln!(std::io::stderr(), "aisb: {host}:{port}: {why}");
+                        }
                         (0, 0)
                     }
                 };

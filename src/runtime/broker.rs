@@ -36,6 +36,9 @@ const MAX_ROOTS: u64 = 8 << 20;
 pub struct Prepared {
     pub config: BrokerConfig,
     placeholders: Vec<(String, String)>,
+    /// Variables of the plan's environment whose values hold a real value (passed under
+    /// another name): kept out.
+    pub withheld: Vec<String>,
     ca_pem: String,
 }
 
@@ -83,6 +86,13 @@ pub fn prepare(plan: &Plan) -> Result<Option<Prepared>, RuntimeError> {
         .store
         .parent()
         .map_or_else(|| plan.store.join("ca"), |p| p.join("ca"));
+    let withheld = plan
+        .env
+        .vars
+        .iter()
+        .filter(|(_, v)| credentials.iter().any(|c| v.contains(&c.real)))
+        .map(|(k, _)| k.clone())
+        .collect();
     let ca = crate::proxy::ca::load_or_create(&dir)
         .map_err(|why| err(format!("the credential broker's CA: {why}")))?;
     Ok(Some(Prepared {
@@ -91,6 +101,7 @@ pub fn prepare(plan: &Plan) -> Result<Option<Prepared>, RuntimeError> {
             ca_key: ca.key_pem(),
         },
         placeholders,
+        withheld,
         ca_pem: ca.cert_pem(),
     }))
 }
@@ -99,12 +110,24 @@ impl Prepared {
     /// Write the CA bundle into the proxy's directory `dir`; the variables the sandbox gets.
     pub fn finish(self, dir: &Path) -> Result<Vec<(String, String)>, RuntimeError> {
         let roots = crate::proxy::broker::host_roots_file();
-        let mut bundle = String::new();
+        let mut text = String::new();
         if let Ok(f) = std::fs::File::open(&roots) {
-            let _ = f.take(MAX_ROOTS).read_to_string(&mut bundle);
+            let _ = f.take(MAX_ROOTS).read_to_string(&mut text);
         }
-        if !bundle.is_empty() && !bundle.ends_with('\n') {
-            bundle.push('\n');
+        // Certificates only: a bundle that also holds a key (a proxy's combined PEM) keeps it.
+        let mut bundle = String::new();
+        let mut inside = false;
+        for line in text.lines() {
+            if line.starts_with("-----BEGIN CERTIFICATE-----") {
+                inside = true;
+            }
+            if inside {
+                bundle.push_str(line);
+                bundle.push('\n');
+            }
+            if line.starts_with("-----END CERTIFICATE-----") {
+                inside = false;
+            }
         }
         bundle.push_str(&self.ca_pem);
         let path = dir.join(BUNDLE);
@@ -141,10 +164,28 @@ fn read(c: &Credential, plan: &Plan) -> Result<Option<String>, RuntimeError> {
                 .map_err(|why| err(format!("credential `{}` ({}): {why}", c.name, c.at)))?;
             match std::fs::OpenOptions::new()
                 .read(true)
-                .custom_flags(libc::O_NOFOLLOW)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
                 .open(&path)
             {
                 Ok(f) => {
+                    // A regular file of this user's with no other name: not a FIFO that
+                    // hangs the start, not a hard link to a file of someone's choosing.
+                    let meta = f.metadata().map_err(|source| RuntimeError::Io {
+                        what: format!("reading {}", path.display()),
+                        source,
+                    })?;
+                    use std::os::unix::fs::MetadataExt;
+                    if !meta.is_file()
+                        || meta.nlink() != 1
+                        || meta.uid() != nix::unistd::geteuid().as_raw()
+                    {
+                        return Err(err(format!(
+                            "credential `{}` ({}): {} is not a regular file of yours with one name",
+                            c.name,
+                            c.at,
+                            path.display()
+                        )));
+                    }
                     let mut text = String::new();
                     f.take(MAX_VALUE as u64 + 1)
                         .read_to_string(&mut text)
@@ -167,7 +208,7 @@ fn read(c: &Credential, plan: &Plan) -> Result<Option<String>, RuntimeError> {
                 }
             }
         }
-        CredentialSource::Command(cmd) => run(cmd, &c.name)?,
+        CredentialSource::Command(cmd) => run(cmd, &c.name, &plan.identity.home)?,
     };
     let value = value.trim().to_string();
     if value.is_empty() {
@@ -192,7 +233,12 @@ fn file_path(p: &str, plan: &Plan) -> Result<PathBuf, String> {
         None => return Err(format!("`{p}` is not absolute: write `~/…` or `/…`")),
     };
     let lexical = crate::git::lexical_join(Path::new("/"), &path);
-    if lexical.starts_with(&plan.project) {
+    let project = plan
+        .project
+        .canonicalize()
+        .unwrap_or_else(|_| plan.project.clone());
+    let real = lexical.canonicalize().unwrap_or_else(|_| lexical.clone());
+    if lexical.starts_with(&plan.project) || real.starts_with(&project) {
         return Err(format!(
             "{} is in the project, which the sandbox writes: keep the credential outside it",
             lexical.display()
@@ -202,10 +248,14 @@ fn file_path(p: &str, plan: &Plan) -> Result<PathBuf, String> {
 }
 
 /// `from command=`: its output, by `/bin/sh -c`, no stdin, within [`COMMAND_TIMEOUT`].
-fn run(cmd: &str, name: &str) -> Result<String, RuntimeError> {
+fn run(cmd: &str, name: &str, home: &Path) -> Result<String, RuntimeError> {
+    use std::os::unix::process::CommandExt;
     let mut child = std::process::Command::new("/bin/sh")
         .arg("-c")
         .arg(cmd)
+        // Not the project (the sandbox writes there): the user's home.
+        .current_dir(home)
+        .process_group(0)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -229,7 +279,11 @@ fn run(cmd: &str, name: &str) -> Result<String, RuntimeError> {
                 std::thread::sleep(Duration::from_millis(5))
             }
             _ => {
-                let _ = child.kill();
+                // The whole group: a pipeline's other members too.
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(child.id() as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
                 let _ = child.wait();
                 return Err(err(format!(
                     "credential `{name}`: `{cmd}` did not answer within {} s",
@@ -251,33 +305,56 @@ fn run(cmd: &str, name: &str) -> Result<String, RuntimeError> {
     })
 }
 
-/// A placeholder of the real value's shape: the same prefix (to its last `-` or `_` in the
-/// first 16 characters: `sk-ant-api03-`, `ghp_`, `sk-proj-`), then random letters and digits
-/// where the value has them, its other characters kept, so a client that checks a key's form
-/// still starts. Different in every run.
+/// Prefixes the providers publish for their keys' kinds: a placeholder keeps one, so a client
+/// that checks a key's form still starts. Nothing else of a value is kept (its dashes and
+/// underscores, where they fall, would be bits of the secret).
+const PUBLIC_PREFIXES: &[&str] = &[
+    "sk-ant-api03-",
+    "sk-ant-oat01-",
+    "sk-ant-admin01-",
+    "sk-ant-",
+    "sk-proj-",
+    "sk-svcacct-",
+    "sk-admin-",
+    "sk-",
+    "github_pat_",
+    "ghp_",
+    "gho_",
+    "ghu_",
+    "ghs_",
+    "ghr_",
+    "glpat-",
+    "xoxb-",
+    "xoxp-",
+    "AIza",
+    "hf_",
+    "npm_",
+    "pypi-",
+];
+
+/// A placeholder of the real value's shape: its published prefix (`sk-ant-api03-`, `ghp_`,
+/// [`PUBLIC_PREFIXES`]) if it has one, then random letters and digits to the same length.
+/// Different in every run.
 pub fn placeholder(real: &str) -> String {
-    let cut = real
-        .char_indices()
-        .take(16)
-        .filter(|(_, c)| matches!(c, '-' | '_'))
-        .map(|(i, _)| i + 1)
-        .last()
-        .unwrap_or(0);
-    let (prefix, rest) = real.split_at(cut);
+    let prefix = PUBLIC_PREFIXES
+        .iter()
+        .find(|p| real.starts_with(*p) && real.len() > p.len() + 8)
+        .copied()
+        .unwrap_or("");
     const ALNUM: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-    let mut bytes = vec![0u8; rest.len().max(1)];
+    let rest = real.len() - prefix.len();
+    let mut bytes = vec![0u8; rest.max(1)];
     random(&mut bytes);
     let mut out = prefix.to_string();
-    for (c, r) in rest.chars().zip(bytes.iter().cycle()) {
-        out.push(if c.is_ascii_alphanumeric() {
-            ALNUM[*r as usize % ALNUM.len()] as char
-        } else {
-            c
-        });
-    }
+    out.extend(
+        bytes[..rest]
+            .iter()
+            .map(|r| ALNUM[*r as usize % ALNUM.len()] as char),
+    );
     if out == real {
-        // Only a value of no letters or digits after its prefix: mark it instead.
-        out.push('x');
+        // Astronomically unlikely; still never the value itself.
+        out.pop();
+        out.push(if real.ends_with('x') { 'y' } else { 'x' });
     }
     out
 }
@@ -312,7 +389,15 @@ mod tests {
         assert!(a.starts_with("sk-ant-api03-"), "{a}");
         assert_ne!(a, real);
         assert_ne!(a, b);
-        assert_eq!(a.find('_'), real.find('_'));
+        // Nothing of the secret part, not even where its dashes fall.
+        assert!(!a["sk-ant-api03-".len()..].contains(['-', '_']), "{a}");
+        let google = placeholder("AIzaSyB3x_Q9kLm-0123456789abcdefghijk");
+        assert!(
+            google.starts_with("AIza") && !google.starts_with("AIzaSyB3x_"),
+            "{google}"
+        );
+        let password = placeholder("my-secret_pw");
+        assert!(!password.starts_with("my-"), "{password}");
         let gh = placeholder("ghp_0123456789abcdefABCDEF0123456789abcd");
         assert!(gh.starts_with("ghp_") && gh.len() == 40, "{gh}");
     }

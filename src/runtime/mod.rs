@@ -624,13 +624,19 @@ pub fn run(
     let net::Started {
         proxy,
         env: brokered,
+        withheld,
     } = net::start(plan, &exe)?;
+    for name in &withheld {
+        eprintln!(
+            "aisb: ${name} is kept out of the sandbox: its value holds a brokered credential"
+        );
+    }
     // The placeholders of brokered credentials, in place of any value of theirs.
     let with_placeholders = (!brokered.is_empty()).then(|| {
         let mut p = plan.clone();
         p.env
             .vars
-            .retain(|(k, _)| !brokered.iter().any(|(b, _)| b == k));
+            .retain(|(k, _)| !brokered.iter().any(|(b, _)| b == k) && !withheld.contains(k));
         p.env.vars.extend(brokered);
         p
     });

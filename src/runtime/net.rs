@@ -88,6 +88,8 @@ pub fn policy(plan: &Plan) -> Result<PolicyConfig, RuntimeError> {
 pub struct Started {
     pub proxy: Option<ProxyProcess>,
     pub env: Vec<(String, String)>,
+    /// Variables kept out: their values hold a brokered credential's real value.
+    pub withheld: Vec<String>,
 }
 
 /// Start the proxy when the plan's network needs one; wait until it listens. With brokered
@@ -97,6 +99,7 @@ pub fn start(plan: &Plan, exe: &Path) -> Result<Started, RuntimeError> {
         return Ok(Started {
             proxy: None,
             env: Vec::new(),
+            withheld: Vec::new(),
         });
     }
     let mut policy = policy(plan)?;
@@ -108,13 +111,17 @@ pub fn start(plan: &Plan, exe: &Path) -> Result<Started, RuntimeError> {
         &plan.state_dir.join("audit.jsonl"),
         exe,
     )?;
-    let env = match brokering {
-        Some(b) => b.finish(&proxy.dir)?,
-        None => Vec::new(),
+    let (env, withheld) = match brokering {
+        Some(b) => {
+            let withheld = b.withheld.clone();
+            (b.finish(&proxy.dir)?, withheld)
+        }
+        None => (Vec::new(), Vec::new()),
     };
     Ok(Started {
         proxy: Some(proxy),
         env,
+        withheld,
     })
 }
 
