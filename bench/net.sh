@@ -55,6 +55,9 @@ TLS_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 
 import http.server, ssl, sys
 class H(http.server.SimpleHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # One write per answer, no Nagle: else each kept-alive request waits for a delayed ACK.
+    wbufsize = 1 << 16
+    disable_nagle_algorithm = True
     def log_message(self, *a): pass
 s = http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H)
 c = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER); c.load_cert_chain(sys.argv[2], sys.argv[3])
