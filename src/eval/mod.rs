@@ -564,46 +564,23 @@ fn credentials(
         let (Some(var), Some(from), Some(header)) = (&c.env, &c.from, &c.header) else {
             continue; // the decoder said what is missing
         };
-        // A preset's credential (not in a file on disk) where the configuration took the
-        // proxy away is not brokered: the preset's `pass` decides, as before brokering.
+        // Without a proxy nothing is brokered. A preset's credential then leaves its variable
+        // to the preset's `pass`, as before brokering (`network "host"` isolates nothing
+        // anyway); one the project wrote keeps its variables out: the user said it is a
+        // credential, and the real value never enters.
         let on_disk = cx.loaded.sources[c.loc.file].path.is_some();
-        if network.mode != crate::config::model::NetMode::Allow && !on_disk {
+        let proxied = network.mode == crate::config::model::NetMode::Allow;
+        if !proxied && !on_disk {
             continue;
         }
-        if network.mode != crate::config::model::NetMode::Allow {
-            cx.err(
-                c.loc,
-                format!(
-                    "credential `{}` is added by the network proxy, and this sandbox has none",
-                    c.name.value
-                ),
-                "no proxy",
-                Some("a credential needs `network { allow \"HOST\" }` naming its hosts".into()),
-            );
-            continue;
-        }
+        // Hosts the network does not allow (a profile that narrows it, the project's domains
+        // leaving a preset's out) are never added to: `aisb plan` shows what is left.
         let mut hosts = Vec::new();
-        for h in &c.hosts {
+        for h in c.hosts.iter().filter(|_| proxied) {
             let Ok(name) = crate::config::domain::normalise_name(&h.value) else {
                 continue;
             };
-            if let Err(b) = policy.check(&name, 443) {
-                // A preset's host the project's domains left out: never added there.
-                if !on_disk {
-                    continue;
-                }
-                cx.err(
-                    h.loc,
-                    format!(
-                        "credential `{}` is bound to {name}, which the network does not allow: {}",
-                        c.name.value, b.rule
-                    ),
-                    "not allowed",
-                    Some(format!("allow it: `network {{ allow \"{name}\" }}`")),
-                );
-                continue;
-            }
-            if !hosts.contains(&name) {
+            if policy.check(&name, 443).is_ok() && !hosts.contains(&name) {
                 hosts.push(name);
             }
         }
@@ -632,6 +609,9 @@ fn credentials(
                     ),
                 });
             }
+        }
+        if !proxied {
+            continue;
         }
         let (file, line) = loc_line(cx, c.loc);
         let rules = |list: &[crate::config::Spanned<String>]| {
