@@ -108,13 +108,13 @@ for label, names in (("dns_allowed", lambda i: b"bench.test"), ("dns_denied", la
     print(label, n / (time.perf_counter() - t))
 EOF
 
-export AISB MB REQS STARTS QUERIES
+export AISB MB REQS STARTS QUERIES PORT
 python3 - "$ROUNDS" "$WORK" <<'PY'
 import subprocess, sys, os, time, statistics
 rounds, work = int(sys.argv[1]), sys.argv[2]
 mb, reqs, starts, queries = (int(os.environ[k]) for k in ("MB", "REQS", "STARTS", "QUERIES"))
 aisb = os.environ["AISB"]
-port = os.environ["AISB_PROXY_PIN"].rsplit(":", 1)[1]
+port = os.environ["PORT"]
 def measure(cmd, env, cwd=None):
     out = subprocess.run(cmd, env=env, cwd=cwd, check=True, capture_output=True, text=True).stdout
     return {l.split()[0]: float(l.split()[1]) for l in out.splitlines() if len(l.split()) == 2}
