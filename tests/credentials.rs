@@ -596,3 +596,55 @@ echo "check=$(curl -sS --max-time 20 https://api.broker.test/check -H "x-api-key
         );
     }
 }
+
+/// A `mount` of a directory that holds aisb's state (`mount "~/.cache"`, home empty) shows
+/// none of it: not the CA key, not the trust records or other sandboxes' layers.
+#[test]
+fn a_mount_of_the_cache_shows_no_state() {
+    if !support::root_or_skip("credential brokering") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path();
+    for d in ["home/.cache", "home/.config", "proj"] {
+        std::fs::create_dir_all(dir.join(d)).unwrap();
+    }
+    support::git_in(&dir.join("proj"), &["init", "-q"]);
+    std::fs::write(
+        dir.join("proj/sandbox.kdl"),
+        "mount \"~/.cache\" access=\"ro\"\nmount \"~/.config\" access=\"overlay\"\nnetwork {\n    allow \"api.broker.test\"\n}\ncredential \"k\" env=\"K\" {\n    from env=\"REAL_K\"\n    hosts \"api.broker.test\"\n    header \"x-api-key\"\n}\n",
+    )
+    .unwrap();
+    let script = "echo \"cache=$(ls -A ~/.cache/aisb 2>/dev/null | wc -l)\"; echo \"config=$(ls -A ~/.config/aisb 2>/dev/null | wc -l)\"; echo \"key=$(cat ~/.cache/aisb/ca/key.pem >/dev/null 2>&1; echo $?)\"";
+    for backend in BACKENDS {
+        let out = Command::new(env!("CARGO_BIN_EXE_aisb"))
+            .args([
+                "--trust",
+                "run",
+                "--backend",
+                backend,
+                "--",
+                "/bin/sh",
+                "-c",
+                script,
+            ])
+            .current_dir(dir.join("proj"))
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("HOME", dir.join("home"))
+            .env("REAL_K", "sk-proj-0123456789abcdefghij0123456789")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let o = Out::from(out);
+        let what = format!("[{backend}]");
+        assert_eq!(o.code, 0, "{what}\n{}\n{}", o.stdout, o.stderr);
+        assert!(
+            dir.join("home/.cache/aisb/ca/key.pem").exists(),
+            "{what} no CA made"
+        );
+        o.expect("cache", "0");
+        o.expect("config", "0");
+        o.expect_failed("key", "the CA key is readable through the mount");
+    }
+}

@@ -22,6 +22,10 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<i32, Error> {
+    // Real credentials and the CA key may come over stdin: no core dump of this process (its
+    // directory is the one the sandbox sees), no ptrace by another of the user's processes.
+    // Before anything is read. (It forks nothing, so nothing else is changed by it.)
+    let _ = nix::sys::prctl::set_dumpable(false);
     let io = |path: &PathBuf| {
         let path = path.clone();
         move |source| Error::Io { path, source }
@@ -41,11 +45,6 @@ pub fn run(a: Args) -> Result<i32, Error> {
         Some(p) => Some(Log::open(p).map_err(io(p))?),
         None => None,
     };
-    if cfg.broker.is_some() {
-        // Real credentials and the CA key are in this process's memory: no core dump of it
-        // (its directory is the one the sandbox sees), no ptrace by another of the user's.
-        let _ = nix::sys::prctl::set_dumpable(false);
-    }
     let broker = match &cfg.broker {
         Some(b) => Some(
             crate::proxy::broker::Broker::new(b).map_err(|why| Error::Io {

@@ -376,33 +376,87 @@ fn resolve(
         sc.host.config_home().join("aisb"),
     ];
     let before = mask_list.len();
-    // And when the home is visible (`home "ro"`, `"overlay"`) and they are in it: the same
-    // records, and the credential broker's CA key.
-    let home_visible = home_mode != crate::config::model::HomeMode::Empty;
-    for d in own
+    // Wherever else the sandbox could see them: through the home when it is visible, a
+    // `mount` of a parent (`mount "~/.cache"`), a system directory bound whole (`/opt`),
+    // each at the place inside that shows it; the default places too, where XDG points
+    // elsewhere now (an earlier run's state is still there). And a brokered credential's file.
+    let mut hidden: Vec<(std::path::PathBuf, String)> = own
         .iter()
-        .filter(|d| home_visible && d.starts_with(&host.home) && **d != host.home)
-    {
-        let _ = std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
-            .recursive(true)
-            .create(d);
-        mask_list.push(Mask {
-            path: d.clone(),
-            dir: true,
-            rule: "aisb's own state (trust records, caches, the credential broker's CA)".into(),
-        });
-    }
-    // A brokered credential's file, wherever the sandbox could read it.
+        .chain(&[
+            host.home.join(".cache/aisb"),
+            host.home.join(".config/aisb"),
+        ])
+        .map(|d| {
+            let why = "aisb's own state (trust records, caches, the credential broker's CA)";
+            (d.clone(), why.to_string())
+        })
+        .collect();
     for c in &credentials {
         if let crate::config::model::CredentialSource::File(f) = &c.source {
             let path = f
                 .strip_prefix("~/")
                 .map_or_else(|| std::path::PathBuf::from(f), |r| host.home.join(r));
-            if std::fs::symlink_metadata(&path).is_ok() {
+            hidden.push((path, format!("the real value of credential `{}`", c.name)));
+        }
+    }
+    let shown: Vec<(std::path::PathBuf, std::path::PathBuf)> = mounts
+        .iter()
+        .filter_map(|m| match &m.kind {
+            MountKind::Bind { source, .. } | MountKind::Git { source, .. } => {
+                Some((source.clone(), m.target.clone()))
+            }
+            MountKind::Overlay { lower, .. } => Some((lower.clone(), m.target.clone())),
+            _ => None,
+        })
+        .chain(system.iter().filter_map(|sp| match sp {
+            SystemPath::Bind { path } => Some((path.clone(), path.clone())),
+            _ => None,
+        }))
+        .collect();
+    for (path, why) in hidden {
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        let real = path.canonicalize().unwrap_or_else(|_| path.clone());
+        for (source, target) in &shown {
+            let source = source.canonicalize().unwrap_or_else(|_| source.clone());
+            for p in [&real, &path] {
+                let Ok(rel) = p.strip_prefix(&source) else {
+                    continue;
+                };
+                if rel.as_os_str().is_empty() {
+                    continue;
+                }
+                let inside = target.join(rel);
+                // A named sandbox's clone is the project, below aisb's state: everything
+                // beside the way down to it is hidden, not the project.
+                if let Ok(down) = sc.project.strip_prefix(p) {
+                    let mut dir = p.to_path_buf();
+                    let mut at = inside.clone();
+                    for step in down.components().take(32) {
+                        for e in std::fs::read_dir(&dir)
+                            .into_iter()
+                            .flatten()
+                            .flatten()
+                            .take(10_000)
+                        {
+                            if e.file_name() != step.as_os_str() {
+                                mask_list.push(Mask {
+                                    path: at.join(e.file_name()),
+                                    dir: e.file_type().is_ok_and(|t| t.is_dir()),
+                                    rule: why.clone(),
+                                });
+                            }
+                        }
+                        dir.push(step);
+                        at.push(step);
+                    }
+                    continue;
+                }
                 mask_list.push(Mask {
-                    dir: path.is_dir(),
-                    path,
-                    rule: format!("the real value of credential `{}`", c.name),
+                    path: inside,
+                    dir: meta.is_dir(),
+                    rule: why.clone(),
                 });
             }
         }

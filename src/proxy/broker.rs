@@ -121,6 +121,9 @@ impl RequestRule {
         if !(path.starts_with('/') || path.starts_with('*')) || path.contains(char::is_whitespace) {
             return Err("the path starts with `/` or `*` and has no spaces".into());
         }
+        if path.contains('%') || !path.is_ascii() {
+            return Err("write the path decoded, in plain ASCII (a request's path is decoded before it is matched)".into());
+        }
         Ok(RequestRule {
             method: method.to_string(),
             path: path.to_string(),
@@ -186,8 +189,10 @@ fn normal_path(target: &str) -> Result<String, &'static str> {
         }
     }
     let text = String::from_utf8(decoded).map_err(|_| "a path that does not decode to text")?;
-    if text.chars().any(char::is_control) {
-        return Err("a path with a control character");
+    // Decoded once, it must be plain: a `%` left (`%25…`) is another escape to a server that
+    // decodes twice, a `;` a parameter, and anything not printable ASCII is read differently.
+    if !text.bytes().all(|b| b.is_ascii_graphic()) || text.contains(['%', ';', '\\']) {
+        return Err("a path that decodes to another escape, a `;`, or not printable ASCII");
     }
     Ok(text)
 }
@@ -203,6 +208,20 @@ fn rules_allow(method: &str, target: &str, creds: &[&Brokered]) -> Result<(), Re
         return Ok(());
     }
     let path = normal_path(target).map_err(|why| Refusal::new(400, why))?;
+    // A method given in the query (`_method=DELETE`): Rails, Laravel, Express read it.
+    let query = target
+        .split_once('?')
+        .map_or("", |(_, q)| q)
+        .to_ascii_lowercase();
+    if query
+        .split('&')
+        .any(|kv| kv.starts_with("_method=") || kv.starts_with("%5fmethod="))
+    {
+        return Err(Refusal::new(
+            403,
+            "a `_method` in the query would let the server run another method than the request rules checked",
+        ));
+    }
     let loose = path.trim_end_matches('/').to_ascii_lowercase();
     let hit = |list: &[(String, String)], loosely: bool| {
         list.iter()
@@ -211,10 +230,18 @@ fn rules_allow(method: &str, target: &str, creds: &[&Brokered]) -> Result<(), Re
                     if loosely {
                         let lowered = RequestRule {
                             method: r.method.clone(),
-                            path: r.path.to_ascii_lowercase(),
+                            path: r.path.trim_end_matches('/').to_ascii_lowercase(),
                         };
-                        lowered.matches(method, &loose)
-                            || lowered.matches(method, &path.to_ascii_lowercase())
+                        // HEAD runs GET's handler on most servers.
+                        let methods: &[&str] = if method == "HEAD" {
+                            &["HEAD", "GET"]
+                        } else {
+                            &[method]
+                        };
+                        methods.iter().any(|m| {
+                            lowered.matches(m, &loose)
+                                || lowered.matches(m, &path.to_ascii_lowercase())
+                        })
                     } else {
                         r.matches(method, &path)
                     }
@@ -258,9 +285,11 @@ const IDLE: Duration = Duration::from_secs(120);
 /// An upstream silent for this long in an answer (a model streams for minutes, but not in
 /// silence) ends the connection.
 const UPSTREAM_IDLE: Duration = Duration::from_secs(600);
-/// Requests on brokered connections (injections and refusals) written to the audit log per
-/// proxy, at most: a sandbox cannot spend the run's log budget on them.
-const MAX_LOGGED: u64 = 10_000;
+/// Refused requests on brokered connections written to the audit log per proxy, at most: a
+/// sandbox cannot spend the run's log budget on them.
+const MAX_LOGGED: u64 = 5_000;
+/// A credential's uses written to the audit log per proxy, at most (within the run's budget).
+const MAX_INJECTIONS_LOGGED: u64 = 20_000;
 /// The TLS handshakes (the client's and the upstream's) must end within this.
 const HANDSHAKE: Duration = Duration::from_secs(20);
 
@@ -274,8 +303,9 @@ pub struct Broker {
     leaves: Mutex<HashMap<String, Arc<rustls::ServerConfig>>>,
     /// The upstream's TLS configuration with the host's roots, read on first use.
     upstream: std::sync::OnceLock<Result<Arc<rustls::ClientConfig>, String>>,
-    /// Audit lines written (see [`MAX_LOGGED`]).
+    /// Audit lines written (see [`MAX_LOGGED`], [`MAX_INJECTIONS_LOGGED`]).
     logged: std::sync::atomic::AtomicU64,
+    injections_logged: std::sync::atomic::AtomicU64,
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
@@ -336,6 +366,7 @@ impl Broker {
             leaves: Mutex::new(HashMap::new()),
             upstream: std::sync::OnceLock::new(),
             logged: Default::default(),
+            injections_logged: Default::default(),
         })
     }
 
@@ -425,18 +456,30 @@ impl Broker {
         let mut c = Side::new(client, IDLE);
         let mut u = Side::new(upstream, UPSTREAM_IDLE);
         let mut moved = (0u64, 0u64);
+        // Refusals and injections each have a budget of their own: refused requests, cheap
+        // to make, cannot crowd the record of a credential's uses out of the log.
         let log = |kind: Kind| {
             let Some(log) = audit else { return };
-            let n = self
-                .logged
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            if n < MAX_LOGGED {
+            let (counter, max, what) = match kind {
+                Kind::Credential { .. } => (
+                    &self.injections_logged,
+                    MAX_INJECTIONS_LOGGED,
+                    "uses of brokered credentials",
+                ),
+                _ => (
+                    &self.logged,
+                    MAX_LOGGED,
+                    "refused requests on brokered connections",
+                ),
+            };
+            let n = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if n < max {
                 let _ = log.write(kind);
-            } else if n == MAX_LOGGED {
+            } else if n == max {
                 let _ = log.write(Kind::Agent {
                     agent: "aisb".into(),
                     tool: "audit-limit".into(),
-                    input: format!("{MAX_LOGGED} requests on brokered connections logged: further ones are not"),
+                    input: format!("{max} {what} logged: further ones are not"),
                 });
             }
         };
@@ -733,6 +776,8 @@ struct Checked {
     /// The client waits for `100 Continue` before its body (answered by the broker: the
     /// upstream is not told, so nothing it answers early can split the body from its head).
     expect_continue: bool,
+    /// It asks for a protocol switch (`Upgrade`, a WebSocket): only then is a `101` followed.
+    upgrade: bool,
 }
 
 /// A header value with HTTP's optional whitespace (space and tab, nothing else) cut off both
@@ -913,16 +958,38 @@ fn check_request(
         443 => out.extend_from_slice(format!("Host: {host}\r\n").as_bytes()),
         p => out.extend_from_slice(format!("Host: {host}:{p}\r\n").as_bytes()),
     }
+    let mut upgrade = false;
     for h in req.headers.iter() {
-        if REWRITTEN.iter().any(|r| h.name.eq_ignore_ascii_case(r)) {
+        if REWRITTEN.iter().any(|r| h.name.eq_ignore_ascii_case(r))
+            || h.name.eq_ignore_ascii_case("http2-settings")
+        {
             continue;
         }
         let mut value = h.value.to_vec();
+        if h.name.eq_ignore_ascii_case("upgrade") {
+            // h2c through a proxy reaches what the proxy fronts; a WebSocket is fine.
+            if String::from_utf8_lossy(h.value)
+                .to_ascii_lowercase()
+                .contains("h2c")
+            {
+                continue;
+            }
+            upgrade = true;
+        }
         if h.name.eq_ignore_ascii_case("connection") {
-            close |= String::from_utf8_lossy(h.value)
+            // Only the tokens that say what happens to this connection: a header named here
+            // would be dropped by a proxy in front of the upstream (the credential's, say).
+            let tokens: Vec<String> = String::from_utf8_lossy(h.value)
                 .to_ascii_lowercase()
                 .split(',')
-                .any(|t| t.trim() == "close");
+                .map(|t| t.trim().to_string())
+                .filter(|t| matches!(t.as_str(), "close" | "keep-alive" | "upgrade"))
+                .collect();
+            close |= tokens.iter().any(|t| t == "close");
+            if tokens.is_empty() {
+                continue;
+            }
+            value = tokens.join(", ").into_bytes();
         }
         for c in creds
             .iter()
@@ -944,6 +1011,25 @@ fn check_request(
         out.extend_from_slice(&value);
         out.extend_from_slice(b"\r\n");
     }
+    // A credential put in is its header's only value: a second header of that name (or the
+    // same with `_` for `-`) would be joined to it, or chosen instead, by some servers.
+    for c in creds.iter().filter(|c| injected.contains(&c.name)) {
+        let want = c.header.replace('_', "-");
+        let same = req
+            .headers
+            .iter()
+            .filter(|h| h.name.replace('_', "-").eq_ignore_ascii_case(&want))
+            .count();
+        if same > 1 {
+            return Err(Refusal::new(
+                400,
+                format!(
+                    "more than one `{}` header with credential `{}`",
+                    c.header, c.name
+                ),
+            ));
+        }
+    }
     match framing {
         Framing::Length(n) => out.extend_from_slice(format!("Content-Length: {n}\r\n").as_bytes()),
         Framing::Chunked => out.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
@@ -958,6 +1044,7 @@ fn check_request(
         injected,
         close,
         expect_continue,
+        upgrade,
     })
 }
 
@@ -1091,8 +1178,21 @@ where
                 return Err(format!("{host} answered something other than HTTP/1.1"));
             }
             let code = resp.code.unwrap_or(0);
-            c.io.write_all(&head).await.map_err(io)?;
-            moved.1 += head.len() as u64;
+            // After a request with a body, this connection ends with its answer: were the
+            // server to read part of the body as a request of its own (a path that ignores a
+            // body), the next request, with a credential put in, would be joined to it. The
+            // client is told, so it opens a new connection for its next request.
+            let last = checked.framing != Framing::None && !(100..200).contains(&code);
+            let mut sent = head.clone();
+            if last {
+                sent.truncate(sent.len() - 2);
+                sent.extend_from_slice(b"Connection: close\r\n\r\n");
+            }
+            if code == 101 && !checked.upgrade {
+                return Err(format!("{host} switched protocols unasked"));
+            }
+            c.io.write_all(&sent).await.map_err(io)?;
+            moved.1 += sent.len() as u64;
             if code == 101 {
                 // A protocol switch (a WebSocket): both ways as they are from here.
                 c.io.write_all(&u.buf).await.map_err(io)?;
@@ -1114,6 +1214,7 @@ where
                 framing(resp.headers, false).unwrap_or(Framing::UntilClose)
             };
             let close = checked.close
+                || last
                 || framing == Framing::UntilClose
                 || resp.headers.iter().any(|h| {
                     h.name.eq_ignore_ascii_case("connection")
@@ -1313,6 +1414,37 @@ mod tests {
             let r = ruled_check(head).err().unwrap_or_else(|| panic!("passed: {head:?}"));
             assert_eq!(r.code, code, "{head:?}: {}", r.why);
         }
+        let mut ruled2 = cred(Scheme::Raw, "x-api-key");
+        ruled2.deny_requests = vec![("GET /admin/".into(), "s.kdl:2".into())];
+        for head in [
+            "HEAD /admin HTTP/1.1\r\nHost: api.example.test\r\n\r\n",
+            "GET /admin HTTP/1.1\r\nHost: api.example.test\r\n\r\n",
+            "GET /x?_method=GET&a=1 HTTP/1.1\r\nHost: api.example.test\r\n\r\n",
+            "GET /admin%252f HTTP/1.1\r\nHost: api.example.test\r\n\r\n",
+            "GET /admin%3bx HTTP/1.1\r\nHost: api.example.test\r\n\r\n",
+        ] {
+            let r = check_request(head.as_bytes(), "api.example.test", 443, &[&ruled2]);
+            assert!(r.is_err(), "passed: {head:?}");
+        }
+        assert!(RequestRule::parse("GET /a%2fb").is_err());
+        // A second header of the credential's name, with anything in it.
+        for extra in ["x-api-key: junk", "x_api_key: junk"] {
+            let head = format!("GET / HTTP/1.1\r\nHost: api.example.test\r\nx-api-key: sk-test-PLACEHOLDER0000\r\n{extra}\r\n\r\n");
+            let r = check(&head, &c)
+                .err()
+                .unwrap_or_else(|| panic!("passed: {head:?}"));
+            assert_eq!(r.code, 400, "{}", r.why);
+        }
+        // Connection names only what happens to the connection; h2c is not asked for upstream.
+        let got = check(
+            "GET / HTTP/1.1\r\nHost: api.example.test\r\nConnection: x-api-key, close, Upgrade\r\nUpgrade: h2c\r\nHTTP2-Settings: AAA\r\n\r\n",
+            &c,
+        )
+        .unwrap();
+        let head = String::from_utf8(got.head).unwrap();
+        assert!(head.contains("Connection: close, upgrade\r\n"), "{head}");
+        assert!(!head.contains("h2c") && !head.contains("HTTP2"), "{head}");
+        assert!(got.close && !got.upgrade);
         // Basic: the password only; a placeholder as the user name is left as it is.
         let b = cred(Scheme::Basic, "authorization");
         let engine = base64::engine::general_purpose::STANDARD;

@@ -292,6 +292,11 @@ fn run(cmd: &str, name: &str, home: &Path) -> Result<String, RuntimeError> {
             }
         }
     };
+    // What it left running holds its output open: the group ends with it.
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
     let text = reader.join().unwrap_or_default();
     if !status.success() {
         return Err(err(format!(

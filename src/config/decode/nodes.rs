@@ -683,7 +683,24 @@ impl Decoder<'_> {
                         && h.value
                             .bytes()
                             .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b));
-                    if !token || h.value.eq_ignore_ascii_case("host") {
+                    // Headers the proxy writes itself, or that say how the message is read, and
+                    // names a server may drop (`_`) or log widely: never where a credential goes.
+                    let reserved = [
+                        "host",
+                        "content-length",
+                        "transfer-encoding",
+                        "expect",
+                        "connection",
+                        "te",
+                        "upgrade",
+                        "http2-settings",
+                        "user-agent",
+                        "referer",
+                    ];
+                    if !token
+                        || h.value.contains('_')
+                        || reserved.iter().any(|r| h.value.eq_ignore_ascii_case(r))
+                    {
                         self.err(
                             h.loc.span,
                             format!("`{}` is not a header a credential can go in", h.value.escape_debug()),
