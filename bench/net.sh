@@ -127,12 +127,16 @@ cases = {"direct (host loopback)": ["env", f"BASE=http://127.0.0.1:{port}", "sh"
 for b in ("bwrap", "libcontainer"):
     cases[f"proxy variables ({b})"] = run(b) + [f"BASE=http://bench.test:{port}", "TUNNEL=1", "sh", probe]
     cases[f"transparent ({b})"] = run(b) + ["BASE=http://bench.test", "CURL=--noproxy *", "sh", probe]
-best = {}
-for _ in range(rounds):
-    for name, cmd in cases.items():
-        for k, v in measure(cmd, env).items():
-            best.setdefault(name, {})
-            best[name][k] = min(best[name].get(k, v), v)
+def best_of(cases):
+    """Each case's numbers, the best of `rounds` runs (the cases interleaved per round)."""
+    best = {}
+    for _ in range(rounds):
+        for name, cmd in cases.items():
+            for k, v in measure(cmd, env).items():
+                best.setdefault(name, {})
+                best[name][k] = min(best[name].get(k, v), v)
+    return best
+best = best_of(cases)
 d = best["direct (host loopback)"]
 print(f"network paths, best of {rounds} rounds ({mb} MB download, {reqs} small requests; direct = the same curl on the host)")
 print(f"{'case':<34}{'MB/s':>8}{'tunnel MB/s':>12}{'% direct':>10}{'req total s':>12}{'+ms/req':>9}")
@@ -150,12 +154,7 @@ tcases = {"direct (host loopback)": ["env", f"BASE=https://brokered.test:{tport}
 for b in ("bwrap", "libcontainer"):
     tcases[f"opaque tunnel ({b})"] = run(b) + ["BASE=https://tunnel.test", "sh", tls]
     tcases[f"brokered, terminated ({b})"] = run(b) + ["BASE=https://brokered.test", "sh", tls]
-tbest = {}
-for _ in range(rounds):
-    for name, cmd in tcases.items():
-        for k, v in measure(cmd, env).items():
-            tbest.setdefault(name, {})
-            tbest[name][k] = min(tbest[name].get(k, v), v)
+tbest = best_of(tcases)
 d = tbest["direct (host loopback)"]
 print(f"\nHTTPS through the credential broker, best of {rounds} rounds ({mb} MB download; {reqs} requests kept alive, and {reqs} each on a new connection); + ms against the opaque tunnel of the same backend")
 print(f"{'case':<34}{'MB/s':>8}{'% direct':>10}{'+ms/req':>9}{'+ms/new conn':>14}")

@@ -293,11 +293,14 @@ PY
 )"
 "#;
 
+/// `script` in the project's sandbox on `backend`, by `exe` as root (`user` None) or as that
+/// (uid, gid), with a clean environment: PATH, HOME and `env`.
 fn run(
     dir: &Path,
     exe: &Path,
     backend: &str,
     user: Option<(u32, u32)>,
+    script: &str,
     env: &[(&str, String)],
 ) -> Out {
     let mut cmd = Command::new(exe);
@@ -314,13 +317,12 @@ fn run(
             "--",
             "/bin/sh",
             "-c",
-            SCRIPT,
+            script,
         ])
         .current_dir(dir.join("proj"))
         .env_clear()
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
         .env("HOME", dir.join("home"))
-        .env("XDG_CACHE_HOME", dir.join("cache"))
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .stdin(std::process::Stdio::null())
         .output()
@@ -409,7 +411,9 @@ credential "git" env="GIT_TOKEN" {
                 &exe,
                 backend,
                 caller,
+                SCRIPT,
                 &[
+                    ("XDG_CACHE_HOME", dir.join("cache").display().to_string()),
                     ("AISB_PROXY_PIN", pins.clone()),
                     ("REAL_TEST_KEY", real.clone()),
                     ("REAL_GIT_TOKEN", token.clone()),
@@ -548,28 +552,22 @@ echo "gh=$GH_TOKEN"
 echo "check=$(curl -sS --max-time 20 https://api.broker.test/check -H "x-api-key: $FILE_KEY" 2>&1)"
 "#;
     for backend in BACKENDS {
-        let out = Command::new(env!("CARGO_BIN_EXE_aisb"))
-            .args([
-                "--trust",
-                "run",
-                "--backend",
-                backend,
-                "--",
-                "/bin/sh",
-                "-c",
-                script,
-            ])
-            .current_dir(dir.join("proj"))
-            .env_clear()
-            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-            .env("HOME", dir.join("home"))
-            .env("AISB_PROXY_PIN", format!("api.broker.test=127.0.0.1:{api}"))
-            .env("SSL_CERT_FILE", dir.join("upstream-ca.pem"))
-            .env("GITHUB_TOKEN", &token)
-            .stdin(std::process::Stdio::null())
-            .output()
-            .unwrap();
-        let o = Out::from(out);
+        let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_aisb"));
+        let o = run(
+            dir,
+            &exe,
+            backend,
+            None,
+            script,
+            &[
+                ("AISB_PROXY_PIN", format!("api.broker.test=127.0.0.1:{api}")),
+                (
+                    "SSL_CERT_FILE",
+                    dir.join("upstream-ca.pem").display().to_string(),
+                ),
+                ("GITHUB_TOKEN", token.clone()),
+            ],
+        );
         let what = format!("[{backend}]");
         assert_eq!(o.code, 0, "{what}\n{}\n{}", o.stdout, o.stderr);
         assert!(
@@ -617,26 +615,18 @@ fn a_mount_of_the_cache_shows_no_state() {
     .unwrap();
     let script = "echo \"cache=$(ls -A ~/.cache/aisb 2>/dev/null | wc -l)\"; echo \"config=$(ls -A ~/.config/aisb 2>/dev/null | wc -l)\"; echo \"key=$(cat ~/.cache/aisb/ca/key.pem >/dev/null 2>&1; echo $?)\"";
     for backend in BACKENDS {
-        let out = Command::new(env!("CARGO_BIN_EXE_aisb"))
-            .args([
-                "--trust",
-                "run",
-                "--backend",
-                backend,
-                "--",
-                "/bin/sh",
-                "-c",
-                script,
-            ])
-            .current_dir(dir.join("proj"))
-            .env_clear()
-            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-            .env("HOME", dir.join("home"))
-            .env("REAL_K", "sk-proj-0123456789abcdefghij0123456789")
-            .stdin(std::process::Stdio::null())
-            .output()
-            .unwrap();
-        let o = Out::from(out);
+        let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_aisb"));
+        let o = run(
+            dir,
+            &exe,
+            backend,
+            None,
+            script,
+            &[(
+                "REAL_K",
+                "sk-proj-0123456789abcdefghij0123456789".to_string(),
+            )],
+        );
         let what = format!("[{backend}]");
         assert_eq!(o.code, 0, "{what}\n{}\n{}", o.stdout, o.stderr);
         assert!(

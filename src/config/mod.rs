@@ -1,6 +1,7 @@
 //! `sandbox.kdl` -> the raw, spanned configuration model. See `sandbox.kdl.example` for the
 //! language; `decode` has one function per node.
 
+pub mod credential;
 pub mod decode;
 pub mod depth;
 pub mod diag;

@@ -162,7 +162,7 @@ pub fn shape(path: &[&str]) -> Option<Shape> {
         "credential" => s(CREDENTIAL_PROPS, CREDENTIAL_CHILDREN, &[]),
         "from" => s(CREDENTIAL_FROM_PROPS, &[], &[]),
         "header" => Shape {
-            prop_values: &[("scheme", &crate::proxy::broker::Scheme::NAMES)],
+            prop_values: &[("scheme", &crate::config::credential::Scheme::NAMES)],
             ..s(HEADER_PROPS, &[], &[])
         },
         _ => Shape::default(),

@@ -399,6 +399,7 @@ fn resolve(
             hidden.push((path, format!("the real value of credential `{}`", c.name)));
         }
     }
+    // Each source as the kernel reaches it (a home through a link: /home -> /var/home).
     let shown: Vec<(std::path::PathBuf, std::path::PathBuf)> = mounts
         .iter()
         .filter_map(|m| match &m.kind {
@@ -412,6 +413,7 @@ fn resolve(
             SystemPath::Bind { path } => Some((path.clone(), path.clone())),
             _ => None,
         }))
+        .map(|(source, target)| (source.canonicalize().unwrap_or(source), target))
         .collect();
     for (path, why) in hidden {
         let Ok(meta) = std::fs::symlink_metadata(&path) else {
@@ -419,9 +421,8 @@ fn resolve(
         };
         let real = path.canonicalize().unwrap_or_else(|_| path.clone());
         for (source, target) in &shown {
-            let source = source.canonicalize().unwrap_or_else(|_| source.clone());
             for p in [&real, &path] {
-                let Ok(rel) = p.strip_prefix(&source) else {
+                let Ok(rel) = p.strip_prefix(source) else {
                     continue;
                 };
                 if rel.as_os_str().is_empty() {
@@ -689,8 +690,8 @@ fn credentials(
             scheme: c
                 .scheme
                 .as_ref()
-                .and_then(|s| crate::proxy::broker::Scheme::parse(&s.value))
-                .unwrap_or(crate::proxy::broker::Scheme::Raw),
+                .and_then(|s| crate::config::credential::Scheme::parse(&s.value))
+                .unwrap_or(crate::config::credential::Scheme::Raw),
             at: format!("{file}:{line}"),
         });
     }

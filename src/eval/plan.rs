@@ -106,7 +106,7 @@ pub struct Credential {
     pub deny_requests: Vec<(String, String)>,
     /// The header, lower case.
     pub header: String,
-    pub scheme: crate::proxy::broker::Scheme,
+    pub scheme: crate::config::credential::Scheme,
     /// `file:line` of the `credential` node.
     pub at: String,
 }

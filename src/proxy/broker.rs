@@ -25,31 +25,7 @@ use tokio::net::TcpStream;
 use super::ca::Ca;
 use super::request::split_authority;
 use crate::audit::{Kind, Log};
-
-/// Where in a request a credential goes: the whole value of its header, after `Bearer `, or
-/// as the user name or password of `Basic` authentication (git over HTTPS).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Scheme {
-    Raw,
-    Bearer,
-    Basic,
-}
-
-impl Scheme {
-    pub const NAMES: [&'static str; 3] = ["raw", "bearer", "basic"];
-    pub fn parse(s: &str) -> Option<Scheme> {
-        match s.to_ascii_lowercase().as_str() {
-            "raw" | "none" => Some(Scheme::Raw),
-            "bearer" => Some(Scheme::Bearer),
-            "basic" => Some(Scheme::Basic),
-            _ => None,
-        }
-    }
-    pub fn name(self) -> &'static str {
-        Self::NAMES[self as usize]
-    }
-}
+pub use crate::config::credential::{RequestRule, Scheme};
 
 /// One credential as the proxy holds it: its real value, the placeholder the sandbox has
 /// instead, and where the one may replace the other.
@@ -96,62 +72,6 @@ impl std::fmt::Debug for BrokerConfig {
             .field("credentials", &self.credentials)
             .finish_non_exhaustive()
     }
-}
-
-/// `METHOD PATH`: a request rule of a credential's hosts. `*` as the method is any method; in
-/// the path, `*` is any run of characters (slashes too). Paths are matched as a server reads
-/// them: percent-decoded, dot segments resolved, repeated slashes one, the query left out.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RequestRule {
-    method: String,
-    path: String,
-}
-
-impl RequestRule {
-    pub fn parse(rule: &str) -> Result<RequestRule, String> {
-        let (method, path) = rule
-            .trim()
-            .split_once(' ')
-            .ok_or("a method, a space, then a path")?;
-        let path = path.trim();
-        let token = !method.is_empty() && method.bytes().all(|b| b.is_ascii_uppercase());
-        if method != "*" && !token {
-            return Err(format!("`{method}` is not a method (upper case, or `*`)"));
-        }
-        if !(path.starts_with('/') || path.starts_with('*')) || path.contains(char::is_whitespace) {
-            return Err("the path starts with `/` or `*` and has no spaces".into());
-        }
-        if path.contains('%') || !path.is_ascii() {
-            return Err("write the path decoded, in plain ASCII (a request's path is decoded before it is matched)".into());
-        }
-        Ok(RequestRule {
-            method: method.to_string(),
-            path: path.to_string(),
-        })
-    }
-
-    fn matches(&self, method: &str, path: &str) -> bool {
-        (self.method == "*" || self.method == method) && wildcard(&self.path, path)
-    }
-}
-
-/// `*` matches any run of characters; everything else itself.
-fn wildcard(pattern: &str, text: &str) -> bool {
-    let parts: Vec<&str> = pattern.split('*').collect();
-    let (first, rest) = (parts[0], &parts[1..]);
-    let Some(mut left) = text.strip_prefix(first) else {
-        return false;
-    };
-    let Some((last, middle)) = rest.split_last() else {
-        return left.is_empty();
-    };
-    for part in middle {
-        match left.find(part) {
-            Some(i) => left = &left[i + part.len()..],
-            None => return false,
-        }
-    }
-    left.len() >= last.len() && left.ends_with(last)
 }
 
 /// A request target's path as the request rules match it: percent-decoded, the query left
@@ -1286,9 +1206,19 @@ mod tests {
         assert!(RequestRule::parse("get *").is_err());
         assert!(RequestRule::parse("GET").is_err());
         assert!(RequestRule::parse("GET x").is_err());
-        assert!(wildcard("*/git-upload-pack", "/a/b/git-upload-pack"));
-        assert!(!wildcard("*/git-upload-pack", "/a/b/git-upload-pack2"));
-        assert!(wildcard("/a*b*c", "/abc") && !wildcard("/a*b*c", "/acb"));
+        let rule = |r: &str, m: &str, p: &str| RequestRule::parse(r).unwrap().matches(m, p);
+        assert!(rule(
+            "POST */git-upload-pack",
+            "POST",
+            "/a/b/git-upload-pack"
+        ));
+        assert!(!rule(
+            "POST */git-upload-pack",
+            "POST",
+            "/a/b/git-upload-pack2"
+        ));
+        assert!(rule("* /a*b*c", "GET", "/abc") && !rule("* /a*b*c", "GET", "/acb"));
+        assert!(RequestRule::parse("GET /a?b").is_err());
     }
 
     fn check(head: &str, c: &Brokered) -> Result<Checked, Refusal> {

@@ -50,8 +50,8 @@ fn err(what: String) -> RuntimeError {
 }
 
 /// The credentials of `plan` read and given placeholders; None when it has none (or none of
-/// them has a value on this host: each one without is said on stderr, and its variable stays
-/// unset inside).
+/// them has a value on this host: each of the project's own without one is said on stderr,
+/// and its variable stays unset inside).
 pub fn prepare(plan: &Plan) -> Result<Option<Prepared>, RuntimeError> {
     if plan.credentials.is_empty() {
         return Ok(None);
@@ -60,10 +60,14 @@ pub fn prepare(plan: &Plan) -> Result<Option<Prepared>, RuntimeError> {
     let mut placeholders = Vec::new();
     for c in &plan.credentials {
         let Some(real) = read(c, plan)? else {
-            eprintln!(
-                "aisb: credential `{}`: {} has no value here; ${} stays unset inside",
-                c.name, c.source, c.env
-            );
+            // A preset's credential with no value is the usual case (an agent's key the user
+            // does not use): said only for the project's own.
+            if !c.at.starts_with("preset:") {
+                eprintln!(
+                    "aisb: credential `{}`: {} has no value here; ${} stays unset inside",
+                    c.name, c.source, c.env
+                );
+            }
             continue;
         };
         let placeholder = placeholder(&real);

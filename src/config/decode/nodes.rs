@@ -641,7 +641,7 @@ impl Decoder<'_> {
                     let deny = child.name().value() == "deny-request";
                     for e in self.args(child, 1, usize::MAX, "request rules") {
                         let Some(r) = self.string(e) else { continue };
-                        if let Err(why) = crate::proxy::broker::RequestRule::parse(&r.value) {
+                        if let Err(why) = crate::config::credential::RequestRule::parse(&r.value) {
                             self.err(
                                 e.span(),
                                 format!("`{}` is not a request rule: {why}", r.value.escape_debug()),
@@ -714,8 +714,8 @@ impl Decoder<'_> {
                         c.scheme = self
                             .enumerated(
                                 e,
-                                &crate::proxy::broker::Scheme::NAMES,
-                                crate::proxy::broker::Scheme::parse,
+                                &crate::config::credential::Scheme::NAMES,
+                                crate::config::credential::Scheme::parse,
                             )
                             .map(|s| Spanned::new(s.value.name().to_string(), s.loc));
                     }
