@@ -44,21 +44,6 @@ pub fn glob_for(p: &str) -> Result<Glob, globset::Error> {
         .build()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn validation() {
-        assert!(validate("*.pem").is_ok());
-        assert!(validate("~/.config/gcloud").is_ok());
-        assert!(validate("~/.config/*").is_err());
-        assert!(validate("../x").is_err());
-        assert!(validate("a/[b").is_err());
-        assert!(validate("").is_err());
-    }
-}
-
 /// `*` (any run, also empty) and `?` (one byte) against `text`; greedy with backtracking to
 /// the last `*`, linear in practice.
 pub fn wildcard(pattern: &[u8], text: &[u8]) -> bool {
@@ -80,4 +65,19 @@ pub fn wildcard(pattern: &[u8], text: &[u8]) -> bool {
         }
     }
     pattern[p..].iter().all(|&c| c == b'*')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation() {
+        assert!(validate("*.pem").is_ok());
+        assert!(validate("~/.config/gcloud").is_ok());
+        assert!(validate("~/.config/*").is_err());
+        assert!(validate("../x").is_err());
+        assert!(validate("a/[b").is_err());
+        assert!(validate("").is_err());
+    }
 }
