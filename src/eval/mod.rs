@@ -599,10 +599,10 @@ fn resolve(
     })
 }
 
-/// The merged `credential`s, checked against the network they need: the proxy adds them, so
-/// the network must be `allow` and every host one it allows. The variable a credential names
-/// is the placeholder's alone: a value the environment would otherwise pass under that name
-/// is dropped.
+/// The merged `credential`s, against the network they need: the proxy adds them, so they are
+/// brokered in `allow` mode only, to the hosts it allows. The variable a credential names is
+/// the placeholder's alone, and the variable its value is read from stays out too: a value the
+/// environment would otherwise pass under either name is dropped.
 fn credentials(
     cx: &mut Ctx<'_>,
     s: &Settings,
