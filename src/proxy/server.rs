@@ -658,10 +658,10 @@ impl Proxy {
     ) -> (u64, u64) {
         if let (Some(b), Some((host, port))) = (&self.broker, to) {
             if b.bound(host, port) {
-                return match b
-                    .serve(client, early, host, port, up, self.audit.as_ref())
-                    .await
-                {
+                // Boxed: its state (two TLS sessions, a parsed head) would otherwise make every
+                // connection's task as large, terminated or not, waiting for a first byte or not.
+                let serve = Box::pin(b.serve(client, early, host, port, up, self.audit.as_ref()));
+                return match serve.await {
                     Ok(moved) => moved,
                     Err(why) => {
                         // Once per host on the terminal (the sandbox can make many); each in
