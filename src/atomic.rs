@@ -9,17 +9,22 @@ use std::path::Path;
 /// Write `bytes` to `path` atomically, creating the directory; the temporary file is
 /// removed when anything fails.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    write(path, bytes, true)
+    write(path, bytes, true, 0o666)
+}
+
+/// [`write_atomic`] of a file only its owner may read (0600 from its creation: a key).
+pub fn write_atomic_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write(path, bytes, true, 0o600)
 }
 
 /// [`write_atomic`] without waiting for the disk: whole or absent for any reader and after
 /// the writer is killed, but not after a power loss. For records a run writes for itself at
 /// every start, where an fsync (1 to 11 ms on a virtual disk) would be most of the start-up.
 pub fn write_atomic_unsynced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    write(path, bytes, false)
+    write(path, bytes, false, 0o666)
 }
 
-fn write(path: &Path, bytes: &[u8], sync: bool) -> std::io::Result<()> {
+fn write(path: &Path, bytes: &[u8], sync: bool, mode: u32) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let nanos = std::time::SystemTime::now()
@@ -30,6 +35,7 @@ fn write(path: &Path, bytes: &[u8], sync: bool) -> std::io::Result<()> {
     let result = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
+        .mode(mode)
         .custom_flags(libc::O_NOFOLLOW)
         .open(&tmp)
         .and_then(|mut f| {

@@ -139,6 +139,48 @@ pub fn clean_label(s: &str) -> String {
         .collect()
 }
 
+/// `%XX` escapes decoded, strictly: a `%` not followed by two hex digits is not text of this
+/// form (None). The scan cache's paths and the request rules' paths read it.
+pub fn percent_decode(s: &str) -> Option<Vec<u8>> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = b.get(i + 1..i + 3)?;
+            if !hex.iter().all(u8::is_ascii_hexdigit) {
+                return None;
+            }
+            out.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    Some(out)
+}
+
+/// A chunk-size line as RFC 9112 7.1 writes it and nothing looser: 1 to 16 hex digits, an
+/// extension without control characters, CRLF. None: not one. The init's relay and the
+/// proxy's credential broker both follow chunked bodies by it.
+pub fn chunk_size(line: &[u8]) -> Option<u64> {
+    let line = line.strip_suffix(b"\r\n")?;
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    if digits == 0 || digits > 16 {
+        return None;
+    }
+    match line.get(digits) {
+        None => {}
+        Some(b';')
+            if !line[digits..]
+                .iter()
+                .any(|&b| b.is_ascii_control() && b != b'\t') => {}
+        Some(_) => return None,
+    }
+    u64::from_str_radix(std::str::from_utf8(&line[..digits]).ok()?, 16).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -222,33 +222,14 @@ mod rel_text {
         out
     }
 
-    pub fn decode(s: &str) -> Option<Vec<u8>> {
-        let b = s.as_bytes();
-        let mut out = Vec::with_capacity(b.len());
-        let mut i = 0;
-        while i < b.len() {
-            if b[i] == b'%' {
-                let hex = b.get(i + 1..i + 3)?;
-                if !hex.iter().all(u8::is_ascii_hexdigit) {
-                    return None;
-                }
-                out.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
-                i += 3;
-            } else {
-                out.push(b[i]);
-                i += 1;
-            }
-        }
-        Some(out)
-    }
-
     pub fn serialize<S: Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&encode(b))
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
         let s = std::borrow::Cow::<str>::deserialize(d)?;
-        decode(&s).ok_or_else(|| D::Error::custom("a bad %-escape in a cached path"))
+        crate::vocab::percent_decode(&s)
+            .ok_or_else(|| D::Error::custom("a bad %-escape in a cached path"))
     }
 }
 
@@ -878,7 +859,8 @@ fn walk_dirs(
 
 #[cfg(test)]
 mod tests {
-    use super::rel_text::{decode, encode};
+    use super::rel_text::encode;
+    use crate::vocab::percent_decode as decode;
 
     #[test]
     fn cached_paths_read_back_as_the_same_bytes() {

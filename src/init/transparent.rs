@@ -678,7 +678,7 @@ impl HttpFollower {
                     self.line.extend_from_slice(&bytes[..end]);
                     bytes = &bytes[end..];
                     let line = std::mem::take(&mut self.line);
-                    let size = chunk_size(&line).ok_or_else(|| {
+                    let size = crate::vocab::chunk_size(&line).ok_or_else(|| {
                         format!(
                             "a chunk-size line that is not one: {:?}",
                             String::from_utf8_lossy(&line)
@@ -834,25 +834,6 @@ impl HttpFollower {
             _ => Err(other()),
         }
     }
-}
-
-/// A chunk-size line as RFC 9112 7.1 writes it and nothing looser: 1 to 16 hex digits, an
-/// extension without control characters, CRLF. None: not one.
-fn chunk_size(line: &[u8]) -> Option<u64> {
-    let line = line.strip_suffix(b"\r\n")?;
-    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
-    if digits == 0 || digits > 16 {
-        return None;
-    }
-    match line.get(digits) {
-        None => {}
-        Some(b';')
-            if !line[digits..]
-                .iter()
-                .any(|&b| b.is_ascii_control() && b != b'\t') => {}
-        Some(_) => return None,
-    }
-    u64::from_str_radix(std::str::from_utf8(&line[..digits]).ok()?, 16).ok()
 }
 
 /// `1.2.3.4` or `[2001:db8::1]`.

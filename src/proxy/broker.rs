@@ -91,23 +91,8 @@ fn normal_path(target: &str) -> Result<String, &'static str> {
             "a path a server could read as another one (dot segments, encoded slashes, `;`, `//`)",
         );
     }
-    let bytes = path.as_bytes();
-    let mut decoded = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = bytes
-                .get(i + 1..i + 3)
-                .and_then(|h| std::str::from_utf8(h).ok())
-                .filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))
-                .ok_or("a path with a `%` that is not an escape")?;
-            decoded.push(u8::from_str_radix(hex, 16).map_err(|_| "a bad escape")?);
-            i += 3;
-        } else {
-            decoded.push(bytes[i]);
-            i += 1;
-        }
-    }
+    let decoded =
+        crate::vocab::percent_decode(path).ok_or("a path with a `%` that is not an escape")?;
     let text = String::from_utf8(decoded).map_err(|_| "a path that does not decode to text")?;
     // Decoded once, it must be plain: a `%` left (`%25…`) is another escape to a server that
     // decodes twice, a `;` a parameter, and anything not printable ASCII is read differently.
@@ -535,35 +520,41 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Side<S> {
         Ok(())
     }
 
-    /// A chunked request body, read strictly and passed on chunked anew: each size line hex
-    /// digits (extensions dropped) with no CR or LF inside, each chunk's data followed by CRLF,
-    /// trailers dropped. What goes upstream can be read only one way. Its length.
-    async fn rechunk<W: AsyncWrite + Unpin>(&mut self, to: &mut W) -> std::io::Result<u64> {
+    /// A chunked body, read strictly (each size line as [`crate::vocab::chunk_size`] reads it,
+    /// each chunk's data followed by CRLF), passed on as it came or, `anew`, chunked anew
+    /// (extensions and trailers dropped: what goes upstream can be read only one way). Its
+    /// length as passed on.
+    async fn chunked<W: AsyncWrite + Unpin>(
+        &mut self,
+        to: &mut W,
+        anew: bool,
+    ) -> std::io::Result<u64> {
         let mut total = 0u64;
         loop {
             let line = self.line().await?;
-            let text = &line[..line.len() - 2];
-            let digits = text.split(|b| *b == b';').next().unwrap_or_default();
-            if text.iter().any(|b| matches!(b, b'\r' | b'\n'))
-                || digits.is_empty()
-                || digits.len() > 15
-                || !digits.iter().all(u8::is_ascii_hexdigit)
-            {
-                return Err(bad("a chunk's size line is not hex digits"));
-            }
-            let size = u64::from_str_radix(std::str::from_utf8(digits).unwrap_or("0"), 16)
-                .map_err(|_| bad("a chunk's size does not parse"))?;
+            let size = crate::vocab::chunk_size(&line)
+                .ok_or_else(|| bad("a chunk's size line is not one"))?;
+            let out = if anew {
+                format!("{size:x}\r\n").into_bytes()
+            } else {
+                line
+            };
             if size == 0 {
+                let mut end = out;
                 for _ in 0..MAX_TRAILERS {
-                    if self.line().await? == b"\r\n" {
-                        to.write_all(b"0\r\n\r\n").await?;
-                        return Ok(total + 5);
+                    let t = self.line().await?;
+                    let last = t == b"\r\n";
+                    if last || !anew {
+                        end.extend_from_slice(&t);
+                    }
+                    if last {
+                        to.write_all(&end).await?;
+                        return Ok(total + end.len() as u64);
                     }
                 }
                 return Err(bad("too many trailer lines"));
             }
-            let size_line = format!("{size:x}\r\n");
-            to.write_all(size_line.as_bytes()).await?;
+            to.write_all(&out).await?;
             self.copy_exact(size, to).await?;
             while self.buf.len() < 2 {
                 if self.fill().await? == 0 {
@@ -575,7 +566,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Side<S> {
             }
             self.buf.drain(..2);
             to.write_all(b"\r\n").await?;
-            total += size_line.len() as u64 + size + 2;
+            total += out.len() as u64 + size + 2;
         }
     }
 
@@ -588,29 +579,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Side<S> {
         match framing {
             Framing::None => Ok(0),
             Framing::Length(n) => self.copy_exact(n, to).await.map(|()| n),
-            Framing::Chunked => {
-                let mut total = 0u64;
-                loop {
-                    let line = self.line().await?;
-                    let size =
-                        chunk_size(&line).ok_or_else(|| bad("a chunk's size does not parse"))?;
-                    to.write_all(&line).await?;
-                    total += line.len() as u64;
-                    if size == 0 {
-                        for _ in 0..MAX_TRAILERS {
-                            let t = self.line().await?;
-                            to.write_all(&t).await?;
-                            total += t.len() as u64;
-                            if t == b"\r\n" {
-                                return Ok(total);
-                            }
-                        }
-                        return Err(bad("too many trailer lines"));
-                    }
-                    self.copy_exact(size + 2, to).await?;
-                    total += size + 2;
-                }
-            }
+            Framing::Chunked => self.chunked(to, false).await,
             Framing::UntilClose => {
                 let mut total = self.buf.len() as u64;
                 to.write_all(&self.buf).await?;
@@ -635,16 +604,6 @@ fn bad(why: &str) -> std::io::Error {
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
-}
-
-/// A chunk-size line's size (extensions after `;` ignored); None when it does not parse.
-fn chunk_size(line: &[u8]) -> Option<u64> {
-    let text = std::str::from_utf8(line).ok()?.trim_end_matches("\r\n");
-    let digits = text.split(';').next()?.trim();
-    if digits.is_empty() || digits.len() > 15 {
-        return None;
-    }
-    u64::from_str_radix(digits, 16).ok()
 }
 
 /// How a message's body ends.
@@ -1080,7 +1039,7 @@ where
             c.io.flush().await.map_err(io)?;
         }
         moved.0 += match checked.framing {
-            Framing::Chunked => c.rechunk(&mut u.io).await,
+            Framing::Chunked => c.chunked(&mut u.io, true).await,
             other => c.body(other, &mut u.io).await,
         }
         .map_err(io)?;
@@ -1407,7 +1366,7 @@ mod tests {
             drop(b);
             let mut side = Side::new(a, IDLE);
             let mut out = Vec::new();
-            let got = side.rechunk(&mut out).await;
+            let got = side.chunked(&mut out, true).await;
             match want {
                 Some(w) => {
                     got.unwrap();
@@ -1420,6 +1379,7 @@ mod tests {
 
     #[test]
     fn chunk_sizes_parse_with_a_bound() {
+        use crate::vocab::chunk_size;
         assert_eq!(chunk_size(b"1a;ext=1\r\n"), Some(26));
         assert_eq!(chunk_size(b"0\r\n"), Some(0));
         assert_eq!(chunk_size(b"zz\r\n"), None);

@@ -7,7 +7,6 @@
 //! is needed: the subject and the key identifier (taken from the public key) are the same
 //! every time, so leaves signed by one process chain to the certificate another wrote.
 
-use std::io::Write as _;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
@@ -159,25 +158,10 @@ pub fn load_or_create(dir: &Path) -> Result<Ca, String> {
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let ca = Ca::generate()?;
-            // A new file under a temporary name, renamed into place: two runs that make one at
-            // once each keep the CA they made, and the key file is whole.
-            let tmp = dir.join(format!(".key-{}.pem", std::process::id()));
-            let _ = std::fs::remove_file(&tmp);
-            let written = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(&tmp)
-                .and_then(|mut f| {
-                    f.write_all(ca.key_pem().as_bytes())?;
-                    f.sync_all()
-                })
-                .and_then(|()| std::fs::rename(&tmp, &path));
-            if let Err(e) = written {
-                let _ = std::fs::remove_file(&tmp);
-                return Err(format!("writing {}: {e}", path.display()));
-            }
+            // Written whole under a temporary name and renamed into place: two runs that
+            // make one at once each keep the CA they made.
+            crate::atomic::write_atomic_private(&path, ca.key_pem().as_bytes())
+                .map_err(|e| format!("writing {}: {e}", path.display()))?;
             Ok(ca)
         }
         Err(e) => Err(format!(

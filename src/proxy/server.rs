@@ -668,14 +668,7 @@ impl Proxy {
                         // the audit log.
                         static SAID: std::sync::Mutex<Vec<String>> =
                             std::sync::Mutex::new(Vec::new());
-                        let first = SAID.lock().is_ok_and(|mut said| {
-                            let new = said.len() < 64 && !said.iter().any(|h| h == host);
-                            if new {
-                                said.push(host.to_string());
-                            }
-                            new
-                        });
-                        if first {
+                        if first_time(&SAID, host.to_string(), 64) {
                             let why = crate::vocab::shorten(&why);
                             let _ = writeln!(std::io::stderr(), "aisb: {host}:{port}: {why}");
                         }
@@ -787,22 +780,24 @@ impl Proxy {
     }
 }
 
+/// Whether `key` is new to `said` (then remembered, up to `cap` keys; past them nothing is new):
+/// what the sandbox can make many of is said on the terminal once each, within a bound.
+fn first_time<T: PartialEq>(said: &std::sync::Mutex<Vec<T>>, key: T, cap: usize) -> bool {
+    said.lock().is_ok_and(|mut said| {
+        let new = said.len() < cap && !said.contains(&key);
+        if new {
+            said.push(key);
+        }
+        new
+    })
+}
+
 /// A refusal of a handed connection, on stderr (the workload's, as the relay's refusals are),
 /// once per destination.
 fn say_refused(dest: Option<std::net::SocketAddr>, why: &str) {
     static SAID: std::sync::Mutex<Vec<Option<std::net::SocketAddr>>> =
         std::sync::Mutex::new(Vec::new());
-    let first = SAID
-        .lock()
-        .map(|mut said| {
-            let new = said.len() < 1024 && !said.contains(&dest);
-            if new {
-                said.push(dest);
-            }
-            new
-        })
-        .unwrap_or(false);
-    if first {
+    if first_time(&SAID, dest, 1024) {
         let to = dest.map_or("the network".to_string(), |d| d.to_string());
         // Not eprintln!, which panics when the caller's stderr is gone.
         let _ = writeln!(
