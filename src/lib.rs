@@ -135,6 +135,7 @@ pub fn run(args: impl IntoIterator<Item = OsString>) -> i32 {
     if args.get(1).is_some_and(|a| a == "__init") || init::called_as_init(args.first()) {
         return init::main_from_args(args.into_iter().skip(1));
     }
+    runtime::protect::note_process_start();
     match cli::run(args) {
         Ok(code) => code,
         // Editors' tasks ask for one `file:line:col: error: …` line per configuration

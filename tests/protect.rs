@@ -888,3 +888,41 @@ fn aisb_test_checks_the_protected_files() {
         assert_eq!(c["ok"], true, "{c}");
     }
 }
+
+/// What the host made just before a run (an orchestrator that checks out a work tree and
+/// starts aisb at once, a test that writes its fixture) is the host's, however close to the
+/// start: never taken for the sandbox's and moved aside. Several times each, the files made
+/// as late as possible, right before aisb starts.
+fn made_just_before(user: Option<(u32, u32)>) {
+    for backend in ["bwrap", "libcontainer"] {
+        let who = who(backend, user);
+        let p = Project::new(user);
+        for round in 0..4 {
+            let sub = p.proj().join(format!("w{round}"));
+            std::fs::create_dir_all(sub.join("bin")).unwrap();
+            std::fs::write(sub.join(".envrc"), "export A=1\n").unwrap();
+            std::fs::write(sub.join(".npmrc"), "registry=host\n").unwrap();
+            std::os::unix::fs::symlink("/usr/bin/python3", sub.join("bin/python")).unwrap();
+            std::os::unix::fs::symlink(".", sub.join(".cargo")).unwrap();
+            if let Some((uid, gid)) = user {
+                support::chown_r(&sub, uid, gid);
+            }
+            let o = p.run(backend, "true");
+            assert_eq!(o.code, 0, "{who} {}", o.stderr);
+            assert!(
+                !o.stderr.contains("was created by the sandbox"),
+                "{who} round {round}: the host's own files were taken for the sandbox's:\n{}",
+                o.stderr
+            );
+            for rel in [".envrc", ".npmrc", "bin/python", ".cargo"] {
+                assert!(
+                    sub.join(rel).symlink_metadata().is_ok(),
+                    "{who} round {round}: w{round}/{rel} the host made is gone:\n{}",
+                    o.stderr
+                );
+            }
+        }
+    }
+}
+
+as_root_and_a_user!(files_the_host_made_just_before_a_run_stay_as_root, files_the_host_made_just_before_a_run_stay_as_a_user => made_just_before);

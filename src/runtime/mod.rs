@@ -641,6 +641,8 @@ pub fn run(
         p
     });
     let plan = with_placeholders.as_ref().unwrap_or(plan);
+    // From here on, what changes in the project is stamped at or after the run's start.
+    protect_record.settle();
     if let Some(log) = &audit {
         let _ = log.write(crate::audit::Kind::Start {
             profile: plan.profile.clone(),
@@ -902,8 +904,9 @@ fn git_before(plan: &Plan) -> GitBefore {
         }
         _ => None,
     })?;
-    // A little before now: ctimes are kept at the file system's granularity.
-    let since = std::time::SystemTime::now() - std::time::Duration::from_millis(20);
+    // Settled with the protected files' mark, which is read later (`protect::settle`).
+    let since = std::time::UNIX_EPOCH
+        + std::time::Duration::from_nanos(protect::start_mark(&work_tree).max(0) as u64);
     let stamp = crate::git::index_stamp(&git_dir);
     Some((work_tree, git_dir, stamp, since))
 }

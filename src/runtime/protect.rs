@@ -64,6 +64,11 @@ fn nested_created(
 }
 
 impl Pending {
+    /// Before the sandbox starts: see [`settle`].
+    pub fn settle(&self) {
+        settle(self.since_ns);
+    }
+
     pub fn finish(mut self, audit: Option<&crate::audit::Log>) {
         self.done = true;
         self.sweep(audit);
@@ -231,7 +236,7 @@ pub fn begin(plan: &Plan, audit: Option<&crate::audit::Log>) -> (Pending, Option
             p
         });
     let plan = changed.as_ref().unwrap_or(plan);
-    let since_ns = crate::eval::scan::now_ns();
+    let since_ns = start_mark(&plan.project);
     let mut record = None;
     if !plan.protected.is_empty() || !plan.project_dirs.dirs.is_empty() {
         let mut bytes = Vec::new();
@@ -280,9 +285,66 @@ pub fn begin(plan: &Plan, audit: Option<&crate::audit::Log>) -> (Pending, Option
     (pending, changed)
 }
 
-/// How far before a run's start a change still counts as the run's: the kernel stamps ctime
-/// from a clock that lags the one the start was read from by up to a tick.
-const CLOCK_SLACK_NS: i128 = 50_000_000;
+/// When this aisb started ([`note_process_start`]).
+static PROCESS_START: std::sync::OnceLock<i128> = std::sync::OnceLock::new();
+
+/// Up to this long after aisb started, a run's start is taken as aisb's: the set-up in between
+/// (config, scan, plan) is longer than a tick, so [`settle`] waits for nothing. Past it (an
+/// image built, a question answered), the host's own changes meanwhile are not the sandbox's:
+/// the run's start is read anew.
+const PROCESS_START_FOR: i128 = 2_000_000_000;
+
+/// Read the clock as aisb starts: the mark of its run (see [`start_mark`]).
+pub fn note_process_start() {
+    let _ = PROCESS_START.set(crate::eval::scan::now_ns());
+}
+
+/// When a run starts, for "made since" (compared with ctimes): read after everything the host
+/// made before aisb was started (aisb's own start, or now when that was long ago). A change
+/// made before it was stamped before it (the kernel's stamp is never ahead of the clock read
+/// here), and [`settle`] makes every change after the sandbox starts stamped at or after it:
+/// no slack either way, so a file the host made a millisecond before the run (an
+/// orchestrator's fresh checkout) is never taken for the sandbox's. On a file system that
+/// keeps whole seconds (`project`'s times have no nanoseconds: ext4 with small inodes, some
+/// network file systems), the second's start: a change in this second is stamped with it.
+pub fn start_mark(project: &Path) -> i128 {
+    let now = crate::eval::scan::now_ns();
+    let now = match PROCESS_START.get() {
+        Some(&t) if (0..PROCESS_START_FOR).contains(&(now - t)) => t,
+        _ => now,
+    };
+    let whole_seconds = rustix::fs::lstat(project)
+        .is_ok_and(|st| st.st_ctime_nsec == 0 && st.st_mtime_nsec == 0);
+    if whole_seconds {
+        now - now.rem_euclid(1_000_000_000)
+    } else {
+        now
+    }
+}
+
+/// At most this long is waited for the coarse clock (a tick is 1 to 10 ms).
+const SETTLE_MAX: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Wait until the clock the kernel stamps ctimes from (the coarse one, which lags the precise
+/// one by up to a tick) has reached `mark`: from then on every change is stamped at or after
+/// it. Called before the sandbox starts; usually aisb's set-up since the mark took longer
+/// than a tick and nothing is waited for.
+pub fn settle(mark: i128) {
+    let coarse = || {
+        let t = rustix::time::clock_gettime(rustix::time::ClockId::RealtimeCoarse);
+        t.tv_sec as i128 * 1_000_000_000 + t.tv_nsec as i128
+    };
+    let deadline = std::time::Instant::now() + SETTLE_MAX;
+    loop {
+        let behind = mark - coarse();
+        if behind <= 0 || std::time::Instant::now() >= deadline {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_nanos(
+            (behind as u64).min(1_000_000) + 50_000,
+        ));
+    }
+}
 
 /// At most this many entries are looked at (a run that unpacked a huge tree into the project):
 /// past it, what the sandbox made and was not looked at is moved aside.
@@ -357,7 +419,7 @@ fn created_below(
     ) else {
         return (found, !dirs.dirs.is_empty());
     };
-    let since = since_ns - CLOCK_SLACK_NS;
+    let since = since_ns;
     let stat = |rel: &[u8]| {
         rustix::fs::statat(
             &root,
@@ -706,5 +768,32 @@ pub(crate) fn report(
             moved_to: to.to_string_lossy().into_owned(),
             why,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctime_of(p: &Path) -> i128 {
+        ctime_ns(&rustix::fs::lstat(p).unwrap())
+    }
+
+    /// The start mark tells the host's files from the sandbox's with no slack: made before
+    /// the mark is stamped before it, made after `settle` is stamped at or after it (many
+    /// times over, so a lagging tick would show).
+    #[test]
+    fn the_start_mark_parts_before_from_after() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..200 {
+            let before = dir.path().join(format!("b{i}"));
+            std::fs::write(&before, "x").unwrap();
+            let mark = start_mark(dir.path());
+            assert!(ctime_of(&before) < mark, "round {i}: made before, stamped after");
+            settle(mark);
+            let after = dir.path().join(format!("a{i}"));
+            std::fs::write(&after, "x").unwrap();
+            assert!(ctime_of(&after) >= mark, "round {i}: made after, stamped before");
+        }
     }
 }
