@@ -926,3 +926,97 @@ fn made_just_before(user: Option<(u32, u32)>) {
 }
 
 as_root_and_a_user!(files_the_host_made_just_before_a_run_stay_as_root, files_the_host_made_just_before_a_run_stay_as_a_user => made_just_before);
+
+/// `unprotect` opens named protected files to the sandbox, and only those: asked about as a
+/// loosening (refused without a terminal, approved by `aisb trust`); the opened ones are
+/// written in place and stay after the run, every other protected file is read-only or moved
+/// aside as before. aisb's own policy and files that are not protected cannot be named.
+fn unprotect_case(user: Option<(u32, u32)>) {
+    for backend in ["bwrap", "libcontainer"] {
+        let who = who(backend, user);
+        let p = Project::new(user);
+        let config = "block \"notes.txt\"\nunprotect \".vscode/\" \".envrc\" \"pkg/.npmrc\"\n";
+        std::fs::write(p.proj().join("sandbox.kdl"), config).unwrap();
+        std::fs::create_dir_all(p.proj().join("pkg")).unwrap();
+        if let Some((uid, gid)) = user {
+            support::chown_r(&p.proj(), uid, gid);
+        }
+        let script = "echo '{\"x\":1}' > .vscode/settings.json; echo vscode=$?; \
+             echo 'export A=1' > .envrc; echo envrc=$?; \
+             echo 'registry=mine' > pkg/.npmrc; echo pkg-npmrc=$?; \
+             echo 'registry=evil' > .npmrc; echo npmrc=$?; \
+             echo 'export B=1' > pkg/.envrc; echo pkg-envrc=$?; \
+             echo x > .cargo/config.toml 2>/dev/null; echo cargo=$?";
+        // Not approved yet: refused, nothing ran.
+        let o = p.run(backend, script);
+        assert_ne!(
+            o.code, 0,
+            "{who} an unapproved unprotect ran:\n{}",
+            o.stdout
+        );
+        assert!(
+            o.stderr.contains("unprotect \".vscode/\""),
+            "{who} the loosening is not named:\n{}",
+            o.stderr
+        );
+        assert!(!p.exists(".envrc"), "{who}");
+        let o = Out::from(p.aisb(&["trust"]).output().unwrap());
+        assert_eq!(o.code, 0, "{who} {}", o.stderr);
+        let o = p.run(backend, script);
+        assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
+        for k in ["vscode", "envrc", "pkg-npmrc", "npmrc", "pkg-envrc"] {
+            o.expect(k, "0");
+        }
+        o.expect_failed("cargo", "a protected file not named stays read-only");
+        assert_eq!(
+            p.read(".vscode/settings.json").as_deref(),
+            Some("{\"x\":1}\n"),
+            "{who} {}",
+            o.stderr
+        );
+        assert_eq!(
+            p.read(".envrc").as_deref(),
+            Some("export A=1\n"),
+            "{who} {}",
+            o.stderr
+        );
+        assert_eq!(
+            p.read("pkg/.npmrc").as_deref(),
+            Some("registry=mine\n"),
+            "{who} {}",
+            o.stderr
+        );
+        moved_aside(&p, &o, &who, ".npmrc");
+        moved_aside(&p, &o, &who, "pkg/.envrc");
+        assert_eq!(
+            p.read(".cargo/config.toml").as_deref(),
+            Some("# host\n"),
+            "{who}"
+        );
+        // What cannot be opened, at its span.
+        for (value, says) in [
+            ("sandbox.kdl", "aisb's own policy is never writable inside"),
+            (
+                "sub/sandbox.kdl",
+                "aisb's own policy is never writable inside",
+            ),
+            ("README", "not a file the host's tools run or obey"),
+            ("../x/.envrc", "not a protected file's name"),
+        ] {
+            std::fs::write(
+                p.proj().join("sandbox.kdl"),
+                format!("unprotect \"{value}\"\n"),
+            )
+            .unwrap();
+            let o = Out::from(p.aisb(&["check"]).output().unwrap());
+            assert_ne!(o.code, 0, "{who} unprotect {value} was accepted");
+            assert!(
+                o.stderr.contains(says) && o.stderr.contains("sandbox.kdl:1"),
+                "{who} {value}: {}",
+                o.stderr
+            );
+        }
+    }
+}
+
+as_root_and_a_user!(unprotect_opens_only_what_it_names_as_root, unprotect_opens_only_what_it_names_as_a_user => unprotect_case);

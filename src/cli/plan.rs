@@ -259,6 +259,34 @@ pub fn render(plan: &Plan, _cwd: &Path, named: bool) -> String {
         let _ = writeln!(o, "  {kind:<8} {}{from}   [{}]", m.target.display(), m.why);
     }
 
+    if !plan.protected.is_empty() {
+        let _ = writeln!(
+            o,
+            "\nprotected, not there yet (one the sandbox makes is moved aside when the run ends)"
+        );
+        // Names only, wrapped (`aisb why PATH` says what obeys each).
+        let mut line = String::from(" ");
+        for p in &plan.protected {
+            let slash = if p.dir { "/" } else { "" };
+            let name = format!(" {}{slash}", rel(&p.path, &plan.project));
+            if line.len() + name.len() > 96 {
+                let _ = writeln!(o, "{line}");
+                line = String::from(" ");
+            }
+            line.push_str(&name);
+        }
+        let _ = writeln!(o, "{line}");
+    }
+    if !plan.unprotected.is_empty() {
+        let _ = writeln!(
+            o,
+            "\nUNPROTECTED (`unprotect`: the sandbox may write them, and the host's tools obey them)"
+        );
+        for p in &plan.unprotected {
+            let _ = writeln!(o, "  {}", rel(p, &plan.project));
+        }
+    }
+
     let s = &plan.scan;
     let how = format!(
         "{}{} entries scanned{}",

@@ -245,10 +245,14 @@ fn path(plan: &Plan, loaded: &Loaded, cwd: &Path, target: &str) -> Why {
             "aisb: files the host's tools run or obey are policy (the list is `eval::protect`)"
                 .into(),
         );
-        w.change = Some(
-            "edit it outside the sandbox; what the sandbox writes never becomes what the host runs"
-                .into(),
-        );
+        let named = m
+            .target
+            .strip_prefix(&plan.project)
+            .map(|r| r.display().to_string())
+            .unwrap_or_default();
+        w.change = Some(format!(
+            "edit it outside the sandbox; what the sandbox writes never becomes what the host runs (`unprotect \"{named}\"` in sandbox.kdl lets the sandbox write it: a loosening, asked about)"
+        ));
         return w;
     }
     let absent_protected = plan

@@ -237,6 +237,10 @@ pub struct Settings {
     pub xdg: Option<S<XdgMode>>,
     pub block: Vec<S<String>>,
     pub allow: Vec<S<String>>,
+    /// `unprotect ".vscode/settings.json" …`: protected files (`eval::protect`) the sandbox may
+    /// write (a loosening, asked about like one).
+    #[serde(default)]
+    pub unprotect: Vec<S<String>>,
     pub secrets: SecretsCfg,
     pub env: EnvCfg,
     pub network: NetworkCfg,

@@ -25,6 +25,7 @@ pub const SETTINGS_NODES: &[&str] = &[
     "xdg",
     "block",
     "allow",
+    "unprotect",
     "secrets",
     "env",
     "network",

@@ -40,6 +40,7 @@ pub fn merge(
     base.tmpfs.extend(over.tmpfs.iter().cloned());
     base.block.extend(over.block.iter().cloned());
     base.allow.extend(over.allow.iter().cloned());
+    base.unprotect.extend(over.unprotect.iter().cloned());
 
     for (b, o, name) in [
         (

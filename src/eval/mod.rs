@@ -345,16 +345,18 @@ fn resolve(
                 .skip(1)
                 .any(|a| mask_index.get(a) == Some(&true))
     };
+    let opened = unprotected(cx, s, &sc.project);
     let (protect_mounts, protected, protect_covered) = protect::resolve(
         &sc,
         &imports,
         &scanned.nested_protected,
         &mounts,
         &is_masked,
+        &opened,
     );
     // The project's git directory (read once: the git-crypt keys below are in it too).
     let git_dir = crate::git::git_dir_of(&sc.project);
-    let project_dirs = protect::below_top(&sc, &scanned, git_dir.as_deref());
+    let project_dirs = protect::below_top(&sc, &scanned, git_dir.as_deref(), &opened);
     mounts.extend(protect_mounts);
     if home_mode == crate::config::model::HomeMode::Empty
         && s.toolchains.as_ref().is_none_or(|t| t.value)
@@ -579,6 +581,11 @@ fn resolve(
         protected,
         project_dirs: std::sync::Arc::new(project_dirs),
         protect_covered,
+        unprotected: if sc.read_only || sc.project_access != crate::config::model::Access::Rw {
+            Vec::new()
+        } else {
+            opened
+        },
         made_for_run,
         exposures,
         live,
@@ -597,6 +604,27 @@ fn resolve(
         profiles: profile_list,
         credentials,
     })
+}
+
+/// What `unprotect` opens, as paths in the project; a name that is not a protected file's is
+/// an error at its span.
+fn unprotected(cx: &mut Ctx<'_>, s: &Settings, project: &std::path::Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for u in &s.unprotect {
+        match protect::openable(&u.value) {
+            Ok(()) => out.push(project.join(u.value.trim_end_matches('/'))),
+            Err(why) => cx.err(
+                u.loc,
+                format!("`unprotect \"{}\"`: {why}", u.value),
+                "not openable",
+                Some(
+                    "`aisb plan` lists the protected files; `aisb why PATH` says what obeys one"
+                        .into(),
+                ),
+            ),
+        }
+    }
+    out
 }
 
 /// The merged `credential`s, against the network they need: the proxy adds them, so they are
@@ -777,6 +805,13 @@ fn exposures(cx: &Ctx<'_>, s: &Settings, project: &std::path::Path) -> Vec<Strin
                 at(f.loc)
             ));
         }
+    }
+    for u in s.unprotect.iter().filter(|u| on_disk(u.loc)) {
+        out.push(format!(
+            "unprotect \"{}\": the sandbox may write it, and the host's tools obey it (at {})",
+            u.value,
+            at(u.loc)
+        ));
     }
     for t in s.secrets.tool_dirs.iter().filter(|t| on_disk(t.loc)) {
         out.push(format!(

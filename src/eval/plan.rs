@@ -61,6 +61,8 @@ pub struct Plan {
     /// replace them): not the sandbox's when the run's end finds them.
     #[serde(skip)]
     pub protect_covered: Vec<PathBuf>,
+    /// Protected files `unprotect` opened: written in place like the rest of the project.
+    pub unprotected: Vec<PathBuf>,
     /// Dependency directories absent on the host that the runtime makes empty for the run, so
     /// that their copy-on-write layer has a place, and removes after it while still empty
     /// (`eval::deps::absent`).
@@ -271,6 +273,9 @@ pub struct ProjectDirs {
     /// With each its inode at the scan.
     pub dirs: Vec<(Vec<u8>, u64)>,
     pub skip: Vec<Vec<u8>>,
+    /// Protected names below the top that `unprotect` opened (relative): the sandbox's own
+    /// to make.
+    pub opened: Vec<Vec<u8>>,
 }
 
 /// A file the host runs or obeys that did not exist when the sandbox started (see

@@ -194,6 +194,27 @@ pub fn nested(rel: &[u8]) -> Option<(usize, bool, &'static str)> {
     None
 }
 
+/// What `unprotect "REL"` names, when it names a protected file or directory the sandbox may
+/// then write: one of [`PROTECTED`] or [`PRIVATE`] at the top, or a protected name below it
+/// (`sub/.envrc`). Else why not. aisb's own policy is never opened.
+pub fn openable(rel: &str) -> Result<(), &'static str> {
+    let rel = rel.trim_end_matches('/');
+    let base = rel.rsplit('/').next().unwrap_or(rel);
+    if matches!(base, "sandbox.kdl" | "sandbox.lock") {
+        return Err("aisb's own policy is never writable inside: edit it outside the sandbox");
+    }
+    let top = PROTECTED
+        .iter()
+        .chain(PRIVATE)
+        .any(|(name, _)| name.trim_end_matches('/') == rel);
+    let below = nested(rel.as_bytes()).is_some_and(|(len, _, _)| len == rel.len());
+    if top || below {
+        Ok(())
+    } else {
+        Err("not a file the host's tools run or obey: only those are protected")
+    }
+}
+
 /// Written by the agent itself (an "always allow" answer): a private copy inside, never the
 /// host's file.
 pub const PRIVATE: &[(&str, &str)] = &[(
@@ -213,6 +234,7 @@ pub(super) fn resolve(
     nested_found: &[super::scan::Nested],
     mounts: &[Mount],
     masked: &dyn Fn(&Path) -> bool,
+    opened: &[PathBuf],
 ) -> (Vec<Mount>, Vec<Protected>, Vec<PathBuf>) {
     if sc.read_only || sc.project_access != Access::Rw {
         return (Vec::new(), Vec::new(), Vec::new());
@@ -263,6 +285,9 @@ pub(super) fn resolve(
     // Protected names below the top that a mask or another mount covers: the sandbox cannot
     // replace them, so the run's end must not take them for its own.
     let mut kept = Vec::new();
+    // Opened by `unprotect` (imports stay aisb's policy whatever it says).
+    let listed = listed
+        .filter(|(path, ..)| !opened.contains(path) || imports.iter().any(|(p, _)| p == path));
     for (path, dir, why, place) in listed {
         if covered(&path) {
             if place == Place::Below {
@@ -309,6 +334,7 @@ pub(super) fn below_top(
     sc: &Scope<'_>,
     scanned: &super::scan::ScanResult,
     git_dir: Option<&Path>,
+    opened: &[PathBuf],
 ) -> ProjectDirs {
     let env = super::BREAK_ISOLATION_ENV;
     if std::env::var(env).as_deref() == Ok("policy-below") {
@@ -346,6 +372,11 @@ pub(super) fn below_top(
             .cloned()
             .collect(),
         skip,
+        opened: opened
+            .iter()
+            .filter_map(|p| p.strip_prefix(&sc.project).ok())
+            .map(|r| r.as_os_str().as_encoded_bytes().to_vec())
+            .collect(),
     }
 }
 

@@ -313,8 +313,8 @@ pub fn start_mark(project: &Path) -> i128 {
         Some(&t) if (0..PROCESS_START_FOR).contains(&(now - t)) => t,
         _ => now,
     };
-    let whole_seconds = rustix::fs::lstat(project)
-        .is_ok_and(|st| st.st_ctime_nsec == 0 && st.st_mtime_nsec == 0);
+    let whole_seconds =
+        rustix::fs::lstat(project).is_ok_and(|st| st.st_ctime_nsec == 0 && st.st_mtime_nsec == 0);
     if whole_seconds {
         now - now.rem_euclid(1_000_000_000)
     } else {
@@ -584,7 +584,10 @@ fn created_below(
             let fresh = new_dir || ctime_ns(&st) >= since;
             let path = path_of(&rel);
             let top = dir.is_empty();
-            if let Some((_, _, why)) = crate::eval::protect::nested(&rel) {
+            // Unless `unprotect` opened it.
+            if let Some((_, _, why)) = crate::eval::protect::nested(&rel)
+                .filter(|(len, _, _)| !dirs.opened.iter().any(|o| *o == rel[..*len]))
+            {
                 let kept = bound
                     .iter()
                     .any(|(p, dev, ino)| *p == path && (*dev, *ino) == (st.st_dev, st.st_ino));
@@ -789,11 +792,17 @@ mod tests {
             let before = dir.path().join(format!("b{i}"));
             std::fs::write(&before, "x").unwrap();
             let mark = start_mark(dir.path());
-            assert!(ctime_of(&before) < mark, "round {i}: made before, stamped after");
+            assert!(
+                ctime_of(&before) < mark,
+                "round {i}: made before, stamped after"
+            );
             settle(mark);
             let after = dir.path().join(format!("a{i}"));
             std::fs::write(&after, "x").unwrap();
-            assert!(ctime_of(&after) >= mark, "round {i}: made after, stamped before");
+            assert!(
+                ctime_of(&after) >= mark,
+                "round {i}: made after, stamped before"
+            );
         }
     }
 }

@@ -149,6 +149,36 @@ impl Decoder<'_> {
                     }
                 }
             }
+            "unprotect" => {
+                self.only_props(node, &[]);
+                self.no_children(node);
+                for e in self.args(node, 1, usize::MAX, "protected files") {
+                    let Some(p) = self.string(e) else { continue };
+                    let bad = if p.value.starts_with('/') || p.value.starts_with('~') {
+                        Some("a protected file is named relative to the project")
+                    } else if p.value.is_empty()
+                        || p.value
+                            .trim_end_matches('/')
+                            .split('/')
+                            .any(|c| c.is_empty() || c == "." || c == "..")
+                    {
+                        Some("a plain relative path, without `.`, `..` or empty parts")
+                    } else if p.value.contains(['*', '?', '[', '{']) {
+                        Some("one file or directory by name, no wildcards")
+                    } else {
+                        None
+                    };
+                    match bad {
+                        Some(why) => self.err(
+                            e.span(),
+                            format!("`{}` is not a protected file's name", p.value),
+                            why,
+                            Some("`aisb plan` lists the protected files (`.vscode/`, `.envrc`, `sub/.npmrc`, …); name one as it shows it".into()),
+                        ),
+                        None => s.unprotect.push(p),
+                    }
+                }
+            }
             "secrets" => self.secrets(node, &mut s.secrets),
             "env" => self.env(node, &mut s.env),
             "network" => self.network(node, &mut s.network),
