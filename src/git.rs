@@ -530,6 +530,60 @@ pub fn quarantine_file(path: &Path, quarantine: &Path) -> Option<(PathBuf, PathB
     }
 }
 
+/// [`quarantine_file`] for a `path` below `root` (a directory aisb trusts, named without
+/// links) whose directories something untrusted shapes, perhaps at this very moment (a
+/// sandbox still running, another run's sandbox in the same project): the directory holding
+/// it is opened beneath `root` without following any link, and the entry moved from that
+/// descriptor. A directory swapped for a link between a check and the move makes it fail;
+/// nothing outside `root` is ever moved.
+pub fn quarantine_beneath(
+    root: &Path,
+    path: &Path,
+    quarantine: &Path,
+) -> Option<(PathBuf, PathBuf)> {
+    use rustix::fs::{openat2, renameat, statat, AtFlags, Mode, OFlags, ResolveFlags, CWD};
+    let rel = path.strip_prefix(root).ok()?;
+    let name = rel.file_name()?;
+    let parent_rel = rel.parent().unwrap_or(Path::new(""));
+    let dir_flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let root_fd = openat2(CWD, root, dir_flags, Mode::empty(), ResolveFlags::empty()).ok()?;
+    let parent = if parent_rel.as_os_str().is_empty() {
+        root_fd
+    } else {
+        openat2(
+            &root_fd,
+            parent_rel,
+            dir_flags,
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        )
+        .ok()?
+    };
+    statat(&parent, name, AtFlags::SYMLINK_NOFOLLOW).ok()?;
+    let _ = std::fs::create_dir_all(quarantine);
+    let into = openat2(
+        CWD,
+        quarantine,
+        dir_flags,
+        Mode::empty(),
+        ResolveFlags::empty(),
+    )
+    .ok()?;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let mut new_name = name.to_os_string();
+    new_name.push(format!(".aisb-quarantined-{nanos}"));
+    match renameat(&parent, name, &into, &new_name) {
+        Ok(()) => Some((path.to_path_buf(), quarantine.join(&new_name))),
+        Err(rustix::io::Errno::XDEV) => {
+            renameat(&parent, name, &parent, &new_name).ok()?;
+            Some((path.to_path_buf(), path.with_file_name(&new_name)))
+        }
+        Err(_) => None,
+    }
+}
+
 /// What identifies the index file's content without reading it: git replaces the file (a
 /// new inode) whenever it writes it, and the sandbox writes only its own copy (see
 /// [`back`]). Not its ctime: aisb's own hard link to it at the start of a run changes that.

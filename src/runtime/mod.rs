@@ -858,7 +858,7 @@ fn disarm_git(plan: &Plan, audit: Option<&crate::audit::Log>, before: &GitBefore
             || crate::git::may_have_gitlinks(git_dir, &plan.state_dir.join("git-gitlinks"))
         {
             for dot in crate::git::changed_submodules(work_tree, git_dir, *since) {
-                moved.extend(crate::git::quarantine_file(&dot, &quarantine));
+                moved.extend(crate::git::quarantine_beneath(work_tree, &dot, &quarantine));
             }
         }
     }

@@ -198,7 +198,9 @@ pub fn begin(plan: &Plan, audit: Option<&crate::audit::Log>) -> (Pending, Option
         };
         let dangling = is_link && std::fs::metadata(&m.path).is_err();
         if dangling && !has_link_between(&plan.project, &m.path) {
-            if let Some((from, to)) = crate::git::quarantine_file(&m.path, &quarantine_dir) {
+            if let Some((from, to)) =
+                crate::git::quarantine_beneath(&plan.project, &m.path, &quarantine_dir)
+            {
                 report(
                     audit,
                     &from,
@@ -355,14 +357,43 @@ const PARALLEL_DIRS: usize = 4096;
 
 /// A directory (not a link) made read-only or unreadable inside: all of it for its owner
 /// again (`u+rwx`), so that it can be looked into and what is in it moved.
-fn open_to_owner(path: &Path) {
-    use std::os::unix::fs::PermissionsExt;
-    if let Ok(md) = std::fs::symlink_metadata(path) {
-        if md.is_dir() {
-            let mode = md.permissions().mode() | 0o700;
-            let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode));
+/// Opened beneath `project` (never through a link, whatever the sandbox swaps meanwhile) and
+/// changed through that descriptor: a link put in its place cannot turn the chmod onto a
+/// directory outside the project.
+fn open_to_owner(project: &Path, path: &Path) {
+    use rustix::fs::{fstat, openat2, FileType, Mode, OFlags, ResolveFlags, CWD};
+    use std::os::fd::AsRawFd;
+    let Ok(rel) = path.strip_prefix(project) else {
+        return;
+    };
+    let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let Ok(root) = openat2(CWD, project, flags, Mode::empty(), ResolveFlags::empty()) else {
+        return;
+    };
+    let fd = if rel.as_os_str().is_empty() {
+        root
+    } else {
+        match openat2(
+            &root,
+            rel,
+            flags,
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        ) {
+            Ok(fd) => fd,
+            Err(_) => return,
         }
+    };
+    let Ok(st) = fstat(&fd) else { return };
+    if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
+        return;
     }
+    // An O_PATH descriptor cannot be fchmod'ed; its /proc entry names the very inode.
+    let mode = (st.st_mode & 0o7777) | 0o700;
+    let _ = rustix::fs::chmod(
+        format!("/proc/self/fd/{}", fd.as_raw_fd()),
+        Mode::from_raw_mode(mode),
+    );
 }
 
 /// Whether the directory `fd` holds a `HEAD` file, `objects/` and `refs/`: what git takes for
@@ -513,7 +544,7 @@ fn created_below(
                 // Made unreadable inside (`chmod 311`): readable for its owner again, as the
                 // quarantine does, then looked at; or, when that is not ours to do, the find.
                 let p = path_of(&dir);
-                open_to_owner(&p);
+                open_to_owner(project, &p);
                 match open() {
                     Ok(fd) => fd,
                     Err(_) if new_dir => {
@@ -690,15 +721,15 @@ fn quarantine(
             }
             Err(_) => continue,
         }
-        let mut moved = crate::git::quarantine_file(path, into);
+        let mut moved = crate::git::quarantine_beneath(project, path, into);
         if moved.is_none() {
             // A directory made read-only inside (`chmod 555 .vscode`) keeps what is in it:
             // made writable for its owner again, then moved.
             if let Some(parent) = path.parent().filter(|p| p.starts_with(project)) {
-                open_to_owner(parent);
+                open_to_owner(project, parent);
             }
-            open_to_owner(path);
-            moved = crate::git::quarantine_file(path, into);
+            open_to_owner(project, path);
+            moved = crate::git::quarantine_beneath(project, path, into);
         }
         let Some((from, to)) = moved else {
             eprintln!(
@@ -780,6 +811,48 @@ mod tests {
 
     fn ctime_of(p: &Path) -> i128 {
         ctime_ns(&rustix::fs::lstat(p).unwrap())
+    }
+
+    /// A directory of the project swapped for a link (by a sandbox still running, or another
+    /// run's) never turns the quarantine's move or its chmod onto what lies outside: both
+    /// go through descriptors opened beneath the project without links.
+    #[test]
+    fn a_linked_directory_never_leads_the_move_or_the_chmod_outside() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let project = t.path().join("proj");
+        let outside = t.path().join("outside");
+        let quarantine = t.path().join("q");
+        std::fs::create_dir_all(project.join("real")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join(".envrc"), "the user's").unwrap();
+        std::fs::write(project.join("real/.envrc"), "planted").unwrap();
+        std::os::unix::fs::symlink(&outside, project.join("sub")).unwrap();
+        // Through the link: nothing moved.
+        assert!(
+            crate::git::quarantine_beneath(&project, &project.join("sub/.envrc"), &quarantine)
+                .is_none()
+        );
+        assert_eq!(
+            std::fs::read_to_string(outside.join(".envrc")).unwrap(),
+            "the user's"
+        );
+        // Without one: moved.
+        let (from, to) =
+            crate::git::quarantine_beneath(&project, &project.join("real/.envrc"), &quarantine)
+                .unwrap();
+        assert_eq!(from, project.join("real/.envrc"));
+        assert_eq!(std::fs::read_to_string(to).unwrap(), "planted");
+        // The chmod: the directory outside keeps its mode; one inside is opened to its owner.
+        std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o555)).unwrap();
+        open_to_owner(&project, &project.join("sub"));
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&outside), 0o555);
+        std::fs::set_permissions(project.join("real"), std::fs::Permissions::from_mode(0o555))
+            .unwrap();
+        open_to_owner(&project, &project.join("real"));
+        assert_eq!(mode(&project.join("real")), 0o755);
+        std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
 
     /// The start mark tells the host's files from the sandbox's with no slack: made before

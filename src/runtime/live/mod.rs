@@ -384,7 +384,9 @@ impl Watcher {
             && std::fs::metadata(&host_path).is_err()
             && !crate::runtime::protect::has_link_between(&self.host, &host_path)
         {
-            if let Some((from, to)) = crate::git::quarantine_file(&host_path, &self.quarantine) {
+            if let Some((from, to)) =
+                crate::git::quarantine_beneath(&self.host, &host_path, &self.quarantine)
+            {
                 if let Some(log) = &self.audit {
                     let _ = log.write(crate::audit::Kind::Quarantine {
                         path: from.to_string_lossy().into_owned(),
