@@ -209,7 +209,7 @@ pub fn bring_back(
             continue;
         }
         // Moved out of the layer (it is the sandbox's) and reported under the host's name.
-        if let Some((_, to)) = super::quarantine_file(&p, quarantine) {
+        if let Some((_, to)) = super::quarantine_beneath(&layer.upper, &p, quarantine) {
             out.quarantined.push((layer.host_git.join(name), to));
         }
     }
@@ -346,7 +346,7 @@ fn planted_in_modules(layer: &Layer, quarantine: &Path, out: &mut Outcome) {
             .strip_prefix(&layer.upper)
             .map(Path::to_path_buf)
             .unwrap_or_default();
-        if let Some((_, to)) = super::quarantine_file(&p, quarantine) {
+        if let Some((_, to)) = super::quarantine_beneath(&layer.upper, &p, quarantine) {
             out.quarantined.push((layer.host_git.join(rel), to));
         }
     }
@@ -1247,7 +1247,7 @@ fn disarm_gitlinks(layer: &Layer, links: &[&[u8]], quarantine: &Path, out: &mut 
         if own_module {
             continue;
         }
-        if let Some(moved) = super::quarantine_file(&dot, quarantine) {
+        if let Some(moved) = super::quarantine_beneath(&layer.work_tree, &dot, quarantine) {
             out.quarantined.push(moved);
         }
     }
