@@ -941,7 +941,11 @@ fn unprotect_case(user: Option<(u32, u32)>) {
         if let Some((uid, gid)) = user {
             support::chown_r(&p.proj(), uid, gid);
         }
+        std::fs::create_dir_all(p.proj().join(".vscode/x")).unwrap();
+        std::fs::write(p.proj().join(".vscode/x/.npmrc"), "registry=host\n").unwrap();
         let script = "echo '{\"x\":1}' > .vscode/settings.json; echo vscode=$?; \
+             mkdir -p .vscode/w && echo 'export C=1' > .vscode/w/.envrc; echo vscode-envrc=$?; \
+             echo 'registry=evil' > .vscode/x/.npmrc 2>/dev/null; echo vscode-npmrc=$?; \
              echo 'export A=1' > .envrc; echo envrc=$?; \
              echo 'registry=mine' > pkg/.npmrc; echo pkg-npmrc=$?; \
              echo 'registry=evil' > .npmrc; echo npmrc=$?; \
@@ -964,9 +968,27 @@ fn unprotect_case(user: Option<(u32, u32)>) {
         assert_eq!(o.code, 0, "{who} {}", o.stderr);
         let o = p.run(backend, script);
         assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
-        for k in ["vscode", "envrc", "pkg-npmrc", "npmrc", "pkg-envrc"] {
+        for k in [
+            "vscode",
+            "vscode-envrc",
+            "envrc",
+            "pkg-npmrc",
+            "npmrc",
+            "pkg-envrc",
+        ] {
             o.expect(k, "0");
         }
+        // Inside an opened directory, the protected names stay protected.
+        o.expect_failed(
+            "vscode-npmrc",
+            "a protected file inside an opened directory stays read-only",
+        );
+        assert_eq!(
+            p.read(".vscode/x/.npmrc").as_deref(),
+            Some("registry=host\n"),
+            "{who}"
+        );
+        moved_aside(&p, &o, &who, ".vscode/w/.envrc");
         o.expect_failed("cargo", "a protected file not named stays read-only");
         assert_eq!(
             p.read(".vscode/settings.json").as_deref(),
@@ -1000,8 +1022,11 @@ fn unprotect_case(user: Option<(u32, u32)>) {
                 "sub/sandbox.kdl",
                 "aisb's own policy is never writable inside",
             ),
-            ("README", "not a file the host's tools run or obey"),
+            ("README", "not a file the host's tools"),
             ("../x/.envrc", "not a protected file's name"),
+            ("pkg/.vscode/", "a protected directory below the top"),
+            (".vscode/settings.json", "not a file the host's tools"),
+            ("vendor/lib/.git", "a git repository's configuration"),
         ] {
             std::fs::write(
                 p.proj().join("sandbox.kdl"),

@@ -249,10 +249,14 @@ fn path(plan: &Plan, loaded: &Loaded, cwd: &Path, target: &str) -> Why {
             .target
             .strip_prefix(&plan.project)
             .map(|r| r.display().to_string())
-            .unwrap_or_default();
-        w.change = Some(format!(
-            "edit it outside the sandbox; what the sandbox writes never becomes what the host runs (`unprotect \"{named}\"` in sandbox.kdl lets the sandbox write it: a loosening, asked about)"
-        ));
+            .ok()
+            .filter(|r| crate::eval::protect::openable(r).is_ok());
+        w.change = Some(match named {
+            Some(named) => format!(
+                "edit it outside the sandbox; what the sandbox writes never becomes what the host runs (`unprotect \"{named}\"` in sandbox.kdl lets the sandbox write it: a loosening, asked about)"
+            ),
+            None => "edit it outside the sandbox; what the sandbox writes never becomes what the host runs".into(),
+        });
         return w;
     }
     let absent_protected = plan

@@ -197,21 +197,34 @@ pub fn nested(rel: &[u8]) -> Option<(usize, bool, &'static str)> {
 /// What `unprotect "REL"` names, when it names a protected file or directory the sandbox may
 /// then write: one of [`PROTECTED`] or [`PRIVATE`] at the top, or a protected name below it
 /// (`sub/.envrc`). Else why not. aisb's own policy is never opened.
+///
+/// Below the top, files only: a protected directory there (`pkg/.vscode/`) may hold other
+/// protected names, which the check below the top finds by their outermost name alone.
+/// Never a git repository's `.git` (the host's git would run what its configuration names).
 pub fn openable(rel: &str) -> Result<(), &'static str> {
     let rel = rel.trim_end_matches('/');
     let base = rel.rsplit('/').next().unwrap_or(rel);
     if matches!(base, "sandbox.kdl" | "sandbox.lock") {
         return Err("aisb's own policy is never writable inside: edit it outside the sandbox");
     }
+    if rel.split('/').any(|c| c == ".git") {
+        return Err(
+            "a git repository's configuration and hooks run on the host: never writable inside",
+        );
+    }
     let top = PROTECTED
         .iter()
         .chain(PRIVATE)
         .any(|(name, _)| name.trim_end_matches('/') == rel);
-    let below = nested(rel.as_bytes()).is_some_and(|(len, _, _)| len == rel.len());
-    if top || below {
-        Ok(())
-    } else {
-        Err("not a file the host's tools run or obey: only those are protected")
+    if top {
+        return Ok(());
+    }
+    match nested(rel.as_bytes()) {
+        Some((len, false, _)) if len == rel.len() => Ok(()),
+        Some((len, true, _)) if len == rel.len() => Err(
+            "a protected directory below the top cannot be opened (it may hold other protected files): name the files in it instead",
+        ),
+        _ => Err("not a file the host's tools run or obey: only those are protected"),
     }
 }
 
