@@ -1045,3 +1045,56 @@ fn unprotect_case(user: Option<(u32, u32)>) {
 }
 
 as_root_and_a_user!(unprotect_opens_only_what_it_names_as_root, unprotect_opens_only_what_it_names_as_a_user => unprotect_case);
+
+/// aisb killed while its sandbox had put a file of its own under a protected name the run had
+/// bound read-only (the directory holding the original renamed away, a new one made): the next
+/// start moves it aside instead of taking it for the host's and binding it.
+fn killed_swap(user: Option<(u32, u32)>) {
+    for backend in ["bwrap", "libcontainer"] {
+        let who = who(backend, user);
+        let p = Project::new(user);
+        let mut child = p
+            .cmd(
+                backend,
+                "mv .cargo .cargo-old && mkdir .cargo && echo '[build] planted' > .cargo/config.toml; sleep 60",
+            )
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while p.read(".cargo/config.toml").as_deref() != Some("[build] planted\n")
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        assert_eq!(
+            p.read(".cargo/config.toml").as_deref(),
+            Some("[build] planted\n"),
+            "{who} the sandbox never swapped .cargo"
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let o = p.run(backend, "cat .cargo/config.toml 2>/dev/null; echo seen=$?");
+        assert_eq!(o.code, 0, "{who} {}", o.stderr);
+        assert!(
+            !o.stdout.contains("planted"),
+            "{who} the killed run's planted file was taken for the host's:\n{}\n{}",
+            o.stdout,
+            o.stderr
+        );
+        assert!(
+            p.read(".cargo/config.toml").is_none(),
+            "{who} still in the project: {}",
+            o.stderr
+        );
+        assert!(
+            o.stderr
+                .contains(".cargo/config.toml was created by the sandbox"),
+            "{who} not reported: {}",
+            o.stderr
+        );
+    }
+}
+
+as_root_and_a_user!(a_swap_under_a_bound_name_is_caught_after_a_kill_as_root, a_swap_under_a_bound_name_is_caught_after_a_kill_as_a_user => killed_swap);

@@ -28,12 +28,40 @@ pub struct Pending {
     /// run started: where and since when to look for protected names made below the top.
     dirs: std::sync::Arc<crate::eval::plan::ProjectDirs>,
     since_ns: i128,
+    /// The wall clock's lead over the boot clock at the mark ([`wall_lead`]): a wall clock set
+    /// back during the run shows as a smaller lead at its end.
+    lead_ns: i128,
     record: Option<PathBuf>,
     done: bool,
 }
 
 /// A record's first entry: when its run started (`since:<ns>`); paths start with `/`.
 const SINCE: &[u8] = b"since:";
+/// A record's entry: the wall clock's lead over the boot clock at the start (`lead:<ns>`).
+const LEAD: &[u8] = b"lead:";
+/// A record's entry per protected file bound read-only: `bound:<dev>:<ino>:<path>`. Another
+/// file under that name at the next start was put there by the killed run's sandbox (it
+/// renamed the directory holding the original and made a new one).
+const BOUND: &[u8] = b"bound:";
+
+/// The wall clock minus the boot clock (which never goes back, and counts suspend): it
+/// changes only when the wall clock is set.
+fn wall_lead() -> i128 {
+    let ns = |t: rustix::time::Timespec| t.tv_sec as i128 * 1_000_000_000 + t.tv_nsec as i128;
+    ns(rustix::time::clock_gettime(rustix::time::ClockId::Realtime))
+        - ns(rustix::time::clock_gettime(rustix::time::ClockId::Boottime))
+}
+
+/// `since`, moved back by how far the wall clock was set back since `lead` was read (an NTP
+/// step, a VM's resume): a change after the start is stamped by the wall clock, so after a
+/// step back it looks older than the start. Plus a tick, for the coarse clock.
+fn stepped_back(since: i128, lead: Option<i128>) -> i128 {
+    let now = wall_lead();
+    match lead {
+        Some(lead) if now < lead => since - (lead - now) - 4_000_000,
+        _ => since,
+    }
+}
 
 /// What [`created_below`] found, as protected files to move aside (and a warning when it
 /// could not look everywhere).
@@ -81,7 +109,8 @@ impl Pending {
         // is moved before a protected path through it (`.cargo/config`) would resolve to the
         // user's own file (`config/`).
         let known: Vec<_> = self.bound.iter().chain(&self.covered).cloned().collect();
-        let mut protected = nested_created(&self.project, &self.dirs, self.since_ns, &known);
+        let since = stepped_back(self.since_ns, Some(self.lead_ns));
+        let mut protected = nested_created(&self.project, &self.dirs, since, &known);
         let mut paths: Vec<PathBuf> = protected.iter().map(|p| p.path.clone()).collect();
         paths.extend(self.protected.iter().map(|p| p.path.clone()));
         for (path, dev, ino) in &self.bound {
@@ -135,10 +164,37 @@ pub fn begin(plan: &Plan, audit: Option<&crate::audit::Log>) -> (Pending, Option
                 let mut protected = plan.protected.clone();
                 // What the killed run's sandbox made below the top since it started: the scan
                 // of this start saw it as the project's own.
-                let since = bytes
-                    .split(|b| *b == 0)
-                    .find_map(|p| p.strip_prefix(SINCE))
-                    .and_then(|n| std::str::from_utf8(n).ok()?.parse::<i128>().ok());
+                let number = |tag: &[u8]| {
+                    bytes
+                        .split(|b| *b == 0)
+                        .find_map(|p| p.strip_prefix(tag))
+                        .and_then(|n| std::str::from_utf8(n).ok()?.parse::<i128>().ok())
+                };
+                let since = number(SINCE).map(|s| stepped_back(s, number(LEAD)));
+                // A protected file bound at the killed run's start, found under its name with
+                // another identity.
+                for entry in bytes.split(|b| *b == 0) {
+                    use std::os::unix::fs::MetadataExt;
+                    let Some(rest) = entry.strip_prefix(BOUND) else {
+                        continue;
+                    };
+                    let mut parts = rest.splitn(3, |b| *b == b':');
+                    let (Some(dev), Some(ino), Some(path)) =
+                        (parts.next(), parts.next(), parts.next())
+                    else {
+                        continue;
+                    };
+                    let parse = |n: &[u8]| std::str::from_utf8(n).ok()?.parse::<u64>().ok();
+                    let (Some(dev), Some(ino)) = (parse(dev), parse(ino)) else {
+                        continue;
+                    };
+                    let path = PathBuf::from(std::ffi::OsStr::from_bytes(path));
+                    if std::fs::symlink_metadata(&path)
+                        .is_ok_and(|m| (m.dev(), m.ino()) != (dev, ino))
+                    {
+                        paths.push(path);
+                    }
+                }
                 if let Some(since) = since {
                     if plan.project_dirs.dirs.is_empty() {
                         // This run does not write the project in place (read-only, a named
@@ -239,12 +295,33 @@ pub fn begin(plan: &Plan, audit: Option<&crate::audit::Log>) -> (Pending, Option
         });
     let plan = changed.as_ref().unwrap_or(plan);
     let since_ns = start_mark(&plan.project);
+    let lead_ns = wall_lead();
+    let identity = |p: &PathBuf| {
+        use std::os::unix::fs::MetadataExt;
+        let md = std::fs::symlink_metadata(p).ok()?;
+        Some((p.clone(), md.dev(), md.ino()))
+    };
+    let bound: Vec<(PathBuf, u64, u64)> = plan
+        .mounts
+        .iter()
+        .filter(|m| crate::eval::protect::is_protect_mount(m))
+        .filter_map(|m| identity(&m.target))
+        .collect();
     let mut record = None;
-    if !plan.protected.is_empty() || !plan.project_dirs.dirs.is_empty() {
+    if !plan.protected.is_empty() || !plan.project_dirs.dirs.is_empty() || !bound.is_empty() {
         let mut bytes = Vec::new();
         bytes.extend_from_slice(SINCE);
         bytes.extend_from_slice(since_ns.to_string().as_bytes());
         bytes.push(0);
+        bytes.extend_from_slice(LEAD);
+        bytes.extend_from_slice(lead_ns.to_string().as_bytes());
+        bytes.push(0);
+        for (path, dev, ino) in &bound {
+            bytes.extend_from_slice(BOUND);
+            bytes.extend_from_slice(format!("{dev}:{ino}:").as_bytes());
+            bytes.extend_from_slice(path.as_os_str().as_bytes());
+            bytes.push(0);
+        }
         for p in &plan.protected {
             bytes.extend_from_slice(p.path.as_os_str().as_bytes());
             bytes.push(0);
@@ -258,17 +335,6 @@ pub fn begin(plan: &Plan, audit: Option<&crate::audit::Log>) -> (Pending, Option
             record = Some(path);
         }
     }
-    let identity = |p: &PathBuf| {
-        use std::os::unix::fs::MetadataExt;
-        let md = std::fs::symlink_metadata(p).ok()?;
-        Some((p.clone(), md.dev(), md.ino()))
-    };
-    let bound = plan
-        .mounts
-        .iter()
-        .filter(|m| crate::eval::protect::is_protect_mount(m))
-        .filter_map(|m| identity(&m.target))
-        .collect();
     // Known at start under a mask (or another mount): kept by the end's check, never compared
     // by the sweep above (a mask is no bind of ours).
     let covered: Vec<(PathBuf, u64, u64)> =
@@ -281,6 +347,7 @@ pub fn begin(plan: &Plan, audit: Option<&crate::audit::Log>) -> (Pending, Option
         covered,
         dirs: plan.project_dirs.clone(),
         since_ns,
+        lead_ns,
         record,
         done: false,
     };
@@ -853,6 +920,23 @@ mod tests {
         open_to_owner(&project, &project.join("real"));
         assert_eq!(mode(&project.join("real")), 0o755);
         std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    /// A wall clock set back since the start moves the start back as far (and a tick more):
+    /// what the sandbox wrote after the step is stamped before the start. Set forward, or
+    /// left alone, it stays.
+    #[test]
+    fn a_clock_set_back_moves_the_start_back() {
+        let since = 1_000_000_000_000;
+        let back = stepped_back(since, Some(wall_lead() + 5_000_000_000));
+        // Within a millisecond: the two leads are read a moment apart.
+        let expected = since - 5_000_000_000 - 4_000_000;
+        assert!((back - expected).abs() < 1_000_000, "{back} vs {expected}");
+        assert_eq!(
+            stepped_back(since, Some(wall_lead() - 1_000_000_000)),
+            since
+        );
+        assert_eq!(stepped_back(since, None), since);
     }
 
     /// The start mark tells the host's files from the sandbox's with no slack: made before
