@@ -296,6 +296,12 @@ pub fn begin(plan: &Plan, audit: Option<&crate::audit::Log>) -> (Pending, Option
     let plan = changed.as_ref().unwrap_or(plan);
     let since_ns = start_mark(&plan.project);
     let lead_ns = wall_lead();
+    if !plan.project_dirs.dirs.is_empty() && !ctimes_trusted(&plan.project) {
+        eprintln!(
+            "aisb: WARNING: {} is on a file system whose file times this machine does not stamp itself (a network or FUSE file system, FAT): a file your tools obey that the sandbox makes below the project's top may go unnoticed\n  help: `project access=\"overlay\"` in sandbox.kdl keeps the sandbox's writes out of the project",
+            plan.project.display()
+        );
+    }
     let identity = |p: &PathBuf| {
         use std::os::unix::fs::MetadataExt;
         let md = std::fs::symlink_metadata(p).ok()?;
@@ -389,6 +395,28 @@ pub fn start_mark(project: &Path) -> i128 {
     } else {
         now
     }
+}
+
+/// File systems whose times this kernel stamps itself, from its own clock, and that no one
+/// can set a ctime on: ext2/3/4, XFS, Btrfs, tmpfs, ramfs, overlayfs, F2FS, ZFS, bcachefs.
+/// Elsewhere (NFS, SMB, FUSE and sshfs, 9p, virtiofs, FAT) a server's clock or the file's
+/// mtime stands in for the ctime, and the check below the top cannot rely on it.
+const STAMPED_HERE: &[i64] = &[
+    0xEF53,
+    0x5846_5342,
+    0x9123_683E,
+    0x0102_1994,
+    0x8584_58f6,
+    0x794c_7630,
+    0xF2F5_2010,
+    0x2FC1_2FC1,
+    0xca45_1a4e,
+];
+
+/// Whether the ctimes of `project`'s file system can be trusted (see [`STAMPED_HERE`]);
+/// true when it cannot be asked.
+fn ctimes_trusted(project: &Path) -> bool {
+    rustix::fs::statfs(project).map_or(true, |st| STAMPED_HERE.contains(&(st.f_type as i64)))
 }
 
 /// At most this long is waited for the coarse clock (a tick is 1 to 10 ms).
@@ -920,6 +948,15 @@ mod tests {
         open_to_owner(&project, &project.join("real"));
         assert_eq!(mode(&project.join("real")), 0o755);
         std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    /// The project's own file system (here: what the tests' temporary directories are on)
+    /// is trusted; one whose times are not this kernel's own stamps (here: procfs) is not.
+    #[test]
+    fn ctimes_are_trusted_only_where_this_kernel_stamps_them() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(ctimes_trusted(dir.path()));
+        assert!(!ctimes_trusted(Path::new("/proc")));
     }
 
     /// A wall clock set back since the start moves the start back as far (and a tick more):
