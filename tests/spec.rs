@@ -110,6 +110,7 @@ fn sample_plan() -> Plan {
         protected: vec![],
         project_dirs: Default::default(),
         protect_covered: vec![],
+        unprotected: vec![],
         made_for_run: vec![],
         exposures: vec![],
         kept_masked: vec![],
