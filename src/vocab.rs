@@ -50,6 +50,23 @@ pub const LISTEN_REQUEST: &[u8] = b"AISB-LISTEN * HTTP/1.1\r\n\r\n";
 pub const LISTEN_MAX: usize = 2;
 /// The request method an agent's tool hook uses to put a tool call into the audit log.
 pub const AGENT_METHOD: &str = "AISB-AGENT-EVENT";
+/// The request method an agent's post-tool hook uses to ask what the sandbox refused during
+/// its call (`proxy::feedback`); the body is the call's id.
+pub const AGENT_RESULT_METHOD: &str = "AISB-AGENT-RESULT";
+/// The most of what the post-tool hook hands the model (`proxy::feedback`).
+pub const FEEDBACK_MAX: usize = 2000;
+
+/// `id` as a tool call's key, for the agent hooks and the proxy alike: what agents use
+/// (`toolu_…`, `call_…`), nothing else, at most 128 characters.
+pub fn tool_call_id(id: &str) -> Option<String> {
+    let id: String = id
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'))
+        .take(128)
+        .collect();
+    (!id.is_empty()).then_some(id)
+}
+
 /// The most of a hook's input forwarded (a Write tool's input holds the whole file).
 pub const AGENT_EVENT_MAX: usize = 16 * 1024;
 

@@ -1210,3 +1210,84 @@ fn claude_reaches_its_api_with_a_key_it_never_holds() {
         "{events:#?}"
     );
 }
+
+/// Issue 32's feedback: what the sandbox refused during a tool call goes back to the model
+/// with that call's result (aisb's post-tool hook asks the proxy), in words that say it was
+/// the sandbox and which host, so the agent stops retrying and can tell the user; a call
+/// during which nothing was refused gets nothing added. Both backends, the real client.
+#[test]
+fn claude_hears_what_the_sandbox_refused_during_its_tool_call() {
+    if !needs("claude") {
+        return;
+    }
+    const MARK: &str = "[aisb] The sandbox refused";
+    for backend in ["bwrap", "libcontainer"] {
+        let t = tempfile::tempdir().unwrap();
+        let (home, proj) = project(t.path(), "import \"preset:claude\"\n");
+        let mock = Mock::start(t.path(), &["echo fine", "curl -sS https://blocked.test/x"]);
+        let out = Out::from(
+            aisb(t.path(), &home, &proj)
+                .args([
+                    "--trust",
+                    "run",
+                    "--backend",
+                    backend,
+                    "--",
+                    "claude",
+                    "-p",
+                    "do the task",
+                    "--output-format",
+                    "json",
+                ])
+                .env("ANTHROPIC_API_KEY", "sk-ant-test")
+                .env("ANTHROPIC_BASE_URL", "http://api.anthropic.com")
+                .env("AISB_PROXY_PIN", mock.pins())
+                .output()
+                .unwrap(),
+        );
+        assert_eq!(out.code, 0, "[{backend}] {}\n{}", out.stdout, out.stderr);
+        assert!(
+            out.stdout.contains("MOCK-DONE"),
+            "[{backend}] {}",
+            out.stdout
+        );
+        // Everything the client sent the model after each tool result, by how many results.
+        let seen = |results: usize| -> String {
+            mock.requests()
+                .iter()
+                .filter(|r| r["tool_results"].as_array().map_or(0, Vec::len) == results)
+                .map(|r| format!("{} {}", r["texts"], r["tool_results"]))
+                .collect()
+        };
+        let after_echo = seen(1);
+        let after_curl = seen(2);
+        assert!(
+            !after_echo.is_empty() && !after_curl.is_empty(),
+            "[{backend}] {:?}",
+            mock.requests()
+        );
+        assert!(
+            !after_echo.contains("blocked.test"),
+            "[{backend}] a later call's refusal was told to an earlier one: {after_echo}"
+        );
+        // Nothing else refused (the client's own traffic neither): the first call heard
+        // nothing at all.
+        let events = audit(t.path(), &home, &proj);
+        let other_blocks = events
+            .iter()
+            .filter(|e| {
+                e["event"] == "net" && e["action"] == "block" && e["host"] != "blocked.test"
+            })
+            .count();
+        if other_blocks == 0 {
+            assert!(
+                !after_echo.contains(MARK),
+                "[{backend}] a call with nothing refused was told something: {after_echo}"
+            );
+        }
+        assert!(
+            after_curl.contains(MARK) && after_curl.contains("blocked.test:443"),
+            "[{backend}] the refusal did not reach the model: {after_curl}"
+        );
+    }
+}

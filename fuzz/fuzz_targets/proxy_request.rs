@@ -96,6 +96,17 @@ fn http(bytes: &[u8]) {
         HttpRequest::Connect { host, port } => {
             let _ = check(&host, port);
         }
+        HttpRequest::AgentResult { body_len } => {
+            assert!(body_len <= 256);
+            let body = &buf[n..];
+            let id = String::from_utf8_lossy(&body[..body.len().min(body_len)]).into_owned();
+            if let Some(id) = aisb::vocab::tool_call_id(&id) {
+                assert!(id.len() <= 128);
+                assert!(id
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':')));
+            }
+        }
         HttpRequest::AgentEvent { target, body_len } => {
             assert!(body_len <= aisb::vocab::AGENT_EVENT_MAX);
             let body = &buf[n..];

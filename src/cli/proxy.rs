@@ -61,6 +61,7 @@ pub fn run(a: Args) -> Result<i32, Error> {
         audit,
         reported: Default::default(),
         buffer: crate::proxy::server::RUN_BUFFER,
+        feedback: Some(Default::default()),
     });
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -164,6 +164,7 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
         reported: Default::default(),
         buffer: a.buffer_kib as usize * 1024,
         broker: None,
+        feedback: None,
     });
     let limits = Limits {
         max_connections: a.max_connections as usize,

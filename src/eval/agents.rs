@@ -14,13 +14,15 @@
 //! | network "none"                  | deny `WebFetch`, `WebSearch`                        |
 //! | allowlist                       | allow `WebFetch(domain:D)`, `sandbox.network.allowedDomains` |
 //! | commands run sandboxed          | allow `Bash` (seed 001's `autoAllowBashIfSandboxed`) |
-//! | (always)                        | `sandbox.enabled: false`, a `PreToolUse` hook       |
+//! | (always)                        | `sandbox.enabled: false`, a `PreToolUse` hook, a `PostToolUse`/`PostToolUseFailure` hook |
 //!
 //! `sandbox.enabled` is false on purpose: aisb is the OS-level sandbox, and Claude Code's own
 //! (bubblewrap) cannot start inside it, since user namespaces are refused there; a project's
 //! `.claude/settings.json` turning it on would otherwise make every command fail. The hook runs
 //! `/run/aisb/init agent-event claude` before each tool call, which puts the call into the
-//! sandbox's audit log through the proxy socket (when the sandbox has a network proxy). An
+//! sandbox's audit log through the proxy socket (when the sandbox has a network proxy), and
+//! `/run/aisb/init agent-result claude` after it, which hands the model what the sandbox
+//! refused during the call (`proxy::feedback`). An
 //! enterprise policy already in the host's `/etc/claude-code/managed-settings.json` is kept:
 //! its rules come first, aisb's are added.
 //!
@@ -306,6 +308,19 @@ fn hook(agent: &str) -> Value {
     })
 }
 
+/// aisb's post-tool hook for Claude Code: what the sandbox refused during the call goes back
+/// to the model with the tool's result (`init agent-result`, `proxy::feedback`).
+fn after_hook(agent: &str) -> Value {
+    json!({
+        "matcher": "*",
+        "hooks": [{
+            "type": "command",
+            "command": format!("{} agent-result {agent}", crate::vocab::INIT_PATH),
+            "timeout": 5
+        }]
+    })
+}
+
 /// Claude Code settings that say what `plan` enforces, on top of `host_policy`.
 pub fn claude_settings(plan: &Plan, host_policy: Option<Value>) -> Value {
     let mut deny: Vec<String> = Vec::new();
@@ -375,7 +390,13 @@ pub fn claude_settings(plan: &Plan, host_policy: Option<Value>) -> Value {
     let ours = json!({
         "permissions": { "allow": allow, "deny": deny },
         "sandbox": { "enabled": false, "network": { "allowedDomains": domains } },
-        "hooks": { "PreToolUse": [hook] },
+        // After a call, failed or not: what the sandbox refused during it, for the model.
+        "hooks": {
+            "PreToolUse": [hook],
+            "PostToolUse": [after_hook("claude")],
+            "PostToolUseFailure": [after_hook("claude")],
+            "PermissionDenied": [after_hook("claude")],
+        },
     });
     merge_settings(host_policy, &ours)
 }

@@ -148,6 +148,17 @@ pub fn main_from_args(args: impl IntoIterator<Item = OsString>) -> i32 {
         eprintln!("usage: {INIT_PATH} agent-event AGENT  (the hook's JSON on stdin)");
         return 2;
     }
+    if args.peek().is_some_and(|a| a == "agent-result") {
+        let rest: Vec<String> = args
+            .skip(1)
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        if let [agent] = rest.as_slice() {
+            return relay::agent_result_main(agent);
+        }
+        eprintln!("usage: {INIT_PATH} agent-result AGENT  (the hook's JSON on stdin)");
+        return 0;
+    }
     let mut ok = args.next().is_some_and(|a| a == "__init");
     while ok {
         let Some(a) = args.next() else {

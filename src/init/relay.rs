@@ -734,6 +734,10 @@ pub fn agent_event_main(agent: &str) -> i32 {
         .unwrap_or_else(|_| Some(broken("the hook failed deciding".into())));
     let (tool, summary) = crate::vocab::summarise_tool_call(&raw);
     let mut event = serde_json::json!({"tool_name": tool, "tool_input": {"summary": summary}});
+    // The call's id, so that its post-tool hook can ask what was refused during it.
+    if let Some(id) = tool_use_id(&raw) {
+        event["tool_use_id"] = serde_json::json!(id);
+    }
     if let Some(r) = &refusal {
         event["blocked"] = serde_json::json!({"rule": r.rule, "at": r.at});
     }
@@ -759,6 +763,79 @@ pub fn agent_event_main(agent: &str) -> i32 {
         }
         None => 0,
     }
+}
+
+/// The id of the tool call a hook's input `raw` describes (Claude Code's `tool_use_id`).
+fn tool_use_id(raw: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(raw).ok()?;
+    crate::vocab::tool_call_id(v.get("tool_use_id")?.as_str()?)
+}
+
+/// `init agent-result AGENT`: an agent's post-tool hook. Asks the proxy what the sandbox
+/// refused during this call (`proxy::feedback`) and hands it to the agent as context for the
+/// model, in the form Claude Code reads from a post-tool hook; prints nothing when nothing was
+/// refused or there is no proxy. Always exits 0: it never changes what the tool did.
+pub fn agent_result_main(agent: &str) -> i32 {
+    let _ = agent;
+    let mut raw = Vec::new();
+    let _ = std::io::stdin().take(64 << 20).read_to_end(&mut raw);
+    let Some(id) = tool_use_id(&raw) else {
+        return 0;
+    };
+    let event = serde_json::from_slice::<serde_json::Value>(&raw)
+        .ok()
+        .and_then(|v| v.get("hook_event_name")?.as_str().map(str::to_string))
+        .filter(|e| {
+            matches!(
+                e.as_str(),
+                "PostToolUse" | "PostToolUseFailure" | "PermissionDenied"
+            )
+        })
+        .unwrap_or_else(|| "PostToolUse".into());
+    // Refused by the agent's own permission layer after the pre-tool hook: the call ends
+    // with nothing to hear about.
+    let ending = event == "PermissionDenied";
+    let body = if ending { format!("end {id}") } else { id };
+    let Ok(mut s) = UnixStream::connect(PROXY_SOCKET) else {
+        return 0;
+    };
+    let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(1)));
+    let _ = s.set_write_timeout(Some(std::time::Duration::from_secs(1)));
+    let head = format!(
+        "{} * HTTP/1.1\r\nContent-Length: {}\r\n\r\n",
+        crate::vocab::AGENT_RESULT_METHOD,
+        body.len()
+    );
+    if s.write_all(head.as_bytes()).is_err() || s.write_all(body.as_bytes()).is_err() {
+        return 0;
+    }
+    let mut answer = Vec::new();
+    let limit = (crate::vocab::FEEDBACK_MAX + 256) as u64;
+    let _ = (&mut s).take(limit).read_to_end(&mut answer);
+    // The proxy's own answer only (a 400's text is no context for the model).
+    if ending || !answer.starts_with(b"HTTP/1.1 200 ") {
+        return 0;
+    }
+    let Some(at) = answer.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return 0;
+    };
+    // Model input: printable lines only, bounded (the proxy's text is so already).
+    let text: String = String::from_utf8_lossy(&answer[at + 4..])
+        .chars()
+        .filter(|c| !c.is_control() || *c == '\n')
+        .take(crate::vocab::FEEDBACK_MAX)
+        .collect();
+    if text.trim().is_empty() {
+        return 0;
+    }
+    let out = serde_json::json!({
+        "hookSpecificOutput": {
+            "hookEventName": event,
+            "additionalContext": text,
+        }
+    });
+    println!("{out}");
+    0
 }
 
 /// The policy's decision on the hook's input `raw`. No policy file: nothing to refuse. A

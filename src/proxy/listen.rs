@@ -210,6 +210,7 @@ mod tests {
                     reported: Default::default(),
                     buffer: 64 * 1024,
                     broker: None,
+                    feedback: None,
                 });
                 let _ = super::super::server::serve(l, p).await;
             })

@@ -3,6 +3,7 @@
 
 pub mod broker;
 pub mod ca;
+pub mod feedback;
 pub mod listen;
 pub mod policy;
 pub mod request;

@@ -5,7 +5,7 @@
 //! (fuzz/fuzz_targets/proxy_request.rs) and none may panic.
 
 pub use crate::config::domain::split_authority;
-use crate::vocab::{AGENT_EVENT_MAX, AGENT_METHOD, DIRECT_METHOD};
+use crate::vocab::{AGENT_EVENT_MAX, AGENT_METHOD, AGENT_RESULT_METHOD, DIRECT_METHOD};
 
 /// Largest request head accepted (request line and headers).
 pub const MAX_HEAD: usize = 64 * 1024;
@@ -53,6 +53,9 @@ pub enum HttpRequest {
     Direct { host: String, port: u16 },
     /// An agent's tool hook reporting a tool call: `body_len` bytes of JSON follow the head.
     AgentEvent { target: String, body_len: usize },
+    /// An agent's post-tool hook asking what was refused during its call: `body_len` bytes
+    /// (the call's id) follow the head.
+    AgentResult { body_len: usize },
     /// A tunnel to `host:port`.
     Connect { host: String, port: u16 },
     /// Plain HTTP to forward, once the policy allows `host:port`.
@@ -134,6 +137,13 @@ pub fn http_request(head: &[u8]) -> HttpRequest {
             target: target.to_string(),
             body_len,
         };
+    }
+    if method == AGENT_RESULT_METHOD {
+        let body_len = header("content-length")
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(0)
+            .min(256);
+        return HttpRequest::AgentResult { body_len };
     }
     if method == "CONNECT" {
         return match split_authority(target, None) {

@@ -53,6 +53,10 @@ pub struct Proxy {
     /// Brokered credentials (`credential`): connections to their hosts are terminated and
     /// their placeholders replaced ([`super::broker`]). None when no credential is bound.
     pub broker: Option<super::broker::Broker>,
+    /// What was refused, for the tool call during which it was ([`super::feedback`]): a
+    /// run's own proxy only (one sandbox's refusals; `aisb proxy serve` may have many clients,
+    /// and none of them hears another's).
+    pub feedback: Option<std::sync::Mutex<super::feedback::Feedback>>,
 }
 
 /// The most events one sandbox run may report from inside; past it they are dropped, once
@@ -133,6 +137,9 @@ struct Outcome {
     up: u64,
     down: u64,
     start: Instant,
+    /// Not a refusal of the policy's, when `result` is an error: an allowed host that could
+    /// not be resolved or reached (not for the agent's feedback: allowing changes nothing).
+    failed: bool,
 }
 
 impl Outcome {
@@ -153,6 +160,7 @@ impl Outcome {
             up: 0,
             down: 0,
             start,
+            failed: false,
         }
     }
 }
@@ -357,6 +365,7 @@ impl Proxy {
     }
 
     fn record(&self, o: &Outcome) {
+        self.feed_back(o);
         let Some(log) = &self.audit else { return };
         if matches!(o.proto, "direct" | "dns") && !self.may_report(log) {
             return;
@@ -376,6 +385,41 @@ impl Proxy {
             bytes_down: o.down,
             duration_ms: o.start.elapsed().as_millis() as u64,
         });
+    }
+
+    /// A refusal of the policy's, noted for the tool call during which it happened
+    /// ([`super::feedback`]). The text is model input that the sandbox partly chose (the name
+    /// it asked for, a direct-connection report it may send itself): a name is shown only
+    /// when it is a host name or an address, and a direct connection's reason, which the
+    /// report carries, never.
+    fn feed_back(&self, o: &Outcome) {
+        let (Some(feedback), Err(b)) = (&self.feedback, &o.result) else {
+            return;
+        };
+        if o.failed {
+            return;
+        }
+        if !is_host_name(&o.host) {
+            if let Ok(mut f) = feedback.lock() {
+                f.refused("a connection to a name that is no host name");
+            }
+            return;
+        }
+        let host = o.host.as_str();
+        let mut line = match o.proto {
+            "dns" => format!("a name lookup of {host} ({})", b.rule),
+            "direct" => format!(
+                "a connection to {host}:{} around the proxy (only connections through it leave the sandbox)",
+                o.port
+            ),
+            _ => format!("a connection to {host}:{} ({})", o.port, b.rule),
+        };
+        if let Some(h) = &b.hint {
+            line.push_str(&format!("; to allow it: {h}"));
+        }
+        if let Ok(mut f) = feedback.lock() {
+            f.refused(&line);
+        }
     }
 
     /// Check, resolve and connect: the outcome so far (to be completed with the byte counts
@@ -402,6 +446,9 @@ impl Proxy {
         let addr = match self.policy.resolve(&allowed, port).await {
             Ok(a) => a,
             Err(b) => {
+                // A name that does not resolve is no refusal; one that resolves to an
+                // internal address is.
+                o.failed = b.rule.starts_with("cannot resolve");
                 o.result = Err(b);
                 return (o, None);
             }
@@ -414,6 +461,7 @@ impl Proxy {
                 (o, Some(s))
             }
             Ok(Err(e)) => {
+                o.failed = true;
                 o.result = Err(Blocked {
                     rule: format!("{}, but connecting to {addr} failed: {e}", allowed.rule),
                     hint: None,
@@ -421,6 +469,7 @@ impl Proxy {
                 (o, None)
             }
             Err(_) => {
+                o.failed = true;
                 o.result = Err(Blocked {
                     rule: format!("{}, but connecting to {addr} timed out", allowed.rule),
                     hint: None,
@@ -498,6 +547,17 @@ impl Proxy {
                 }
                 body.truncate(body_len);
                 client.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await?;
+                // A call the hook let through begins; a refused one never runs.
+                if crate::vocab::blocked_by(&body).is_none() {
+                    let id = serde_json::from_slice::<serde_json::Value>(&body)
+                        .ok()
+                        .and_then(|v| v.get("tool_use_id")?.as_str().map(str::to_string));
+                    if let (Some(id), Some(Ok(mut f))) =
+                        (id, self.feedback.as_ref().map(|f| f.lock()))
+                    {
+                        f.begin(&id);
+                    }
+                }
                 if let Some(log) = self.audit.as_ref().filter(|l| self.may_report(l)) {
                     let (tool, input) = crate::vocab::summarise_tool_call(&body);
                     let agent = crate::vocab::clean_label(&target);
@@ -512,6 +572,34 @@ impl Proxy {
                         None => Kind::Agent { agent, tool, input },
                     });
                 }
+                return Ok(None);
+            }
+            HttpRequest::AgentResult { body_len } => {
+                let mut body = buf[head_len..].to_vec();
+                while body.len() < body_len {
+                    if read_more(client, &mut body).await? == 0 {
+                        break;
+                    }
+                }
+                body.truncate(body_len);
+                let body = String::from_utf8_lossy(&body).into_owned();
+                let text = match self.feedback.as_ref().map(|f| f.lock()) {
+                    // `end ID`: a call that ended with no result to hear about.
+                    Some(Ok(mut f)) => match body.strip_prefix("end ") {
+                        Some(id) => {
+                            f.end(id);
+                            String::new()
+                        }
+                        None => f.since(&body),
+                    },
+                    _ => String::new(),
+                };
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    text.len()
+                );
+                client.write_all(head.as_bytes()).await?;
+                client.write_all(text.as_bytes()).await?;
                 return Ok(None);
             }
             HttpRequest::Connect { host, port } => {
@@ -880,6 +968,18 @@ async fn blocked<W: AsyncWrite + Unpin>(
 }
 
 /// What a refusal says: the rule, and what to add to allow it.
+/// A host name (letters, digits, `-`, `_`, `.`; at most 253) or an IP address: nothing a
+/// sandbox could write prose into.
+fn is_host_name(host: &str) -> bool {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    bare.parse::<std::net::IpAddr>().is_ok()
+        || (!host.is_empty()
+            && host.len() <= 253
+            && host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+}
+
 fn blocked_text(what: &str, host: &str, port: u16, b: &Blocked) -> String {
     let mut body = format!("aisb: blocked {what} {host}:{port}: {}\n", b.rule);
     if let Some(h) = &b.hint {
@@ -905,6 +1005,7 @@ mod tests {
             reported: Default::default(),
             buffer: RUN_BUFFER,
             broker: None,
+            feedback: None,
         };
         let allowed = (0..MAX_REPORTED + 5).filter(|_| p.may_report(&log)).count();
         assert_eq!(allowed as u64, MAX_REPORTED);

@@ -44,6 +44,22 @@ def tool_results(messages):
     return out
 
 
+def user_texts(messages):
+    """The text blocks of the user's turns (hooks' context for the model lands there)."""
+    out = []
+    for m in messages:
+        if m.get("role") != "user":
+            continue
+        content = m.get("content")
+        if isinstance(content, str):
+            out.append(content[:20000])
+        elif isinstance(content, list):
+            for block in content:
+                if isinstance(block, dict) and block.get("type") == "text":
+                    out.append(str(block.get("text", ""))[:20000])
+    return out
+
+
 def sse(events):
     return "".join(
         f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events
@@ -206,6 +222,7 @@ class Handler(BaseHTTPRequestHandler):
                 t.get("name") for t in body.get("tools", []) if isinstance(t, dict)
             ]
             entry["tool_results"] = results
+            entry["texts"] = user_texts(body.get("messages", []))
         elif path.endswith("/chat/completions"):
             ctype, data = openai_chat(body)
         elif path.endswith("/responses"):
