@@ -415,6 +415,8 @@ const STAMPED_HERE: &[i64] = &[
 
 /// Whether the ctimes of `project`'s file system can be trusted (see [`STAMPED_HERE`]);
 /// true when it cannot be asked.
+// `f_type`'s type differs between architectures (i64 here, u32 on s390x).
+#[allow(clippy::unnecessary_cast)]
 fn ctimes_trusted(project: &Path) -> bool {
     rustix::fs::statfs(project).map_or(true, |st| STAMPED_HERE.contains(&(st.f_type as i64)))
 }
