@@ -1291,3 +1291,68 @@ fn claude_hears_what_the_sandbox_refused_during_its_tool_call() {
         );
     }
 }
+
+/// The same feedback for Gemini CLI (its `AfterTool` hook; the call is matched to its
+/// `BeforeTool` by session, tool and input, as Gemini gives calls no id).
+#[test]
+fn gemini_hears_what_the_sandbox_refused_during_its_tool_call() {
+    if !needs("gemini") {
+        return;
+    }
+    const MARK: &str = "[aisb] The sandbox refused";
+    let t = tempfile::tempdir().unwrap();
+    let (home, proj) = project(t.path(), "import \"preset:gemini\"\n");
+    std::fs::create_dir_all(home.join(".gemini")).unwrap();
+    std::fs::write(
+        home.join(".gemini/settings.json"),
+        "{\"security\": {\"auth\": {\"selectedType\": \"gemini-api-key\"}}}\n",
+    )
+    .unwrap();
+    let script = serde_json::json!([
+        {"tool": "run_shell_command", "input": {"command": "echo fine"}},
+        {"tool": "run_shell_command", "input": {"command": "curl -sS https://blocked.test/x"}},
+    ]);
+    let mock = Mock::start_raw(t.path(), &script.to_string());
+    let out = Out::from(
+        aisb(t.path(), &home, &proj)
+            .args(["--trust", "run", "--backend", "bwrap", "--", "gemini"])
+            .args([
+                "--skip-trust",
+                "--yolo",
+                "-m",
+                "gemini-2.5-flash",
+                "-p",
+                "do the task",
+            ])
+            .env("GEMINI_API_KEY", "test")
+            .env(
+                "GOOGLE_GEMINI_BASE_URL",
+                "http://generativelanguage.googleapis.com",
+            )
+            .env("AISB_PROXY_PIN", mock.pins())
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("MOCK-DONE"), "{}", out.stdout);
+    let results: Vec<String> = mock
+        .requests()
+        .iter()
+        .filter_map(|r| r["gemini_results"].as_array().cloned())
+        .max_by_key(Vec::len)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|v| v.as_str().map(str::to_string))
+        .collect();
+    assert_eq!(results.len(), 2, "{results:#?}");
+    assert!(
+        results[0].contains("fine") && !results[0].contains("blocked.test"),
+        "{}",
+        results[0]
+    );
+    assert!(
+        results[1].contains(MARK) && results[1].contains("blocked.test:443"),
+        "the refusal did not reach the model: {}",
+        results[1]
+    );
+}

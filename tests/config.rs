@@ -998,6 +998,17 @@ fn tool_policy_is_mirrored_into_each_agents_layer() {
         gemini["hooks"]["BeforeTool"][0]["hooks"][0],
         serde_json::json!({"type": "command", "command": "/run/aisb/init agent-event gemini", "timeout": 5000})
     );
+    // After each call, what the sandbox refused during it (issue 32's feedback).
+    assert_eq!(
+        gemini["hooks"]["AfterTool"][0]["hooks"][0],
+        serde_json::json!({"type": "command", "command": "/run/aisb/init agent-result gemini", "timeout": 5000})
+    );
+    for event in ["PostToolUse", "PostToolUseFailure", "PermissionDenied"] {
+        assert_eq!(
+            claude["hooks"][event][0]["hooks"][0]["command"], "/run/aisb/init agent-result claude",
+            "{event}"
+        );
+    }
     assert_eq!(
         json("/etc/opencode")["permission"],
         serde_json::json!({

@@ -288,10 +288,12 @@ pub fn gemini_settings(plan: &Plan, host_policy: Option<Value>) -> Value {
             .collect();
         tools["core"] = json!(core);
     }
-    let mut ours = json!({ "tools": tools });
-    if !plan.tools.is_empty() {
-        ours["hooks"] = json!({ "BeforeTool": [hook("gemini")] });
-    }
+    // Before each call (the tool policy, the audit log, the call's start) and after it (what
+    // the sandbox refused during it, for the model).
+    let ours = json!({
+        "tools": tools,
+        "hooks": { "BeforeTool": [hook("gemini")], "AfterTool": [after_hook("gemini")] },
+    });
     merge_settings(host_policy, &ours)
 }
 
@@ -308,15 +310,15 @@ fn hook(agent: &str) -> Value {
     })
 }
 
-/// aisb's post-tool hook for Claude Code: what the sandbox refused during the call goes back
-/// to the model with the tool's result (`init agent-result`, `proxy::feedback`).
+/// aisb's post-tool hook for `agent`: what the sandbox refused during the call goes back to
+/// the model with the tool's result (`init agent-result`, `proxy::feedback`).
 fn after_hook(agent: &str) -> Value {
     json!({
         "matcher": "*",
         "hooks": [{
             "type": "command",
             "command": format!("{} agent-result {agent}", crate::vocab::INIT_PATH),
-            "timeout": 5
+            "timeout": if agent == "gemini" { 5000 } else { 5 }
         }]
     })
 }

@@ -765,10 +765,29 @@ pub fn agent_event_main(agent: &str) -> i32 {
     }
 }
 
-/// The id of the tool call a hook's input `raw` describes (Claude Code's `tool_use_id`).
+/// The id of the tool call a hook's input `raw` describes: Claude Code's `tool_use_id`.
+/// Gemini CLI gives none: its session, tool and input, hashed, are the same before and after
+/// the call.
 fn tool_use_id(raw: &[u8]) -> Option<String> {
+    use sha2::Digest;
     let v: serde_json::Value = serde_json::from_slice(raw).ok()?;
-    crate::vocab::tool_call_id(v.get("tool_use_id")?.as_str()?)
+    if let Some(id) = v.get("tool_use_id").and_then(serde_json::Value::as_str) {
+        return crate::vocab::tool_call_id(id);
+    }
+    let event = v.get("hook_event_name")?.as_str()?;
+    if !matches!(event, "BeforeTool" | "AfterTool") {
+        return None;
+    }
+    let mut h = sha2::Sha256::new();
+    for key in ["session_id", "tool_name", "tool_input"] {
+        h.update(v.get(key).map(|x| x.to_string()).unwrap_or_default());
+        h.update([0u8]);
+    }
+    let hex: String = h.finalize()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Some(format!("gemini-{hex}"))
 }
 
 /// `init agent-result AGENT`: an agent's post-tool hook. Asks the proxy what the sandbox
@@ -788,7 +807,7 @@ pub fn agent_result_main(agent: &str) -> i32 {
         .filter(|e| {
             matches!(
                 e.as_str(),
-                "PostToolUse" | "PostToolUseFailure" | "PermissionDenied"
+                "PostToolUse" | "PostToolUseFailure" | "PermissionDenied" | "AfterTool"
             )
         })
         .unwrap_or_else(|| "PostToolUse".into());
