@@ -473,42 +473,80 @@ fn every_agent_client_works_in_its_preset_and_nothing_leaks() {
 
 /// Gemini CLI's system settings mirror the sandbox: in `investigate` (read-only) the model is
 /// not offered the editing tools, even with `--yolo`; in the default profile it is.
-#[test]
-fn gemini_is_not_offered_tools_the_sandbox_refuses() {
-    if !needs("gemini") {
-        return;
-    }
-    let t = tempfile::tempdir().unwrap();
-    let (home, proj) = project(t.path(), "import \"preset:gemini\"\n");
+/// A project with `sandbox.kdl` = `config` whose home holds Gemini CLI's API-key login.
+fn gemini_project(t: &Path, config: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (home, proj) = project(t, config);
     std::fs::create_dir_all(home.join(".gemini")).unwrap();
     std::fs::write(
         home.join(".gemini/settings.json"),
         "{\"security\": {\"auth\": {\"selectedType\": \"gemini-api-key\"}}}\n",
     )
     .unwrap();
+    (home, proj)
+}
+
+/// `aisb --trust run RUN_ARGS -- gemini`, headless, `--yolo` (headless Gemini otherwise
+/// withholds the editing tools itself), asked `prompt`, its API pinned to `mock`.
+fn run_gemini(
+    t: &Path,
+    (home, proj): (&Path, &Path),
+    mock: &Mock,
+    run_args: &[&str],
+    prompt: &str,
+) -> Out {
+    Out::from(
+        aisb(t, home, proj)
+            .args(["--trust", "run"])
+            .args(run_args)
+            .args([
+                "--",
+                "gemini",
+                "--skip-trust",
+                "--yolo",
+                "-m",
+                "gemini-2.5-flash",
+                "-p",
+            ])
+            .arg(prompt)
+            .env("GEMINI_API_KEY", "test")
+            .env(
+                "GOOGLE_GEMINI_BASE_URL",
+                "http://generativelanguage.googleapis.com",
+            )
+            .env("AISB_PROXY_PIN", mock.pins())
+            .output()
+            .unwrap(),
+    )
+}
+
+/// The function responses Gemini CLI sent back to the mock, in order (the longest
+/// conversation).
+fn gemini_results(mock: &Mock) -> Vec<String> {
+    mock.requests()
+        .iter()
+        .filter_map(|r| r["gemini_results"].as_array().cloned())
+        .max_by_key(Vec::len)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|v| v.as_str().map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn gemini_is_not_offered_tools_the_sandbox_refuses() {
+    if !needs("gemini") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let (home, proj) = gemini_project(t.path(), "import \"preset:gemini\"\n");
     for (profile, editing) in [("investigate", false), ("default", true)] {
         let mock = Mock::start(t.path(), &[]);
-        let out = Out::from(
-            aisb(t.path(), &home, &proj)
-                .args([
-                    "--trust",
-                    "run",
-                    "--profile",
-                    profile,
-                    "--",
-                    "gemini",
-                    "--skip-trust",
-                ])
-                // --yolo: headless Gemini otherwise withholds the editing tools itself.
-                .args(["--yolo", "-m", "gemini-2.5-flash", "-p", "say hi"])
-                .env("GEMINI_API_KEY", "test")
-                .env(
-                    "GOOGLE_GEMINI_BASE_URL",
-                    "http://generativelanguage.googleapis.com",
-                )
-                .env("AISB_PROXY_PIN", mock.pins())
-                .output()
-                .unwrap(),
+        let out = run_gemini(
+            t.path(),
+            (&home, &proj),
+            &mock,
+            &["--profile", profile],
+            "say hi",
         );
         assert_eq!(out.code, 0, "[{profile}] {}\n{}", out.stdout, out.stderr);
         assert!(
@@ -679,14 +717,8 @@ fn gemini_denied_tools_are_not_offered_and_forced_calls_are_refused() {
     }
     let t = tempfile::tempdir().unwrap();
     let config = "import \"preset:gemini\"\ntools {\n    deny \"Write\" \"Edit\"\n    deny \"Read(private.txt)\"\n}\n";
-    let (home, proj) = project(t.path(), config);
+    let (home, proj) = gemini_project(t.path(), config);
     std::fs::write(proj.join("private.txt"), "PRIVATE NOTES\n").unwrap();
-    std::fs::create_dir_all(home.join(".gemini")).unwrap();
-    std::fs::write(
-        home.join(".gemini/settings.json"),
-        "{\"security\": {\"auth\": {\"selectedType\": \"gemini-api-key\"}}}\n",
-    )
-    .unwrap();
     let (readme, private) = (proj.join("README"), proj.join("private.txt"));
     let script = serde_json::json!([
         {"tool": "write_file", "input": {"file_path": readme, "content": "overwritten\n"}},
@@ -694,25 +726,12 @@ fn gemini_denied_tools_are_not_offered_and_forced_calls_are_refused() {
         {"tool": "read_file", "input": {"file_path": readme}},
     ]);
     let mock = Mock::start_raw(t.path(), &script.to_string());
-    let out = Out::from(
-        aisb(t.path(), &home, &proj)
-            .args(["--trust", "run", "--backend", "bwrap", "--", "gemini"])
-            .args([
-                "--skip-trust",
-                "--yolo",
-                "-m",
-                "gemini-2.5-flash",
-                "-p",
-                "do the task",
-            ])
-            .env("GEMINI_API_KEY", "test")
-            .env(
-                "GOOGLE_GEMINI_BASE_URL",
-                "http://generativelanguage.googleapis.com",
-            )
-            .env("AISB_PROXY_PIN", mock.pins())
-            .output()
-            .unwrap(),
+    let out = run_gemini(
+        t.path(),
+        (&home, &proj),
+        &mock,
+        &["--backend", "bwrap"],
+        "do the task",
     );
     assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
     assert!(out.stdout.contains("MOCK-DONE"), "{}", out.stdout);
@@ -727,14 +746,7 @@ fn gemini_denied_tools_are_not_offered_and_forced_calls_are_refused() {
     for tool in ["write_file", "replace"] {
         assert!(!offered.iter().any(|t| t == tool), "{tool}: {offered:?}");
     }
-    let results: Vec<String> = requests
-        .iter()
-        .filter_map(|r| r["gemini_results"].as_array().cloned())
-        .max_by_key(Vec::len)
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|v| v.as_str().map(str::to_string))
-        .collect();
+    let results = gemini_results(&mock);
     assert_eq!(results.len(), 3, "{results:#?}");
     assert!(
         results[0].contains("not found"),
@@ -1301,49 +1313,22 @@ fn gemini_hears_what_the_sandbox_refused_during_its_tool_call() {
     }
     const MARK: &str = "[aisb] The sandbox refused";
     let t = tempfile::tempdir().unwrap();
-    let (home, proj) = project(t.path(), "import \"preset:gemini\"\n");
-    std::fs::create_dir_all(home.join(".gemini")).unwrap();
-    std::fs::write(
-        home.join(".gemini/settings.json"),
-        "{\"security\": {\"auth\": {\"selectedType\": \"gemini-api-key\"}}}\n",
-    )
-    .unwrap();
+    let (home, proj) = gemini_project(t.path(), "import \"preset:gemini\"\n");
     let script = serde_json::json!([
         {"tool": "run_shell_command", "input": {"command": "echo fine"}},
         {"tool": "run_shell_command", "input": {"command": "curl -sS https://blocked.test/x"}},
     ]);
     let mock = Mock::start_raw(t.path(), &script.to_string());
-    let out = Out::from(
-        aisb(t.path(), &home, &proj)
-            .args(["--trust", "run", "--backend", "bwrap", "--", "gemini"])
-            .args([
-                "--skip-trust",
-                "--yolo",
-                "-m",
-                "gemini-2.5-flash",
-                "-p",
-                "do the task",
-            ])
-            .env("GEMINI_API_KEY", "test")
-            .env(
-                "GOOGLE_GEMINI_BASE_URL",
-                "http://generativelanguage.googleapis.com",
-            )
-            .env("AISB_PROXY_PIN", mock.pins())
-            .output()
-            .unwrap(),
+    let out = run_gemini(
+        t.path(),
+        (&home, &proj),
+        &mock,
+        &["--backend", "bwrap"],
+        "do the task",
     );
     assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
     assert!(out.stdout.contains("MOCK-DONE"), "{}", out.stdout);
-    let results: Vec<String> = mock
-        .requests()
-        .iter()
-        .filter_map(|r| r["gemini_results"].as_array().cloned())
-        .max_by_key(Vec::len)
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|v| v.as_str().map(str::to_string))
-        .collect();
+    let results = gemini_results(&mock);
     assert_eq!(results.len(), 2, "{results:#?}");
     assert!(
         results[0].contains("fine") && !results[0].contains("blocked.test"),
