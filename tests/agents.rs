@@ -1223,6 +1223,9 @@ fn claude_reaches_its_api_with_a_key_it_never_holds() {
     );
 }
 
+/// How aisb's post-tool hook's feedback starts (`proxy::feedback`).
+const MARK: &str = "[aisb] The sandbox refused";
+
 /// Issue 32's feedback: what the sandbox refused during a tool call goes back to the model
 /// with that call's result (aisb's post-tool hook asks the proxy), in words that say it was
 /// the sandbox and which host, so the agent stops retrying and can tell the user; a call
@@ -1232,7 +1235,6 @@ fn claude_hears_what_the_sandbox_refused_during_its_tool_call() {
     if !needs("claude") {
         return;
     }
-    const MARK: &str = "[aisb] The sandbox refused";
     for backend in ["bwrap", "libcontainer"] {
         let t = tempfile::tempdir().unwrap();
         let (home, proj) = project(t.path(), "import \"preset:claude\"\n");
@@ -1311,7 +1313,6 @@ fn gemini_hears_what_the_sandbox_refused_during_its_tool_call() {
     if !needs("gemini") {
         return;
     }
-    const MARK: &str = "[aisb] The sandbox refused";
     let t = tempfile::tempdir().unwrap();
     let (home, proj) = gemini_project(t.path(), "import \"preset:gemini\"\n");
     let script = serde_json::json!([
