@@ -1075,6 +1075,18 @@ fn killed_swap(user: Option<(u32, u32)>) {
         );
         child.kill().unwrap();
         child.wait().unwrap();
+        // Meanwhile the user's editor saves two bound files by a rename (new inodes, their
+        // directories as they were): they stay the user's.
+        let save = |rel: &str, text: &str| {
+            let tmp = p.proj().join(format!("{rel}.swp"));
+            std::fs::write(&tmp, text).unwrap();
+            if let Some((uid, gid)) = user {
+                std::os::unix::fs::chown(&tmp, Some(uid), Some(gid)).unwrap();
+            }
+            std::fs::rename(&tmp, p.proj().join(rel)).unwrap();
+        };
+        save("sandbox.kdl", "block \"notes.txt\"\n// saved\n");
+        save(".vscode/settings.json", "{\"saved\": 1}\n");
         let o = p.run(backend, "cat .cargo/config.toml 2>/dev/null; echo seen=$?");
         assert_eq!(o.code, 0, "{who} {}", o.stderr);
         assert!(
@@ -1093,6 +1105,34 @@ fn killed_swap(user: Option<(u32, u32)>) {
                 .contains(".cargo/config.toml was created by the sandbox"),
             "{who} not reported: {}",
             o.stderr
+        );
+        assert_eq!(
+            p.read("sandbox.kdl").as_deref(),
+            Some("block \"notes.txt\"\n// saved\n"),
+            "{who} the user's saved policy was taken for the sandbox's: {}",
+            o.stderr
+        );
+        assert_eq!(
+            p.read(".vscode/settings.json").as_deref(),
+            Some("{\"saved\": 1}\n"),
+            "{who} {}",
+            o.stderr
+        );
+        // The same save while a run goes on: still the user's at its end.
+        let child = p
+            .cmd(backend, "sleep 3")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        save(".vscode/settings.json", "{\"saved\": 2}\n");
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            p.read(".vscode/settings.json").as_deref(),
+            Some("{\"saved\": 2}\n"),
+            "{who} saved during a run, moved at its end: {stderr}"
         );
     }
 }

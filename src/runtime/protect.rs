@@ -19,9 +19,12 @@ pub struct Pending {
     quarantine: PathBuf,
     protected: Vec<Protected>,
     /// The protected files bound read-only, with their (device, inode) at start: one found
-    /// under that name afterwards with another identity was put there by the sandbox (it
-    /// renamed the directory holding the original and made a new one).
+    /// under that name afterwards with another identity, below a directory that was replaced
+    /// ([`replaced`]), was put there by the sandbox (it renamed the directory holding the
+    /// original and made a new one).
     bound: Vec<(PathBuf, u64, u64)>,
+    /// The directories between the project and each bound file, with their identity at start.
+    bound_dirs: Vec<(PathBuf, u64, u64)>,
     /// Protected names below the top a mask covered at start, with their identity then.
     covered: Vec<(PathBuf, u64, u64)>,
     /// The project's directories written in place (the plan's `project_dirs`), and when the
@@ -43,6 +46,55 @@ const LEAD: &[u8] = b"lead:";
 /// file under that name at the next start was put there by the killed run's sandbox (it
 /// renamed the directory holding the original and made a new one).
 const BOUND: &[u8] = b"bound:";
+/// A record's entry per directory between the project and a bound file:
+/// `dir:<dev>:<ino>:<path>` (see [`replaced`]).
+const DIR: &[u8] = b"dir:";
+
+/// (path, device, inode) of `p` itself, never through a link.
+fn identity(p: &Path) -> Option<(PathBuf, u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let md = std::fs::symlink_metadata(p).ok()?;
+    Some((p.to_path_buf(), md.dev(), md.ino()))
+}
+
+/// The directories strictly between `project` and each of `bound`, each once, with their
+/// identity now.
+fn dirs_above(project: &Path, bound: &[(PathBuf, u64, u64)]) -> Vec<(PathBuf, u64, u64)> {
+    let mut out: Vec<(PathBuf, u64, u64)> = Vec::new();
+    for (path, ..) in bound {
+        for dir in path.ancestors().skip(1) {
+            if dir == project || !dir.starts_with(project) {
+                break;
+            }
+            if !out.iter().any(|(d, ..)| d == dir) {
+                out.extend(identity(dir));
+            }
+        }
+    }
+    out
+}
+
+/// The bound files the sandbox replaced: under its name another file than at start, below a
+/// directory that is not the one it was (gone, or another under its name). A bound file
+/// itself cannot be renamed or removed inside (it is a mount point), so a directory above it
+/// renamed away is the sandbox's only way to put another there; the host's own editor saving
+/// one by a rename, or `git checkout` rewriting it, leaves its directories as they were and
+/// is not taken for the sandbox's.
+fn replaced(bound: &[(PathBuf, u64, u64)], dirs: &[(PathBuf, u64, u64)]) -> Vec<PathBuf> {
+    let changed: Vec<&Path> = dirs
+        .iter()
+        .filter(|(d, dev, ino)| identity(d).is_none_or(|(_, a, b)| (a, b) != (*dev, *ino)))
+        .map(|(d, ..)| d.as_path())
+        .collect();
+    bound
+        .iter()
+        .filter(|(path, dev, ino)| {
+            identity(path).is_some_and(|(_, a, b)| (a, b) != (*dev, *ino))
+                && changed.iter().any(|d| path.starts_with(d))
+        })
+        .map(|(path, ..)| path.clone())
+        .collect()
+}
 
 /// The wall clock minus the boot clock (which never goes back, and counts suspend): it
 /// changes only when the wall clock is set.
@@ -104,7 +156,6 @@ impl Pending {
 
     /// Move aside what appeared of the protected paths, then drop the run's record.
     fn sweep(&mut self, audit: Option<&crate::audit::Log>) {
-        use std::os::unix::fs::MetadataExt;
         // What the check below the top found goes first: a link it found (`ln -s . .cargo`)
         // is moved before a protected path through it (`.cargo/config`) would resolve to the
         // user's own file (`config/`).
@@ -113,11 +164,7 @@ impl Pending {
         let mut protected = nested_created(&self.project, &self.dirs, since, &known);
         let mut paths: Vec<PathBuf> = protected.iter().map(|p| p.path.clone()).collect();
         paths.extend(self.protected.iter().map(|p| p.path.clone()));
-        for (path, dev, ino) in &self.bound {
-            if std::fs::symlink_metadata(path).is_ok_and(|m| (m.dev(), m.ino()) != (*dev, *ino)) {
-                paths.push(path.clone());
-            }
-        }
+        paths.extend(replaced(&self.bound, &self.bound_dirs));
         protected.extend(self.protected.iter().cloned());
         quarantine(&self.project, &self.quarantine, &protected, &paths, audit);
         if let Some(r) = self.record.take() {
@@ -153,9 +200,18 @@ pub fn begin(plan: &Plan, audit: Option<&crate::audit::Log>) -> (Pending, Option
                 continue;
             }
             let mut keep_record = false;
-            // Our own file, never followed: a record is a list of NUL-ended paths.
-            if let Ok(Some(bytes)) = crate::beneath::read(&dir, Path::new(&e.file_name()), 1 << 20)
+            // What a kept record holds from here on: its bound files were looked at now, once
+            // (a file the user puts back later is the user's).
+            let mut kept_bytes = Vec::new();
+            // Our own file, never followed: a record is a list of NUL-ended paths (a big
+            // repository's bound files and their directories: up to 16 MiB).
+            if let Ok(Some(bytes)) = crate::beneath::read(&dir, Path::new(&e.file_name()), 16 << 20)
             {
+                kept_bytes = bytes
+                    .split(|b| *b == 0)
+                    .filter(|p| !p.is_empty() && !p.starts_with(BOUND) && !p.starts_with(DIR))
+                    .flat_map(|p| p.iter().copied().chain([0]))
+                    .collect();
                 let mut paths: Vec<PathBuf> = bytes
                     .split(|b| *b == 0)
                     .filter(|p| p.first() == Some(&b'/'))
@@ -171,30 +227,20 @@ pub fn begin(plan: &Plan, audit: Option<&crate::audit::Log>) -> (Pending, Option
                         .and_then(|n| std::str::from_utf8(n).ok()?.parse::<i128>().ok())
                 };
                 let since = number(SINCE).map(|s| stepped_back(s, number(LEAD)));
-                // A protected file bound at the killed run's start, found under its name with
-                // another identity.
-                for entry in bytes.split(|b| *b == 0) {
-                    use std::os::unix::fs::MetadataExt;
-                    let Some(rest) = entry.strip_prefix(BOUND) else {
-                        continue;
-                    };
-                    let mut parts = rest.splitn(3, |b| *b == b':');
-                    let (Some(dev), Some(ino), Some(path)) =
-                        (parts.next(), parts.next(), parts.next())
-                    else {
-                        continue;
-                    };
-                    let parse = |n: &[u8]| std::str::from_utf8(n).ok()?.parse::<u64>().ok();
-                    let (Some(dev), Some(ino)) = (parse(dev), parse(ino)) else {
-                        continue;
-                    };
-                    let path = PathBuf::from(std::ffi::OsStr::from_bytes(path));
-                    if std::fs::symlink_metadata(&path)
-                        .is_ok_and(|m| (m.dev(), m.ino()) != (dev, ino))
-                    {
-                        paths.push(path);
-                    }
-                }
+                // A protected file bound at the killed run's start that its sandbox replaced.
+                let entries = |tag: &[u8]| -> Vec<(PathBuf, u64, u64)> {
+                    bytes
+                        .split(|b| *b == 0)
+                        .filter_map(|entry| {
+                            let mut parts = entry.strip_prefix(tag)?.splitn(3, |b| *b == b':');
+                            let (dev, ino, path) = (parts.next()?, parts.next()?, parts.next()?);
+                            let parse = |n: &[u8]| std::str::from_utf8(n).ok()?.parse::<u64>().ok();
+                            let path = PathBuf::from(std::ffi::OsStr::from_bytes(path));
+                            Some((path, parse(dev)?, parse(ino)?))
+                        })
+                        .collect()
+                };
+                paths.extend(replaced(&entries(BOUND), &entries(DIR)));
                 if let Some(since) = since {
                     if plan.project_dirs.dirs.is_empty() {
                         // This run does not write the project in place (read-only, a named
@@ -216,16 +262,21 @@ pub fn begin(plan: &Plan, audit: Option<&crate::audit::Log>) -> (Pending, Option
             }
             if !keep_record {
                 let _ = std::fs::remove_file(e.path());
-            } else if e
-                .file_name()
-                .to_str()
-                .is_some_and(|n| n.parse::<i32>().is_ok())
-            {
-                // Renamed off its pid: this run's own record may take that name.
-                let _ = std::fs::rename(
-                    e.path(),
-                    dir.join(format!("kept-{}", crate::eval::scan::now_ns())),
-                );
+            } else {
+                // Off its pid (this run's own record may take that name), and without what
+                // was looked at now.
+                let pid_named = e
+                    .file_name()
+                    .to_str()
+                    .is_some_and(|n| n.parse::<i32>().is_ok());
+                let kept = if pid_named {
+                    dir.join(format!("kept-{}", crate::eval::scan::now_ns()))
+                } else {
+                    e.path()
+                };
+                if crate::atomic::write_atomic_unsynced(&kept, &kept_bytes).is_ok() && pid_named {
+                    let _ = std::fs::remove_file(e.path());
+                }
             }
         }
     }
@@ -302,17 +353,13 @@ pub fn begin(plan: &Plan, audit: Option<&crate::audit::Log>) -> (Pending, Option
             plan.project.display()
         );
     }
-    let identity = |p: &PathBuf| {
-        use std::os::unix::fs::MetadataExt;
-        let md = std::fs::symlink_metadata(p).ok()?;
-        Some((p.clone(), md.dev(), md.ino()))
-    };
     let bound: Vec<(PathBuf, u64, u64)> = plan
         .mounts
         .iter()
         .filter(|m| crate::eval::protect::is_protect_mount(m))
         .filter_map(|m| identity(&m.target))
         .collect();
+    let bound_dirs = dirs_above(&plan.project, &bound);
     let mut record = None;
     if !plan.protected.is_empty() || !plan.project_dirs.dirs.is_empty() || !bound.is_empty() {
         let mut bytes = Vec::new();
@@ -322,11 +369,13 @@ pub fn begin(plan: &Plan, audit: Option<&crate::audit::Log>) -> (Pending, Option
         bytes.extend_from_slice(LEAD);
         bytes.extend_from_slice(lead_ns.to_string().as_bytes());
         bytes.push(0);
-        for (path, dev, ino) in &bound {
-            bytes.extend_from_slice(BOUND);
-            bytes.extend_from_slice(format!("{dev}:{ino}:").as_bytes());
-            bytes.extend_from_slice(path.as_os_str().as_bytes());
-            bytes.push(0);
+        for (tag, list) in [(BOUND, &bound), (DIR, &bound_dirs)] {
+            for (path, dev, ino) in list {
+                bytes.extend_from_slice(tag);
+                bytes.extend_from_slice(format!("{dev}:{ino}:").as_bytes());
+                bytes.extend_from_slice(path.as_os_str().as_bytes());
+                bytes.push(0);
+            }
         }
         for p in &plan.protected {
             bytes.extend_from_slice(p.path.as_os_str().as_bytes());
@@ -343,13 +392,17 @@ pub fn begin(plan: &Plan, audit: Option<&crate::audit::Log>) -> (Pending, Option
     }
     // Known at start under a mask (or another mount): kept by the end's check, never compared
     // by the sweep above (a mask is no bind of ours).
-    let covered: Vec<(PathBuf, u64, u64)> =
-        plan.protect_covered.iter().filter_map(identity).collect();
+    let covered: Vec<(PathBuf, u64, u64)> = plan
+        .protect_covered
+        .iter()
+        .filter_map(|p| identity(p))
+        .collect();
     let pending = Pending {
         project: plan.project.clone(),
         quarantine: quarantine_dir,
         protected: plan.protected.clone(),
         bound,
+        bound_dirs,
         covered,
         dirs: plan.project_dirs.clone(),
         since_ns,
