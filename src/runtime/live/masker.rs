@@ -197,9 +197,15 @@ impl Inside {
                 MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH | MoveMountFlags::MOVE_MOUNT_T_EMPTY_PATH,
             )
         };
+        // Removed, or renamed over, since it was opened (the run's end moved a protected file
+        // the sandbox made into the quarantine meanwhile): no name reaches it to hide.
+        let attached = |r: Result<(), Errno>, outcome| match r {
+            Ok(()) => Ok(outcome),
+            Err(Errno::NOENT) => Ok(Outcome::Absent),
+            Err(e) => Err(e),
+        };
         if kind == FileType::Directory {
-            attach(&crate::init::empty_tmpfs()?)?;
-            Ok(Outcome::Dir)
+            attached(attach(&crate::init::empty_tmpfs()?), Outcome::Dir)
         } else {
             // A clone of the source's mount: read-only, nosuid, nodev, noexec like it.
             let mount = open_tree(
@@ -209,8 +215,7 @@ impl Inside {
                     | OpenTreeFlags::OPEN_TREE_CLOEXEC
                     | OpenTreeFlags::AT_EMPTY_PATH,
             )?;
-            attach(&mount)?;
-            Ok(Outcome::File)
+            attached(attach(&mount), Outcome::File)
         }
     }
 }
