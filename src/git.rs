@@ -513,11 +513,7 @@ pub fn disarm_git_dir(git_dir: &Path, quarantine: &Path) -> Vec<(PathBuf, PathBu
 pub fn quarantine_file(path: &Path, quarantine: &Path) -> Option<(PathBuf, PathBuf)> {
     std::fs::symlink_metadata(path).ok()?;
     let _ = std::fs::create_dir_all(quarantine);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let mut name = path.file_name()?.to_os_string();
-    name.push(format!(".aisb-quarantined-{nanos}"));
+    let name = quarantined_name(path.file_name()?);
     let to = quarantine.join(&name);
     match std::fs::rename(path, &to) {
         Ok(()) => Some((path.to_path_buf(), to)),
@@ -544,36 +540,18 @@ pub fn quarantine_beneath(
     use rustix::fs::{openat2, renameat, statat, AtFlags, Mode, OFlags, ResolveFlags, CWD};
     let rel = path.strip_prefix(root).ok()?;
     let name = rel.file_name()?;
-    let parent_rel = rel.parent().unwrap_or(Path::new(""));
-    let dir_flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
-    let root_fd = openat2(CWD, root, dir_flags, Mode::empty(), ResolveFlags::empty()).ok()?;
-    let parent = if parent_rel.as_os_str().is_empty() {
-        root_fd
-    } else {
-        openat2(
-            &root_fd,
-            parent_rel,
-            dir_flags,
-            Mode::empty(),
-            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-        )
-        .ok()?
-    };
+    let parent = dir_beneath(root, rel.parent().unwrap_or(Path::new(""))).ok()?;
     statat(&parent, name, AtFlags::SYMLINK_NOFOLLOW).ok()?;
     let _ = std::fs::create_dir_all(quarantine);
     let into = openat2(
         CWD,
         quarantine,
-        dir_flags,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
         ResolveFlags::empty(),
     )
     .ok()?;
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let mut new_name = name.to_os_string();
-    new_name.push(format!(".aisb-quarantined-{nanos}"));
+    let new_name = quarantined_name(name);
     match renameat(&parent, name, &into, &new_name) {
         Ok(()) => Some((path.to_path_buf(), quarantine.join(&new_name))),
         Err(rustix::io::Errno::XDEV) => {
@@ -582,6 +560,34 @@ pub fn quarantine_beneath(
         }
         Err(_) => None,
     }
+}
+
+/// `name` as it is kept in a quarantine: a suffix git never reads, unique by the time.
+fn quarantined_name(name: &std::ffi::OsStr) -> std::ffi::OsString {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let mut out = name.to_os_string();
+    out.push(format!(".aisb-quarantined-{nanos}"));
+    out
+}
+
+/// The directory `rel` below `root` (a path aisb trusts), as an `O_PATH` descriptor opened
+/// beneath it without following any link (`root` itself when `rel` is empty).
+pub fn dir_beneath(root: &Path, rel: &Path) -> rustix::io::Result<std::os::fd::OwnedFd> {
+    use rustix::fs::{openat2, Mode, OFlags, ResolveFlags, CWD};
+    let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let root = openat2(CWD, root, flags, Mode::empty(), ResolveFlags::empty())?;
+    if rel.as_os_str().is_empty() {
+        return Ok(root);
+    }
+    openat2(
+        &root,
+        rel,
+        flags,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )
 }
 
 /// What identifies the index file's content without reading it: git replaces the file (a

@@ -539,13 +539,7 @@ impl Proxy {
                 return Ok(Some(Outcome::new("direct", host, port, refused, start)));
             }
             HttpRequest::AgentEvent { target, body_len } => {
-                let mut body = buf[head_len..].to_vec();
-                while body.len() < body_len {
-                    if read_more(client, &mut body).await? == 0 {
-                        break;
-                    }
-                }
-                body.truncate(body_len);
+                let body = read_body(client, &buf[head_len..], body_len).await?;
                 client.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await?;
                 // A call the hook let through begins; a refused one never runs.
                 if crate::vocab::blocked_by(&body).is_none() {
@@ -575,13 +569,7 @@ impl Proxy {
                 return Ok(None);
             }
             HttpRequest::AgentResult { body_len } => {
-                let mut body = buf[head_len..].to_vec();
-                while body.len() < body_len {
-                    if read_more(client, &mut body).await? == 0 {
-                        break;
-                    }
-                }
-                body.truncate(body_len);
+                let body = read_body(client, &buf[head_len..], body_len).await?;
                 let body = String::from_utf8_lossy(&body).into_owned();
                 let text = match self.feedback.as_ref().map(|f| f.lock()) {
                     // `end ID`: a call that ended with no result to hear about.
@@ -978,6 +966,19 @@ fn is_host_name(host: &str) -> bool {
             && host
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+}
+
+/// A request's body of `len` bytes (fewer when the client stops sending), `early` of which
+/// came with its head.
+async fn read_body<S: Conn>(client: &mut S, early: &[u8], len: usize) -> std::io::Result<Vec<u8>> {
+    let mut body = early.to_vec();
+    while body.len() < len {
+        if read_more(client, &mut body).await? == 0 {
+            break;
+        }
+    }
+    body.truncate(len);
+    Ok(body)
 }
 
 fn blocked_text(what: &str, host: &str, port: u16, b: &Blocked) -> String {

@@ -511,28 +511,13 @@ const PARALLEL_DIRS: usize = 4096;
 /// changed through that descriptor: a link put in its place cannot turn the chmod onto a
 /// directory outside the project.
 fn open_to_owner(project: &Path, path: &Path) {
-    use rustix::fs::{fstat, openat2, FileType, Mode, OFlags, ResolveFlags, CWD};
+    use rustix::fs::{fstat, FileType, Mode};
     use std::os::fd::AsRawFd;
     let Ok(rel) = path.strip_prefix(project) else {
         return;
     };
-    let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    let Ok(root) = openat2(CWD, project, flags, Mode::empty(), ResolveFlags::empty()) else {
+    let Ok(fd) = crate::git::dir_beneath(project, rel) else {
         return;
-    };
-    let fd = if rel.as_os_str().is_empty() {
-        root
-    } else {
-        match openat2(
-            &root,
-            rel,
-            flags,
-            Mode::empty(),
-            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-        ) {
-            Ok(fd) => fd,
-            Err(_) => return,
-        }
     };
     let Ok(st) = fstat(&fd) else { return };
     if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
