@@ -41,6 +41,24 @@ impl Tmux {
         String::from_utf8_lossy(&self.cmd(&["capture-pane", "-p", "-t", window]).stdout)
             .into_owned()
     }
+    /// Types `keys` into `window` again (every 500 ms, at most 60 s) until it shows `text`:
+    /// for a line typed while a program that swallows typeahead (Neovim quitting) or a ^C
+    /// that discards the shell's pending line may still be in the way. Returns the screen.
+    fn retype_until(&self, window: &str, keys: &str, text: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            self.send(window, keys);
+            std::thread::sleep(Duration::from_millis(500));
+            let s = self.screen(window);
+            if s.contains(text) {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "window {window} never showed `{text}` after `{keys}`:\n{s}"
+            );
+        }
+    }
     /// Waits (at most 60 s) until `window` shows `text`; returns the screen.
     fn wait_for(&self, window: &str, text: &str) -> String {
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -77,20 +95,11 @@ fn follows_resize(tmux: &Tmux, window: &str, who: &str, cols: u16, rows: u16) {
         &rows.to_string(),
     ]);
     assert!(o.status.success(), "{who} resize-window: {o:?}");
-    let want = format!("RESIZED {rows} {cols}");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        tmux.send(window, "echo \"RESIZED $(stty size)\"");
-        std::thread::sleep(Duration::from_millis(300));
-        let s = tmux.screen(window);
-        if s.contains(&want) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{who} {window}: the resize to {cols}x{rows} never arrived:\n{s}"
-        );
-    }
+    tmux.retype_until(
+        window,
+        "echo \"RESIZED $(stty size)\"",
+        &format!("RESIZED {rows} {cols}"),
+    );
 }
 
 /// A test's scratch: a git repository with one commit (`repo`), a home, and a tmux server of
@@ -412,13 +421,17 @@ fn escapes_filtered(backend: &str, user: Option<(u32, u32)>) {
     let s = tmux.wait_for("up", "DRAWN-42");
     assert!(s.lines().any(|l| l.starts_with('~')), "{who} nvim:\n{s}");
     tmux.send("up", ":q!");
-    // ^C interrupts the foreground program (a sleep that would outlast the wait).
-    tmux.send("up", "clear; sleep 300; echo SLEPT");
-    std::thread::sleep(Duration::from_millis(500));
+    // Back at the shell (what is typed while Neovim quits is its typeahead, dropped).
+    tmux.retype_until("up", "echo BACK-$((6*7))", "BACK-42");
+    // ^C interrupts the foreground program (a sleep that would outlast the wait): the sleep
+    // is seen running (its marker printed, no prompt after it) before the ^C.
+    tmux.send("up", "clear; echo SLEEPING-$((6*7)); sleep 300; echo SLEPT");
+    tmux.wait_for("up", "SLEEPING-42");
+    std::thread::sleep(Duration::from_millis(300));
     let o = tmux.cmd(&["send-keys", "-t", "up", "C-c"]);
     assert!(o.status.success(), "{who} send-keys C-c: {o:?}");
-    tmux.send("up", "echo INTERRUPTED-$((6*7))");
-    let s = tmux.wait_for("up", "INTERRUPTED-42");
+    // Retyped: the shell may drop a line typed while it handles the interrupt.
+    let s = tmux.retype_until("up", "echo INTERRUPTED-$((6*7))", "INTERRUPTED-42");
     assert!(!s.contains("SLEPT"), "{who}:\n{s}");
     tmux.send("up", "exit");
     tmux.wait_for("up", "SESSION-ENDED");
