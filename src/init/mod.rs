@@ -204,6 +204,8 @@ pub fn main_from_args(args: impl IntoIterator<Item = OsString>) -> i32 {
             .filter(|p| p.starts_with('/'))
         {
             opts.mask_list = Some(p.to_string());
+        } else if let Some(p) = a.strip_prefix("--cwd=").filter(|p| p.starts_with('/')) {
+            opts.cwd = Some(p.into());
         } else if let Some(fd) = a.strip_prefix("--ready-fd=") {
             match fd.parse::<i32>() {
                 Ok(fd) if fd > 2 => opts.ready_fd = Some(fd),
@@ -328,6 +330,9 @@ pub struct Options {
     /// Written to (one byte) and closed once the sandbox is complete (the runtime's mounts and
     /// the init's overlays): the host's live mask layer enters the mount namespace only then.
     pub ready_fd: Option<i32>,
+    /// The workload's working directory, entered once the init's mounts are done (bwrap
+    /// started the init in `/`: below an overlay it may not exist).
+    pub cwd: Option<std::path::PathBuf>,
     pub command: Vec<OsString>,
 }
 
@@ -439,6 +444,10 @@ fn mount_layers(opts: &Options) -> Result<(), InitError> {
     if opts.overlays.is_empty() && opts.masks.is_empty() && opts.mask_list.is_none() {
         return Ok(());
     }
+    // bwrap entered the working directory before these mounts: a directory the init then
+    // covers (the project under its copy-on-write overlay, a masked directory) would stay the
+    // workload's through the old inode, below what covers it. Entered again, by its name.
+    let cwd = opts.cwd.clone().or_else(|| std::env::current_dir().ok());
     if !owns_mount_namespace() {
         nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).map_err(|source| {
             InitError::Mask {
@@ -514,6 +523,19 @@ fn mount_layers(opts: &Options) -> Result<(), InitError> {
                 .mask(path.as_bytes())
                 .map_err(mask_err(path.as_bytes()))?,
             Err(e) => return Err(mask_err(path.as_bytes())(e)),
+        }
+    }
+    if let Some(cwd) = cwd {
+        if std::env::set_current_dir(&cwd).is_err() {
+            // Masked (a mode-0000 tmpfs): never the directory below the mask.
+            eprintln!(
+                "aisb: the working directory {} is masked in the sandbox; starting in /",
+                cwd.display()
+            );
+            std::env::set_current_dir("/").map_err(|e| InitError::Mask {
+                target: "/".into(),
+                source: nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+            })?;
         }
     }
     Ok(())

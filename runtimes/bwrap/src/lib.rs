@@ -335,7 +335,15 @@ pub fn argv(spec: &Spec, inputs: &Inputs) -> Result<Vec<String>, BwrapError> {
         push(&["--remount-ro", "/"]);
     }
 
-    push(&["--chdir", &process.cwd().to_string_lossy(), "--clearenv"]);
+    // Under an overlay the init mounts, the working directory may exist only in the overlay:
+    // bwrap starts in `/` and the init enters it once its mounts are done.
+    let cwd = process.cwd().to_string_lossy().into_owned();
+    if overlays.is_empty() {
+        push(&["--chdir", &cwd, "--clearenv"]);
+    } else {
+        push(&["--chdir", "/", "--clearenv"]);
+        overlays.push(format!("--cwd={cwd}"));
+    }
     for kv in process.env().clone().unwrap_or_default() {
         let (k, v) = kv.split_once('=').unwrap_or((kv.as_str(), ""));
         push(&["--setenv", k, v]);
