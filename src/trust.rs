@@ -159,6 +159,12 @@ pub fn loosenings(plan: &Plan) -> Vec<String> {
             _ => {}
         }
     }
+    if plan.limits.disk == crate::eval::plan::Disk::Unlimited {
+        out.push(format!(
+            "disk budget lifted (`disk \"unlimited\"`): the sandbox's copy-on-write layers may fill the host's disk (at {})",
+            plan.limits.set_at.get("disk").cloned().unwrap_or_default()
+        ));
+    }
     let proxy_vars = crate::vocab::sandbox_env();
     let secrets: Vec<&str> = plan
         .env

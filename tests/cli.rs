@@ -193,6 +193,9 @@ fn plan_shows_the_limits_and_where_they_were_set() {
             .contains("  pids      4096 processes and threads   [aisb's default]\n")
             && o.stdout
                 .contains("  cpus      unlimited   [aisb's default]\n")
+            && o.stdout.contains(
+                "  disk      half of what the layers hold plus what is free   [aisb's default]\n"
+            )
             && memory.ends_with("   [aisb's default]")
             && (memory.contains("M, swap included") || memory.contains("unlimited")),
         "{}",
@@ -200,11 +203,11 @@ fn plan_shows_the_limits_and_where_they_were_set() {
     );
     let t = t.file(
         "sandbox.kdl",
-        "limits {\n    memory \"512M\"\n    cpus 1.5\n}\n",
+        "limits {\n    memory \"512M\"\n    cpus 1.5\n    disk \"2G\"\n}\n",
     );
     let o = t.with(&["plan"]);
     assert!(
-        o.stdout.contains("  memory    512M, swap included   [sandbox.kdl:2]\n  cpus      1.5   [sandbox.kdl:3]\n"),
+        o.stdout.contains("  memory    512M, swap included   [sandbox.kdl:2]\n  cpus      1.5   [sandbox.kdl:3]\n  disk      2G in copy-on-write layers and private copies   [sandbox.kdl:4]\n"),
         "{}",
         o.stdout
     );

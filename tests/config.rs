@@ -186,7 +186,7 @@ fn bad_values() {
 /// exist, zero, negative, absurdly large or small, the wrong type, an unknown key.
 #[test]
 fn bad_limits() {
-    insta::assert_snapshot!(err("limits {\n    pids 0\n    memory \"8X\"\n    cpus -1\n    swap \"1G\"\n}\nprofile \"p\" {\n    limits {\n        pids \"many\"\n        memory 0\n        cpus 5000\n    }\n}\nlimits pids=5 {\n    memory \"1K\"\n    pids 99999999\n}\n"));
+    insta::assert_snapshot!(err("limits {\n    pids 0\n    memory \"8X\"\n    cpus -1\n    swap \"1G\"\n    disk \"lots\"\n}\nprofile \"p\" {\n    limits {\n        pids \"many\"\n        memory 0\n        cpus 5000\n        disk 1024\n    }\n}\nlimits pids=5 {\n    memory \"1K\"\n    pids 99999999\n}\n"));
 }
 
 /// Limits default to a pids limit and half the host's memory (which the runtime applies

@@ -1138,3 +1138,123 @@ fn killed_swap(user: Option<(u32, u32)>) {
 }
 
 as_root_and_a_user!(a_swap_under_a_bound_name_is_caught_after_a_kill_as_root, a_swap_under_a_bound_name_is_caught_after_a_kill_as_a_user => killed_swap);
+
+as_root_and_a_user!(
+    a_sandbox_that_fills_its_layers_is_stopped_as_root,
+    a_sandbox_that_fills_its_layers_is_stopped_as_a_user => disk_budget
+);
+
+/// The host's disk is bounded too (issue 29 item 6): a sandbox whose copy-on-write layer
+/// (`project access="overlay"`) grows past `limits { disk … }` (32 MiB) is stopped, the run
+/// fails with the reason and an audit event says so. Half of its 40 MiB are written into a
+/// directory that is then made unreadable (`chmod 000`): an ordinary user's walk cannot look
+/// inside, and the file system's drop in free space stands for it. A run that stays under the budget is not stopped.
+fn disk_budget(user: Option<(u32, u32)>) {
+    // One at a time: the other's files, removed meanwhile, would give back free space that
+    // the hidden half's accounting (the file system's drop) counts on.
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
+    for backend in ["bwrap", "libcontainer"] {
+        let who = who(backend, user);
+        let p = Project::new(user);
+        std::fs::write(
+            p.proj().join("sandbox.kdl"),
+            format!("{CONFIG}project access=\"overlay\"\nlimits {{\n    disk \"32M\"\n}}\n"),
+        )
+        .unwrap();
+        let o = p.run(backend, "dd if=/dev/zero of=small bs=1M count=4 2>/dev/null; sleep 1; echo KEPT=yes");
+        assert_eq!(o.code, 0, "{who} under the budget: {}\n{}", o.stdout, o.stderr);
+        o.expect("KEPT", "yes");
+        let started = std::time::Instant::now();
+        let o = p.run(
+            backend,
+            "mkdir hide && dd if=/dev/zero of=hide/big bs=1M count=20 2>/dev/null && sync && chmod 000 hide && echo HIDDEN=yes; \
+             dd if=/dev/zero of=seen bs=1M count=20 2>/dev/null; sync; sleep 15; echo SURVIVED=yes",
+        );
+        o.expect("HIDDEN", "yes");
+        assert!(
+            o.value("SURVIVED").is_none() && o.code != 0,
+            "{who} a sandbox past its disk budget went on ({}): {}\n{}",
+            o.code,
+            o.stdout,
+            o.stderr
+        );
+        let said: String = o
+            .stderr
+            .split_whitespace()
+            .filter(|w| *w != "│")
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert!(
+            said.contains("past its disk budget of 32M") && said.contains("sandbox.kdl:"),
+            "{who} the reason:\n{}",
+            o.stderr
+        );
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(12),
+            "{who} stopped only after {:?}",
+            started.elapsed()
+        );
+        let logs: Vec<PathBuf> = walkdir::WalkDir::new(p.dir.path().join("cache"))
+            .into_iter()
+            .flatten()
+            .filter(|e| e.file_name() == "audit.jsonl")
+            .map(|e| e.path().to_path_buf())
+            .collect();
+        let text: String = logs
+            .iter()
+            .map(|l| std::fs::read_to_string(l).unwrap())
+            .collect();
+        assert!(
+            text.contains("\"event\":\"limit\"") && text.contains("disk (bytes)"),
+            "{who} no audit event:\n{text}"
+        );
+        // The host's project never saw the writes (they were the layer's).
+        assert!(!p.exists("hide") && !p.exists("small"), "{who}");
+    }
+}
+
+as_root_and_a_user!(
+    a_run_started_in_a_masked_directory_sees_the_mask_as_root,
+    a_run_started_in_a_masked_directory_sees_the_mask_as_a_user => masked_cwd
+);
+
+/// `aisb run` from inside a masked directory: the workload starts there (by name), so it sees
+/// the mask, never the directory below it. Under bwrap as root the init mounted the masks after
+/// bwrap had entered the working directory, and the workload's `cat key.txt` read the secret
+/// through the old inode; the same held for the project under `project access="overlay"`,
+/// where the workload started in the empty directory below the overlay.
+fn masked_cwd(user: Option<(u32, u32)>) {
+    for backend in ["bwrap", "libcontainer"] {
+        let who = who(backend, user);
+        let p = Project::new(user);
+        std::fs::create_dir_all(p.proj().join("secrets")).unwrap();
+        std::fs::write(p.proj().join("secrets/key.txt"), "TOPSECRET\n").unwrap();
+        for config in ["", "project access=\"overlay\"\n"] {
+            std::fs::write(
+                p.proj().join("sandbox.kdl"),
+                format!("{CONFIG}block \"secrets/\"\n{config}"),
+            )
+            .unwrap();
+            let mut cmd = p.cmd(
+                backend,
+                "cat key.txt 2>&1; echo LISTED=$(ls -A | wc -l); echo TOP=$(ls -A ..)",
+            );
+            cmd.current_dir(p.proj().join("secrets"));
+            let o = Out::from(cmd.output().unwrap());
+            assert_eq!(o.code, 0, "{who} {config}{}\n{}", o.stdout, o.stderr);
+            assert!(
+                !o.stdout.contains("TOPSECRET"),
+                "{who} {config}the secret read from the working directory:\n{}",
+                o.stdout
+            );
+            o.expect("LISTED", "0");
+            // The project around it is the project (under the overlay too).
+            assert!(
+                o.value("TOP").is_some_and(|t| t.contains("README")),
+                "{who} {config}{}",
+                o.stdout
+            );
+        }
+    }
+}

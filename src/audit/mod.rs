@@ -89,6 +89,14 @@ pub enum Kind {
     /// (written once when the budget runs out, and again with the final count when the run's
     /// log closes).
     Dropped { events: u64, budget_bytes: u64 },
+    /// A limit stopped the sandbox (`disk (bytes)`, `disk (inodes)`): what it used, its
+    /// budget, and the rule that set it.
+    Limit {
+        limit: String,
+        used: u64,
+        budget: u64,
+        rule: String,
+    },
     /// The proxy put a brokered credential's real value in a request to a host it is bound
     /// to (`credential`): which one, where, never the value.
     Credential {
@@ -109,7 +117,7 @@ impl Event {
 
     pub fn is_blocked(&self) -> bool {
         matches!(&self.kind, Kind::Net { action, .. } if action == "block")
-            || matches!(self.kind, Kind::AgentBlock { .. })
+            || matches!(self.kind, Kind::AgentBlock { .. } | Kind::Limit { .. })
     }
 
     /// One line for people: `12:03:04.512  BLOCK connect evil.com:443  not in the allowlist`.
@@ -184,6 +192,12 @@ impl Event {
                 "{t}  DROPPED {events} event(s): this run's log reached its {} MiB budget",
                 budget_bytes >> 20
             ),
+            Kind::Limit {
+                limit,
+                used,
+                budget,
+                rule,
+            } => format!("{t}  STOP   {limit} limit: used {used}, budget {budget}  {rule}"),
             Kind::Credential {
                 credential,
                 host,

@@ -422,7 +422,7 @@ pub fn render(plan: &Plan, _cwd: &Path, named: bool) -> String {
         Some(at) => format!("[{at}]"),
         None => "[aisb's default]".into(),
     };
-    let _ = writeln!(o, "\nlimits (`limits {{ pids …; memory …; cpus … }}`)");
+    let _ = writeln!(o, "\nlimits (`limits {{ pids …; memory …; cpus …; disk … }}`)");
     let _ = writeln!(
         o,
         "  pids      {} processes and threads   {}",
@@ -450,6 +450,20 @@ pub fn render(plan: &Plan, _cwd: &Path, named: bool) -> String {
         l.cpus_milli
             .map_or("unlimited".into(), |c| format!("{}", c as f64 / 1000.0)),
         at("cpus")
+    );
+    let _ = writeln!(
+        o,
+        "  disk      {}   {}",
+        match l.disk {
+            crate::eval::plan::Disk::Unlimited => "unlimited".into(),
+            crate::eval::plan::Disk::Bytes(b) => format!(
+                "{} in copy-on-write layers and private copies",
+                crate::runtime::limits::human(b)
+            ),
+            crate::eval::plan::Disk::Default =>
+                "half of what the layers hold plus what is free".into(),
+        },
+        at("disk")
     );
     if !plan.tools.is_empty() {
         let _ = writeln!(

@@ -303,8 +303,8 @@ pub struct ToolsCfg {
     pub deny: Vec<S<String>>,
 }
 
-/// `limits { pids 4096; memory "8G"; cpus 2 }`: the sandbox's share of the host, enforced by
-/// a cgroup. `None`: not said here (inherit); for memory and cpus, `Some(None)` is
+/// `limits { pids 4096; memory "8G"; cpus 2; disk "20G" }`: the sandbox's share of the host,
+/// enforced by a cgroup (the disk by aisb's watcher). `None`: not said here (inherit); for memory and cpus, `Some(None)` is
 /// `"unlimited"` (a profile lifting what a preset set).
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct LimitsCfg {
@@ -313,6 +313,10 @@ pub struct LimitsCfg {
     pub memory: Option<S<Option<u64>>>,
     /// Thousandths of a CPU (`cpus 1.5` is 1500).
     pub cpus: Option<S<Option<u32>>>,
+    /// Bytes of the host's disk the sandbox's copy-on-write layers and private copies may
+    /// take (see `runtime::disk`).
+    #[serde(default)]
+    pub disk: Option<S<Option<u64>>>,
 }
 
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
@@ -418,6 +422,8 @@ pub const PIDS_MIN: u64 = 8;
 pub const PIDS_MAX: u64 = 4_194_304;
 pub const MEMORY_MIN: u64 = 16 << 20;
 pub const MEMORY_MAX: u64 = 64 << 40;
+pub const DISK_MIN: u64 = 16 << 20;
+pub const DISK_MAX: u64 = 1 << 50;
 pub const CPUS_MILLI_MIN: u32 = 10;
 pub const CPUS_MILLI_MAX: u32 = 1_024_000;
 

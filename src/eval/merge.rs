@@ -120,6 +120,7 @@ pub fn merge(
     scalar(&mut base.limits.pids, &over.limits.pids);
     scalar(&mut base.limits.memory, &over.limits.memory);
     scalar(&mut base.limits.cpus, &over.limits.cpus);
+    scalar(&mut base.limits.disk, &over.limits.disk);
 
     // Tool rules append: a child profile adds denials and allowances, never removes a denial.
     base.tools.allow.extend(over.tools.allow.iter().cloned());

@@ -394,6 +394,8 @@ pub struct Limits {
     pub memory: Option<u64>,
     /// Thousandths of a CPU's time (`cpus 1.5` is 1500).
     pub cpus_milli: Option<u32>,
+    /// The host's disk the sandbox's copy-on-write layers and private copies may take.
+    pub disk: Disk,
     /// Where the configuration set each limit (`pids` -> `sandbox.kdl:12`); a limit not
     /// named here is aisb's default.
     pub set_at: std::collections::BTreeMap<String, String>,
@@ -451,9 +453,23 @@ impl Default for Limits {
             pids: Limits::DEFAULT_PIDS,
             memory: None,
             cpus_milli: None,
+            disk: Disk::Default,
             set_at: Default::default(),
         }
     }
+}
+
+/// The disk budget (`limits { disk … }`, enforced by `runtime::disk`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Disk {
+    /// Half of what the layers hold plus what is free, on each file system they are on.
+    Default,
+    /// At most this many bytes (and never more than nine tenths of what they hold plus what
+    /// is free).
+    Bytes(u64),
+    /// `disk "unlimited"`: not watched.
+    Unlimited,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -94,6 +94,9 @@ pub(super) fn limits(cx: &Ctx<'_>, l: &crate::config::model::LimitsCfg) -> plan:
     if let Some(c) = &l.cpus {
         at("cpus", c.loc);
     }
+    if let Some(d) = &l.disk {
+        at("disk", d.loc);
+    }
     if let Some(p) = &l.pids {
         out.pids = p.value;
     }
@@ -104,5 +107,9 @@ pub(super) fn limits(cx: &Ctx<'_>, l: &crate::config::model::LimitsCfg) -> plan:
         None => plan::Limits::default_memory(),
     };
     out.cpus_milli = l.cpus.as_ref().and_then(|c| c.value);
+    out.disk = match &l.disk {
+        Some(d) => d.value.map_or(plan::Disk::Unlimited, plan::Disk::Bytes),
+        None => plan::Disk::Default,
+    };
     out
 }

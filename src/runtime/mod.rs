@@ -7,6 +7,7 @@ pub mod cgroup;
 pub(crate) mod console;
 mod libcontainer;
 pub mod limits;
+pub mod disk;
 pub mod live;
 pub mod net;
 pub mod protect;

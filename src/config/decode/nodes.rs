@@ -1,6 +1,6 @@
 //! One function per node of the configuration (the `image` block's are in `image`).
 
-use kdl::{KdlDocument, KdlNode, KdlValue};
+use kdl::{KdlDocument, KdlEntry, KdlNode, KdlValue};
 
 use super::values::{is_env_glob, is_env_name, kind_of, parse_size};
 use super::Decoder;
@@ -966,6 +966,55 @@ impl Decoder<'_> {
         }
     }
 
+    /// A size limit's value (`memory`, `disk`): bytes, or `None` for `"unlimited"`; an error
+    /// at its span (and `None` returned) when it is no size or out of `min..=max`.
+    fn size_limit(
+        &mut self,
+        e: &KdlEntry,
+        which: &str,
+        min: u64,
+        max: u64,
+        eg: &str,
+        eg2: &str,
+    ) -> Option<Option<u64>> {
+        let bytes = match e.value() {
+            KdlValue::String(s) if s == "unlimited" => Some(None),
+            KdlValue::String(s) => parse_size(s).map(Some),
+            KdlValue::Integer(i) if *i > 0 => Some(Some(u64::try_from(*i).unwrap_or(u64::MAX))),
+            _ => None,
+        };
+        let help = format!(
+            "write e.g. `{which} \"{eg}\"` or `\"{eg2}\"` (between {}M and {}T), or `\"unlimited\"`",
+            min >> 20,
+            max >> 40
+        );
+        match bytes {
+            Some(Some(b)) if !(min..=max).contains(&b) => {
+                self.err(
+                    e.span(),
+                    format!("a {which} limit of {b} bytes is out of range"),
+                    "out of range",
+                    Some(help),
+                );
+                None
+            }
+            Some(v) => Some(v),
+            None => {
+                self.err(
+                    e.span(),
+                    match e.value() {
+                        KdlValue::String(s) => format!("invalid {which} size `{s}`"),
+                        KdlValue::Integer(i) => format!("a {which} limit of {i} bytes is out of range"),
+                        other => format!("expected a {which} size, found {}", kind_of(other)),
+                    },
+                    "bad size",
+                    Some(help),
+                );
+                None
+            }
+        }
+    }
+
     pub(super) fn limits(&mut self, node: &KdlNode, l: &mut LimitsCfg) {
         self.only_props(node, &[]);
         self.args(node, 0, 0, "");
@@ -998,41 +1047,13 @@ impl Decoder<'_> {
                     }
                 }
                 "memory" => {
-                    let bytes = match e.value() {
-                        KdlValue::String(s) if s == "unlimited" => Some(None),
-                        KdlValue::String(s) => parse_size(s).map(Some),
-                        KdlValue::Integer(i) if *i > 0 => {
-                            Some(Some(u64::try_from(*i).unwrap_or(u64::MAX)))
-                        }
-                        _ => None,
-                    };
-                    let help = format!(
-                        "write e.g. `memory \"8G\"` or `\"512M\"` (between {}M and {}T), or `\"unlimited\"`",
-                        MEMORY_MIN >> 20,
-                        MEMORY_MAX >> 40
-                    );
-                    match bytes {
-                        Some(Some(b)) if !(MEMORY_MIN..=MEMORY_MAX).contains(&b) => self.err(
-                            e.span(),
-                            format!("a memory limit of {b} bytes is out of range"),
-                            "out of range",
-                            Some(help),
-                        ),
-                        Some(v) => l.memory = Some(Spanned::new(v, loc)),
-                        None => self.err(
-                            e.span(),
-                            match e.value() {
-                                KdlValue::String(s) => format!("invalid memory size `{s}`"),
-                                KdlValue::Integer(i) => {
-                                    format!("a memory limit of {i} bytes is out of range")
-                                }
-                                other => {
-                                    format!("expected a memory size, found {}", kind_of(other))
-                                }
-                            },
-                            "bad size",
-                            Some(help),
-                        ),
+                    if let Some(v) = self.size_limit(e, "memory", MEMORY_MIN, MEMORY_MAX, "8G", "512M") {
+                        l.memory = Some(Spanned::new(v, loc));
+                    }
+                }
+                "disk" => {
+                    if let Some(v) = self.size_limit(e, "disk", DISK_MIN, DISK_MAX, "20G", "2G") {
+                        l.disk = Some(Spanned::new(v, loc));
                     }
                 }
                 _ => {

@@ -62,6 +62,11 @@ pub enum LiveError {
         what: String,
         source: std::io::Error,
     },
+    #[error("the sandbox was stopped: {0}")]
+    #[diagnostic(help(
+        "what it wrote is still there (a named sandbox: `aisb rm NAME` removes it); raise or set `limits {{ disk \"SIZE\" }}` in sandbox.kdl if the job needs more"
+    ))]
+    Disk(super::disk::Exceeded),
     #[error(
         "cannot mask {path}, which appeared in the project while the sandbox ran ({rule}): {why}"
     )]
@@ -112,8 +117,17 @@ impl Live {
     /// Start the layer for `plan`, or `None` when it has none. The watcher thread waits for
     /// the sandbox to be complete, then for [`DEFER`], before it sets anything up.
     pub fn start(plan: &Plan, exe: &Path) -> Result<Option<Live>, LiveError> {
-        let (Some(rules), Some((host, inside))) = (plan.live.clone(), watched(plan)) else {
+        let budget = super::disk::Budget::of(plan);
+        let masks = match (plan.live.clone(), watched(plan)) {
+            (Some(rules), Some(dirs)) => Some((rules, dirs)),
+            _ => None,
+        };
+        if masks.is_none() && budget.is_none() {
             return Ok(None);
+        }
+        let (rules, (host, inside)) = match masks {
+            Some((r, d)) => (Some(r), d),
+            None => (None, (PathBuf::new(), PathBuf::new())),
         };
         let start_masked: HashSet<Vec<u8>> = plan
             .masks
@@ -134,6 +148,7 @@ impl Live {
             quarantine: plan.state_dir.join("quarantine"),
             audit: crate::audit::Log::open(&plan.state_dir.join("audit.jsonl")).ok(),
             stopping: stopping.clone(),
+            budget,
         };
         // Signals meant for the sandbox must never land on the watcher (SIGTERM's default
         // action would end aisb): it starts with all of them blocked, from its first instant.
@@ -207,9 +222,11 @@ impl Drop for Live {
 /// sandbox started at most (plus the walk).
 const DEFER: Duration = Duration::from_millis(25);
 
+/// The run's watcher: the live masks (`rules`, `None` when the project is not watched) and
+/// the disk budget (`budget`, a thread of its own once the sandbox is complete).
 struct Watcher {
     host: PathBuf,
-    rules: crate::eval::plan::LiveRules,
+    rules: Option<crate::eval::plan::LiveRules>,
     start_masked: HashSet<Vec<u8>>,
     exe: PathBuf,
     inside: PathBuf,
@@ -217,6 +234,7 @@ struct Watcher {
     quarantine: PathBuf,
     audit: Option<crate::audit::Log>,
     stopping: Arc<AtomicBool>,
+    budget: Option<super::disk::Budget>,
 }
 
 fn readable(fd: &OwnedFd) -> bool {
@@ -224,8 +242,25 @@ fn readable(fd: &OwnedFd) -> bool {
     poll(&mut fds, Some(&rustix::time::Timespec::default())).is_ok_and(|n| n > 0)
 }
 
-fn kill(init: &OwnedFd) {
+pub(super) fn kill(init: &OwnedFd) {
     let _ = rustix::process::pidfd_send_signal(init, rustix::process::Signal::KILL);
+}
+
+/// Sleep until `stop` is readable or `timeout` passes; true when the run is stopping.
+pub(super) fn wait_for(stop: &OwnedFd, stopping: &AtomicBool, timeout: Option<Duration>) -> bool {
+    let mut polled = [PollFd::new(stop, PollFlags::IN)];
+    let timeout = timeout.map(|d| rustix::time::Timespec {
+        tv_sec: d.as_secs() as _,
+        tv_nsec: d.subsec_nanos() as _,
+    });
+    let woken = loop {
+        match poll(&mut polled, timeout.as_ref()) {
+            Err(rustix::io::Errno::INTR) => continue,
+            Ok(n) => break n > 0,
+            Err(_) => break true,
+        }
+    };
+    woken || stopping.load(Ordering::Relaxed)
 }
 
 impl Watcher {
@@ -236,12 +271,56 @@ impl Watcher {
         if self.wait(&[&stop], Some(DEFER)) {
             return Ok(());
         }
-        let result = self.watch(&stop, &init, pid);
+        let budget = match &self.budget {
+            Some(b) => Some(self.watch_disk(b.clone(), &init, &stop)?),
+            None => None,
+        };
+        let result = if self.rules.is_some() {
+            self.watch(&stop, &init, pid)
+        } else {
+            self.wait(&[&stop], None);
+            Ok(())
+        };
         if result.is_err() {
             // Fail closed: the sandbox must not go on while it could read a secret.
             kill(&init);
         }
-        result
+        let disk = match budget.map(JoinHandle::join) {
+            Some(Ok(Err(e))) => {
+                if let Some(log) = &self.audit {
+                    let _ = log.write(crate::audit::Kind::Limit {
+                        limit: format!("disk ({})", e.what),
+                        used: e.used,
+                        budget: e.budget,
+                        rule: e.rule.clone(),
+                    });
+                }
+                Err(LiveError::Disk(e))
+            }
+            _ => Ok(()),
+        };
+        // The budget's stop first: it is why the masks' watch ended, if it did.
+        disk.and(result)
+    }
+
+    /// The disk budget's thread (see [`super::disk`]), on copies of the init's pidfd and the
+    /// stop pipe.
+    fn watch_disk(
+        &self,
+        budget: super::disk::Budget,
+        init: &OwnedFd,
+        stop: &OwnedFd,
+    ) -> Result<JoinHandle<Result<(), super::disk::Exceeded>>, LiveError> {
+        let err = |source: std::io::Error| LiveError::Watch {
+            what: "starting the disk budget's watch".into(),
+            source,
+        };
+        let (init, stop) = (init.try_clone().map_err(err)?, stop.try_clone().map_err(err)?);
+        let stopping = self.stopping.clone();
+        std::thread::Builder::new()
+            .name("aisb-disk".into())
+            .spawn(move || super::disk::watch(&budget, &init, &stop, &stopping))
+            .map_err(err)
     }
 
     /// Sleep until one of `fds` is readable (true) or `timeout` passes (false); true too when
@@ -309,7 +388,10 @@ impl Watcher {
         let Some(mnt) = self.mount_ns(init, pid)? else {
             return Ok(());
         };
-        let mut tree = Tree::new(&self.host, self.rules.clone(), self.start_masked.clone())
+        let Some(rules) = self.rules.clone() else {
+            return Ok(());
+        };
+        let mut tree = Tree::new(&self.host, rules, self.start_masked.clone())
             .map_err(err(&format!("watching {}", self.host.display())))?;
         let mut pending = Vec::new();
         tree.walk(b"", false, &self.stopping, &mut pending)
