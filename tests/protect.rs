@@ -1162,8 +1162,15 @@ fn disk_budget(user: Option<(u32, u32)>) {
             format!("{CONFIG}project access=\"overlay\"\nlimits {{\n    disk \"32M\"\n}}\n"),
         )
         .unwrap();
-        let o = p.run(backend, "dd if=/dev/zero of=small bs=1M count=4 2>/dev/null; sleep 1; echo KEPT=yes");
-        assert_eq!(o.code, 0, "{who} under the budget: {}\n{}", o.stdout, o.stderr);
+        let o = p.run(
+            backend,
+            "dd if=/dev/zero of=small bs=1M count=4 2>/dev/null; sleep 1; echo KEPT=yes",
+        );
+        assert_eq!(
+            o.code, 0,
+            "{who} under the budget: {}\n{}",
+            o.stdout, o.stderr
+        );
         o.expect("KEPT", "yes");
         let started = std::time::Instant::now();
         let o = p.run(

@@ -422,7 +422,10 @@ pub fn render(plan: &Plan, _cwd: &Path, named: bool) -> String {
         Some(at) => format!("[{at}]"),
         None => "[aisb's default]".into(),
     };
-    let _ = writeln!(o, "\nlimits (`limits {{ pids …; memory …; cpus …; disk … }}`)");
+    let _ = writeln!(
+        o,
+        "\nlimits (`limits {{ pids …; memory …; cpus …; disk … }}`)"
+    );
     let _ = writeln!(
         o,
         "  pids      {} processes and threads   {}",

@@ -137,7 +137,11 @@ impl Budget {
 /// counts inodes at all (Btrfs says 0), of the file system holding `path`.
 fn free(path: &Path) -> Option<(u64, u64, bool)> {
     let s = rustix::fs::statvfs(path).ok()?;
-    let frsize = if s.f_frsize > 0 { s.f_frsize } else { s.f_bsize };
+    let frsize = if s.f_frsize > 0 {
+        s.f_frsize
+    } else {
+        s.f_bsize
+    };
     Some((s.f_bavail.saturating_mul(frsize), s.f_favail, s.f_files > 0))
 }
 
@@ -166,7 +170,10 @@ impl Usage {
             .map_or((0, 0), |e| (e.1, e.2))
     }
     fn bytes(&self) -> u64 {
-        self.per_dev.iter().map(|e| e.1).fold(0, u64::saturating_add)
+        self.per_dev
+            .iter()
+            .map(|e| e.1)
+            .fold(0, u64::saturating_add)
     }
 }
 
@@ -317,7 +324,9 @@ pub fn watch(
             let stop_at = fss
                 .iter()
                 .zip(&now)
-                .filter_map(|((dev, _), f)| f.and_then(|f| budgets(budget.disk, usage.on(*dev), f).1))
+                .filter_map(|((dev, _), f)| {
+                    f.and_then(|f| budgets(budget.disk, usage.on(*dev), f).1)
+                })
                 .max()
                 .map_or(u64::MAX, |b| b.saturating_mul(2).saturating_add(1));
             usage = measure(&budget.dirs, stop_at, stopping);

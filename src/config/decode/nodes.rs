@@ -1004,7 +1004,9 @@ impl Decoder<'_> {
                     e.span(),
                     match e.value() {
                         KdlValue::String(s) => format!("invalid {which} size `{s}`"),
-                        KdlValue::Integer(i) => format!("a {which} limit of {i} bytes is out of range"),
+                        KdlValue::Integer(i) => {
+                            format!("a {which} limit of {i} bytes is out of range")
+                        }
                         other => format!("expected a {which} size, found {}", kind_of(other)),
                     },
                     "bad size",
@@ -1047,7 +1049,9 @@ impl Decoder<'_> {
                     }
                 }
                 "memory" => {
-                    if let Some(v) = self.size_limit(e, "memory", MEMORY_MIN, MEMORY_MAX, "8G", "512M") {
+                    if let Some(v) =
+                        self.size_limit(e, "memory", MEMORY_MIN, MEMORY_MAX, "8G", "512M")
+                    {
                         l.memory = Some(Spanned::new(v, loc));
                     }
                 }

@@ -315,7 +315,10 @@ impl Watcher {
             what: "starting the disk budget's watch".into(),
             source,
         };
-        let (init, stop) = (init.try_clone().map_err(err)?, stop.try_clone().map_err(err)?);
+        let (init, stop) = (
+            init.try_clone().map_err(err)?,
+            stop.try_clone().map_err(err)?,
+        );
         let stopping = self.stopping.clone();
         std::thread::Builder::new()
             .name("aisb-disk".into())
