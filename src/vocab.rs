@@ -20,6 +20,9 @@ pub const PROXY_PORT: u16 = 3128;
 /// Where the masking file is mounted in a sandbox that has the live layer (see
 /// `runtime::live::masker`).
 pub const MASK_SOURCE: &str = "/run/aisb/masked";
+/// An empty directory where the mask helper mounts the reporting layer of masks
+/// (`runtime::live::deny`): one file per masked path, bound on top of its mask.
+pub const DENY_DIR: &str = "/run/aisb/deny";
 
 /// Where the list of paths the init masks is mounted (`--mask-list=`): one mount per mask,
 /// made by the init, never a runtime argument or an OCI mount each.

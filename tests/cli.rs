@@ -219,7 +219,8 @@ fn plan_shows_the_limits_and_where_they_were_set() {
             "pids": 4096,
             "memory": 512u64 << 20,
             "cpus_milli": 1500,
-            "set_at": {"memory": "sandbox.kdl:2", "cpus": "sandbox.kdl:3"},
+            "disk": {"bytes": 2u64 << 30},
+            "set_at": {"memory": "sandbox.kdl:2", "cpus": "sandbox.kdl:3", "disk": "sandbox.kdl:4"},
         })
     );
 }

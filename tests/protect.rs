@@ -1218,6 +1218,20 @@ fn disk_budget(user: Option<(u32, u32)>) {
         );
         // The host's project never saw the writes (they were the layer's).
         assert!(!p.exists("hide") && !p.exists("small"), "{who}");
+        // A file removed while open holds its blocks where no walk finds them.
+        let o = p.run(
+            backend,
+            "exec 3>gone && rm gone && echo REMOVED=yes && dd if=/dev/zero bs=1M count=40 >&3 2>/dev/null; \
+             sleep 15; echo SURVIVED=yes",
+        );
+        o.expect("REMOVED", "yes");
+        assert!(
+            o.value("SURVIVED").is_none() && o.code != 0,
+            "{who} a file removed while open filled the layer unseen ({}): {}\n{}",
+            o.code,
+            o.stdout,
+            o.stderr
+        );
     }
 }
 

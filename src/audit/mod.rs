@@ -89,6 +89,20 @@ pub enum Kind {
     /// (written once when the budget runs out, and again with the final count when the run's
     /// log closes).
     Dropped { events: u64, budget_bytes: u64 },
+    /// An attempt on a masked path, refused (the reporting layer of masks,
+    /// `runtime::live::deny`): what was tried (`read`, `write`, `list`, `lookup`, …), the path
+    /// as the sandbox names it, the rule that masks it, and the process (as the host numbers
+    /// it). `count`: how many of the same came in the quiet second before, unwritten.
+    File {
+        operation: String,
+        target: String,
+        result: String,
+        rule: String,
+        pid: u32,
+        command: String,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        count: u64,
+    },
     /// A limit stopped the sandbox (`disk (bytes)`, `disk (inodes)`): what it used, its
     /// budget, and the rule that set it.
     Limit {
@@ -107,6 +121,10 @@ pub enum Kind {
     },
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 impl Event {
     pub fn now(kind: Kind) -> Event {
         let ts = std::time::SystemTime::now()
@@ -117,7 +135,7 @@ impl Event {
 
     pub fn is_blocked(&self) -> bool {
         matches!(&self.kind, Kind::Net { action, .. } if action == "block")
-            || matches!(self.kind, Kind::AgentBlock { .. } | Kind::Limit { .. })
+            || matches!(self.kind, Kind::AgentBlock { .. } | Kind::Limit { .. } | Kind::File { .. })
     }
 
     /// One line for people: `12:03:04.512  BLOCK connect evil.com:443  not in the allowlist`.
@@ -191,6 +209,18 @@ impl Event {
             } => format!(
                 "{t}  DROPPED {events} event(s): this run's log reached its {} MiB budget",
                 budget_bytes >> 20
+            ),
+            Kind::File {
+                operation,
+                target,
+                rule,
+                pid,
+                command,
+                count,
+                ..
+            } => format!(
+                "{t}  DENY   {operation} {target}  {rule}  (pid {pid} {command}){}",
+                if *count > 0 { format!(" and {count} more like it") } else { String::new() }
             ),
             Kind::Limit {
                 limit,
@@ -270,6 +300,17 @@ impl Log {
             dropped: std::sync::atomic::AtomicU64::new(0),
             budget: RUN_BUDGET,
         })
+    }
+
+    /// A log appended to through `file` (a descriptor the mask helper inherited).
+    pub fn from_file(file: File, path: PathBuf) -> Log {
+        Log {
+            file,
+            path,
+            left: std::sync::atomic::AtomicU64::new(RUN_BUDGET),
+            dropped: std::sync::atomic::AtomicU64::new(0),
+            budget: RUN_BUDGET,
+        }
     }
 
     /// Events as JSON lines on standard output (`aisb proxy serve`: the cluster's logging

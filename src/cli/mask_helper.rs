@@ -8,6 +8,10 @@ pub struct Args {
     pub ns_fd: i32,
     /// Where the project is inside the sandbox.
     pub project: PathBuf,
+    /// A descriptor of the audit log (appended to), inherited: denials of masked paths are
+    /// written there (see `runtime::live::deny`).
+    #[arg(long)]
+    pub audit_fd: Option<i32>,
 }
 
 pub fn run(a: Args) -> i32 {
@@ -18,5 +22,10 @@ pub fn run(a: Args) -> i32 {
     }
     // SAFETY: checked open above; the parent passed it for this process alone.
     let mnt = unsafe { OwnedFd::from_raw_fd(a.ns_fd) };
-    crate::runtime::live::masker::serve(mnt, &a.project)
+    let audit = a
+        .audit_fd
+        .filter(|fd| *fd > 2 && nix::fcntl::fcntl(*fd, nix::fcntl::FcntlArg::F_GETFD).is_ok())
+        // SAFETY: checked open above; passed for this process alone.
+        .map(|fd| std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) }));
+    crate::runtime::live::masker::serve(mnt, &a.project, audit)
 }

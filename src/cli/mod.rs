@@ -514,8 +514,12 @@ pub fn run_plan(
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGTERM);
-    let _ = sandbox.join();
+    // What stopped the sandbox (its disk budget, a mask that could not land) is said here.
+    let ended = sandbox.join();
     drop(watcher);
+    if let Ok(Err(e)) = ended {
+        eprintln!("{:?}", miette::Report::new(e));
+    }
     if let Ok(branch) =
         crate::session::git(&s.clone, &["rev-parse", "--abbrev-ref", "HEAD"], &s.state)
     {

@@ -525,7 +525,9 @@ fn mount_layers(opts: &Options) -> Result<(), InitError> {
             Err(e) => return Err(mask_err(path.as_bytes())(e)),
         }
     }
-    if let Some(cwd) = cwd {
+    // Its name unknown (removed meanwhile): `/`, never the old inode.
+    let cwd = cwd.unwrap_or_else(|| std::path::PathBuf::from("/"));
+    {
         if std::env::set_current_dir(&cwd).is_err() {
             // Masked (a mode-0000 tmpfs): never the directory below the mask.
             eprintln!(

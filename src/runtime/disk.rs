@@ -33,6 +33,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rustix::fs::FileType;
+use rustix::io::Errno;
+
 use crate::eval::plan::{Disk, MountKind, Plan};
 
 /// A walk waits at least this many times the last walk's duration after it (≤ 1/20 of a core).
@@ -67,7 +70,7 @@ impl std::fmt::Display for Exceeded {
         match self.what {
             "bytes" => write!(
                 f,
-                "its copy-on-write layers and private copies (on the file system of {}) grew to {}, past its disk budget of {} ({})",
+                "its copy-on-write layers and private copies (on the file system of {}) hold {}, past its disk budget of {} ({})",
                 self.on.display(),
                 super::limits::human(self.used),
                 super::limits::human(self.budget),
@@ -75,7 +78,7 @@ impl std::fmt::Display for Exceeded {
             ),
             _ => write!(
                 f,
-                "its copy-on-write layers and private copies (on the file system of {}) grew to {} files, past its budget of {} ({})",
+                "its copy-on-write layers and private copies (on the file system of {}) hold {} files, past its budget of {} ({})",
                 self.on.display(),
                 self.used,
                 self.budget,
@@ -169,196 +172,351 @@ impl Usage {
             .find(|(d, _, _)| *d == dev)
             .map_or((0, 0), |e| (e.1, e.2))
     }
-    fn bytes(&self) -> u64 {
-        self.per_dev
-            .iter()
-            .map(|e| e.1)
-            .fold(0, u64::saturating_add)
-    }
 }
 
-/// Walk `dirs` (no link followed; an inode with several links counted once). Stops early once
-/// `stop_at` inodes were counted (already past every budget) or the run is stopping.
+/// How deep a walk goes; what is deeper counts as unreadable (the file system's drop stands
+/// for it).
+const DEPTH_MAX: usize = 128;
+/// The most entries one walk looks at, and the most inodes with several links it remembers
+/// (aisb's own memory, outside the sandbox's cgroup); past either, the rest is unreadable.
+const ENTRIES_MAX: u64 = 2_000_000;
+const LINKED_MAX: usize = 1 << 20;
+
+/// Walk `dirs` through descriptors (`openat` with `O_NOFOLLOW` from the directory above, so a
+/// directory the sandbox swaps for a link is never followed out of the layer); an inode with
+/// several links counted once; everything charged to the file system of the directory the
+/// walk started from (a Btrfs subvolume inside has a device number of its own). Stops at
+/// `stop_at` inodes (already past every budget) or when the run is stopping.
 fn measure(dirs: &[PathBuf], stop_at: u64, stopping: &AtomicBool) -> Usage {
+    use rustix::fs::{openat, statat, AtFlags, Dir, Mode, OFlags, CWD};
     let mut usage = Usage::default();
     let mut linked: HashSet<(u64, u64)> = HashSet::new();
     let mut seen = 0u64;
-    for dir in dirs {
-        for entry in walkdir::WalkDir::new(dir).follow_links(false) {
-            let meta = match entry.and_then(|e| e.metadata()) {
-                Ok(m) => m,
+    let cap = stop_at.min(ENTRIES_MAX);
+    let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    for root in dirs {
+        let Ok(top) = statat(CWD, root, AtFlags::SYMLINK_NOFOLLOW) else {
+            continue;
+        };
+        let dev = top.st_dev;
+        usage.add(dev, (top.st_blocks as u64).saturating_mul(512), 1);
+        if FileType::from_raw_mode(top.st_mode) != FileType::Directory {
+            continue;
+        }
+        let Ok(fd) = openat(CWD, root, dir_flags, Mode::empty()) else {
+            usage.unreadable += 1;
+            continue;
+        };
+        // Depth-first, one descriptor per level (bounded by DEPTH_MAX).
+        let mut stack: Vec<Dir> = match Dir::read_from(&fd) {
+            Ok(d) => vec![d],
+            Err(_) => {
+                usage.unreadable += 1;
+                continue;
+            }
+        };
+        let mut fds = vec![fd];
+        while let Some(dir) = stack.last_mut() {
+            let Some(entry) = dir.next() else {
+                stack.pop();
+                fds.pop();
+                continue;
+            };
+            let Ok(entry) = entry else {
+                usage.unreadable += 1;
+                stack.pop();
+                fds.pop();
+                continue;
+            };
+            let name = entry.file_name();
+            if name == c"." || name == c".." {
+                continue;
+            }
+            let parent = fds.last().expect("one descriptor per level");
+            let st = match statat(parent, name, AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(st) => st,
                 // Gone since it was listed (the sandbox removing it): nothing held.
-                Err(e)
-                    if e.io_error().map(std::io::Error::kind)
-                        == Some(std::io::ErrorKind::NotFound) =>
-                {
-                    continue
-                }
+                Err(Errno::NOENT) => continue,
                 Err(_) => {
                     usage.unreadable += 1;
                     continue;
                 }
             };
-            if meta.nlink() > 1 && !meta.is_dir() && !linked.insert((meta.dev(), meta.ino())) {
+            seen += 1;
+            if seen >= cap || (seen % 4096 == 0 && stopping.load(Ordering::Relaxed)) {
+                if seen >= ENTRIES_MAX {
+                    usage.unreadable += 1;
+                }
+                usage.add(dev, 0, 0);
+                return usage;
+            }
+            let is_dir = FileType::from_raw_mode(st.st_mode) == FileType::Directory;
+            if st.st_nlink > 1 && !is_dir {
+                if linked.len() >= LINKED_MAX {
+                    usage.unreadable += 1;
+                } else if !linked.insert((st.st_dev, st.st_ino)) {
+                    continue;
+                }
+            }
+            usage.add(dev, (st.st_blocks as u64).saturating_mul(512), 1);
+            if !is_dir {
                 continue;
             }
-            usage.add(meta.dev(), meta.blocks().saturating_mul(512), 1);
-            seen += 1;
-            if seen >= stop_at || (seen % 4096 == 0 && stopping.load(Ordering::Relaxed)) {
-                return usage;
+            if fds.len() >= DEPTH_MAX {
+                usage.unreadable += 1;
+                continue;
+            }
+            match openat(parent, name, dir_flags, Mode::empty())
+                .and_then(|fd| Dir::read_from(&fd).map(|d| (fd, d)))
+            {
+                Ok((fd, d)) => {
+                    fds.push(fd);
+                    stack.push(d);
+                }
+                // Swapped for a link since (ELOOP, ENOTDIR) or gone: not followed.
+                Err(Errno::NOENT | Errno::LOOP | Errno::NOTDIR) => {}
+                Err(_) => usage.unreadable += 1,
             }
         }
     }
     usage
 }
 
-/// The budgets of one file system, from what the layers hold on it (`used`) and what is free
-/// now: (bytes, inodes; `None` where inodes are not counted).
-fn budgets(disk: Disk, used: (u64, u64), free: (u64, u64, bool)) -> (u64, Option<u64>) {
-    let total = used.0.saturating_add(free.0);
+/// Bytes of files that the sandbox's processes hold open after removing them (`rm` of an
+/// open file, `O_TMPFILE`): no walk finds them, their blocks stay taken until closed. Those on
+/// `devs`, per device, from the host's `/proc`: every process in the init's pid namespace
+/// (bounded by its pids limit), every descriptor that names a deleted file. `None`: some
+/// could not be looked at.
+fn held_open(init_pid: i32, devs: &[u64]) -> Option<Vec<(u64, u64)>> {
+    use std::os::unix::fs::MetadataExt;
+    const FDS_MAX: usize = 1_000_000;
+    let ns = std::fs::read_link(format!("/proc/{init_pid}/ns/pid")).ok()?;
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    let mut counted: HashSet<(u64, u64)> = HashSet::new();
+    let mut looked = 0usize;
+    let mut complete = true;
+    for p in std::fs::read_dir("/proc").ok()?.flatten() {
+        let name = p.file_name();
+        let Some(pid) = name.to_str().filter(|n| n.bytes().all(|b| b.is_ascii_digit())) else {
+            continue;
+        };
+        if std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok().as_ref() != Some(&ns) {
+            continue;
+        }
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            // Not ours to look at (ended meanwhile is fine).
+            if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                complete = false;
+            }
+            continue;
+        };
+        for fd in fds.flatten() {
+            looked += 1;
+            if looked > FDS_MAX {
+                return None;
+            }
+            let Ok(target) = std::fs::read_link(fd.path()) else {
+                continue;
+            };
+            if !target.as_os_str().as_encoded_bytes().ends_with(b" (deleted)") {
+                continue;
+            }
+            let Ok(m) = std::fs::metadata(fd.path()) else {
+                continue;
+            };
+            if m.nlink() == 0 && devs.contains(&m.dev()) && counted.insert((m.dev(), m.ino())) {
+                match out.iter_mut().find(|e| e.0 == m.dev()) {
+                    Some(e) => e.1 = e.1.saturating_add(m.blocks().saturating_mul(512)),
+                    None => out.push((m.dev(), m.blocks().saturating_mul(512))),
+                }
+            }
+        }
+    }
+    complete.then_some(out)
+}
+
+/// The budgets of one file system from what the layers held at the start and what was free
+/// then: (bytes, inodes; `None` where inodes are not counted). The host keeps at least half
+/// of what was free; a configured budget never takes more than nine tenths of it.
+fn budgets(disk: Disk, held: (u64, u64), free: (u64, u64, bool)) -> (u64, Option<u64>) {
     let bytes = match disk {
-        Disk::Bytes(b) => b.min(total / 10 * 9),
-        _ => total / 2,
+        Disk::Bytes(b) => b.min(held.0.saturating_add(free.0 / 10 * 9)),
+        _ => held.0.saturating_add(free.0 / 2),
     };
-    let inodes = free.2.then(|| used.1.saturating_add(free.1) / 2);
+    let inodes = free.2.then(|| held.1.saturating_add(free.1 / 2));
     (bytes, inodes)
 }
 
-/// What is over its budget in `usage`, given the free space seen with it (`now`) and at the
-/// watch's start (`first`), per file system of `fss` (a device and a directory on it).
-fn over(
-    budget: &Budget,
-    fss: &[(u64, PathBuf)],
-    usage: &Usage,
-    now: &[Option<(u64, u64, bool)>],
-    first: &[Option<(u64, u64, bool)>],
-) -> Option<Exceeded> {
-    let rule = budget.rule();
-    if let Disk::Bytes(b) = budget.disk {
-        if usage.bytes() > b {
-            return Some(Exceeded {
-                what: "bytes",
-                used: usage.bytes(),
-                budget: b,
-                rule,
-                on: fss.first().map(|f| f.1.clone()).unwrap_or_default(),
-            });
-        }
-    }
-    for (i, (dev, probe)) in fss.iter().enumerate() {
-        let Some(free) = now.get(i).copied().flatten() else {
-            continue;
-        };
-        let (mut bytes, inodes) = usage.on(*dev);
-        let (bytes_budget, inodes_budget) = budgets(budget.disk, (bytes, inodes), free);
-        if usage.unreadable > 0 {
-            // What the walk could not see: the file system's drop since the start stands
-            // for it (whoever else wrote meanwhile: the safe side).
-            let drop = first
-                .get(i)
-                .copied()
-                .flatten()
-                .map_or(0, |f| f.0.saturating_sub(free.0));
-            bytes = bytes.max(drop);
-        }
-        if bytes > bytes_budget {
-            return Some(Exceeded {
-                what: "bytes",
-                used: bytes,
-                budget: bytes_budget,
-                rule,
-                on: probe.clone(),
-            });
-        }
-        if let Some(b) = inodes_budget.filter(|b| inodes > *b) {
-            return Some(Exceeded {
-                what: "inodes",
-                used: inodes,
-                budget: b,
-                rule,
-                on: probe.clone(),
-            });
-        }
-    }
-    None
+/// One file system the directories are on: a device, a directory on it, what the directories
+/// held there and what was free at the start, and its budgets.
+struct Fs {
+    dev: u64,
+    probe: PathBuf,
+    held: (u64, u64),
+    free0: (u64, u64, bool),
+    bytes: u64,
+    inodes: Option<u64>,
 }
 
-/// How long a walk is waited for at the longest when nothing else asks for one: writes that
-/// others' deletions hid from the glances are found by then.
+impl Fs {
+    /// The least the directories can hold now: what they held plus the file system's drop
+    /// since (nothing the sandbox does hides from that; others' writes count too).
+    fn floor(&self, now: (u64, u64, bool)) -> (u64, u64) {
+        (
+            self.held.0.saturating_add(self.free0.0.saturating_sub(now.0)),
+            self.held.1.saturating_add(self.free0.1.saturating_sub(now.1)),
+        )
+    }
+    fn over(&self, used: (u64, u64)) -> bool {
+        used.0 > self.bytes || self.inodes.is_some_and(|b| used.1 > b)
+    }
+}
+
+/// What is over its budget: `usage` from a walk (with what is held open, `open`), the free
+/// space seen with it (`now`). What a walk could not see is the file system's drop.
+fn over(
+    budget: &Budget,
+    fss: &[Fs],
+    usage: &Usage,
+    open: Option<&[(u64, u64)]>,
+    now: &[Option<(u64, u64, bool)>],
+) -> Option<Exceeded> {
+    let rule = budget.rule();
+    let mut total = 0u64;
+    let mut found = None;
+    for (fs, now) in fss.iter().zip(now) {
+        let (mut bytes, mut inodes) = usage.on(fs.dev);
+        match open {
+            Some(o) => {
+                bytes = bytes.saturating_add(o.iter().find(|e| e.0 == fs.dev).map_or(0, |e| e.1))
+            }
+            None => {}
+        }
+        if usage.unreadable > 0 || open.is_none() {
+            if let Some(now) = now {
+                let floor = fs.floor(*now);
+                bytes = bytes.max(floor.0);
+                inodes = inodes.max(floor.1);
+            }
+        }
+        total = total.saturating_add(bytes);
+        if found.is_none() && fs.over((bytes, inodes)) {
+            let inode_over = fs.inodes.is_some_and(|b| inodes > b) && bytes <= fs.bytes;
+            found = Some(Exceeded {
+                what: if inode_over { "inodes" } else { "bytes" },
+                used: if inode_over { inodes } else { bytes },
+                budget: if inode_over { fs.inodes.unwrap_or(0) } else { fs.bytes },
+                rule: rule.clone(),
+                on: fs.probe.clone(),
+            });
+        }
+    }
+    if let (None, Disk::Bytes(b)) = (&found, budget.disk) {
+        if total > b {
+            found = Some(Exceeded {
+                what: "bytes",
+                used: total,
+                budget: b,
+                rule,
+                on: fss.first().map(|f| f.probe.clone()).unwrap_or_default(),
+            });
+        }
+    }
+    found
+}
+
+/// How long a walk is waited for at the longest when nothing else asks for one.
 const BACKSTOP: Duration = Duration::from_secs(30);
 
 /// The watch, until `stop` is readable or `stopping` is set. `Err`: the budget was exceeded
-/// (the init was then killed).
+/// (the init was then killed). `init_pid`: the init as the host numbers it (its pid namespace
+/// names the sandbox's processes).
 ///
-/// Nothing is walked while the file systems' free space holds: a glance (`statvfs`) every
-/// [`GLANCE_EVERY`] asks for a walk once free bytes or inodes dropped by more than a quarter of
-/// what the last walk left of the budget (a configured budget is also walked at once), and a
-/// walk waits [`WALK_COST`] times the last one's duration after it. A short run, or one that
-/// writes little, never walks.
+/// One walk at the start (what the directories hold then). Then a glance (`statvfs`) every
+/// [`GLANCE_EVERY`]: while what they held plus the file system's drop since stays within the
+/// budget, nothing is walked (a sandbox cannot make the file system lose space it does not
+/// show); past it, a walk (with the files held open after removal) says whether the sandbox
+/// or someone else took it, at most every [`WALK_COST`]/4 times the last walk's duration. A
+/// walk at least every [`BACKSTOP`] (cost permitting) finds what others' deletions hid.
 pub fn watch(
     budget: &Budget,
     init: &OwnedFd,
+    init_pid: i32,
     stop: &OwnedFd,
     stopping: &Arc<AtomicBool>,
 ) -> Result<(), Exceeded> {
-    let mut fss: Vec<(u64, PathBuf)> = Vec::new();
+    let mut roots: Vec<(u64, PathBuf)> = Vec::new();
     for dir in &budget.dirs {
         if let Ok(meta) = std::fs::symlink_metadata(dir) {
-            if !fss.iter().any(|f| f.0 == meta.dev()) {
-                fss.push((meta.dev(), dir.clone()));
+            if !roots.iter().any(|f| f.0 == meta.dev()) {
+                roots.push((meta.dev(), dir.clone()));
             }
         }
     }
-    let glance = || -> Vec<Option<(u64, u64, bool)>> { fss.iter().map(|f| free(&f.1)).collect() };
-    let first = glance();
-    // The last walk: what it found, the free space seen with it, when it ended, how long.
-    let mut usage = Usage::default();
-    let mut base = first.clone();
-    let mut walked: Option<(Instant, Duration)> = None;
-    let mut due = matches!(budget.disk, Disk::Bytes(_));
+    let glance =
+        || -> Vec<Option<(u64, u64, bool)>> { roots.iter().map(|f| free(&f.1)).collect() };
+    let free0 = glance();
+    let began = Instant::now();
+    let held0 = measure(&budget.dirs, u64::MAX, stopping);
+    let fss: Vec<Fs> = roots
+        .iter()
+        .zip(&free0)
+        .filter_map(|((dev, probe), f)| {
+            let f = (*f)?;
+            let held = held0.on(*dev);
+            let (bytes, inodes) = budgets(budget.disk, held, f);
+            Some(Fs {
+                dev: *dev,
+                probe: probe.clone(),
+                held,
+                free0: f,
+                bytes,
+                inodes,
+            })
+        })
+        .collect();
+    let devs: Vec<u64> = fss.iter().map(|f| f.dev).collect();
+    let mut walked = (Instant::now(), began.elapsed());
+    // A configured budget the directories already exceed: said at once.
+    let now = fss.iter().map(|f| free(&f.probe)).collect::<Vec<_>>();
+    let check = |usage: &Usage, now: &[Option<(u64, u64, bool)>]| {
+        let open = held_open(init_pid, &devs);
+        over(budget, &fss, usage, open.as_deref(), now)
+    };
+    if let Some(e) = check(&held0, &now) {
+        super::live::kill(init);
+        return Err(e);
+    }
     loop {
-        if due {
-            let began = Instant::now();
-            let now = glance();
-            // Past the largest inode budget there is nothing more to learn.
-            let stop_at = fss
-                .iter()
-                .zip(&now)
-                .filter_map(|((dev, _), f)| {
-                    f.and_then(|f| budgets(budget.disk, usage.on(*dev), f).1)
-                })
-                .max()
-                .map_or(u64::MAX, |b| b.saturating_mul(2).saturating_add(1));
-            usage = measure(&budget.dirs, stop_at, stopping);
-            if let Some(e) = over(budget, &fss, &usage, &now, &first) {
-                super::live::kill(init);
-                return Err(e);
-            }
-            base = now;
-            walked = Some((Instant::now(), began.elapsed()));
-        }
         if super::live::wait_for(stop, stopping, Some(GLANCE_EVERY)) {
             return Ok(());
         }
-        let now = glance();
-        let dropped = fss.iter().enumerate().any(|(i, (dev, _))| {
-            let (Some(then), Some(now)) = (base[i], now[i]) else {
-                return false;
-            };
-            let used = usage.on(*dev);
-            let (b, n) = budgets(budget.disk, used, then);
-            let left_bytes = b.saturating_sub(used.0);
-            let left_inodes = n.map_or(u64::MAX, |n| n.saturating_sub(used.1));
-            then.0.saturating_sub(now.0) > left_bytes / 4
-                || then.1.saturating_sub(now.1) > left_inodes / 4
-        });
-        due = match walked {
-            None => dropped,
-            Some((at, took)) => {
-                let gap = (took * WALK_COST).max(GLANCE_EVERY);
-                at.elapsed() >= gap && (dropped || at.elapsed() >= BACKSTOP)
-            }
+        let now: Vec<_> = fss.iter().map(|f| free(&f.probe)).collect();
+        let past = fss
+            .iter()
+            .zip(&now)
+            .any(|(fs, n)| n.is_some_and(|n| fs.over(fs.floor(n))));
+        let since = walked.0.elapsed();
+        let due = if past {
+            since >= (walked.1 * WALK_COST / 4).max(GLANCE_EVERY)
+        } else {
+            since >= BACKSTOP.max(walked.1 * WALK_COST)
         };
+        if !due {
+            continue;
+        }
+        let began = Instant::now();
+        let stop_at = fss
+            .iter()
+            .filter_map(|f| f.inodes)
+            .max()
+            .map_or(u64::MAX, |b| b.saturating_mul(2).saturating_add(1));
+        let usage = measure(&budget.dirs, stop_at, stopping);
+        walked = (Instant::now(), began.elapsed());
+        if let Some(e) = check(&usage, &now) {
+            super::live::kill(init);
+            return Err(e);
+        }
     }
 }
 

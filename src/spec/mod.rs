@@ -365,6 +365,16 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
         ));
     }
 
+    // Where the mask helper mounts the reporting layer (see `runtime::live::deny`).
+    if paths.init.is_some() && (plan.live.is_some() || visible_masks(plan).next().is_some()) {
+        mounts.push(mount(
+            Path::new(crate::vocab::DENY_DIR),
+            "tmpfs",
+            "tmpfs",
+            &opts(&["ro", "nosuid", "nodev", "noexec", "mode=0555", "size=4k"]),
+        ));
+    }
+
     let proxied = netns && plan.network.mode == NetMode::Allow;
     if let (true, Some(dir)) = (proxied, &paths.proxy_dir) {
         mounts.push(mount(

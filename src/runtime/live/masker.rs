@@ -1,7 +1,8 @@
 //! The helper that masks inside a running sandbox (`aisb __mask`): a process of its own,
 //! because joining a mount namespace (and a user namespace) needs a single-threaded caller.
 //! It joins once, when the sandbox is complete, then masks what it is asked for, one path at
-//! a time: each request is a project-relative path ending in NUL, each answer one line.
+//! a time: each request is its kind's byte, a project-relative path, and a NUL; each answer
+//! one line. It also mounts and serves the reporting layer of masks ([`super::deny`]).
 //!
 //! How it masks is how the start-up masks are made: over a file, a read-only bind of the
 //! empty mode-0000 file (reading fails with EACCES); over a directory, an empty read-only
@@ -41,10 +42,30 @@ impl Outcome {
     }
 }
 
+/// What the helper has of the reporting layer (see [`super::deny`]).
+struct Deny {
+    table: super::deny::Table,
+    /// The root of the mounted file system (O_PATH), where mask `N` is looked up.
+    root: OwnedFd,
+}
+
+/// The most masks the reporting layer takes (each an entry of ~100 bytes in the helper).
+const DENY_MAX: usize = 1 << 20;
+
 /// Run as the helper: join the namespaces of `mnt` (a sandbox's mount namespace), then serve
-/// requests on stdin until it closes. Returns the exit code.
-pub fn serve(mnt: OwnedFd, project: &Path) -> i32 {
-    let inside = match enter(&mnt).and_then(|()| Inside::open(project)) {
+/// requests on stdin until it closes. Returns the exit code. `audit`: the audit log, where
+/// the reporting layer of masks writes denials (none: no reporting layer).
+pub fn serve(mnt: OwnedFd, project: &Path, audit: Option<std::fs::File>) -> i32 {
+    let mut host = None;
+    // No project (`""`): the reporting layer alone, for a sandbox whose project is not
+    // watched (the masking file may not be mounted there).
+    let inside = match enter(&mnt, audit.is_some().then_some(&mut host)).and_then(|()| {
+        if project.as_os_str().is_empty() {
+            Ok(None)
+        } else {
+            Inside::open(project).map(Some)
+        }
+    }) {
         Ok(i) => i,
         Err(e) => {
             eprintln!("aisb: the live mask helper cannot enter the sandbox: {e}");
@@ -52,11 +73,24 @@ pub fn serve(mnt: OwnedFd, project: &Path) -> i32 {
         }
     };
     drop(mnt);
+    // The reporting layer, where the host gave a log and the kernel has FUSE; masks hold
+    // without it (it only tells).
+    let deny = match (host, audit) {
+        (Some(Ok((fuse, proc))), Some(log)) => Some(mount_deny(fuse, proc, log)),
+        (Some(Err(e)), Some(_)) => Some(Err(e)),
+        _ => None,
+    };
     let mut stdin = std::io::stdin().lock();
     let mut stdout = std::io::stdout().lock();
     // The host side waits for this: a helper that could not join is known at once.
+    let ready = match &deny {
+        Some(Ok(_)) => "ready deny\n".to_string(),
+        Some(Err(e)) => format!("ready {}\n", e.to_string().replace('\n', " ")),
+        None => "ready\n".to_string(),
+    };
+    let deny = deny.and_then(Result::ok);
     if stdout
-        .write_all(b"ready\n")
+        .write_all(ready.as_bytes())
         .and_then(|()| stdout.flush())
         .is_err()
     {
@@ -72,7 +106,16 @@ pub fn serve(mnt: OwnedFd, project: &Path) -> i32 {
         if rel.pop() != Some(0) || rel.is_empty() {
             return 2;
         }
-        let answer = match inside.mask(&rel) {
+        let done = match (rel[0], &deny) {
+            (MASK_REQUEST, _) => match &inside {
+                Some(i) => i.mask(&rel[1..]).map_err(|e| e.to_string()),
+                None => Err("no project to mask in".into()),
+            },
+            (DENY_REQUEST, Some(d)) => d.add(&rel[1..]).map_err(|e| e.to_string()),
+            (DENY_REQUEST, None) => Err("no reporting layer".into()),
+            _ => return 2,
+        };
+        let answer = match done {
             Ok(o) => format!("ok {}\n", o.word()),
             Err(e) => format!("err {e}\n"),
         };
@@ -82,6 +125,146 @@ pub fn serve(mnt: OwnedFd, project: &Path) -> i32 {
             .is_err()
         {
             return 0;
+        }
+    }
+}
+
+/// A request to mask a path: this byte, then the project-relative path, then NUL. Each
+/// request starts with its kind, so that no name the sandbox chose reads as another kind.
+pub const MASK_REQUEST: u8 = b'm';
+/// A request to put the reporting layer over a mask: this byte, `d` or `f` (directory or
+/// file), the rule, [`DENY_SEP`], the path inside (absolute), then the NUL that ends every
+/// request.
+pub const DENY_REQUEST: u8 = 0x01;
+pub const DENY_SEP: u8 = 0x1f;
+
+/// Mount the reporting layer on [`crate::vocab::DENY_DIR`] and start serving it.
+fn mount_deny(fuse: OwnedFd, proc: OwnedFd, log: std::fs::File) -> std::io::Result<Deny> {
+    use nix::mount::{mount, MsFlags};
+    let data = format!(
+        "fd={},rootmode=40000,user_id=0,group_id=0,allow_other",
+        fuse.as_raw_fd()
+    );
+    mount(
+        Some("aisb-deny"),
+        crate::vocab::DENY_DIR,
+        Some("fuse"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some(data.as_str()),
+    )
+    .map_err(|e| std::io::Error::other(format!("mounting FUSE on {}: {e}", crate::vocab::DENY_DIR)))?;
+    let table: super::deny::Table = Default::default();
+    let served = table.clone();
+    let log = crate::audit::Log::from_file(log, std::path::PathBuf::from("audit.jsonl"));
+    std::thread::Builder::new()
+        .name("aisb-deny".into())
+        .spawn(move || {
+            let _ = super::deny::serve(fuse, served, |d, count| {
+                let _ = log.write(crate::audit::Kind::File {
+                    operation: d.op.to_string(),
+                    target: d.target.clone(),
+                    result: "blocked".into(),
+                    rule: d.rule.clone(),
+                    pid: d.pid,
+                    command: command_of(&proc, d.pid),
+                    count,
+                });
+            });
+        })?;
+    // Looked up through the mount once it answers (the kernel waits for INIT).
+    let root = openat2(
+        CWD,
+        crate::vocab::DENY_DIR,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )?;
+    Ok(Deny { table, root })
+}
+
+/// A process's command line as the host's /proc has it (NULs as spaces, at most 256 bytes);
+/// its name alone, or `?`, where that cannot be read (it ended).
+fn command_of(proc: &OwnedFd, pid: u32) -> String {
+    let read = |name: &str| -> Option<Vec<u8>> {
+        let fd = rustix::fs::openat(
+            proc,
+            format!("{pid}/{name}"),
+            OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            Mode::empty(),
+        )
+        .ok()?;
+        let mut buf = vec![0u8; 256];
+        let n = rustix::io::read(&fd, &mut buf).ok()?;
+        buf.truncate(n);
+        Some(buf)
+    };
+    let text = |b: Vec<u8>| {
+        String::from_utf8_lossy(&b)
+            .trim_end_matches(['\0', '\n'])
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect::<String>()
+    };
+    match read("cmdline").map(text).filter(|s| !s.is_empty()) {
+        Some(c) => c,
+        None => read("comm").map(text).unwrap_or_else(|| "?".into()),
+    }
+}
+
+impl Deny {
+    /// Put file `N` of the layer over the mask at the request's path.
+    fn add(&self, req: &[u8]) -> Result<Outcome, Errno> {
+        let (&kind, rest) = req.split_first().ok_or(Errno::INVAL)?;
+        let sep = rest.iter().position(|b| *b == DENY_SEP).ok_or(Errno::INVAL)?;
+        let (rule, path) = (&rest[..sep], &rest[sep + 1..]);
+        let dir = match kind {
+            b'd' => true,
+            b'f' => false,
+            _ => return Err(Errno::INVAL),
+        };
+        // The mask itself: a mount point, reached without a link.
+        let target = match openat2(
+            CWD,
+            path,
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        ) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP | Errno::XDEV) => return Ok(Outcome::Absent),
+            Err(e) => return Err(e),
+        };
+        let is_dir = FileType::from_raw_mode(rustix::fs::fstat(&target)?.st_mode) == FileType::Directory;
+        if is_dir != dir {
+            return Ok(Outcome::Absent);
+        }
+        let index = {
+            let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+            if t.len() >= DENY_MAX {
+                return Err(Errno::NOSPC);
+            }
+            t.push(super::deny::Entry {
+                path: String::from_utf8_lossy(path).into_owned(),
+                dir,
+                rule: String::from_utf8_lossy(rule).into_owned(),
+            });
+            t.len() - 1
+        };
+        let file = open_tree(
+            &self.root,
+            index.to_string(),
+            OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+        )?;
+        match move_mount(
+            &file,
+            c"",
+            &target,
+            c"",
+            MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH | MoveMountFlags::MOVE_MOUNT_T_EMPTY_PATH,
+        ) {
+            Ok(()) => Ok(if dir { Outcome::Dir } else { Outcome::File }),
+            Err(Errno::NOENT) => Ok(Outcome::Absent),
+            Err(e) => Err(e),
         }
     }
 }
@@ -100,8 +283,14 @@ pub fn owning_user_ns(ns: &OwnedFd) -> std::io::Result<OwnedFd> {
 
 /// As an ordinary user, first the user namespace that owns the mount namespace (created by
 /// them, so they hold every capability there), then the mount namespace. Root needs only the
-/// second: it holds the capabilities over every namespace below its own.
-fn enter(mnt: &OwnedFd) -> std::io::Result<()> {
+/// second: it holds the capabilities over every namespace below its own. With `host`, what
+/// the reporting layer needs from the host's side is opened in between: `/dev/fuse` (the
+/// kernel takes a FUSE descriptor opened in the mounter's own user namespace only) and the
+/// host's `/proc` (the connection numbers processes as the host does).
+fn enter(
+    mnt: &OwnedFd,
+    host: Option<&mut Option<std::io::Result<(OwnedFd, OwnedFd)>>>,
+) -> std::io::Result<()> {
     if !nix::unistd::geteuid().is_root() {
         let userns = owning_user_ns(mnt)?;
         match move_into_link_name_space(userns.as_fd(), Some(LinkNameSpaceType::User)) {
@@ -109,6 +298,16 @@ fn enter(mnt: &OwnedFd) -> std::io::Result<()> {
             Ok(()) | Err(Errno::INVAL) => {}
             Err(e) => return Err(e.into()),
         }
+    }
+    if let Some(host) = host {
+        let open = |path: &str, flags: OFlags| {
+            rustix::fs::open(path, flags | OFlags::CLOEXEC, Mode::empty())
+                .map_err(|e| std::io::Error::other(format!("opening {path}: {e}")))
+        };
+        *host = Some(
+            open("/dev/fuse", OFlags::RDWR)
+                .and_then(|f| Ok((f, open("/proc", OFlags::PATH | OFlags::DIRECTORY)?))),
+        );
     }
     move_into_link_name_space(mnt.as_fd(), Some(LinkNameSpaceType::Mount))?;
     Ok(())
@@ -225,31 +424,37 @@ pub struct Masker {
     child: Child,
     requests: ChildStdin,
     answers: BufReader<ChildStdout>,
+    /// Whether the reporting layer of masks is up; why not, when it was asked for.
+    pub deny: Result<bool, String>,
 }
 
 impl Masker {
     /// Start `exe __mask` for the sandbox whose mount namespace is `mnt`; `project`: where the
     /// project is inside. `hold`: a descriptor the helper only keeps open (see the caller).
+    /// `audit`: the audit log, for the reporting layer of masks (see [`super::deny`]).
     pub fn spawn(
         exe: &Path,
         mnt: &OwnedFd,
         project: &Path,
         hold: &OwnedFd,
+        audit: Option<&std::fs::File>,
     ) -> std::io::Result<Masker> {
         let fd = mnt.as_raw_fd();
         let held = hold.as_raw_fd();
+        let log = audit.map_or(-1, AsRawFd::as_raw_fd);
         let mut cmd = Command::new(exe);
-        cmd.arg("__mask")
-            .arg(fd.to_string())
-            .arg(project)
-            .stdin(Stdio::piped())
+        cmd.arg("__mask").arg(fd.to_string()).arg(project);
+        if log >= 0 {
+            cmd.arg("--audit-fd").arg(log.to_string());
+        }
+        cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         // SAFETY: only async-signal-safe calls (fcntl, prctl) between fork and exec.
         unsafe {
             std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
                 // The namespace descriptor is the helper's to keep across exec.
-                for keep in [fd, held] {
+                for keep in [fd, held, log].into_iter().filter(|f| *f >= 0) {
                     if libc::fcntl(keep, libc::F_SETFD, 0) < 0 {
                         return Err(std::io::Error::last_os_error());
                     }
@@ -266,10 +471,17 @@ impl Masker {
             child,
             requests,
             answers,
+            deny: Ok(false),
         };
         let mut line = String::new();
         masker.answers.read_line(&mut line)?;
-        if line != "ready\n" {
+        masker.deny = match line.trim_end().strip_prefix("ready") {
+            Some("") => Ok(false),
+            Some(" deny") => Ok(true),
+            Some(why) => Err(why.trim().to_string()),
+            None => Ok(false),
+        };
+        if !line.starts_with("ready") {
             let status = masker.child.wait()?;
             return Err(std::io::Error::other(format!(
                 "it could not join the sandbox ({status}; its reason is above)"
@@ -280,9 +492,32 @@ impl Masker {
 
     /// Mask `rel` inside; an error says why it could not be.
     pub fn mask(&mut self, rel: &[u8]) -> Result<Outcome, String> {
+        if rel.contains(&0) {
+            return Err("a NUL in the path".into());
+        }
+        self.ask(&[&[MASK_REQUEST][..], rel, b"\0"].concat())
+    }
+
+    /// Put the reporting layer over the mask at `path` (inside), masked by `rule`. Only when
+    /// the layer is up ([`Masker::deny`]).
+    pub fn deny(&mut self, path: &Path, dir: bool, rule: &str) -> Result<Outcome, String> {
+        let path = path.as_os_str().as_encoded_bytes();
+        // A byte of the framing inside either is refused, never sent.
+        if path.iter().chain(rule.as_bytes()).any(|b| matches!(*b, 0 | DENY_SEP)) {
+            return Err("a control character in the path or the rule".into());
+        }
+        let mut req = vec![DENY_REQUEST, if dir { b'd' } else { b'f' }];
+        req.extend_from_slice(rule.as_bytes());
+        req.push(DENY_SEP);
+        req.extend_from_slice(path);
+        req.push(0);
+        self.ask(&req)
+    }
+
+    fn ask(&mut self, req: &[u8]) -> Result<Outcome, String> {
         let sent = self
             .requests
-            .write_all(&[rel, b"\0"].concat())
+            .write_all(req)
             .and_then(|()| self.requests.flush());
         let mut line = String::new();
         let read = sent.and_then(|()| self.answers.read_line(&mut line));

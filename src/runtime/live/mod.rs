@@ -31,6 +31,7 @@
 //! project (nothing the host writes reaches them), `.git` directories, directories masked at
 //! start.
 
+pub mod deny;
 pub mod masker;
 pub mod tree;
 
@@ -122,7 +123,7 @@ impl Live {
             (Some(rules), Some(dirs)) => Some((rules, dirs)),
             _ => None,
         };
-        if masks.is_none() && budget.is_none() {
+        if masks.is_none() && budget.is_none() && plan.masks.is_empty() {
             return Ok(None);
         }
         let (rules, (host, inside)) = match masks {
@@ -149,6 +150,12 @@ impl Live {
             audit: crate::audit::Log::open(&plan.state_dir.join("audit.jsonl")).ok(),
             stopping: stopping.clone(),
             budget,
+            masks: plan.masks.clone(),
+            // The reporting layer's log: the helper writes there itself.
+            audit_file: std::fs::OpenOptions::new()
+                .append(true)
+                .open(plan.state_dir.join("audit.jsonl"))
+                .ok(),
         };
         // Signals meant for the sandbox must never land on the watcher (SIGTERM's default
         // action would end aisb): it starts with all of them blocked, from its first instant.
@@ -235,6 +242,9 @@ struct Watcher {
     audit: Option<crate::audit::Log>,
     stopping: Arc<AtomicBool>,
     budget: Option<super::disk::Budget>,
+    /// The masks made at start, for the reporting layer (see [`deny`]).
+    masks: Vec<crate::eval::plan::Mask>,
+    audit_file: Option<std::fs::File>,
 }
 
 fn readable(fd: &OwnedFd) -> bool {
@@ -272,11 +282,20 @@ impl Watcher {
             return Ok(());
         }
         let budget = match &self.budget {
-            Some(b) => Some(self.watch_disk(b.clone(), &init, &stop)?),
+            Some(b) => match self.watch_disk(b.clone(), &init, pid, &stop) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    // Fail closed: no sandbox runs unwatched.
+                    kill(&init);
+                    return Err(e);
+                }
+            },
             None => None,
         };
         let result = if self.rules.is_some() {
             self.watch(&stop, &init, pid)
+        } else if !self.masks.is_empty() && self.audit_file.is_some() {
+            self.report_only(&stop, &init, pid)
         } else {
             self.wait(&[&stop], None);
             Ok(())
@@ -286,6 +305,14 @@ impl Watcher {
             kill(&init);
         }
         let disk = match budget.map(JoinHandle::join) {
+            // The watch died: the sandbox does not go on unwatched.
+            Some(Err(_)) => {
+                kill(&init);
+                Err(LiveError::Watch {
+                    what: "watching the disk budget".into(),
+                    source: std::io::Error::other("its thread ended abnormally"),
+                })
+            }
             Some(Ok(Err(e))) => {
                 if let Some(log) = &self.audit {
                     let _ = log.write(crate::audit::Kind::Limit {
@@ -309,6 +336,7 @@ impl Watcher {
         &self,
         budget: super::disk::Budget,
         init: &OwnedFd,
+        pid: i32,
         stop: &OwnedFd,
     ) -> Result<JoinHandle<Result<(), super::disk::Exceeded>>, LiveError> {
         let err = |source: std::io::Error| LiveError::Watch {
@@ -322,7 +350,7 @@ impl Watcher {
         let stopping = self.stopping.clone();
         std::thread::Builder::new()
             .name("aisb-disk".into())
-            .spawn(move || super::disk::watch(&budget, &init, &stop, &stopping))
+            .spawn(move || super::disk::watch(&budget, &init, pid, &stop, &stopping))
             .map_err(err)
     }
 
@@ -401,12 +429,19 @@ impl Watcher {
             .map_err(err("walking the project"))?;
         // The helper keeps the mount namespace, and a copy of the inotify descriptor: the last
         // close of each waits for the kernel (RCU), and the helper's end is not waited for.
-        let mut masker = match Masker::spawn(&self.exe, &mnt, &self.inside, tree.inotify()) {
+        let mut masker = match Masker::spawn(
+            &self.exe,
+            &mnt,
+            &self.inside,
+            tree.inotify(),
+            self.audit_file.as_ref(),
+        ) {
             Ok(m) => m,
             Err(_) if readable(init) => return Ok(()),
             Err(e) => return Err(err("starting the mask helper in the sandbox")(e)),
         };
         drop(mnt);
+        self.report_masks(&mut masker);
         loop {
             for r in pending.drain(..) {
                 self.apply(&mut masker, &r)?;
@@ -419,6 +454,45 @@ impl Watcher {
             tree.events(&self.stopping, &mut pending)
                 .map_err(err("reading inotify events"))?;
         }
+    }
+
+    /// The reporting layer over every mask made at start (see [`deny`]). A mask it cannot
+    /// cover stays a mask: only the report of attempts on it is missing.
+    fn report_masks(&self, masker: &mut Masker) {
+        if masker.deny != Ok(true) {
+            return;
+        }
+        for m in &self.masks {
+            if self.stopping.load(Ordering::Relaxed) {
+                return;
+            }
+            if masker.deny(&m.path, m.dir, &m.rule).is_err() && masker.deny != Ok(true) {
+                return;
+            }
+        }
+    }
+
+    /// Only the reporting layer (a sandbox whose project is not watched): the helper is
+    /// started for it, then kept until the run stops.
+    fn report_only(&self, stop: &OwnedFd, init: &OwnedFd, pid: i32) -> Result<(), LiveError> {
+        let Some(mnt) = self.mount_ns(init, pid)? else {
+            return Ok(());
+        };
+        let mut masker = match Masker::spawn(
+            &self.exe,
+            &mnt,
+            Path::new(""),
+            &mnt,
+            self.audit_file.as_ref(),
+        ) {
+            Ok(m) => m,
+            // Masks hold without it; nothing to stop the sandbox for.
+            Err(_) => return Ok(()),
+        };
+        drop(mnt);
+        self.report_masks(&mut masker);
+        self.wait(&[stop], None);
+        Ok(())
     }
 
     /// The sandbox's mount namespace; `None` when it ended.
@@ -488,6 +562,9 @@ impl Watcher {
         match masker.mask(&r.rel) {
             Ok(Outcome::Absent) => Ok(()),
             Ok(outcome) => {
+                if masker.deny == Ok(true) {
+                    let _ = masker.deny(&path, outcome == Outcome::Dir, &r.rule);
+                }
                 if let Some(log) = &self.audit {
                     let _ = log.write(crate::audit::Kind::LateMask {
                         path: path.to_string_lossy().into_owned(),
