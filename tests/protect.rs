@@ -1279,3 +1279,95 @@ fn masked_cwd(user: Option<(u32, u32)>) {
         }
     }
 }
+
+as_root_and_a_user!(
+    attempts_on_masked_paths_are_in_the_audit_log_as_root,
+    attempts_on_masked_paths_are_in_the_audit_log_as_a_user => file_denials
+);
+
+/// Issue 32 item 1: every attempt on a masked path is an audit event: a read of a masked
+/// file (twice: the repeat counted), a write to it, a listing of a masked directory and a name
+/// looked up in it, each with the rule, the process and what was tried; the sandbox still
+/// gets "Permission denied" and an empty directory. `aisb audit --blocked-only` shows them.
+fn file_denials(user: Option<(u32, u32)>) {
+    for backend in ["bwrap", "libcontainer"] {
+        let who = who(backend, user);
+        let p = Project::new(user);
+        std::fs::write(p.proj().join(".env"), "TOKEN=hunter2\n").unwrap();
+        std::fs::create_dir_all(p.proj().join("secrets")).unwrap();
+        std::fs::write(p.proj().join("secrets/key.pem"), "PRIVATE\n").unwrap();
+        std::fs::write(
+            p.proj().join("sandbox.kdl"),
+            format!("{CONFIG}block \"secrets/\"\n"),
+        )
+        .unwrap();
+        // The layer lands once the sandbox is complete: waited for (bounded) by its files.
+        let o = p.run(
+            backend,
+            "for i in $(seq 100); do [ -e /run/aisb/deny/1 ] && break; sleep 0.1; done; sleep 0.3; \
+             cat .env 2>&1; cat .env 2>/dev/null; echo LISTED=$(ls -A secrets | wc -l); \
+             cat secrets/key.pem 2>/dev/null; (echo x > .env) 2>/dev/null; echo DONE=yes",
+        );
+        assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
+        o.expect("DONE", "yes");
+        o.expect("LISTED", "0");
+        assert!(
+            o.stdout.contains("Permission denied") && !o.stdout.contains("hunter2"),
+            "{who} {}",
+            o.stdout
+        );
+        let events: Vec<serde_json::Value> = walkdir::WalkDir::new(p.dir.path().join("cache"))
+            .into_iter()
+            .flatten()
+            .filter(|e| e.file_name() == "audit.jsonl")
+            .flat_map(|e| {
+                std::fs::read_to_string(e.path())
+                    .unwrap()
+                    .lines()
+                    .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+                    .collect::<Vec<_>>()
+            })
+            .filter(|e| e["event"] == "file")
+            .collect();
+        let proj = p.proj().display().to_string();
+        let of = |op: &str, target: &str| -> Vec<&serde_json::Value> {
+            events
+                .iter()
+                .filter(|e| e["operation"] == op && e["target"] == format!("{proj}/{target}"))
+                .collect()
+        };
+        let reads = of("read", ".env");
+        let tries: u64 = reads
+            .iter()
+            .map(|e| e["count"].as_u64().unwrap_or(1))
+            .sum();
+        assert_eq!(tries, 2, "{who} two reads of .env:\n{events:#?}");
+        assert!(
+            reads[0]["command"].as_str().is_some_and(|c| c.starts_with("cat"))
+                && reads[0]["rule"].as_str().is_some_and(|r| r.contains(".env"))
+                && reads[0]["result"] == "blocked"
+                && reads[0]["pid"].as_u64().is_some_and(|p| p > 1),
+            "{who} {:#?}",
+            reads[0]
+        );
+        assert!(!of("write", ".env").is_empty(), "{who} the write:\n{events:#?}");
+        let listed = of("list", "secrets");
+        assert!(
+            listed.first().is_some_and(|e| e["rule"]
+                .as_str()
+                .is_some_and(|r| r.contains("secrets/"))),
+            "{who} the listing:\n{events:#?}"
+        );
+        assert!(
+            !of("lookup", "secrets/key.pem").is_empty(),
+            "{who} the name looked up:\n{events:#?}"
+        );
+        let o = Out::from(p.aisb(&["audit", "--blocked-only"]).output().unwrap());
+        assert!(
+            o.stdout.contains(&format!("DENY   read {proj}/.env")),
+            "{who} aisb audit:\n{}\n{}",
+            o.stdout,
+            o.stderr
+        );
+    }
+}

@@ -92,7 +92,8 @@ pub enum Kind {
     /// An attempt on a masked path, refused (the reporting layer of masks,
     /// `runtime::live::deny`): what was tried (`read`, `write`, `list`, `lookup`, …), the path
     /// as the sandbox names it, the rule that masks it, and the process (as the host numbers
-    /// it). `count`: how many of the same came in the quiet second before, unwritten.
+    /// it). `count`: how many attempts the event stands for (the repeats of a quiet second are
+    /// gathered; absent: one).
     File {
         operation: String,
         target: String,
@@ -100,7 +101,7 @@ pub enum Kind {
         rule: String,
         pid: u32,
         command: String,
-        #[serde(default, skip_serializing_if = "is_zero")]
+        #[serde(default = "one", skip_serializing_if = "is_one")]
         count: u64,
     },
     /// A limit stopped the sandbox (`disk (bytes)`, `disk (inodes)`): what it used, its
@@ -121,8 +122,12 @@ pub enum Kind {
     },
 }
 
-fn is_zero(n: &u64) -> bool {
-    *n == 0
+fn is_one(n: &u64) -> bool {
+    *n == 1
+}
+
+fn one() -> u64 {
+    1
 }
 
 impl Event {
@@ -220,7 +225,7 @@ impl Event {
                 ..
             } => format!(
                 "{t}  DENY   {operation} {target}  {rule}  (pid {pid} {command}){}",
-                if *count > 0 { format!(" and {count} more like it") } else { String::new() }
+                if *count > 1 { format!(" ×{count}") } else { String::new() }
             ),
             Kind::Limit {
                 limit,

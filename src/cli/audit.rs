@@ -15,7 +15,8 @@ Examples:
 pub struct Args {
     /// The named sandbox (default: `default`, the one `aisb run` uses)
     pub name: Option<String>,
-    /// Only what was refused: blocked network requests and agent tool calls
+    /// Only what was refused: blocked network requests, agent tool calls, attempts on masked
+    /// paths, and limits that stopped a sandbox
     #[arg(long)]
     pub blocked_only: bool,
     /// JSON lines instead of text

@@ -260,6 +260,23 @@ pub fn setup_user(user: &str) -> Result<Vec<String>, SetupError> {
         }
         done.push(format!("subordinate ids {range} for {user}"));
     }
+    // Attempts on masked paths are recorded through a FUSE file system the user mounts in
+    // the sandbox's user namespace (`runtime::live::deny`): /dev/fuse must be theirs to open,
+    // as udev makes it (0666) wherever it runs. Only the FUSE device, only when it is not.
+    if let Ok(m) = fs::metadata("/dev/fuse") {
+        use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+        let fuse = nix::sys::stat::makedev(10, 229);
+        if m.file_type().is_char_device() && m.rdev() == fuse && m.mode() & 0o006 != 0o006 {
+            match fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(0o666)) {
+                Ok(()) => done.push(
+                    "/dev/fuse opened to every user (mode 0666, as udev makes it): attempts on masked paths are recorded for them too".to_string(),
+                ),
+                Err(e) => done.push(format!(
+                    "/dev/fuse stays root's ({e}): attempts on masked paths are not recorded for ordinary users"
+                )),
+            }
+        }
+    }
     if cgroup_layout() == CgroupLayout::V1 {
         let parent = delegated_parent(uid);
         for h in v1_hierarchies() {

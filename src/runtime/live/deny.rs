@@ -89,6 +89,8 @@ pub struct Denial {
     pub rule: String,
     /// As the host sees it (the connection's pid namespace is the helper's, the host's).
     pub pid: u32,
+    /// Its command line, read while it waits for the answer (filled in by [`serve`]).
+    pub command: String,
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -104,9 +106,14 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     })
 }
 
+/// The owner every node shows, as the mounter's user namespace numbers it (an id that
+/// namespace does not map would make the kernel refuse writes before they reach us, unseen).
+static OWNER: std::sync::OnceLock<(u32, u32)> = std::sync::OnceLock::new();
+
 /// `struct fuse_attr` (88 bytes): a directory of mode 0555 or a file of mode 0000, empty,
-/// owned by the namespace's root.
+/// owned by [`OWNER`].
 fn attr(ino: u64, dir: bool) -> Vec<u8> {
+    let (uid, gid) = OWNER.get().copied().unwrap_or((0, 0));
     let mut a = Vec::with_capacity(88);
     a.extend_from_slice(&ino.to_ne_bytes());
     a.extend_from_slice(&0u64.to_ne_bytes()); // size
@@ -116,8 +123,8 @@ fn attr(ino: u64, dir: bool) -> Vec<u8> {
     let mode: u32 = if dir { 0o040555 } else { 0o100000 };
     a.extend_from_slice(&mode.to_ne_bytes());
     a.extend_from_slice(&(if dir { 2u32 } else { 1 }).to_ne_bytes()); // nlink
-    a.extend_from_slice(&0u32.to_ne_bytes()); // uid
-    a.extend_from_slice(&0u32.to_ne_bytes()); // gid
+    a.extend_from_slice(&uid.to_ne_bytes());
+    a.extend_from_slice(&gid.to_ne_bytes());
     a.extend_from_slice(&0u32.to_ne_bytes()); // rdev
     a.extend_from_slice(&4096u32.to_ne_bytes()); // blksize
     a.extend_from_slice(&0u32.to_ne_bytes()); // flags
@@ -201,6 +208,7 @@ fn answer(table: &Table, opcode: u32, nodeid: u64, pid: u32, body: &[u8]) -> (Op
         },
         rule: e.rule.clone(),
         pid,
+        command: String::new(),
     };
     let n = node(table, nodeid);
     let eacces = libc::EACCES;
@@ -340,7 +348,8 @@ struct Repeats {
 }
 
 impl Repeats {
-    /// Whether `d` is to be written now, with how many repeats before it.
+    /// Whether `d` is to be written now, and how many attempts it then stands for (itself
+    /// and the repeats counted before it).
     fn note(&mut self, d: &Denial) -> Option<u64> {
         let key = (d.target.clone(), d.op);
         let now = Instant::now();
@@ -349,31 +358,32 @@ impl Repeats {
                 *n += 1;
                 None
             }
-            Some((at, n, _)) => {
-                let before = *n;
+            Some((at, n, last)) => {
+                let with = *n + 1;
                 *at = now;
                 *n = 0;
-                Some(before)
+                *last = d.clone();
+                Some(with)
             }
             None => {
                 if self.seen.len() >= TRACKED {
                     self.seen.retain(|_, (_, n, _)| *n > 0);
                     if self.seen.len() >= TRACKED {
-                        return Some(0);
+                        return Some(1);
                     }
                 }
                 self.seen.insert(key, (now, 0, d.clone()));
-                Some(0)
+                Some(1)
             }
         }
     }
 
-    /// Denials whose quiet time is over with repeats not written yet.
-    fn due(&mut self) -> Vec<(Denial, u64)> {
+    /// Denials whose quiet time is over (`all`: every one) with repeats not written yet.
+    fn due(&mut self, all: bool) -> Vec<(Denial, u64)> {
         let now = Instant::now();
         let mut out = Vec::new();
         for (at, n, d) in self.seen.values_mut() {
-            if *n > 0 && now.duration_since(*at) >= QUIET {
+            if *n > 0 && (all || now.duration_since(*at) >= QUIET) {
                 out.push((d.clone(), *n));
                 *n = 0;
                 *at = now;
@@ -384,21 +394,66 @@ impl Repeats {
     }
 }
 
+/// Where denials go: written through `sink` (each with how many of the same came before it
+/// unwritten, 0: none), repeats counted in between.
+/// `count` is how many attempts an event stands for: 1 for the first of its kind, then the
+/// repeats of a quiet second gathered in one.
+pub struct Reporter {
+    repeats: Mutex<Repeats>,
+    sink: Box<dyn Fn(&Denial, u64) + Send + Sync>,
+    describe: Box<dyn Fn(u32) -> String + Send + Sync>,
+}
+
+impl Reporter {
+    /// `describe`: a process's command line from its pid (read before it gets its answer).
+    pub fn new(
+        sink: impl Fn(&Denial, u64) + Send + Sync + 'static,
+        describe: impl Fn(u32) -> String + Send + Sync + 'static,
+    ) -> Arc<Reporter> {
+        Arc::new(Reporter {
+            repeats: Mutex::new(Repeats {
+                seen: HashMap::new(),
+            }),
+            sink: Box::new(sink),
+            describe: Box::new(describe),
+        })
+    }
+    fn note(&self, d: &Denial) {
+        let write = self.repeats.lock().unwrap_or_else(|e| e.into_inner()).note(d);
+        if let Some(before) = write {
+            (self.sink)(d, before);
+        }
+    }
+    fn due(&self, all: bool) {
+        let due = self.repeats.lock().unwrap_or_else(|e| e.into_inner()).due(all);
+        for (d, n) in due {
+            (self.sink)(&d, n);
+        }
+    }
+    /// Write the repeats counted and not written yet (the run is ending).
+    pub fn flush(&self) {
+        self.due(true);
+    }
+}
+
 /// Serve the file system on `fuse` until it is unmounted (or the connection aborted); each
-/// denial goes to `report` with how many of the same came before it unwritten (0: none).
-pub fn serve(fuse: OwnedFd, table: Table, mut report: impl FnMut(&Denial, u64)) -> std::io::Result<()> {
+/// denial goes to `reporter`. `owner`: the ids it was mounted with (`user_id`, `group_id`).
+pub fn serve(
+    fuse: OwnedFd,
+    table: Table,
+    reporter: Arc<Reporter>,
+    owner: (u32, u32),
+) -> std::io::Result<()> {
+    let _ = OWNER.set(owner);
     use rustix::event::{poll, PollFd, PollFlags};
     // FUSE_MIN_READ_BUFFER is 8 KiB; writes never come (every open is refused).
     let mut buf = vec![0u8; 64 << 10];
-    let mut repeats = Repeats { seen: HashMap::new() };
     let tick = rustix::time::Timespec { tv_sec: 1, tv_nsec: 0 };
     loop {
         let mut fds = [PollFd::new(&fuse, PollFlags::IN)];
         match poll(&mut fds, Some(&tick)) {
             Ok(0) => {
-                for (d, n) in repeats.due() {
-                    report(&d, n);
-                }
+                reporter.due(false);
                 continue;
             }
             Ok(_) | Err(Errno::INTR) => {}
@@ -421,6 +476,12 @@ pub fn serve(fuse: OwnedFd, table: Table, mut report: impl FnMut(&Denial, u64)) 
         let nodeid = u64_at(req, 16);
         let pid = u32_at(req, 32);
         let (reply, denial) = answer(&table, opcode, nodeid, pid, &req[IN_HEADER..]);
+        // Told before the answer: the process waits for it, so its command line is still
+        // there to read.
+        if let Some(mut d) = denial {
+            d.command = (reporter.describe)(pid);
+            reporter.note(&d);
+        }
         if let Some(reply) = reply {
             let (error, payload) = match reply {
                 Ok(p) => (0i32, p),
@@ -441,11 +502,7 @@ pub fn serve(fuse: OwnedFd, table: Table, mut report: impl FnMut(&Denial, u64)) 
         if opcode == op::DESTROY {
             return Ok(());
         }
-        if let Some(d) = denial {
-            if let Some(before) = repeats.note(&d) {
-                report(&d, before);
-            }
-        }
+
     }
 }
 
@@ -499,11 +556,20 @@ mod tests {
     #[test]
     fn repeats_within_a_second_are_counted_not_written() {
         let mut r = Repeats { seen: HashMap::new() };
-        let d = Denial { op: "read", target: "/p/.env".into(), rule: "r".into(), pid: 1 };
-        assert_eq!(r.note(&d), Some(0));
+        let d = Denial {
+            op: "read",
+            target: "/p/.env".into(),
+            rule: "r".into(),
+            pid: 1,
+            command: "cat .env".into(),
+        };
+        assert_eq!(r.note(&d), Some(1));
         for _ in 0..5 {
             assert_eq!(r.note(&d), None);
         }
-        assert!(r.due().is_empty(), "not before the quiet time");
+        assert!(r.due(false).is_empty(), "not before the quiet time");
+        let all = r.due(true);
+        assert_eq!(all.len(), 1);
+        assert_eq!(all[0].1, 5);
     }
 }

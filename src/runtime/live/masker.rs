@@ -13,6 +13,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
+use std::sync::Arc;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use rustix::fs::{openat2, FileType, Mode, OFlags, ResolveFlags, CWD};
@@ -45,6 +46,7 @@ impl Outcome {
 /// What the helper has of the reporting layer (see [`super::deny`]).
 struct Deny {
     table: super::deny::Table,
+    reporter: Arc<super::deny::Reporter>,
     /// The root of the mounted file system (O_PATH), where mask `N` is looked up.
     root: OwnedFd,
 }
@@ -113,6 +115,12 @@ pub fn serve(mnt: OwnedFd, project: &Path, audit: Option<std::fs::File>) -> i32 
             },
             (DENY_REQUEST, Some(d)) => d.add(&rel[1..]).map_err(|e| e.to_string()),
             (DENY_REQUEST, None) => Err("no reporting layer".into()),
+            (FLUSH_REQUEST, d) => {
+                if let Some(d) = d {
+                    d.reporter.flush();
+                }
+                Ok(Outcome::Absent)
+            }
             _ => return 2,
         };
         let answer = match done {
@@ -136,14 +144,24 @@ pub const MASK_REQUEST: u8 = b'm';
 /// file), the rule, [`DENY_SEP`], the path inside (absolute), then the NUL that ends every
 /// request.
 pub const DENY_REQUEST: u8 = 0x01;
+/// A request to write the denials counted and not written yet (the run is ending).
+pub const FLUSH_REQUEST: u8 = b'F';
 pub const DENY_SEP: u8 = 0x1f;
 
 /// Mount the reporting layer on [`crate::vocab::DENY_DIR`] and start serving it.
 fn mount_deny(fuse: OwnedFd, proc: OwnedFd, log: std::fs::File) -> std::io::Result<Deny> {
     use nix::mount::{mount, MsFlags};
+    // The owner as the sandbox's user namespace maps it (an unprivileged bwrap maps the
+    // caller's own id, not 0; an id the namespace does not map is refused).
+    let owner = (
+        nix::unistd::geteuid().as_raw(),
+        nix::unistd::getegid().as_raw(),
+    );
     let data = format!(
-        "fd={},rootmode=40000,user_id=0,group_id=0,allow_other",
-        fuse.as_raw_fd()
+        "fd={},rootmode=40000,user_id={},group_id={},allow_other",
+        fuse.as_raw_fd(),
+        owner.0,
+        owner.1
     );
     mount(
         Some("aisb-deny"),
@@ -156,20 +174,25 @@ fn mount_deny(fuse: OwnedFd, proc: OwnedFd, log: std::fs::File) -> std::io::Resu
     let table: super::deny::Table = Default::default();
     let served = table.clone();
     let log = crate::audit::Log::from_file(log, std::path::PathBuf::from("audit.jsonl"));
+    let reporter = super::deny::Reporter::new(
+        move |d, count| {
+            let _ = log.write(crate::audit::Kind::File {
+                operation: d.op.to_string(),
+                target: d.target.clone(),
+                result: "blocked".into(),
+                rule: d.rule.clone(),
+                pid: d.pid,
+                command: d.command.clone(),
+                count,
+            });
+        },
+        move |pid| command_of(&proc, pid),
+    );
+    let serving = reporter.clone();
     std::thread::Builder::new()
         .name("aisb-deny".into())
         .spawn(move || {
-            let _ = super::deny::serve(fuse, served, |d, count| {
-                let _ = log.write(crate::audit::Kind::File {
-                    operation: d.op.to_string(),
-                    target: d.target.clone(),
-                    result: "blocked".into(),
-                    rule: d.rule.clone(),
-                    pid: d.pid,
-                    command: command_of(&proc, d.pid),
-                    count,
-                });
-            });
+            let _ = super::deny::serve(fuse, served, serving, owner);
         })?;
     // Looked up through the mount once it answers (the kernel waits for INIT).
     let root = openat2(
@@ -179,7 +202,11 @@ fn mount_deny(fuse: OwnedFd, proc: OwnedFd, log: std::fs::File) -> std::io::Resu
         Mode::empty(),
         ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
     )?;
-    Ok(Deny { table, root })
+    Ok(Deny {
+        table,
+        reporter,
+        root,
+    })
 }
 
 /// A process's command line as the host's /proc has it (NULs as spaces, at most 256 bytes);
@@ -512,6 +539,13 @@ impl Masker {
         req.extend_from_slice(path);
         req.push(0);
         self.ask(&req)
+    }
+
+    /// Have the reporting layer write what it counted and did not write yet.
+    pub fn flush(&mut self) {
+        if self.deny == Ok(true) {
+            let _ = self.ask(&[FLUSH_REQUEST, 0]);
+        }
     }
 
     fn ask(&mut self, req: &[u8]) -> Result<Outcome, String> {

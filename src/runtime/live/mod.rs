@@ -441,18 +441,32 @@ impl Watcher {
             Err(e) => return Err(err("starting the mask helper in the sandbox")(e)),
         };
         drop(mnt);
-        self.report_masks(&mut masker);
+        // The reporting layer over the start's masks, a batch at a time between the events:
+        // a secret that appears meanwhile is masked first.
+        let mut reported = if masker.deny == Ok(true) {
+            0
+        } else {
+            self.masks.len()
+        };
         loop {
             for r in pending.drain(..) {
                 self.apply(&mut masker, &r)?;
             }
-            if self.wait(&[stop, tree.inotify()], None)
-                && (readable(stop) || self.stopping.load(Ordering::Relaxed))
-            {
+            let batch = self.masks.get(reported..).unwrap_or_default().iter().take(64);
+            for m in batch {
+                let _ = masker.deny(&m.path, m.dir, &m.rule);
+                reported += 1;
+            }
+            let more = reported < self.masks.len() && masker.deny == Ok(true);
+            let woken = self.wait(&[stop, tree.inotify()], more.then_some(Duration::ZERO));
+            if woken && (readable(stop) || self.stopping.load(Ordering::Relaxed)) {
+                masker.flush();
                 return Ok(());
             }
-            tree.events(&self.stopping, &mut pending)
-                .map_err(err("reading inotify events"))?;
+            if readable(tree.inotify()) {
+                tree.events(&self.stopping, &mut pending)
+                    .map_err(err("reading inotify events"))?;
+            }
         }
     }
 
@@ -492,6 +506,7 @@ impl Watcher {
         drop(mnt);
         self.report_masks(&mut masker);
         self.wait(&[stop], None);
+        masker.flush();
         Ok(())
     }
 
