@@ -1289,6 +1289,8 @@ as_root_and_a_user!(
 /// file (twice: the repeat counted), a write to it, a listing of a masked directory and a name
 /// looked up in it, each with the rule, the process and what was tried; the sandbox still
 /// gets "Permission denied" and an empty directory. `aisb audit --blocked-only` shows them.
+/// Opening the layer's own files (`/run/aisb/deny/N`) reports nothing (else the sandbox could
+/// write attempts on paths it never touched).
 fn file_denials(user: Option<(u32, u32)>) {
     for backend in ["bwrap", "libcontainer"] {
         let who = who(backend, user);
@@ -1304,7 +1306,8 @@ fn file_denials(user: Option<(u32, u32)>) {
         // The layer lands once the sandbox is complete: waited for (bounded) by its files.
         let o = p.run(
             backend,
-            "for i in $(seq 100); do [ -e /run/aisb/deny/1 ] && break; sleep 0.1; done; sleep 0.3; \
+            "for i in $(seq 100); do [ $(grep -c aisb-deny /proc/self/mountinfo) -ge 3 ] && break; sleep 0.1; done; \
+             cat /run/aisb/deny/0 /run/aisb/deny/1 2>/dev/null; \
              cat .env 2>&1; cat .env 2>/dev/null; echo LISTED=$(ls -A secrets | wc -l); \
              cat secrets/key.pem 2>/dev/null; (echo x > .env) 2>/dev/null; echo DONE=yes",
         );
@@ -1337,25 +1340,29 @@ fn file_denials(user: Option<(u32, u32)>) {
                 .collect()
         };
         let reads = of("read", ".env");
-        let tries: u64 = reads
-            .iter()
-            .map(|e| e["count"].as_u64().unwrap_or(1))
-            .sum();
+        let tries: u64 = reads.iter().map(|e| e["count"].as_u64().unwrap_or(1)).sum();
         assert_eq!(tries, 2, "{who} two reads of .env:\n{events:#?}");
         assert!(
-            reads[0]["command"].as_str().is_some_and(|c| c.starts_with("cat"))
-                && reads[0]["rule"].as_str().is_some_and(|r| r.contains(".env"))
+            reads[0]["command"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("cat"))
+                && reads[0]["rule"]
+                    .as_str()
+                    .is_some_and(|r| r.contains(".env"))
                 && reads[0]["result"] == "blocked"
                 && reads[0]["pid"].as_u64().is_some_and(|p| p > 1),
             "{who} {:#?}",
             reads[0]
         );
-        assert!(!of("write", ".env").is_empty(), "{who} the write:\n{events:#?}");
+        assert!(
+            !of("write", ".env").is_empty(),
+            "{who} the write:\n{events:#?}"
+        );
         let listed = of("list", "secrets");
         assert!(
-            listed.first().is_some_and(|e| e["rule"]
-                .as_str()
-                .is_some_and(|r| r.contains("secrets/"))),
+            listed
+                .first()
+                .is_some_and(|e| e["rule"].as_str().is_some_and(|r| r.contains("secrets/"))),
             "{who} the listing:\n{events:#?}"
         );
         assert!(
@@ -1369,5 +1376,35 @@ fn file_denials(user: Option<(u32, u32)>) {
             o.stdout,
             o.stderr
         );
+        // The seed's format, filtered by kind and time.
+        let o = Out::from(
+            p.aisb(&["audit", "--json", "--kind", "file", "--since", "10m"])
+                .output()
+                .unwrap(),
+        );
+        let lines: Vec<serde_json::Value> = o
+            .stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert!(
+            !lines.is_empty() && lines.iter().all(|l| l["event"] == "file"),
+            "{who} {}",
+            o.stdout
+        );
+        let first = &lines[0];
+        assert!(
+            first["timestamp"]
+                .as_str()
+                .is_some_and(|t| t.ends_with('Z') && t.contains('T'))
+                && first["operation"] == "read"
+                && first["target"] == format!("{proj}/.env")
+                && first["result"] == "blocked"
+                && first["policy"] == "mask"
+                && first["reason"].as_str().is_some_and(|r| r.contains(".env")),
+            "{who} {first:#}"
+        );
+        let o = Out::from(p.aisb(&["audit", "--kind", "net"]).output().unwrap());
+        assert!(!o.stdout.contains("DENY"), "{who} {}", o.stdout);
     }
 }

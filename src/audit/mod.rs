@@ -138,13 +138,169 @@ impl Event {
         Event { ts, kind }
     }
 
+    /// The event's kind as the log names it (`net`, `file`, `agent-block`, …).
+    pub fn kind_name(&self) -> String {
+        serde_json::to_value(&self.kind)
+            .ok()
+            .and_then(|v| v["event"].as_str().map(str::to_string))
+            .unwrap_or_default()
+    }
+
+    /// The agent an event names, when it names one (its tool calls).
+    pub fn agent(&self) -> Option<&str> {
+        match &self.kind {
+            Kind::Agent { agent, .. } | Kind::AgentBlock { agent, .. } => Some(agent),
+            _ => None,
+        }
+    }
+
+    /// The event as one JSON object in the audit format people and tools expect (the seed's
+    /// `timestamp`, `agent`, `operation`, `target`, `result`, `policy`, `reason`) followed by
+    /// aisb's own fields (`ts`, `event`, and the kind's).
+    pub fn seed_json(&self) -> serde_json::Value {
+        let (operation, target, result, policy, reason): (String, String, &str, &str, String) =
+            match &self.kind {
+                Kind::Start { command, .. } => (
+                    "start".into(),
+                    command.join(" "),
+                    "started",
+                    "",
+                    String::new(),
+                ),
+                Kind::Exit { exit_code, .. } => (
+                    "exit".into(),
+                    String::new(),
+                    "exited",
+                    "",
+                    format!("exit code {exit_code}"),
+                ),
+                Kind::Net {
+                    action,
+                    proto,
+                    host,
+                    port,
+                    rule,
+                    ..
+                } => (
+                    proto.clone(),
+                    format!("{host}:{port}"),
+                    if action == "block" {
+                        "blocked"
+                    } else {
+                        "allowed"
+                    },
+                    "network",
+                    rule.clone(),
+                ),
+                Kind::Quarantine { path, why, .. } => (
+                    "write".into(),
+                    path.clone(),
+                    "quarantined",
+                    "protected-file",
+                    why.clone(),
+                ),
+                Kind::LateMask { path, rule, .. } => (
+                    "appear".into(),
+                    path.clone(),
+                    "masked",
+                    "mask",
+                    rule.clone(),
+                ),
+                Kind::Agent { tool, input, .. } => (
+                    "tool".into(),
+                    format!("{tool} {input}"),
+                    "announced",
+                    "",
+                    String::new(),
+                ),
+                Kind::AgentBlock {
+                    tool,
+                    input,
+                    rule,
+                    at,
+                    ..
+                } => (
+                    "tool".into(),
+                    format!("{tool} {input}"),
+                    "blocked",
+                    "tools",
+                    format!("{rule} (at {at})"),
+                ),
+                Kind::Dropped { events, .. } => (
+                    "log".into(),
+                    String::new(),
+                    "dropped",
+                    "audit-budget",
+                    format!("{events} events past the run's budget"),
+                ),
+                Kind::Credential {
+                    credential, host, ..
+                } => (
+                    "credential".into(),
+                    host.clone(),
+                    "injected",
+                    "credential",
+                    credential.clone(),
+                ),
+                Kind::File {
+                    operation,
+                    target,
+                    rule,
+                    ..
+                } => (
+                    operation.clone(),
+                    target.clone(),
+                    "blocked",
+                    "mask",
+                    format!("masked by {rule}"),
+                ),
+                Kind::Limit { limit, rule, .. } => (
+                    "write".into(),
+                    limit.clone(),
+                    "stopped",
+                    "limits",
+                    rule.clone(),
+                ),
+            };
+        let time = std::time::UNIX_EPOCH + std::time::Duration::from_millis(self.ts);
+        let mut out = serde_json::json!({
+            "timestamp": humantime::format_rfc3339_millis(time).to_string(),
+            "agent": self.agent(),
+            "operation": operation,
+            "target": target,
+            "result": result,
+            "policy": policy,
+            "reason": reason,
+        });
+        if let (Some(o), Ok(serde_json::Value::Object(own))) =
+            (out.as_object_mut(), serde_json::to_value(self))
+        {
+            for (k, v) in own {
+                o.entry(k).or_insert(v);
+            }
+        }
+        out
+    }
+
     pub fn is_blocked(&self) -> bool {
         matches!(&self.kind, Kind::Net { action, .. } if action == "block")
-            || matches!(self.kind, Kind::AgentBlock { .. } | Kind::Limit { .. } | Kind::File { .. })
+            || matches!(
+                self.kind,
+                Kind::AgentBlock { .. } | Kind::Limit { .. } | Kind::File { .. }
+            )
     }
 
     /// One line for people: `12:03:04.512  BLOCK connect evil.com:443  not in the allowlist`.
     pub fn human(&self) -> String {
+        // Paths and names the sandbox chose may hold line breaks and terminal sequences: one
+        // line, nothing a terminal acts on.
+        self.human_raw()
+            .chars()
+            .map(|c| if c.is_control() { '?' } else { c })
+            .collect()
+    }
+
+    fn human_raw(&self) -> String {
         let secs = self.ts / 1000;
         let t = format!(
             "{:02}:{:02}:{:02}.{:03}",

@@ -9,9 +9,10 @@ use crate::Error;
 #[command(after_help = "\
 Examples:
   aisb audit                    this project's sandbox: what it did, what was blocked
-  aisb audit --blocked-only     only the refusals (network, agent tools), with the rule
+  aisb audit --blocked-only     only the refusals (network, agent tools, masked paths), with the rule
   aisb audit --json             one JSON object per line, for programs
-  aisb audit --follow           keep printing new events as they happen")]
+  aisb audit --follow           keep printing new events as they happen
+  aisb audit --kind file --since 1h   attempts on masked paths in the last hour")]
 pub struct Args {
     /// The named sandbox (default: `default`, the one `aisb run` uses)
     pub name: Option<String>,
@@ -25,6 +26,16 @@ pub struct Args {
     /// Wait for new events (until interrupted)
     #[arg(long)]
     pub follow: bool,
+    /// Only events of these kinds (net, file, agent, agent-block, limit, quarantine,
+    /// late-mask, credential, start, exit, dropped); repeatable
+    #[arg(long, value_name = "KIND")]
+    pub kind: Vec<String>,
+    /// Only events that name this agent (its tool calls)
+    #[arg(long, value_name = "AGENT")]
+    pub agent: Option<String>,
+    /// Only events of the last DURATION (`90s`, `10m`, `2h`, `1day`)
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub since: Option<std::time::Duration>,
 }
 
 /// The audit log of the sandbox `name` (default: `default`), with the plan it was found by.
@@ -65,11 +76,25 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
         }
         Err(source) => return Err(Error::Io { path, source }),
     };
+    let since = a.since.map(|d| {
+        std::time::SystemTime::now()
+            .checked_sub(d)
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |t| t.as_millis() as u64)
+    });
+    let wanted = |e: &Event| {
+        (!a.blocked_only || e.is_blocked())
+            && (a.kind.is_empty() || a.kind.contains(&e.kind_name()))
+            && a.agent
+                .as_deref()
+                .is_none_or(|want| e.agent() == Some(want))
+            && since.is_none_or(|t| e.ts >= t)
+    };
     let show = |events: Vec<Event>| {
         let mut out = std::io::stdout().lock();
-        for e in events.iter().filter(|e| !a.blocked_only || e.is_blocked()) {
+        for e in events.iter().filter(|e| wanted(e)) {
             let line = if a.json {
-                serde_json::to_string(e).unwrap_or_default()
+                serde_json::to_string(&e.seed_json()).unwrap_or_default()
             } else {
                 e.human()
             };

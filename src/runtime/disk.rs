@@ -297,10 +297,17 @@ fn held_open(init_pid: i32, devs: &[u64]) -> Option<Vec<(u64, u64)>> {
     let mut complete = true;
     for p in std::fs::read_dir("/proc").ok()?.flatten() {
         let name = p.file_name();
-        let Some(pid) = name.to_str().filter(|n| n.bytes().all(|b| b.is_ascii_digit())) else {
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
             continue;
         };
-        if std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok().as_ref() != Some(&ns) {
+        if std::fs::read_link(format!("/proc/{pid}/ns/pid"))
+            .ok()
+            .as_ref()
+            != Some(&ns)
+        {
             continue;
         }
         let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
@@ -318,7 +325,11 @@ fn held_open(init_pid: i32, devs: &[u64]) -> Option<Vec<(u64, u64)>> {
             let Ok(target) = std::fs::read_link(fd.path()) else {
                 continue;
             };
-            if !target.as_os_str().as_encoded_bytes().ends_with(b" (deleted)") {
+            if !target
+                .as_os_str()
+                .as_encoded_bytes()
+                .ends_with(b" (deleted)")
+            {
                 continue;
             }
             let Ok(m) = std::fs::metadata(fd.path()) else {
@@ -363,8 +374,12 @@ impl Fs {
     /// since (nothing the sandbox does hides from that; others' writes count too).
     fn floor(&self, now: (u64, u64, bool)) -> (u64, u64) {
         (
-            self.held.0.saturating_add(self.free0.0.saturating_sub(now.0)),
-            self.held.1.saturating_add(self.free0.1.saturating_sub(now.1)),
+            self.held
+                .0
+                .saturating_add(self.free0.0.saturating_sub(now.0)),
+            self.held
+                .1
+                .saturating_add(self.free0.1.saturating_sub(now.1)),
         )
     }
     fn over(&self, used: (u64, u64)) -> bool {
@@ -405,7 +420,11 @@ fn over(
             found = Some(Exceeded {
                 what: if inode_over { "inodes" } else { "bytes" },
                 used: if inode_over { inodes } else { bytes },
-                budget: if inode_over { fs.inodes.unwrap_or(0) } else { fs.bytes },
+                budget: if inode_over {
+                    fs.inodes.unwrap_or(0)
+                } else {
+                    fs.bytes
+                },
                 rule: rule.clone(),
                 on: fs.probe.clone(),
             });
@@ -453,8 +472,7 @@ pub fn watch(
             }
         }
     }
-    let glance =
-        || -> Vec<Option<(u64, u64, bool)>> { roots.iter().map(|f| free(&f.1)).collect() };
+    let glance = || -> Vec<Option<(u64, u64, bool)>> { roots.iter().map(|f| free(&f.1)).collect() };
     let free0 = glance();
     let began = Instant::now();
     let held0 = measure(&budget.dirs, u64::MAX, stopping);

@@ -86,6 +86,8 @@ pub struct Denial {
     /// `read`, `write`, `read-write`, `list`, `lookup`, `create`, `change`.
     pub op: &'static str,
     pub target: String,
+    /// The mask's own path (`target` is a name below it for a directory's lookups).
+    pub mask: String,
     pub rule: String,
     /// As the host sees it (the connection's pid namespace is the helper's, the host's).
     pub pid: u32,
@@ -109,6 +111,11 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 /// The owner every node shows, as the mounter's user namespace numbers it (an id that
 /// namespace does not map would make the kernel refuse writes before they reach us, unseen).
 static OWNER: std::sync::OnceLock<(u32, u32)> = std::sync::OnceLock::new();
+
+/// The process allowed to look names up in the root (the helper, which binds them): the
+/// sandbox sees the directory, but opening its files would report attempts on paths it never
+/// tried. Unset (the unit tests): anyone.
+static BINDER: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
 
 /// `struct fuse_attr` (88 bytes): a directory of mode 0555 or a file of mode 0000, empty,
 /// owned by [`OWNER`].
@@ -134,12 +141,13 @@ fn attr(ino: u64, dir: bool) -> Vec<u8> {
 /// How long the kernel may keep a name's answer and an inode's attributes: they never change.
 const VALID_SECS: u64 = 3600;
 
-/// `struct fuse_entry_out` (128 bytes).
+/// `struct fuse_entry_out` (128 bytes). The name is valid for no time: every later walk
+/// through it asks again (and only the binder gets an answer).
 fn entry_out(ino: u64, dir: bool) -> Vec<u8> {
     let mut e = Vec::with_capacity(128);
     e.extend_from_slice(&ino.to_ne_bytes());
     e.extend_from_slice(&0u64.to_ne_bytes()); // generation
-    e.extend_from_slice(&VALID_SECS.to_ne_bytes());
+    e.extend_from_slice(&0u64.to_ne_bytes()); // entry_valid
     e.extend_from_slice(&VALID_SECS.to_ne_bytes());
     e.extend_from_slice(&[0u8; 8]); // nanoseconds of both
     e.extend(attr(ino, dir));
@@ -199,13 +207,20 @@ fn name_in(body: &[u8]) -> String {
 
 /// The answer to one request: `None` for those that get none (forget, interrupt); the errno
 /// (positive) or the payload; and the denial to report.
-fn answer(table: &Table, opcode: u32, nodeid: u64, pid: u32, body: &[u8]) -> (Option<Result<Vec<u8>, i32>>, Option<Denial>) {
+fn answer(
+    table: &Table,
+    opcode: u32,
+    nodeid: u64,
+    pid: u32,
+    body: &[u8],
+) -> (Option<Result<Vec<u8>, i32>>, Option<Denial>) {
     let deny = |e: &Entry, op: &'static str, child: Option<&str>| Denial {
         op,
         target: match child {
             Some(c) => format!("{}/{c}", e.path.trim_end_matches('/')),
             None => e.path.clone(),
         },
+        mask: e.path.clone(),
         rule: e.rule.clone(),
         pid,
         command: String::new(),
@@ -232,18 +247,30 @@ fn answer(table: &Table, opcode: u32, nodeid: u64, pid: u32, body: &[u8]) -> (Op
         op::LOOKUP => {
             let name = name_in(body);
             match n {
+                Node::Root if BINDER.get().is_some_and(|b| *b != pid) => {
+                    (Some(Err(libc::ENOENT)), None)
+                }
                 Node::Root => {
-                    let found = name.parse::<u64>().ok().filter(|_| !name.starts_with('0') || name == "0").and_then(|i| {
-                        let t = table.lock().unwrap_or_else(|e| e.into_inner());
-                        usize::try_from(i).ok().and_then(|j| t.get(j).map(|e| (i, e.dir)))
-                    });
+                    let found = name
+                        .parse::<u64>()
+                        .ok()
+                        .filter(|_| !name.starts_with('0') || name == "0")
+                        .and_then(|i| {
+                            let t = table.lock().unwrap_or_else(|e| e.into_inner());
+                            usize::try_from(i)
+                                .ok()
+                                .and_then(|j| t.get(j).map(|e| (i, e.dir)))
+                        });
                     match found {
                         Some((i, dir)) => (Some(Ok(entry_out(FIRST + i, dir))), None),
                         None => (Some(Err(libc::ENOENT)), None),
                     }
                 }
                 // A name below a masked directory: it holds nothing, and the attempt is told.
-                Node::Mask(e) if e.dir => (Some(Err(libc::ENOENT)), Some(deny(&e, "lookup", Some(&name)))),
+                Node::Mask(e) if e.dir => (
+                    Some(Err(libc::ENOENT)),
+                    Some(deny(&e, "lookup", Some(&name))),
+                ),
                 Node::Mask(_) => (Some(Err(libc::ENOTDIR)), None),
                 Node::Unknown => (Some(Err(libc::ENOENT)), None),
             }
@@ -290,14 +317,19 @@ fn answer(table: &Table, opcode: u32, nodeid: u64, pid: u32, body: &[u8]) -> (Op
             let size = u32_at(body, 16) as usize;
             (Some(Ok(dot_entries(nodeid, offset, size))), None)
         }
-        op::RELEASE | op::RELEASEDIR | op::FLUSH | op::FSYNC | op::FSYNCDIR => (Some(Ok(Vec::new())), None),
+        op::RELEASE | op::RELEASEDIR | op::FLUSH | op::FSYNC | op::FSYNCDIR => {
+            (Some(Ok(Vec::new())), None)
+        }
         op::ACCESS => {
             let mask = u32_at(body, 0) as i32;
             let refused = match &n {
                 Node::Mask(e) if !e.dir => mask != libc::F_OK,
                 _ => mask & libc::W_OK != 0,
             };
-            (Some(if refused { Err(eacces) } else { Ok(Vec::new()) }), None)
+            (
+                Some(if refused { Err(eacces) } else { Ok(Vec::new()) }),
+                None,
+            )
         }
         op::STATFS => {
             let mut o = vec![0u8; 80];
@@ -322,7 +354,9 @@ fn answer(table: &Table, opcode: u32, nodeid: u64, pid: u32, body: &[u8]) -> (Op
             };
             let name = name_in(body.get(fixed..).unwrap_or_default());
             match n {
-                Node::Mask(e) if e.dir => (Some(Err(eacces)), Some(deny(&e, "create", Some(&name)))),
+                Node::Mask(e) if e.dir => {
+                    (Some(Err(eacces)), Some(deny(&e, "create", Some(&name))))
+                }
                 _ => (Some(Err(eacces)), None),
             }
         }
@@ -351,7 +385,9 @@ impl Repeats {
     /// Whether `d` is to be written now, and how many attempts it then stands for (itself
     /// and the repeats counted before it).
     fn note(&mut self, d: &Denial) -> Option<u64> {
-        let key = (d.target.clone(), d.op);
+        // By mask and operation: names probed below a masked directory gather in one (a
+        // million distinct names must not crowd everything else out of the log).
+        let key = (d.mask.clone(), d.op);
         let now = Instant::now();
         match self.seen.get_mut(&key) {
             Some((at, n, _)) if now.duration_since(*at) < QUIET => {
@@ -389,7 +425,8 @@ impl Repeats {
                 *at = now;
             }
         }
-        self.seen.retain(|_, (at, n, _)| *n > 0 || now.duration_since(*at) < QUIET * 4);
+        self.seen
+            .retain(|_, (at, n, _)| *n > 0 || now.duration_since(*at) < QUIET * 4);
         out
     }
 }
@@ -418,14 +455,25 @@ impl Reporter {
             describe: Box::new(describe),
         })
     }
-    fn note(&self, d: &Denial) {
-        let write = self.repeats.lock().unwrap_or_else(|e| e.into_inner()).note(d);
-        if let Some(before) = write {
-            (self.sink)(d, before);
+    /// `d` is written now (its command line read first: the process still waits for its
+    /// answer) or counted.
+    fn note(&self, d: &mut Denial) {
+        let write = self
+            .repeats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .note(d);
+        if let Some(n) = write {
+            d.command = (self.describe)(d.pid);
+            (self.sink)(d, n);
         }
     }
     fn due(&self, all: bool) {
-        let due = self.repeats.lock().unwrap_or_else(|e| e.into_inner()).due(all);
+        let due = self
+            .repeats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .due(all);
         for (d, n) in due {
             (self.sink)(&d, n);
         }
@@ -445,10 +493,14 @@ pub fn serve(
     owner: (u32, u32),
 ) -> std::io::Result<()> {
     let _ = OWNER.set(owner);
+    let _ = BINDER.set(std::process::id());
     use rustix::event::{poll, PollFd, PollFlags};
     // FUSE_MIN_READ_BUFFER is 8 KiB; writes never come (every open is refused).
     let mut buf = vec![0u8; 64 << 10];
-    let tick = rustix::time::Timespec { tv_sec: 1, tv_nsec: 0 };
+    let tick = rustix::time::Timespec {
+        tv_sec: 1,
+        tv_nsec: 0,
+    };
     loop {
         let mut fds = [PollFd::new(&fuse, PollFlags::IN)];
         match poll(&mut fds, Some(&tick)) {
@@ -479,8 +531,7 @@ pub fn serve(
         // Told before the answer: the process waits for it, so its command line is still
         // there to read.
         if let Some(mut d) = denial {
-            d.command = (reporter.describe)(pid);
-            reporter.note(&d);
+            reporter.note(&mut d);
         }
         if let Some(reply) = reply {
             let (error, payload) = match reply {
@@ -502,7 +553,6 @@ pub fn serve(
         if opcode == op::DESTROY {
             return Ok(());
         }
-
     }
 }
 
@@ -512,19 +562,39 @@ mod tests {
 
     fn table() -> Table {
         Arc::new(Mutex::new(vec![
-            Entry { path: "/p/.env".into(), dir: false, rule: "secrets.defaults \".env*\"".into() },
-            Entry { path: "/p/secrets".into(), dir: true, rule: "block \"secrets/\" at sandbox.kdl:1".into() },
+            Entry {
+                path: "/p/.env".into(),
+                dir: false,
+                rule: "secrets.defaults \".env*\"".into(),
+            },
+            Entry {
+                path: "/p/secrets".into(),
+                dir: true,
+                rule: "block \"secrets/\" at sandbox.kdl:1".into(),
+            },
         ]))
     }
 
     #[test]
     fn opens_of_a_masked_file_are_refused_and_told() {
         let t = table();
-        let (r, d) = answer(&t, op::OPEN, FIRST, 42, &(libc::O_RDONLY as u32).to_ne_bytes());
+        let (r, d) = answer(
+            &t,
+            op::OPEN,
+            FIRST,
+            42,
+            &(libc::O_RDONLY as u32).to_ne_bytes(),
+        );
         assert_eq!(r, Some(Err(libc::EACCES)));
         let d = d.unwrap();
         assert_eq!((d.op, d.target.as_str(), d.pid), ("read", "/p/.env", 42));
-        let (_, d) = answer(&t, op::OPEN, FIRST, 1, &((libc::O_WRONLY | libc::O_TRUNC) as u32).to_ne_bytes());
+        let (_, d) = answer(
+            &t,
+            op::OPEN,
+            FIRST,
+            1,
+            &((libc::O_WRONLY | libc::O_TRUNC) as u32).to_ne_bytes(),
+        );
         assert_eq!(d.unwrap().op, "write");
     }
 
@@ -546,7 +616,10 @@ mod tests {
         let e = r.unwrap().unwrap();
         assert_eq!(u64_at(&e, 0), FIRST + 1);
         for bad in [&b"2\0"[..], b"01\0", b"-1\0", b"x\0", b"\0"] {
-            assert_eq!(answer(&t, op::LOOKUP, ROOT, 1, bad).0, Some(Err(libc::ENOENT)));
+            assert_eq!(
+                answer(&t, op::LOOKUP, ROOT, 1, bad).0,
+                Some(Err(libc::ENOENT))
+            );
         }
         // Unknown nodes and short bodies answer, never panic.
         assert_eq!(answer(&t, op::OPEN, 999, 1, &[]).0, Some(Err(libc::ENOENT)));
@@ -555,10 +628,13 @@ mod tests {
 
     #[test]
     fn repeats_within_a_second_are_counted_not_written() {
-        let mut r = Repeats { seen: HashMap::new() };
+        let mut r = Repeats {
+            seen: HashMap::new(),
+        };
         let d = Denial {
             op: "read",
             target: "/p/.env".into(),
+            mask: "/p/.env".into(),
             rule: "r".into(),
             pid: 1,
             command: "cat .env".into(),

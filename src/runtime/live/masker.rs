@@ -13,8 +13,8 @@
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
-use std::sync::Arc;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Arc;
 
 use rustix::fs::{openat2, FileType, Mode, OFlags, ResolveFlags, CWD};
 use rustix::io::Errno;
@@ -170,7 +170,9 @@ fn mount_deny(fuse: OwnedFd, proc: OwnedFd, log: std::fs::File) -> std::io::Resu
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
         Some(data.as_str()),
     )
-    .map_err(|e| std::io::Error::other(format!("mounting FUSE on {}: {e}", crate::vocab::DENY_DIR)))?;
+    .map_err(|e| {
+        std::io::Error::other(format!("mounting FUSE on {}: {e}", crate::vocab::DENY_DIR))
+    })?;
     let table: super::deny::Table = Default::default();
     let served = table.clone();
     let log = crate::audit::Log::from_file(log, std::path::PathBuf::from("audit.jsonl"));
@@ -242,7 +244,10 @@ impl Deny {
     /// Put file `N` of the layer over the mask at the request's path.
     fn add(&self, req: &[u8]) -> Result<Outcome, Errno> {
         let (&kind, rest) = req.split_first().ok_or(Errno::INVAL)?;
-        let sep = rest.iter().position(|b| *b == DENY_SEP).ok_or(Errno::INVAL)?;
+        let sep = rest
+            .iter()
+            .position(|b| *b == DENY_SEP)
+            .ok_or(Errno::INVAL)?;
         let (rule, path) = (&rest[..sep], &rest[sep + 1..]);
         let dir = match kind {
             b'd' => true,
@@ -258,11 +263,31 @@ impl Deny {
             ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
         ) {
             Ok(fd) => fd,
-            Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP | Errno::XDEV) => return Ok(Outcome::Absent),
+            Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP | Errno::XDEV) => {
+                return Ok(Outcome::Absent)
+            }
             Err(e) => return Err(e),
         };
-        let is_dir = FileType::from_raw_mode(rustix::fs::fstat(&target)?.st_mode) == FileType::Directory;
-        if is_dir != dir {
+        // Only on a mask: the root of a mount (a mask's own, not a name the sandbox put in
+        // its place), a directory or an empty mode-0000 file as the plan says, never a link.
+        let st = rustix::fs::fstat(&target)?;
+        let kind = FileType::from_raw_mode(st.st_mode);
+        let shaped = match kind {
+            FileType::Directory => dir,
+            FileType::RegularFile => !dir && st.st_size == 0 && st.st_mode & 0o7777 == 0,
+            _ => false,
+        };
+        let mount_root = rustix::fs::statx(
+            &target,
+            c"",
+            rustix::fs::AtFlags::EMPTY_PATH,
+            rustix::fs::StatxFlags::BASIC_STATS,
+        )
+        .is_ok_and(|x| {
+            let root = rustix::fs::StatxAttributes::MOUNT_ROOT;
+            x.stx_attributes_mask.contains(root) && x.stx_attributes.contains(root)
+        });
+        if !shaped || !mount_root {
             return Ok(Outcome::Absent);
         }
         let index = {
@@ -530,7 +555,11 @@ impl Masker {
     pub fn deny(&mut self, path: &Path, dir: bool, rule: &str) -> Result<Outcome, String> {
         let path = path.as_os_str().as_encoded_bytes();
         // A byte of the framing inside either is refused, never sent.
-        if path.iter().chain(rule.as_bytes()).any(|b| matches!(*b, 0 | DENY_SEP)) {
+        if path
+            .iter()
+            .chain(rule.as_bytes())
+            .any(|b| matches!(*b, 0 | DENY_SEP))
+        {
             return Err("a control character in the path or the rule".into());
         }
         let mut req = vec![DENY_REQUEST, if dir { b'd' } else { b'f' }];

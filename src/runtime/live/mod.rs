@@ -452,8 +452,17 @@ impl Watcher {
             for r in pending.drain(..) {
                 self.apply(&mut masker, &r)?;
             }
-            let batch = self.masks.get(reported..).unwrap_or_default().iter().take(64);
+            // A few at a time, and none while an event waits.
+            let batch = self
+                .masks
+                .get(reported..)
+                .unwrap_or_default()
+                .iter()
+                .take(8);
             for m in batch {
+                if readable(tree.inotify()) {
+                    break;
+                }
                 let _ = masker.deny(&m.path, m.dir, &m.rule);
                 reported += 1;
             }
@@ -577,6 +586,7 @@ impl Watcher {
         match masker.mask(&r.rel) {
             Ok(Outcome::Absent) => Ok(()),
             Ok(outcome) => {
+                // Reported from now on (the mask itself is in place already).
                 if masker.deny == Ok(true) {
                     let _ = masker.deny(&path, outcome == Outcome::Dir, &r.rule);
                 }
