@@ -1237,8 +1237,22 @@ fn claude_hears_what_the_sandbox_refused_during_its_tool_call() {
     }
     for backend in ["bwrap", "libcontainer"] {
         let t = tempfile::tempdir().unwrap();
-        let (home, proj) = project(t.path(), "import \"preset:claude\"\n");
-        let mock = Mock::start(t.path(), &["echo fine", "curl -sS https://blocked.test/x"]);
+        // A file the configuration masks, read in a way Claude Code's own permission layer
+        // (which aisb gives the masks as deny rules) does not recognise, so the sandbox is
+        // what refuses it.
+        let (home, proj) = project(
+            t.path(),
+            "import \"preset:claude\"\nblock \"private.txt\"\n",
+        );
+        std::fs::write(proj.join("private.txt"), "TOKEN=hunter2\n").unwrap();
+        let mock = Mock::start(
+            t.path(),
+            &[
+                "echo fine",
+                "curl -sS https://blocked.test/x",
+                "python3 -c \"open('priv' + 'ate.txt').read()\"",
+            ],
+        );
         let out = Out::from(
             aisb(t.path(), &home, &proj)
                 .args([
@@ -1275,6 +1289,7 @@ fn claude_hears_what_the_sandbox_refused_during_its_tool_call() {
         };
         let after_echo = seen(1);
         let after_curl = seen(2);
+        let after_cat = seen(3);
         assert!(
             !after_echo.is_empty() && !after_curl.is_empty(),
             "[{backend}] {:?}",
@@ -1290,7 +1305,11 @@ fn claude_hears_what_the_sandbox_refused_during_its_tool_call() {
         let other_blocks = events
             .iter()
             .filter(|e| {
-                e["event"] == "net" && e["action"] == "block" && e["host"] != "blocked.test"
+                (e["event"] == "net" && e["action"] == "block" && e["host"] != "blocked.test")
+                    || (e["event"] == "file"
+                        && !e["command"]
+                            .as_str()
+                            .is_some_and(|c| c.starts_with("python3")))
             })
             .count();
         if other_blocks == 0 {
@@ -1303,6 +1322,15 @@ fn claude_hears_what_the_sandbox_refused_during_its_tool_call() {
             after_curl.contains(MARK) && after_curl.contains("blocked.test:443"),
             "[{backend}] the refusal did not reach the model: {after_curl}"
         );
+        // A masked file's "Permission denied" is told too, with its rule (from the audit
+        // log, where the reporting layer of masks wrote it).
+        assert!(
+            after_cat.contains("a read of `")
+                && after_cat.contains("/private.txt`")
+                && after_cat.contains("masked by block"),
+            "[{backend}] the masked read did not reach the model: {after_cat}"
+        );
+        assert!(!after_cat.contains("hunter2"), "[{backend}] {after_cat}");
     }
 }
 

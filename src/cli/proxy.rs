@@ -54,6 +54,11 @@ pub fn run(a: Args) -> Result<i32, Error> {
         ),
         None => None,
     };
+    // Attempts on masked paths reach the agent's feedback from the run's audit log.
+    let feedback = match &a.audit {
+        Some(p) => crate::proxy::feedback::Feedback::with_log(p),
+        None => Default::default(),
+    };
     let proxy = Arc::new(Proxy {
         broker,
         policy: Policy::new(&cfg),
@@ -61,7 +66,7 @@ pub fn run(a: Args) -> Result<i32, Error> {
         audit,
         reported: Default::default(),
         buffer: crate::proxy::server::RUN_BUFFER,
-        feedback: Some(Default::default()),
+        feedback: Some(std::sync::Mutex::new(feedback)),
     });
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -34,7 +34,13 @@ pub struct Feedback {
     refusals: VecDeque<(u64, String, bool)>,
     /// Calls begun and not yet asked about: (id, seq at their start, when).
     calls: VecDeque<(String, u64, std::time::Instant)>,
+    /// The run's audit log and how far it was read: attempts on masked paths come from it
+    /// (the mask helper writes them, see `runtime::live::deny`).
+    log: Option<(std::path::PathBuf, u64)>,
 }
+
+/// The most of the audit log read at once for attempts on masked paths (past it: skipped).
+const MAX_LOG_READ: u64 = 1 << 20;
 
 use crate::vocab::tool_call_id as call_id;
 
@@ -50,8 +56,70 @@ fn one_line(text: &str, max: usize) -> String {
 }
 
 impl Feedback {
+    /// With the attempts on masked paths that `log` (the run's audit log) records from now on.
+    pub fn with_log(log: &std::path::Path) -> Feedback {
+        let from = std::fs::metadata(log).map_or(0, |m| m.len());
+        Feedback {
+            log: Some((log.to_path_buf(), from)),
+            ..Feedback::default()
+        }
+    }
+
+    /// The attempts on masked paths the log got since it was last read, as refusals (in the
+    /// order of the log: read before each call's start and each answer, so that they fall
+    /// into the right windows).
+    fn pull(&mut self) {
+        use std::io::{Read, Seek, SeekFrom};
+        let Some((path, from)) = &self.log else {
+            return;
+        };
+        let (path, from) = (path.clone(), *from);
+        let Ok(mut file) = std::fs::File::open(&path) else {
+            return;
+        };
+        let len = file.metadata().map_or(from, |m| m.len());
+        if len <= from {
+            return;
+        }
+        // Too much at once (a flood): what is older than the last MiB is skipped.
+        let start = from.max(len.saturating_sub(MAX_LOG_READ));
+        let mut text = Vec::new();
+        if file.seek(SeekFrom::Start(start)).is_err()
+            || file.take(len - start).read_to_end(&mut text).is_err()
+        {
+            return;
+        }
+        // Whole lines only: a line being written now is read next time.
+        let Some(end) = text.iter().rposition(|b| *b == b'\n') else {
+            return;
+        };
+        self.log = Some((path, start + end as u64 + 1));
+        let lines: Vec<String> = text[..end]
+            .split(|b| *b == b'\n')
+            .filter_map(|l| serde_json::from_slice::<crate::audit::Event>(l).ok())
+            .filter_map(|e| match e.kind {
+                crate::audit::Kind::File {
+                    operation,
+                    target,
+                    rule,
+                    count,
+                    ..
+                } => Some(format!(
+                    "a {operation} of `{}`{} (masked by {rule}; the user can unmask it outside, never from here)",
+                    one_line(&target, 160),
+                    if count > 1 { format!(", {count} times") } else { String::new() }
+                )),
+                _ => None,
+            })
+            .collect();
+        for l in lines {
+            self.note(&l);
+        }
+    }
+
     /// The call `id` starts now.
     pub fn begin(&mut self, id: &str) {
+        self.pull();
         let Some(id) = call_id(id) else { return };
         self.seq += 1;
         self.calls.retain(|(c, ..)| *c != id);
@@ -64,6 +132,11 @@ impl Feedback {
 
     /// The sandbox was refused something: `what` says what and by which rule.
     pub fn refused(&mut self, what: &str) {
+        self.pull();
+        self.note(what);
+    }
+
+    fn note(&mut self, what: &str) {
         self.seq += 1;
         if self.refusals.len() == MAX_REFUSALS {
             self.refusals.pop_front();
@@ -88,6 +161,7 @@ impl Feedback {
     /// What was refused since the call `id` began, as text for the model (empty: nothing, or
     /// a call this proxy never saw begin). The call is over: it is forgotten.
     pub fn since(&mut self, id: &str) -> String {
+        self.pull();
         let Some(id) = call_id(id) else {
             return String::new();
         };
@@ -212,5 +286,36 @@ mod tests {
         assert!(!text.chars().any(|c| c.is_control() && c != '\n'));
         assert_eq!(call_id("\u{1b}]52;;x\u{7}"), Some("52x".into()));
         assert_eq!(call_id("\n\t"), None);
+    }
+
+    #[test]
+    fn attempts_on_masked_paths_come_from_the_audit_log_into_their_call() {
+        let t = tempfile::tempdir().unwrap();
+        let log_path = t.path().join("audit.jsonl");
+        let log = crate::audit::Log::open(&log_path).unwrap();
+        let file = |target: &str, count: u64| crate::audit::Kind::File {
+            operation: "read".into(),
+            target: target.into(),
+            result: "blocked".into(),
+            rule: "sensitive \".env\"".into(),
+            pid: 9,
+            command: "cat".into(),
+            count,
+        };
+        log.write(file("/p/old.env", 1)).unwrap();
+        let mut f = Feedback::with_log(&log_path);
+        log.write(file("/p/before.env", 1)).unwrap();
+        f.begin("toolu_9");
+        log.write(file("/p/.env\u{1b}[2J", 3)).unwrap();
+        let text = f.since("toolu_9");
+        assert!(
+            text.contains("a read of `/p/.env [2J`, 3 times (masked by sensitive \".env\""),
+            "{text}"
+        );
+        assert!(
+            !text.contains("before.env") && !text.contains("old.env"),
+            "{text}"
+        );
+        assert!(!text.contains('\u{1b}'));
     }
 }
