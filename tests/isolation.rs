@@ -782,6 +782,8 @@ fn aisb_test_passes_for_every_preset_and_fails_for_a_weakened_one() {
     }
     let s = Sandbox::new();
     std::fs::create_dir_all(s.root().join("home/.claude")).unwrap();
+    // A masked file: its refused read must be in the audit log (issue 32).
+    s.write(".env", "TOKEN=x\n");
     let run = |config: &str, args: &[&str]| {
         s.write("sandbox.kdl", config);
         Out::from(
@@ -804,6 +806,12 @@ fn aisb_test_passes_for_every_preset_and_fails_for_a_weakened_one() {
             let tag = format!("[{backend} {preset}]");
             assert_eq!(o.code, 0, "{tag} {}\n{}", o.stdout, o.stderr);
             assert!(o.stdout.contains(" 0 failed"), "{tag} {}", o.stdout);
+            assert!(
+                o.stdout.lines().any(|l| l.starts_with("ok")
+                    && l.contains("refused reads of masked files are in the audit log")),
+                "{tag} {}",
+                o.stdout
+            );
             let dir = match preset {
                 "claude" => Some("/etc/claude-code"),
                 "gemini" => Some("/etc/gemini-cli"),
@@ -829,6 +837,22 @@ fn aisb_test_passes_for_every_preset_and_fails_for_a_weakened_one() {
                 o.stdout, o.stderr
             );
         }
+        // Refused but not reported: `aisb test` says so.
+        s.write("sandbox.kdl", "");
+        let o = Out::from(
+            s.aisb()
+                .args(["--trust", "test", "--backend", backend])
+                .env("AISB_TEST_BREAK_ISOLATION", "report")
+                .output()
+                .unwrap(),
+        );
+        assert_eq!(o.code, 1, "[{backend}] {}\n{}", o.stdout, o.stderr);
+        assert!(
+            o.stdout.lines().any(|l| l.starts_with("FAIL")
+                && l.contains("refused reads of masked files are in the audit log")),
+            "[{backend}] {}",
+            o.stdout
+        );
         let o = run("mount \"~/.ssh\"\n", &["--backend", backend]);
         assert_eq!(o.code, 1, "[{backend}] {}\n{}", o.stdout, o.stderr);
         assert!(

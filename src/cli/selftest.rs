@@ -54,6 +54,14 @@ fn script(plan: &Plan, max_masks: usize) -> (String, Vec<(String, String, bool)>
     let mut checks: Vec<(String, String, bool)> = Vec::new();
     let mut s =
         String::from("t() { k=$1; shift; \"$@\" >/dev/null 2>&1 </dev/null; echo \"$k=$?\"; }\n");
+    // The reporting layer of masks lands just after the start (`runtime::live::deny`): its
+    // mounts are waited for (at most 5 s), so that the reads below are reported.
+    let stacked = plan.masks.len().min(max_masks);
+    if stacked > 0 {
+        s.push_str(&format!(
+            "i=0; while [ \"$(grep -c ' - fuse aisb-deny' /proc/self/mountinfo)\" -le {stacked} ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done\n"
+        ));
+    }
     for (i, m) in plan.masks.iter().take(max_masks).enumerate() {
         let key = format!("mask{i}");
         let p = q(&m.path.to_string_lossy());
@@ -389,6 +397,9 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
                 .map_or_else(String::new, |v| v.get_name().to_string()),
         );
     }
+    // Where the attempts on masked paths are to be found afterwards.
+    let log = plan.state_dir.join("audit.jsonl");
+    let log_from = std::fs::metadata(&log).map_or(0, |m| m.len());
     let out = cmd
         .args(["--", "/bin/bash", "-c", &probe])
         .stdin(Stdio::null())
@@ -425,6 +436,44 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
             }
         })
         .collect();
+    let mut results = results;
+    // Each refused read of a masked file is an audit event (issue 32): seen in the log.
+    let files: Vec<String> = plan
+        .masks
+        .iter()
+        .take(a.max_masks.unwrap_or(usize::MAX))
+        .filter(|m| !m.dir)
+        .map(|m| m.path.to_string_lossy().into_owned())
+        .collect();
+    if !files.is_empty() && results.iter().any(|c| c.observed != "did not run") {
+        let text = std::fs::read(&log)
+            .ok()
+            .map(|b| {
+                String::from_utf8_lossy(b.get(log_from as usize..).unwrap_or_default()).into_owned()
+            })
+            .unwrap_or_default();
+        let reported: std::collections::HashSet<String> = crate::audit::parse(&text)
+            .into_iter()
+            .filter_map(|e| match e.kind {
+                crate::audit::Kind::File { target, .. } => Some(target),
+                _ => None,
+            })
+            .collect();
+        let seen = files.iter().filter(|f| reported.contains(*f)).count();
+        results.push(Check {
+            check: format!(
+                "refused reads of masked files are in the audit log ({seen} of {})",
+                files.len()
+            ),
+            expected: "yes",
+            observed: if seen == files.len() {
+                "yes".into()
+            } else {
+                format!("no: {} not reported", files.len() - seen)
+            },
+            ok: seen == files.len(),
+        });
+    }
     let failed = results.iter().filter(|c| !c.ok).count();
     if a.json {
         println!(

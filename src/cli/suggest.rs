@@ -4,8 +4,8 @@
 //!
 //! Only what the host wrote is proposed as a line (the proxy's network refusals, for names
 //! that are valid host names); what the sandbox reported or what protects the host (a tool
-//! call the policy refused, a secret that appeared, a file moved aside) is listed, never
-//! proposed.
+//! call the policy refused, a secret that appeared, an attempt on a masked path, a file moved
+//! aside) is listed, never proposed.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom};
@@ -194,6 +194,17 @@ fn propose(events: &[Event], allowed: &[String]) -> (Vec<Proposal>, Vec<String>)
                 "{} was moved aside ({}): make it yourself, outside the sandbox, if you want it",
                 printable(path),
                 printable(why)
+            )),
+            Kind::File {
+                operation,
+                target,
+                rule,
+                ..
+            } => note(format!(
+                "a {} of {} was refused ({}): a masked path is never unmasked by a suggestion; `allow \"PATH\"` by hand if it holds no secret",
+                printable(operation),
+                printable(target),
+                printable(rule)
             )),
             Kind::Dropped { events, .. } => note(format!(
                 "{events} events of that run were not logged (its log's budget): run again for the rest"

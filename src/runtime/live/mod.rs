@@ -152,10 +152,20 @@ impl Live {
             budget,
             masks: plan.masks.clone(),
             // The reporting layer's log: the helper writes there itself.
-            audit_file: std::fs::OpenOptions::new()
-                .append(true)
-                .open(plan.state_dir.join("audit.jsonl"))
-                .ok(),
+            audit_file: if std::env::var(crate::eval::BREAK_ISOLATION_ENV).as_deref()
+                == Ok("report")
+            {
+                eprintln!(
+                    "aisb: WARNING: {}=report: attempts on masked paths are not recorded in this sandbox (a test of the tests)",
+                    crate::eval::BREAK_ISOLATION_ENV
+                );
+                None
+            } else {
+                std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(plan.state_dir.join("audit.jsonl"))
+                    .ok()
+            },
         };
         // Signals meant for the sandbox must never land on the watcher (SIGTERM's default
         // action would end aisb): it starts with all of them blocked, from its first instant.
