@@ -1342,10 +1342,15 @@ fn gemini_hears_what_the_sandbox_refused_during_its_tool_call() {
         return;
     }
     let t = tempfile::tempdir().unwrap();
-    let (home, proj) = gemini_project(t.path(), "import \"preset:gemini\"\n");
+    let (home, proj) = gemini_project(
+        t.path(),
+        "import \"preset:gemini\"\nblock \"private.txt\"\n",
+    );
+    std::fs::write(proj.join("private.txt"), "TOKEN=hunter2\n").unwrap();
     let script = serde_json::json!([
         {"tool": "run_shell_command", "input": {"command": "echo fine"}},
         {"tool": "run_shell_command", "input": {"command": "curl -sS https://blocked.test/x"}},
+        {"tool": "run_shell_command", "input": {"command": "python3 -c \"open('priv' + 'ate.txt').read()\""}},
     ]);
     let mock = Mock::start_raw(t.path(), &script.to_string());
     let out = run_gemini(
@@ -1358,7 +1363,7 @@ fn gemini_hears_what_the_sandbox_refused_during_its_tool_call() {
     assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
     assert!(out.stdout.contains("MOCK-DONE"), "{}", out.stdout);
     let results = gemini_results(&mock);
-    assert_eq!(results.len(), 2, "{results:#?}");
+    assert_eq!(results.len(), 3, "{results:#?}");
     assert!(
         results[0].contains("fine") && !results[0].contains("blocked.test"),
         "{}",
@@ -1368,5 +1373,14 @@ fn gemini_hears_what_the_sandbox_refused_during_its_tool_call() {
         results[1].contains(MARK) && results[1].contains("blocked.test:443"),
         "the refusal did not reach the model: {}",
         results[1]
+    );
+    // An attempt on a masked path too, with its rule.
+    assert!(
+        results[2].contains(MARK)
+            && results[2].contains("/private.txt`")
+            && results[2].contains("masked by block")
+            && !results[2].contains("hunter2"),
+        "the masked read did not reach the model: {}",
+        results[2]
     );
 }
