@@ -1331,6 +1331,15 @@ fn claude_hears_what_the_sandbox_refused_during_its_tool_call() {
             "[{backend}] the masked read did not reach the model: {after_cat}"
         );
         assert!(!after_cat.contains("hunter2"), "[{backend}] {after_cat}");
+        // The audit line names the agent whose run it was.
+        assert!(
+            events.iter().any(|e| e["event"] == "file"
+                && e["agent"] == "claude"
+                && e["target"]
+                    .as_str()
+                    .is_some_and(|t| t.ends_with("/private.txt"))),
+            "[{backend}] {events:#?}"
+        );
     }
 }
 

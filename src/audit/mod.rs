@@ -103,6 +103,10 @@ pub enum Kind {
         command: String,
         #[serde(default = "one", skip_serializing_if = "is_one")]
         count: u64,
+        /// The agent whose run it was (its command is one: every process in it is its
+        /// session's).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        agent: Option<String>,
     },
     /// A limit stopped the sandbox (`disk (bytes)`, `disk (inodes)`): what it used, its
     /// budget, and the rule that set it.
@@ -150,6 +154,7 @@ impl Event {
     pub fn agent(&self) -> Option<&str> {
         match &self.kind {
             Kind::Agent { agent, .. } | Kind::AgentBlock { agent, .. } => Some(agent),
+            Kind::File { agent, .. } => agent.as_deref(),
             _ => None,
         }
     }

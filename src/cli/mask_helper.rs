@@ -12,6 +12,9 @@ pub struct Args {
     /// written there (see `runtime::live::deny`).
     #[arg(long)]
     pub audit_fd: Option<i32>,
+    /// The agent whose run it is, for the denials' events.
+    #[arg(long)]
+    pub agent: Option<String>,
 }
 
 pub fn run(a: Args) -> i32 {
@@ -27,5 +30,5 @@ pub fn run(a: Args) -> i32 {
         .filter(|fd| *fd > 2 && nix::fcntl::fcntl(*fd, nix::fcntl::FcntlArg::F_GETFD).is_ok())
         // SAFETY: checked open above; passed for this process alone.
         .map(|fd| std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) }));
-    crate::runtime::live::masker::serve(mnt, &a.project, audit)
+    crate::runtime::live::masker::serve(mnt, &a.project, audit, a.agent)
 }

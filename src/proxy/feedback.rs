@@ -301,6 +301,7 @@ mod tests {
             pid: 9,
             command: "cat".into(),
             count,
+            agent: None,
         };
         log.write(file("/p/old.env", 1)).unwrap();
         let mut f = Feedback::with_log(&log_path);

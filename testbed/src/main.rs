@@ -344,7 +344,10 @@ fn base_layer(k: &kernel::Kernel) -> Result<initramfs::Tree, Error> {
         "usr/lib64/ld-linux-x86-64.so.2",
     )?;
     // overlayfs, and FUSE for the reporting layer of masks (attempts on masked paths).
-    for (i, m) in kernel::module_files(k, &["overlay", "fuse"]).iter().enumerate() {
+    for (i, m) in kernel::module_files(k, &["overlay", "fuse"])
+        .iter()
+        .enumerate()
+    {
         let name = m
             .file_name()
             .map_or_else(String::new, |n| n.to_string_lossy().into_owned());

@@ -57,7 +57,12 @@ const DENY_MAX: usize = 1 << 20;
 /// Run as the helper: join the namespaces of `mnt` (a sandbox's mount namespace), then serve
 /// requests on stdin until it closes. Returns the exit code. `audit`: the audit log, where
 /// the reporting layer of masks writes denials (none: no reporting layer).
-pub fn serve(mnt: OwnedFd, project: &Path, audit: Option<std::fs::File>) -> i32 {
+pub fn serve(
+    mnt: OwnedFd,
+    project: &Path,
+    audit: Option<std::fs::File>,
+    agent: Option<String>,
+) -> i32 {
     let mut host = None;
     // No project (`""`): the reporting layer alone, for a sandbox whose project is not
     // watched (the masking file may not be mounted there).
@@ -78,7 +83,7 @@ pub fn serve(mnt: OwnedFd, project: &Path, audit: Option<std::fs::File>) -> i32 
     // The reporting layer, where the host gave a log and the kernel has FUSE; masks hold
     // without it (it only tells).
     let deny = match (host, audit) {
-        (Some(Ok((fuse, proc))), Some(log)) => Some(mount_deny(fuse, proc, log)),
+        (Some(Ok((fuse, proc))), Some(log)) => Some(mount_deny(fuse, proc, log, agent)),
         (Some(Err(e)), Some(_)) => Some(Err(e)),
         _ => None,
     };
@@ -149,7 +154,12 @@ pub const FLUSH_REQUEST: u8 = b'F';
 pub const DENY_SEP: u8 = 0x1f;
 
 /// Mount the reporting layer on [`crate::vocab::DENY_DIR`] and start serving it.
-fn mount_deny(fuse: OwnedFd, proc: OwnedFd, log: std::fs::File) -> std::io::Result<Deny> {
+fn mount_deny(
+    fuse: OwnedFd,
+    proc: OwnedFd,
+    log: std::fs::File,
+    agent: Option<String>,
+) -> std::io::Result<Deny> {
     use nix::mount::{mount, MsFlags};
     // The owner as the sandbox's user namespace maps it (an unprivileged bwrap maps the
     // caller's own id, not 0; an id the namespace does not map is refused).
@@ -186,6 +196,7 @@ fn mount_deny(fuse: OwnedFd, proc: OwnedFd, log: std::fs::File) -> std::io::Resu
                 pid: d.pid,
                 command: d.command.clone(),
                 count,
+                agent: agent.clone(),
             });
         },
         move |pid| command_of(&proc, pid),
@@ -490,6 +501,7 @@ impl Masker {
         project: &Path,
         hold: &OwnedFd,
         audit: Option<&std::fs::File>,
+        agent: Option<&str>,
     ) -> std::io::Result<Masker> {
         let fd = mnt.as_raw_fd();
         let held = hold.as_raw_fd();
@@ -498,6 +510,9 @@ impl Masker {
         cmd.arg("__mask").arg(fd.to_string()).arg(project);
         if log >= 0 {
             cmd.arg("--audit-fd").arg(log.to_string());
+        }
+        if let Some(a) = agent {
+            cmd.arg("--agent").arg(a);
         }
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())

@@ -151,6 +151,14 @@ impl Live {
             stopping: stopping.clone(),
             budget,
             masks: plan.masks.clone(),
+            agent: plan
+                .process
+                .args
+                .first()
+                .and_then(|a| Path::new(a).file_name())
+                .and_then(|n| n.to_str())
+                .filter(|n| crate::presets::AGENTS.contains(n))
+                .map(str::to_string),
             // The reporting layer's log: the helper writes there itself.
             audit_file: if std::env::var(crate::eval::BREAK_ISOLATION_ENV).as_deref()
                 == Ok("report")
@@ -255,6 +263,8 @@ struct Watcher {
     /// The masks made at start, for the reporting layer (see [`deny`]).
     masks: Vec<crate::eval::plan::Mask>,
     audit_file: Option<std::fs::File>,
+    /// The agent whose run it is (the command is one), for the denials' events.
+    agent: Option<String>,
 }
 
 fn readable(fd: &OwnedFd) -> bool {
@@ -445,6 +455,7 @@ impl Watcher {
             &self.inside,
             tree.inotify(),
             self.audit_file.as_ref(),
+            self.agent.as_deref(),
         ) {
             Ok(m) => m,
             Err(_) if readable(init) => return Ok(()),
@@ -517,6 +528,7 @@ impl Watcher {
             Path::new(""),
             &mnt,
             self.audit_file.as_ref(),
+            self.agent.as_deref(),
         ) {
             Ok(m) => m,
             // Masks hold without it; nothing to stop the sandbox for.
