@@ -101,6 +101,15 @@ impl Project {
     fn exists(&self, rel: &str) -> bool {
         self.proj().join(rel).symlink_metadata().is_ok()
     }
+    /// The audit logs of the project's runs (every sandbox's state in its cache).
+    fn audit_logs(&self) -> Vec<PathBuf> {
+        walkdir::WalkDir::new(self.dir.path().join("cache"))
+            .into_iter()
+            .flatten()
+            .filter(|e| e.file_name() == "audit.jsonl")
+            .map(|e| e.path().to_path_buf())
+            .collect()
+    }
 }
 
 /// Every file below `dir`, recursively (the quarantine's content).
@@ -562,12 +571,7 @@ fn audit_bound(user: Option<(u32, u32)>) {
         let o = Out::from(c2.output().unwrap());
         assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
         o.expect("sent", "400");
-        let logs: Vec<PathBuf> = walkdir::WalkDir::new(p.dir.path().join("cache"))
-            .into_iter()
-            .flatten()
-            .filter(|e| e.file_name() == "audit.jsonl")
-            .map(|e| e.path().to_path_buf())
-            .collect();
+        let logs = p.audit_logs();
         assert!(!logs.is_empty(), "{who} no audit log");
         let total: u64 = logs.iter().map(|l| l.metadata().unwrap().len()).sum();
         assert!(total < 2 << 20, "{who} the audit log grew to {total} bytes");
@@ -742,11 +746,10 @@ fn half_open_connections_and_a_flood_of_refusals_are_bounded() {
                 "{who} {what}: {kib} KiB resident, {rss_base} KiB at start"
             );
         }
-        let total: u64 = walkdir::WalkDir::new(p.dir.path().join("cache"))
-            .into_iter()
-            .flatten()
-            .filter(|e| e.file_name() == "audit.jsonl")
-            .map(|e| e.metadata().unwrap().len())
+        let total: u64 = p
+            .audit_logs()
+            .iter()
+            .map(|l| l.metadata().unwrap().len())
             .sum();
         assert!(
             total > 0 && total <= (16 << 20) + (64 << 10),
@@ -1202,12 +1205,7 @@ fn disk_budget(user: Option<(u32, u32)>) {
             "{who} stopped only after {:?}",
             started.elapsed()
         );
-        let logs: Vec<PathBuf> = walkdir::WalkDir::new(p.dir.path().join("cache"))
-            .into_iter()
-            .flatten()
-            .filter(|e| e.file_name() == "audit.jsonl")
-            .map(|e| e.path().to_path_buf())
-            .collect();
+        let logs = p.audit_logs();
         let text: String = logs
             .iter()
             .map(|l| std::fs::read_to_string(l).unwrap())
@@ -1319,12 +1317,11 @@ fn file_denials(user: Option<(u32, u32)>) {
             "{who} {}",
             o.stdout
         );
-        let events: Vec<serde_json::Value> = walkdir::WalkDir::new(p.dir.path().join("cache"))
-            .into_iter()
-            .flatten()
-            .filter(|e| e.file_name() == "audit.jsonl")
-            .flat_map(|e| {
-                std::fs::read_to_string(e.path())
+        let events: Vec<serde_json::Value> = p
+            .audit_logs()
+            .iter()
+            .flat_map(|l| {
+                std::fs::read_to_string(l)
                     .unwrap()
                     .lines()
                     .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())

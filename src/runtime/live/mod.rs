@@ -278,7 +278,13 @@ pub(super) fn kill(init: &OwnedFd) {
 
 /// Sleep until `stop` is readable or `timeout` passes; true when the run is stopping.
 pub(super) fn wait_for(stop: &OwnedFd, stopping: &AtomicBool, timeout: Option<Duration>) -> bool {
-    let mut polled = [PollFd::new(stop, PollFlags::IN)];
+    wait_any(&[stop], stopping, timeout)
+}
+
+/// Sleep until one of `fds` is readable (true) or `timeout` passes (false); true too when
+/// the run is stopping.
+fn wait_any(fds: &[&OwnedFd], stopping: &AtomicBool, timeout: Option<Duration>) -> bool {
+    let mut polled: Vec<PollFd> = fds.iter().map(|f| PollFd::new(*f, PollFlags::IN)).collect();
     let timeout = timeout.map(|d| rustix::time::Timespec {
         tv_sec: d.as_secs() as _,
         tv_nsec: d.subsec_nanos() as _,
@@ -377,19 +383,7 @@ impl Watcher {
     /// Sleep until one of `fds` is readable (true) or `timeout` passes (false); true too when
     /// the run is stopping.
     fn wait(&self, fds: &[&OwnedFd], timeout: Option<Duration>) -> bool {
-        let mut polled: Vec<PollFd> = fds.iter().map(|f| PollFd::new(*f, PollFlags::IN)).collect();
-        let timeout = timeout.map(|d| rustix::time::Timespec {
-            tv_sec: d.as_secs() as _,
-            tv_nsec: d.subsec_nanos() as _,
-        });
-        let woken = loop {
-            match poll(&mut polled, timeout.as_ref()) {
-                Err(rustix::io::Errno::INTR) => continue,
-                Ok(n) => break n > 0,
-                Err(_) => break true,
-            }
-        };
-        woken || self.stopping.load(Ordering::Relaxed)
+        wait_any(fds, &self.stopping, timeout)
     }
 
     /// The sandbox said it is complete: its init, as a pidfd (never another process that got
