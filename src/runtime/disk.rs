@@ -572,4 +572,58 @@ mod tests {
         let u = measure(&[t.path().to_path_buf()], 10, &AtomicBool::new(false));
         assert_eq!(u.per_dev.iter().map(|e| e.2).sum::<u64>(), 10);
     }
+
+    #[test]
+    fn the_budget_starts_from_what_the_layers_held() {
+        const G: u64 = 1 << 30;
+        // A 30 GiB clone with 20 GiB free: it may grow by half of the free space, not be
+        // stopped at once for holding more than is free.
+        let (bytes, inodes) = budgets(Disk::Default, (30 * G, 1000), (20 * G, 5000, true));
+        assert_eq!(bytes, 40 * G);
+        assert_eq!(inodes, Some(1000 + 2500));
+        // A configured budget is the budget, never more than held + nine tenths of free.
+        assert_eq!(budgets(Disk::Bytes(G), (0, 0), (20 * G, 0, true)).0, G);
+        assert_eq!(
+            budgets(Disk::Bytes(100 * G), (G, 0), (10 * G, 0, true)).0,
+            G + 9 * G
+        );
+        // No inode count (Btrfs): no inode budget.
+        assert_eq!(budgets(Disk::Default, (0, 0), (G, 0, false)).1, None);
+    }
+
+    #[test]
+    fn what_a_walk_cannot_see_is_the_file_systems_drop() {
+        const M: u64 = 1 << 20;
+        let fs = Fs {
+            dev: 7,
+            probe: PathBuf::from("/layers/upper"),
+            held: (10 * M, 10),
+            free0: (100 * M, 1000, true),
+            bytes: 40 * M,
+            inodes: Some(500),
+        };
+        let budget = Budget {
+            dirs: vec![],
+            disk: Disk::Default,
+            at: None,
+        };
+        let mut usage = Usage::default();
+        usage.add(7, 12 * M, 20);
+        let now = [Some((50 * M, 990, true))];
+        // Everything seen: 12 MiB held, under the budget whatever the drop (others' writes).
+        assert!(over(&budget, std::slice::from_ref(&fs), &usage, Some(&[]), &now).is_none());
+        // Removed-but-open files count.
+        assert!(over(
+            &budget,
+            std::slice::from_ref(&fs),
+            &usage,
+            Some(&[(7, 30 * M)]),
+            &now
+        )
+        .is_some());
+        // Something unreadable: held + the drop (10 + 50 MiB) stands for it.
+        usage.unreadable = 1;
+        let e = over(&budget, std::slice::from_ref(&fs), &usage, Some(&[]), &now).unwrap();
+        assert_eq!((e.what, e.used, e.budget), ("bytes", 60 * M, 40 * M));
+    }
 }
