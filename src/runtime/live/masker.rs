@@ -482,6 +482,9 @@ impl Inside {
     }
 }
 
+/// How long the host waits for one answer of the helper.
+const ANSWER_SECS: i64 = 30;
+
 /// The host's side of the helper.
 pub struct Masker {
     child: Child,
@@ -598,7 +601,34 @@ impl Masker {
             .write_all(req)
             .and_then(|()| self.requests.flush());
         let mut line = String::new();
-        let read = sent.and_then(|()| self.answers.read_line(&mut line));
+        // Bounded: a helper that hangs (it never should) cannot hold the run's end forever.
+        let ready = sent.and_then(|()| {
+            if self.answers.buffer().contains(&b'\n') {
+                return Ok(());
+            }
+            let mut fds = [rustix::event::PollFd::new(
+                self.answers.get_ref(),
+                rustix::event::PollFlags::IN,
+            )];
+            let limit = rustix::time::Timespec {
+                tv_sec: ANSWER_SECS,
+                tv_nsec: 0,
+            };
+            loop {
+                return match rustix::event::poll(&mut fds, Some(&limit)) {
+                    Ok(0) => {
+                        let _ = self.child.kill();
+                        Err(std::io::Error::other(format!(
+                            "it did not answer within {ANSWER_SECS} s and was stopped"
+                        )))
+                    }
+                    Ok(_) => Ok(()),
+                    Err(Errno::INTR) => continue,
+                    Err(e) => Err(e.into()),
+                };
+            }
+        });
+        let read = ready.and_then(|()| self.answers.read_line(&mut line));
         match (read, line.trim_end()) {
             (Ok(_), "ok file") => Ok(Outcome::File),
             (Ok(_), "ok dir") => Ok(Outcome::Dir),
