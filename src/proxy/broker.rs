@@ -358,8 +358,8 @@ impl Broker {
             .iter()
             .filter(|c| c.hosts.iter().any(|h| h == host))
             .collect();
-        let mut c = Side::new(client, IDLE);
-        let mut u = Side::new(upstream, UPSTREAM_IDLE);
+        let mut c = Side::new(timed(client, IDLE), IDLE);
+        let mut u = Side::new(timed(upstream, UPSTREAM_IDLE), UPSTREAM_IDLE);
         let mut moved = (0u64, 0u64);
         // Refusals and injections each have a budget of their own: refused requests, cheap
         // to make, cannot crowd the record of a credential's uses out of the log.
@@ -443,6 +443,18 @@ struct Side<S> {
     chunk: Vec<u8>,
     /// A read that waits longer than this ends the connection.
     idle: Duration,
+}
+
+/// `io` whose writes that make no progress for `limit` fail (`TimedOut`): a peer that stops
+/// reading (a client in the sandbox that never reads its answer) ends the connection instead
+/// of holding it, its buffers and a slot, for ever.
+fn timed<S: AsyncRead + AsyncWrite>(
+    io: S,
+    limit: Duration,
+) -> std::pin::Pin<Box<tokio_io_timeout::TimeoutStream<S>>> {
+    let mut t = tokio_io_timeout::TimeoutStream::new(io);
+    t.set_write_timeout(Some(limit));
+    Box::pin(t)
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Side<S> {
@@ -1400,5 +1412,15 @@ mod tests {
         assert_eq!(out, b"3\r\nabc\r\n0\r\nX-T: 1\r\n\r\n");
         assert_eq!(n, out.len() as u64);
         assert_eq!(side.buf, b"GET /next");
+    }
+
+    #[tokio::test]
+    async fn a_peer_that_stops_reading_times_out_the_write() {
+        let (a, _b) = tokio::io::duplex(1024);
+        let mut side = Side::new(timed(a, Duration::from_millis(100)), IDLE);
+        let started = std::time::Instant::now();
+        let r = side.io.write_all(&vec![0u8; 1 << 20]).await;
+        assert_eq!(r.unwrap_err().kind(), std::io::ErrorKind::TimedOut);
+        assert!(started.elapsed() < Duration::from_secs(5));
     }
 }
