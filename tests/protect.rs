@@ -630,8 +630,9 @@ fn host_side_rss_kib(pid: u32) -> u64 {
 /// The host holds a bounded amount for whatever the sandbox does through its proxy: 10,000
 /// connections opened and never written to (the proxy takes at most 1,024 at once, answers
 /// the rest 503 and closes one silent for 60 s), then 100,000 refused `CONNECT`s (each logged
-/// until the log's 16 MiB budget, then counted). The host side of the run (aisb and its proxy)
-/// grows by less than 32 MiB resident, the audit log stays under its budget, and the
+/// until the log's 16 MiB budget, then counted). The host side of the run (aisb, its proxy and
+/// its mask helper, which is waited for: it starts just after the sandbox) grows by less than
+/// 32 MiB resident, the audit log stays under its budget, and the
 /// sandbox's allowed traffic is still served after. bwrap as root and libcontainer as a user (the proxy is the
 /// same process for both backends and callers).
 #[test]
@@ -655,6 +656,11 @@ fn half_open_connections_and_a_flood_of_refusals_are_bounded() {
             "import resource, socket, sys, threading\n\
              soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n\
              resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 20000), hard))\n\
+             import time\n\
+             for _ in range(200):\n\
+             \x20   if ' - fuse aisb-deny' in open('/proc/self/mountinfo').read():\n\
+             \x20       break\n\
+             \x20   time.sleep(0.05)\n\
              print('ready', flush=True)\n\
              sys.stdin.readline()\n\
              held = []\n\
@@ -1148,10 +1154,12 @@ as_root_and_a_user!(
 );
 
 /// The host's disk is bounded too (issue 29 item 6): a sandbox whose copy-on-write layer
-/// (`project access="overlay"`) grows past `limits { disk … }` (32 MiB) is stopped, the run
-/// fails with the reason and an audit event says so. Half of its 40 MiB are written into a
+/// (`project access="overlay"`) grows past `limits { disk … }` (128 MiB) is stopped, the run
+/// fails with the reason and an audit event says so. Half of its 240 MiB are written into a
 /// directory that is then made unreadable (`chmod 000`): an ordinary user's walk cannot look
-/// inside, and the file system's drop in free space stands for it. A run that stays under the budget is not stopped.
+/// inside, and the file system's drop in free space stands for it (the margin over the
+/// budget is wide: files others remove meanwhile give space back). So is a file removed while
+/// open. A run that stays under the budget is not stopped.
 fn disk_budget(user: Option<(u32, u32)>) {
     // One at a time: the other's files, removed meanwhile, would give back free space that
     // the hidden half's accounting (the file system's drop) counts on.
@@ -1162,7 +1170,7 @@ fn disk_budget(user: Option<(u32, u32)>) {
         let p = Project::new(user);
         std::fs::write(
             p.proj().join("sandbox.kdl"),
-            format!("{CONFIG}project access=\"overlay\"\nlimits {{\n    disk \"32M\"\n}}\n"),
+            format!("{CONFIG}project access=\"overlay\"\nlimits {{\n    disk \"128M\"\n}}\n"),
         )
         .unwrap();
         let o = p.run(
@@ -1178,8 +1186,8 @@ fn disk_budget(user: Option<(u32, u32)>) {
         let started = std::time::Instant::now();
         let o = p.run(
             backend,
-            "mkdir hide && dd if=/dev/zero of=hide/big bs=1M count=20 2>/dev/null && sync && chmod 000 hide && echo HIDDEN=yes; \
-             dd if=/dev/zero of=seen bs=1M count=20 2>/dev/null; sync; sleep 15; echo SURVIVED=yes",
+            "mkdir hide && dd if=/dev/zero of=hide/big bs=1M count=120 2>/dev/null && sync && chmod 000 hide && echo HIDDEN=yes; \
+             dd if=/dev/zero of=seen bs=1M count=120 2>/dev/null; sync; sleep 15; echo SURVIVED=yes",
         );
         o.expect("HIDDEN", "yes");
         assert!(
@@ -1196,7 +1204,7 @@ fn disk_budget(user: Option<(u32, u32)>) {
             .collect::<Vec<_>>()
             .join(" ");
         assert!(
-            said.contains("past its disk budget of 32M") && said.contains("sandbox.kdl:"),
+            said.contains("past its disk budget of 128M") && said.contains("sandbox.kdl:"),
             "{who} the reason:\n{}",
             o.stderr
         );
@@ -1219,7 +1227,7 @@ fn disk_budget(user: Option<(u32, u32)>) {
         // A file removed while open holds its blocks where no walk finds them.
         let o = p.run(
             backend,
-            "exec 3>gone && rm gone && echo REMOVED=yes && dd if=/dev/zero bs=1M count=40 >&3 2>/dev/null; \
+            "exec 3>gone && rm gone && echo REMOVED=yes && dd if=/dev/zero bs=1M count=240 >&3 2>/dev/null; \
              sleep 15; echo SURVIVED=yes",
         );
         o.expect("REMOVED", "yes");
