@@ -107,6 +107,13 @@ pub enum Kind {
         /// session's).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         agent: Option<String>,
+        /// The run (its aisb's pid): runs of one project at once share its log.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        run: Option<u32>,
+        /// Repeats gathered and written after the fact (the quiet second over, the run's
+        /// end): their tool call may be over.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        late: bool,
     },
     /// A limit stopped the sandbox (`disk (bytes)`, `disk (inodes)`): what it used, its
     /// budget, and the rule that set it.

@@ -28,7 +28,10 @@ pub struct Args {
     pub follow: bool,
     /// Only events of these kinds (net, file, agent, agent-block, limit, quarantine,
     /// late-mask, credential, start, exit, dropped); repeatable
-    #[arg(long, value_name = "KIND")]
+    #[arg(long, value_name = "KIND", value_parser = clap::builder::PossibleValuesParser::new([
+        "net", "file", "agent", "agent-block", "limit", "quarantine", "late-mask", "credential",
+        "start", "exit", "dropped",
+    ]))]
     pub kind: Vec<String>,
     /// Only events that name this agent (its tool calls)
     #[arg(long, value_name = "AGENT")]

@@ -56,7 +56,10 @@ pub fn run(a: Args) -> Result<i32, Error> {
     };
     // Attempts on masked paths reach the agent's feedback from the run's audit log.
     let feedback = match &a.audit {
-        Some(p) => crate::proxy::feedback::Feedback::with_log(p),
+        // Its parent is the run's aisb, as the mask helper's is.
+        Some(p) => {
+            crate::proxy::feedback::Feedback::with_log(p, nix::unistd::getppid().as_raw() as u32)
+        }
         None => Default::default(),
     };
     let proxy = Arc::new(Proxy {

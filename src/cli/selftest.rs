@@ -56,10 +56,14 @@ fn script(plan: &Plan, max_masks: usize) -> (String, Vec<(String, String, bool)>
         String::from("t() { k=$1; shift; \"$@\" >/dev/null 2>&1 </dev/null; echo \"$k=$?\"; }\n");
     // The reporting layer of masks lands just after the start (`runtime::live::deny`): its
     // mounts are waited for (at most 5 s), so that the reads below are reported.
+    // Waited for until all are there or their number stops growing (a mask the layer does
+    // not cover, a link, is never there); then where it is, for the check below.
     let stacked = plan.masks.len().min(max_masks);
     if stacked > 0 {
         s.push_str(&format!(
-            "i=0; while [ \"$(grep -c ' - fuse aisb-deny' /proc/self/mountinfo)\" -le {stacked} ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done\n"
+            "i=0; p=0; while [ $i -lt 100 ]; do c=$(grep -c ' - fuse aisb-deny' /proc/self/mountinfo); \
+             [ \"$c\" -gt {stacked} ] && break; [ \"$c\" -gt 1 ] && [ \"$c\" = \"$p\" ] && [ $i -gt 10 ] && break; p=$c; sleep 0.05; i=$((i+1)); done\n\
+             grep ' - fuse aisb-deny' /proc/self/mountinfo | while read -r _ _ _ _ at _; do echo \"deny_at=$at\"; done\n"
         ));
     }
     for (i, m) in plan.masks.iter().take(max_masks).enumerate() {
@@ -438,13 +442,40 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
         .collect();
     let mut results = results;
     // Each refused read of a masked file is an audit event (issue 32): seen in the log.
-    let files: Vec<String> = plan
+    // Where the layer is (mountinfo's octal escapes undone): only those masks can be told.
+    let covered: std::collections::HashSet<String> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("deny_at="))
+        .map(|at| {
+            at.replace("\\040", " ")
+                .replace("\\011", "\t")
+                .replace("\\012", "\n")
+                .replace("\\134", "\\")
+        })
+        .collect();
+    let file_masks: Vec<String> = plan
         .masks
         .iter()
         .take(a.max_masks.unwrap_or(usize::MAX))
         .filter(|m| !m.dir)
         .map(|m| m.path.to_string_lossy().into_owned())
         .collect();
+    let files: Vec<String> = file_masks
+        .iter()
+        .filter(|f| covered.contains(*f))
+        .cloned()
+        .collect();
+    if !file_masks.is_empty()
+        && covered.is_empty()
+        && results.iter().any(|c| c.observed != "did not run")
+    {
+        results.push(Check {
+            check: "refused reads of masked files are in the audit log".into(),
+            expected: "yes",
+            observed: "no: the reporting layer is not there (FUSE: the kernel's module, /dev/fuse for this user; `aisb doctor`)".into(),
+            ok: false,
+        });
+    }
     if !files.is_empty() && results.iter().any(|c| c.observed != "did not run") {
         let text = std::fs::read(&log)
             .ok()
@@ -455,7 +486,9 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
         let reported: std::collections::HashSet<String> = crate::audit::parse(&text)
             .into_iter()
             .filter_map(|e| match e.kind {
-                crate::audit::Kind::File { target, .. } => Some(target),
+                crate::audit::Kind::File {
+                    target, operation, ..
+                } if operation == "read" => Some(target),
                 _ => None,
             })
             .collect();

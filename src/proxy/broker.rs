@@ -389,7 +389,8 @@ impl Broker {
             }
         };
         let result = exchange(&mut c, &mut u, host, port, &creds, &log, &mut moved).await;
-        let _ = c.io.shutdown().await;
+        // Bounded: to a client that stopped reading, close_notify never flushes.
+        let _ = tokio::time::timeout(Duration::from_secs(5), c.io.shutdown()).await;
         result.map(|()| moved)
     }
 }

@@ -431,20 +431,20 @@ impl Repeats {
     }
 }
 
-/// Where denials go: written through `sink` (each with how many of the same came before it
-/// unwritten, 0: none), repeats counted in between.
+/// Where denials go: written through `sink` (each with how many attempts it stands for, and
+/// whether it gathers repeats after the fact), repeats counted in between.
 /// `count` is how many attempts an event stands for: 1 for the first of its kind, then the
 /// repeats of a quiet second gathered in one.
 pub struct Reporter {
     repeats: Mutex<Repeats>,
-    sink: Box<dyn Fn(&Denial, u64) + Send + Sync>,
+    sink: Box<dyn Fn(&Denial, u64, bool) + Send + Sync>,
     describe: Box<dyn Fn(u32) -> String + Send + Sync>,
 }
 
 impl Reporter {
     /// `describe`: a process's command line from its pid (read before it gets its answer).
     pub fn new(
-        sink: impl Fn(&Denial, u64) + Send + Sync + 'static,
+        sink: impl Fn(&Denial, u64, bool) + Send + Sync + 'static,
         describe: impl Fn(u32) -> String + Send + Sync + 'static,
     ) -> Arc<Reporter> {
         Arc::new(Reporter {
@@ -465,7 +465,7 @@ impl Reporter {
             .note(d);
         if let Some(n) = write {
             d.command = (self.describe)(d.pid);
-            (self.sink)(d, n);
+            (self.sink)(d, n, false);
         }
     }
     fn due(&self, all: bool) {
@@ -475,7 +475,7 @@ impl Reporter {
             .unwrap_or_else(|e| e.into_inner())
             .due(all);
         for (d, n) in due {
-            (self.sink)(&d, n);
+            (self.sink)(&d, n, true);
         }
     }
     /// Write the repeats counted and not written yet (the run is ending).

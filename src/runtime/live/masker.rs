@@ -186,8 +186,10 @@ fn mount_deny(
     let table: super::deny::Table = Default::default();
     let served = table.clone();
     let log = crate::audit::Log::from_file(log, std::path::PathBuf::from("audit.jsonl"));
+    // The run's aisb (the helper's parent, as the proxy's): two runs of a project share its log.
+    let run = Some(nix::unistd::getppid().as_raw() as u32);
     let reporter = super::deny::Reporter::new(
-        move |d, count| {
+        move |d, count, late| {
             let _ = log.write(crate::audit::Kind::File {
                 operation: d.op.to_string(),
                 target: d.target.clone(),
@@ -197,6 +199,8 @@ fn mount_deny(
                 command: d.command.clone(),
                 count,
                 agent: agent.clone(),
+                run,
+                late,
             });
         },
         move |pid| command_of(&proc, pid),
@@ -483,7 +487,7 @@ impl Inside {
 }
 
 /// How long the host waits for one answer of the helper.
-const ANSWER_SECS: i64 = 30;
+const ANSWER_SECS: u64 = 30;
 
 /// The host's side of the helper.
 pub struct Masker {
@@ -544,6 +548,7 @@ impl Masker {
             deny: Ok(false),
         };
         let mut line = String::new();
+        masker.answer_ready()?;
         masker.answers.read_line(&mut line)?;
         masker.deny = match line.trim_end().strip_prefix("ready") {
             Some("") => Ok(false),
@@ -595,39 +600,45 @@ impl Masker {
         }
     }
 
+    /// Wait (at most [`ANSWER_SECS`]) until the helper's next answer is there to read: a
+    /// helper that hangs (it never should) cannot hold the run's end for ever. (An answer is
+    /// one short line in one write, below the pipe's atomic size: it comes whole.)
+    fn answer_ready(&mut self) -> std::io::Result<()> {
+        if self.answers.buffer().contains(&b'\n') {
+            return Ok(());
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(ANSWER_SECS);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let mut fds = [rustix::event::PollFd::new(
+                self.answers.get_ref(),
+                rustix::event::PollFlags::IN,
+            )];
+            let limit = rustix::time::Timespec {
+                tv_sec: left.as_secs() as _,
+                tv_nsec: left.subsec_nanos() as _,
+            };
+            return match rustix::event::poll(&mut fds, Some(&limit)) {
+                Ok(0) => {
+                    let _ = self.child.kill();
+                    Err(std::io::Error::other(format!(
+                        "it did not answer within {ANSWER_SECS} s and was stopped"
+                    )))
+                }
+                Ok(_) => Ok(()),
+                Err(Errno::INTR) => continue,
+                Err(e) => Err(e.into()),
+            };
+        }
+    }
+
     fn ask(&mut self, req: &[u8]) -> Result<Outcome, String> {
         let sent = self
             .requests
             .write_all(req)
             .and_then(|()| self.requests.flush());
         let mut line = String::new();
-        // Bounded: a helper that hangs (it never should) cannot hold the run's end forever.
-        let ready = sent.and_then(|()| {
-            if self.answers.buffer().contains(&b'\n') {
-                return Ok(());
-            }
-            let mut fds = [rustix::event::PollFd::new(
-                self.answers.get_ref(),
-                rustix::event::PollFlags::IN,
-            )];
-            let limit = rustix::time::Timespec {
-                tv_sec: ANSWER_SECS,
-                tv_nsec: 0,
-            };
-            loop {
-                return match rustix::event::poll(&mut fds, Some(&limit)) {
-                    Ok(0) => {
-                        let _ = self.child.kill();
-                        Err(std::io::Error::other(format!(
-                            "it did not answer within {ANSWER_SECS} s and was stopped"
-                        )))
-                    }
-                    Ok(_) => Ok(()),
-                    Err(Errno::INTR) => continue,
-                    Err(e) => Err(e.into()),
-                };
-            }
-        });
+        let ready = sent.and_then(|()| self.answer_ready());
         let read = ready.and_then(|()| self.answers.read_line(&mut line));
         match (read, line.trim_end()) {
             (Ok(_), "ok file") => Ok(Outcome::File),
