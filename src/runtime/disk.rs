@@ -1,25 +1,25 @@
 //! The disk budget: what a sandbox may make the host's disk hold through the directories aisb
-//! gives it on the host (copy-on-write layers' upper and work directories, private copies,
-//! state directories, a named sandbox's clone). The project itself, and host paths the
+//! gives it on the host (copy-on-write layers' upper directories, private copies, state
+//! directories, a named sandbox's clone). The project itself, and host paths the
 //! configuration mounts writable, are the user's own: not counted.
 //!
-//! The budget (`limits { disk "20G" }`, see [`Disk`]) is on what those directories hold, not
-//! on what one run added, so that runs of a named sandbox cannot add up to a full disk:
-//! - by default, half of what they hold plus what is free, on each file system they are on
-//!   (the host keeps at least as much free as they hold), and the same for inodes (a million
-//!   empty files take no bytes but can end a file system's inodes);
-//! - configured, that many bytes in all, and never more than nine tenths of what they hold
-//!   plus what is free.
+//! The budget (`limits { disk "20G" }`, see [`Disk`]) is on what those directories hold, per
+//! file system, from what they held when the run started (so that a big clone is not stopped
+//! at once, and runs of a named sandbox cannot add up to a full disk):
+//! - by default, what they held plus half of what was free, for bytes and for inodes (a
+//!   million empty files take no bytes but can end a file system's inodes);
+//! - configured, that many bytes in all, and never more than what they held plus nine tenths
+//!   of what was free.
 //!
-//! How it is watched ([`watch`]): a `statvfs` of each file system every [`GLANCE_EVERY`], and a
-//! walk of the directories (no link followed, each inode counted once) only when free space or
-//! inodes dropped by more than a quarter of what is left of the budget, at most every
-//! [`WALK_COST`] times the last walk's duration (a twentieth of a core). A sandbox writing at
-//! disk speed is stopped within about a glance and a walk; one that writes little costs a
-//! `statvfs` a quarter second. What a walk cannot read (a directory the sandbox made
-//! unreadable to aisb, a path too deep to name) cannot hide bytes: the file system's drop in
-//! free space since the start then stands for it, whoever else wrote meanwhile (the safe
-//! side).
+//! How it is watched ([`watch`]): one walk at the start, then a `statvfs` of each file system
+//! every [`GLANCE_EVERY`]. Nothing is walked while what they held plus the file system's drop
+//! since stays within the budget: nothing the sandbox does hides from that drop. Past it, a
+//! walk (through descriptors, no link followed, each inode once, bounded) with the files the
+//! sandbox's processes hold open after removing them says whether the sandbox or someone else
+//! took the space; walks are spaced by [`WALK_COST`] times their own duration. What a walk
+//! cannot see (a directory made unreadable to an ordinary user, a tree too deep, a process
+//! whose descriptors cannot be read) is the drop itself, others' writes included (the safe
+//! side); files others remove meanwhile give space back and can hide that much.
 //!
 //! Past the budget, the sandbox is stopped (its init killed: the runtimes take everything in
 //! it down), an audit event says so, and the run fails with the reason. What it wrote stays
@@ -38,7 +38,8 @@ use rustix::io::Errno;
 
 use crate::eval::plan::{Disk, MountKind, Plan};
 
-/// A walk waits at least this many times the last walk's duration after it (≤ 1/20 of a core).
+/// A walk waits at least this many times the last walk's duration after it (≤ 1/20 of a core;
+/// a quarter of that once the budget looks exceeded).
 const WALK_COST: u32 = 20;
 /// How often the file systems' free space is looked at between walks.
 const GLANCE_EVERY: Duration = Duration::from_millis(250);
