@@ -133,6 +133,12 @@ pub enum Kind {
     },
 }
 
+/// Characters that reorder or hide text on a terminal (bidirectional overrides and isolates,
+/// zero-width ones): a path could show as another.
+fn invisible(c: char) -> bool {
+    matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{FEFF}')
+}
+
 fn is_one(n: &u64) -> bool {
     *n == 1
 }
@@ -308,7 +314,13 @@ impl Event {
         // line, nothing a terminal acts on.
         self.human_raw()
             .chars()
-            .map(|c| if c.is_control() { '?' } else { c })
+            .map(|c| {
+                if c.is_control() || invisible(c) {
+                    '?'
+                } else {
+                    c
+                }
+            })
             .collect()
     }
 
@@ -656,5 +668,24 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&log.path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn what_the_sandbox_named_cannot_disguise_a_line() {
+        let e = Event::now(Kind::File {
+            operation: "read".into(),
+            target: "/p/a\u{202E}vne.\nnext line\u{200B}".into(),
+            result: "blocked".into(),
+            rule: "r".into(),
+            pid: 1,
+            command: "cat".into(),
+            count: 1,
+            agent: None,
+            run: None,
+            late: false,
+        });
+        let line = e.human();
+        assert!(line.contains("/p/a?vne.?next line?"), "{line}");
+        assert!(!line.chars().any(|c| c.is_control() || invisible(c)));
     }
 }

@@ -151,14 +151,7 @@ impl Live {
             stopping: stopping.clone(),
             budget,
             masks: plan.masks.clone(),
-            agent: plan
-                .process
-                .args
-                .first()
-                .and_then(|a| Path::new(a).file_name())
-                .and_then(|n| n.to_str())
-                .filter(|n| crate::presets::AGENTS.contains(n))
-                .map(str::to_string),
+            agent: crate::presets::agent_for(&plan.process.args).map(str::to_string),
             // The reporting layer's log: the helper writes there itself.
             audit_file: if std::env::var(crate::eval::BREAK_ISOLATION_ENV).as_deref()
                 == Ok("report")
