@@ -402,11 +402,8 @@ fn over(
     let mut found = None;
     for (fs, now) in fss.iter().zip(now) {
         let (mut bytes, mut inodes) = usage.on(fs.dev);
-        match open {
-            Some(o) => {
-                bytes = bytes.saturating_add(o.iter().find(|e| e.0 == fs.dev).map_or(0, |e| e.1))
-            }
-            None => {}
+        if let Some(o) = open {
+            bytes = bytes.saturating_add(o.iter().find(|e| e.0 == fs.dev).map_or(0, |e| e.1));
         }
         if usage.unreadable > 0 || open.is_none() {
             if let Some(now) = now {
@@ -555,7 +552,7 @@ mod tests {
         std::fs::create_dir(&outside).unwrap();
         std::fs::write(outside.join("big"), vec![1u8; 4 << 20]).unwrap();
         std::os::unix::fs::symlink(&outside, d.join("out")).unwrap();
-        let u = measure(&[d.clone()], u64::MAX, &AtomicBool::new(false));
+        let u = measure(std::slice::from_ref(&d), u64::MAX, &AtomicBool::new(false));
         let dev = std::fs::metadata(&d).unwrap().dev();
         let (bytes, inodes) = u.on(dev);
         // upper, a, a/f (= g), out: four inodes; the file's MiB once.

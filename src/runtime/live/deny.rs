@@ -433,11 +433,15 @@ impl Repeats {
 
 /// Where denials go: written through `sink` (each with how many attempts it stands for, and
 /// whether it gathers repeats after the fact), repeats counted in between.
+/// Writes one event: a denial, how many attempts it stands for, whether it gathers repeats
+/// after the fact.
+type Sink = dyn Fn(&Denial, u64, bool) + Send + Sync;
+
 /// `count` is how many attempts an event stands for: 1 for the first of its kind, then the
 /// repeats of a quiet second gathered in one.
 pub struct Reporter {
     repeats: Mutex<Repeats>,
-    sink: Box<dyn Fn(&Denial, u64, bool) + Send + Sync>,
+    sink: Box<Sink>,
     describe: Box<dyn Fn(u32) -> String + Send + Sync>,
 }
 

@@ -494,8 +494,8 @@ pub struct Masker {
     child: Child,
     requests: ChildStdin,
     answers: BufReader<ChildStdout>,
-    /// Whether the reporting layer of masks is up; why not, when it was asked for.
-    pub deny: Result<bool, String>,
+    /// Whether the reporting layer of masks is up (the helper said `ready deny`).
+    reporting: bool,
 }
 
 impl Masker {
@@ -545,17 +545,12 @@ impl Masker {
             child,
             requests,
             answers,
-            deny: Ok(false),
+            reporting: false,
         };
         let mut line = String::new();
         masker.answer_ready()?;
         masker.answers.read_line(&mut line)?;
-        masker.deny = match line.trim_end().strip_prefix("ready") {
-            Some("") => Ok(false),
-            Some(" deny") => Ok(true),
-            Some(why) => Err(why.trim().to_string()),
-            None => Ok(false),
-        };
+        masker.reporting = line.trim_end() == "ready deny";
         if !line.starts_with("ready") {
             let status = masker.child.wait()?;
             return Err(std::io::Error::other(format!(
@@ -573,9 +568,17 @@ impl Masker {
         self.ask(&[&[MASK_REQUEST][..], rel, b"\0"].concat())
     }
 
-    /// Put the reporting layer over the mask at `path` (inside), masked by `rule`. Only when
-    /// the layer is up ([`Masker::deny`]).
+    /// Whether the reporting layer of masks is up.
+    pub fn reporting(&self) -> bool {
+        self.reporting
+    }
+
+    /// Put the reporting layer over the mask at `path` (inside), masked by `rule`; nothing
+    /// (`Absent`) when the layer is not up.
     pub fn deny(&mut self, path: &Path, dir: bool, rule: &str) -> Result<Outcome, String> {
+        if !self.reporting {
+            return Ok(Outcome::Absent);
+        }
         let path = path.as_os_str().as_encoded_bytes();
         // A byte of the framing inside either is refused, never sent.
         if path
@@ -595,7 +598,7 @@ impl Masker {
 
     /// Have the reporting layer write what it counted and did not write yet.
     pub fn flush(&mut self) {
-        if self.deny == Ok(true) {
+        if self.reporting {
             let _ = self.ask(&[FLUSH_REQUEST, 0]);
         }
     }

@@ -451,30 +451,14 @@ impl Watcher {
         drop(mnt);
         // The reporting layer over the start's masks, a batch at a time between the events:
         // a secret that appears meanwhile is masked first.
-        let mut reported = if masker.deny == Ok(true) {
-            0
-        } else {
-            self.masks.len()
-        };
+        let mut reported = 0;
         loop {
             for r in pending.drain(..) {
                 self.apply(&mut masker, &r)?;
             }
             // A few at a time, and none while an event waits.
-            let batch = self
-                .masks
-                .get(reported..)
-                .unwrap_or_default()
-                .iter()
-                .take(8);
-            for m in batch {
-                if readable(tree.inotify()) {
-                    break;
-                }
-                let _ = masker.deny(&m.path, m.dir, &m.rule);
-                reported += 1;
-            }
-            let more = reported < self.masks.len() && masker.deny == Ok(true);
+            reported = self.report_masks(&mut masker, reported, 8, || readable(tree.inotify()));
+            let more = reported < self.masks.len();
             let woken = self.wait(&[stop, tree.inotify()], more.then_some(Duration::ZERO));
             if woken && (readable(stop) || self.stopping.load(Ordering::Relaxed)) {
                 masker.flush();
@@ -487,20 +471,29 @@ impl Watcher {
         }
     }
 
-    /// The reporting layer over every mask made at start (see [`deny`]). A mask it cannot
-    /// cover stays a mask: only the report of attempts on it is missing.
-    fn report_masks(&self, masker: &mut Masker) {
-        if masker.deny != Ok(true) {
-            return;
+    /// The reporting layer over the masks made at start (see [`deny`]) from the `from`th on,
+    /// at most `n` of them, until `pause` says to stop; the index reached (all of them when
+    /// the layer is not up). A mask it cannot cover stays a mask: only the report of attempts
+    /// on it is missing.
+    fn report_masks(
+        &self,
+        masker: &mut Masker,
+        from: usize,
+        n: usize,
+        pause: impl Fn() -> bool,
+    ) -> usize {
+        if !masker.reporting() {
+            return self.masks.len();
         }
-        for m in &self.masks {
-            if self.stopping.load(Ordering::Relaxed) {
-                return;
+        let mut at = from;
+        for m in self.masks.iter().skip(from).take(n) {
+            if pause() {
+                break;
             }
-            if masker.deny(&m.path, m.dir, &m.rule).is_err() && masker.deny != Ok(true) {
-                return;
-            }
+            let _ = masker.deny(&m.path, m.dir, &m.rule);
+            at += 1;
         }
+        at
     }
 
     /// Only the reporting layer (a sandbox whose project is not watched): the helper is
@@ -522,7 +515,9 @@ impl Watcher {
             Err(_) => return Ok(()),
         };
         drop(mnt);
-        self.report_masks(&mut masker);
+        self.report_masks(&mut masker, 0, usize::MAX, || {
+            self.stopping.load(Ordering::Relaxed)
+        });
         self.wait(&[stop], None);
         masker.flush();
         Ok(())
@@ -596,9 +591,7 @@ impl Watcher {
             Ok(Outcome::Absent) => Ok(()),
             Ok(outcome) => {
                 // Reported from now on (the mask itself is in place already).
-                if masker.deny == Ok(true) {
-                    let _ = masker.deny(&path, outcome == Outcome::Dir, &r.rule);
-                }
+                let _ = masker.deny(&path, outcome == Outcome::Dir, &r.rule);
                 if let Some(log) = &self.audit {
                     let _ = log.write(crate::audit::Kind::LateMask {
                         path: path.to_string_lossy().into_owned(),
