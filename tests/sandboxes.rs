@@ -174,6 +174,50 @@ fn a_named_sandbox_works_in_its_own_clone_on_both_backends() {
         ]);
         assert_eq!(o.stdout.trim(), "from the host", "[{backend}] {}", o.stderr);
 
+        // A clone is not watched (nothing the host writes reaches it), but an attempt on one
+        // of its masked files is in the audit log all the same (issue 32): the reporting
+        // layer is up alone, its helper started without a project.
+        let o = r.run(&[
+            "run",
+            "--backend",
+            backend,
+            "--sandbox",
+            "fix",
+            "--",
+            "/bin/sh",
+            "-c",
+            "for i in $(seq 100); do grep -q aisb-deny /proc/self/mountinfo && break; sleep 0.1; done; \
+             cat .env; echo done",
+        ]);
+        assert!(
+            o.stdout.contains("done") && o.stderr.contains("Permission denied"),
+            "[{backend}] {}\n{}",
+            o.stdout,
+            o.stderr
+        );
+        assert!(
+            !o.stderr.contains("__mask") && !o.stderr.contains("error:"),
+            "[{backend}] the mask helper failed: {}",
+            o.stderr
+        );
+        let target = r.repo().join(".env").display().to_string();
+        let reported = walkdir::WalkDir::new(r.path().join("cache"))
+            .into_iter()
+            .flatten()
+            .filter(|e| e.file_name() == "audit.jsonl")
+            .flat_map(|e| {
+                std::fs::read_to_string(e.path())
+                    .unwrap()
+                    .lines()
+                    .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                    .collect::<Vec<_>>()
+            })
+            .any(|e| e["event"] == "file" && e["operation"] == "read" && e["target"] == target);
+        assert!(
+            reported,
+            "[{backend}] the read of {target} is not in the audit log"
+        );
+
         // ls: one sandbox, its unsynced commit counted; rm refuses, then --force removes it.
         let ls = r.run(&["ls", "--json"]);
         let v: serde_json::Value = serde_json::from_str(&ls.stdout).unwrap();

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 pub struct Args {
     /// A descriptor of the sandbox's mount namespace, inherited.
     pub ns_fd: i32,
-    /// Where the project is inside the sandbox.
-    pub project: PathBuf,
+    /// Where the project is inside the sandbox; none: the reporting layer of masks alone.
+    pub project: Option<PathBuf>,
     /// A descriptor of the audit log (appended to), inherited: denials of masked paths are
     /// written there (see `runtime::live::deny`).
     #[arg(long)]
@@ -30,5 +30,5 @@ pub fn run(a: Args) -> i32 {
         .filter(|fd| *fd > 2 && nix::fcntl::fcntl(*fd, nix::fcntl::FcntlArg::F_GETFD).is_ok())
         // SAFETY: checked open above; passed for this process alone.
         .map(|fd| std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) }));
-    crate::runtime::live::masker::serve(mnt, &a.project, audit, a.agent)
+    crate::runtime::live::masker::serve(mnt, a.project.as_deref(), audit, a.agent)
 }

@@ -59,20 +59,16 @@ const DENY_MAX: usize = 1 << 20;
 /// the reporting layer of masks writes denials (none: no reporting layer).
 pub fn serve(
     mnt: OwnedFd,
-    project: &Path,
+    project: Option<&Path>,
     audit: Option<std::fs::File>,
     agent: Option<String>,
 ) -> i32 {
     let mut host = None;
-    // No project (`""`): the reporting layer alone, for a sandbox whose project is not
-    // watched (the masking file may not be mounted there).
-    let inside = match enter(&mnt, audit.is_some().then_some(&mut host)).and_then(|()| {
-        if project.as_os_str().is_empty() {
-            Ok(None)
-        } else {
-            Inside::open(project).map(Some)
-        }
-    }) {
+    // No project: the reporting layer alone, for a sandbox whose project is not watched (the
+    // masking file may not be mounted there).
+    let inside = match enter(&mnt, audit.is_some().then_some(&mut host))
+        .and_then(|()| project.map(Inside::open).transpose())
+    {
         Ok(i) => i,
         Err(e) => {
             eprintln!("aisb: the live mask helper cannot enter the sandbox: {e}");
@@ -500,12 +496,12 @@ pub struct Masker {
 
 impl Masker {
     /// Start `exe __mask` for the sandbox whose mount namespace is `mnt`; `project`: where the
-    /// project is inside. `hold`: a descriptor the helper only keeps open (see the caller).
+    /// project is inside (none: the reporting layer alone). `hold`: a descriptor the helper only keeps open (see the caller).
     /// `audit`: the audit log, for the reporting layer of masks (see [`super::deny`]).
     pub fn spawn(
         exe: &Path,
         mnt: &OwnedFd,
-        project: &Path,
+        project: Option<&Path>,
         hold: &OwnedFd,
         audit: Option<&std::fs::File>,
         agent: Option<&str>,
@@ -514,7 +510,10 @@ impl Masker {
         let held = hold.as_raw_fd();
         let log = audit.map_or(-1, AsRawFd::as_raw_fd);
         let mut cmd = Command::new(exe);
-        cmd.arg("__mask").arg(fd.to_string()).arg(project);
+        cmd.arg("__mask").arg(fd.to_string());
+        if let Some(p) = project {
+            cmd.arg(p);
+        }
         if log >= 0 {
             cmd.arg("--audit-fd").arg(log.to_string());
         }

@@ -439,7 +439,7 @@ impl Watcher {
         let mut masker = match Masker::spawn(
             &self.exe,
             &mnt,
-            &self.inside,
+            Some(&self.inside),
             tree.inotify(),
             self.audit_file.as_ref(),
             self.agent.as_deref(),
@@ -505,7 +505,7 @@ impl Watcher {
         let mut masker = match Masker::spawn(
             &self.exe,
             &mnt,
-            Path::new(""),
+            None,
             &mnt,
             self.audit_file.as_ref(),
             self.agent.as_deref(),
