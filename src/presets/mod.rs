@@ -91,9 +91,8 @@ pub fn agent_for(command: &[String]) -> Option<&'static str> {
                     }
                 }
                 i += 2;
-            } else if a.starts_with('-') && a.len() > 1 {
-                i += 1;
-            } else if program == "env" && a.contains('=') {
+            } else if (a.starts_with('-') && a.len() > 1) || (program == "env" && a.contains('=')) {
+                // An option, or one of env's assignments.
                 i += 1;
             } else {
                 break;
