@@ -21,6 +21,7 @@
 //! aside after a run and before aisb's own git touches the repository.
 
 pub mod back;
+pub mod store;
 pub mod view;
 
 use std::path::{Component, Path, PathBuf};

@@ -637,3 +637,123 @@ fn a_submodules_git_directory_is_reported_only_for_what_git_would_obey() {
         );
     }
 }
+
+/// What every object the sandbox's git can reach prints, and what the usual ways to dig in
+/// history print: `show` of each version, `log -p` of every ref, `cat-file` of everything in
+/// the store (packs and loose), what `fsck --lost-found` recovers, the staged version, `grep`
+/// over all revisions, an archive of each commit.
+const DIG: &str = r#"
+git show HEAD:.env; git show HEAD~1:.env; git show HEAD~1:deploy.pem; git show :.env.local
+git log -p --all | cat
+git cat-file --batch-all-objects --batch
+git fsck --lost-found >/dev/null 2>&1; cat .git/lost-found/*/* 2>/dev/null
+git grep -h sk-live $(git rev-list --all) 2>&1
+for c in $(git rev-list --all); do git archive $c | tar -xOf - 2>/dev/null; done
+"#;
+
+/// Issue 30 item 4: the content of masked files is not recoverable through git inside: a
+/// committed `.env` (two versions), a key file that only history holds, a staged `.env.local`
+/// and a blob no ref reaches; yet `status`, `add`, `commit`, `diff` and `log` work, the commit
+/// comes back to the host whole (its tree still names the real blobs), and a withheld blob
+/// reads as a line naming its path and rule. A second run after the host committed a new
+/// secret (the store brought up to date) sees the new commit and not the secret. The test of
+/// the tests: with the store switched off, the same digging prints the secrets.
+fn masked_history(user: Option<(u32, u32)>) {
+    for backend in BACKENDS {
+        let who = who(backend, user);
+        let p = Project::new(user);
+        let proj = p.proj();
+        // Written as root, then the caller's, and committed as the caller.
+        let git = |args: &[&str]| {
+            if let Some((uid, gid)) = user {
+                support::chown_r(&proj, uid, gid);
+            }
+            let o = p.git(&[&["-c", "user.name=t", "-c", "user.email=t@t"], args].concat());
+            assert_eq!(o.code, 0, "{who} git {args:?}: {}", o.stderr);
+        };
+        std::fs::create_dir_all(proj.join("src")).unwrap();
+        std::fs::write(proj.join(".env"), "TOKEN=sk-live-OLD\n").unwrap();
+        std::fs::write(proj.join("deploy.pem"), "sk-live-PEM\n").unwrap();
+        std::fs::write(proj.join("src/app.txt"), "app\n").unwrap();
+        git(&["add", "-A"]);
+        git(&["commit", "-qm", "one"]);
+        std::fs::write(proj.join(".env"), "TOKEN=sk-live-NEW\n").unwrap();
+        std::fs::remove_file(proj.join("deploy.pem")).unwrap();
+        git(&["commit", "-qam", "two"]);
+        std::fs::write(proj.join(".env.local"), "TOKEN=sk-live-STAGED\n").unwrap();
+        git(&["add", ".env.local"]);
+        std::fs::write(proj.join("dangling.txt"), "sk-live-DANGLING\n").unwrap();
+        git(&["hash-object", "-w", "dangling.txt"]);
+        std::fs::remove_file(proj.join("dangling.txt")).unwrap();
+        let o = p.run(
+            backend,
+            &format!(
+                "{DIG}\necho more >> src/app.txt && git add src/app.txt && \
+                 git -c user.name=a -c user.email=a@a commit -qm inside && echo commit=ok\n\
+                 echo status=$(git status --porcelain src | wc -l)\necho log=$(git log --oneline | wc -l)\n\
+                 echo diff=$(git diff --stat HEAD~1 HEAD | tail -1 | tr -d ' ')\n\
+                 echo placeholder=$(git show HEAD:.env | grep -c 'aisb: withheld: .env matches')"
+            ),
+        );
+        assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
+        for secret in ["OLD", "NEW", "PEM", "STAGED", "DANGLING"] {
+            let s = format!("sk-live-{secret}");
+            assert!(
+                !o.stdout.contains(&s) && !o.stderr.contains(&s),
+                "{who} {s} recovered through git inside:\n{}\n{}",
+                o.stdout,
+                o.stderr
+            );
+        }
+        o.expect("commit", "ok");
+        o.expect("status", "0");
+        // init, one, two, and the commit made inside (with the staged `.env.local`).
+        o.expect("log", "4");
+        o.expect("diff", "2fileschanged,2insertions(+)");
+        o.expect("placeholder", "1");
+        // The host: the commit came back, its tree names the real blob, nothing is broken.
+        assert_eq!(
+            p.git(&["log", "-1", "--format=%s"]).stdout.trim(),
+            "inside",
+            "{who} {}",
+            o.stderr
+        );
+        assert_eq!(
+            p.git(&["show", "HEAD:.env"]).stdout,
+            "TOKEN=sk-live-NEW\n",
+            "{who}"
+        );
+        let fsck = p.git(&["fsck", "--no-dangling"]);
+        assert_eq!(fsck.code, 0, "{who} {}", fsck.stderr);
+
+        // The host commits a new secret: the next run sees the commit, not the secret.
+        std::fs::write(proj.join(".env"), "TOKEN=sk-live-THIRD\n").unwrap();
+        git(&["commit", "-qm", "host", ".env"]);
+        let o = p.run(
+            backend,
+            &format!("{DIG}\necho last=$(git log -1 --format=%s)"),
+        );
+        assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
+        o.expect("last", "host");
+        assert!(
+            !o.stdout.contains("sk-live-"),
+            "{who} a secret recovered after the store was brought up to date:\n{}",
+            o.stdout
+        );
+
+        // The test of the tests: without the store, the same digging finds them.
+        let mut cmd = p.run_cmd(backend, DIG);
+        cmd.env("AISB_TEST_BREAK_ISOLATION", "git-objects");
+        let o = Out::from(cmd.output().unwrap());
+        for secret in ["THIRD", "OLD", "PEM", "STAGED"] {
+            assert!(
+                o.stdout.contains(&format!("sk-live-{secret}")),
+                "{who} the digging does not find sk-live-{secret} even without the store:\n{}\n{}",
+                o.stdout,
+                o.stderr
+            );
+        }
+    }
+}
+
+as_root_and_a_user!(masked_content_is_not_in_the_git_objects_inside_as_root, masked_content_is_not_in_the_git_objects_inside_as_a_user => masked_history);

@@ -68,6 +68,7 @@ pub(super) fn mounts(sc: &Scope<'_>, roles: &[RoleDir]) -> Vec<Mount> {
                         lower: target.clone(),
                         upper: d.join("upper"),
                         work: d.join("work"),
+                        above: None,
                     },
                     format!(
                         "dependency dir {name}/ (\"{}\"): the host's, written copy-on-write",
@@ -174,6 +175,7 @@ pub(super) fn absent(
                     lower: d.join(EMPTY_LOWER),
                     upper: d.join("upper"),
                     work: d.join("work"),
+                above: None,
                 },
                 why: format!(
                     "dependency dir {name}/ (\"{pattern}\", promised by {manifest}): not there yet, \

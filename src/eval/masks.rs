@@ -137,6 +137,16 @@ impl PatternSet {
 
     /// The first pattern matching `rel` (a `/`-separated path relative to the project, as
     /// raw bytes: a name that is not UTF-8 is matched as it is, never under another name).
+    /// The patterns, as written.
+    pub fn patterns(&self) -> &[String] {
+        &self.patterns
+    }
+
+    /// For each pattern, whether it matches directories only (`dir/`).
+    pub fn dir_only(&self) -> &[bool] {
+        &self.dir_only
+    }
+
     pub fn matching(&self, rel: &(impl AsRef<[u8]> + ?Sized), is_dir: bool) -> Option<&str> {
         if self.patterns.is_empty() {
             return None;

@@ -45,6 +45,7 @@ fn cow(sc: &Scope<'_>, source: &Path, target: &Path) -> MountKind {
             lower: source.to_path_buf(),
             upper: d.join("upper"),
             work: d.join("work"),
+            above: None,
         }
     } else {
         let name = target
@@ -349,6 +350,7 @@ fn private_git_dir(sc: &Scope<'_>, project: &Path, guards: Vec<Mount>) -> Vec<Mo
             lower: dot.clone(),
             upper: layer.join("upper"),
             work: layer.join("work"),
+            above: None,
         },
         why: "git directory, private to the run (brought back when it ends)".into(),
     }];

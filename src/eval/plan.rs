@@ -226,6 +226,10 @@ pub enum MountKind {
         lower: PathBuf,
         upper: PathBuf,
         work: PathBuf,
+        /// A layer of aisb's between the upper and the lower one (a git directory's objects
+        /// without masked content: `git::store`).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        above: Option<PathBuf>,
     },
     /// Copy-on-write file: a private copy taken when the sandbox is created.
     Copy {

@@ -305,6 +305,7 @@ fn package_caches(sc: &Scope<'_>, taken: &[PathBuf]) -> Vec<Mount> {
                 lower: p,
                 upper: d.join("upper"),
                 work: d.join("work"),
+                above: None,
             },
             why: format!(
                 "package cache of {tool}: the host's, written copy-on-write (the sandbox's downloads stay in its layer)"

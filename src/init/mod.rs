@@ -183,11 +183,16 @@ pub fn main_from_args(args: impl IntoIterator<Item = OsString>) -> i32 {
                 _ => ok = false,
             }
         } else if let Some(o) = a.strip_prefix("--overlay=") {
+            // `LOWER[:LOWER…]:UPPER:WORK:TARGET`, the top lower layer first.
             let parts: Vec<&str> = o.split(':').collect();
             match parts.as_slice() {
-                [l, u, w, d] if [l, u, w, d].iter().all(|p| p.starts_with('/')) => {
+                [lowers @ .., u, w, d]
+                    if !lowers.is_empty()
+                        && lowers.len() <= 8
+                        && parts.iter().all(|p| p.starts_with('/')) =>
+                {
                     opts.overlays.push(Overlay {
-                        lower: l.to_string(),
+                        lower: lowers.iter().map(|l| l.to_string()).collect(),
                         upper: u.to_string(),
                         work: w.to_string(),
                         target: d.to_string(),
@@ -338,7 +343,8 @@ pub struct Options {
 
 #[derive(Debug, Clone, Default)]
 pub struct Overlay {
-    pub lower: String,
+    /// The lower layers, the top one first.
+    pub lower: Vec<String>,
     pub upper: String,
     pub work: String,
     pub target: String,
@@ -411,7 +417,9 @@ fn mount_overlay(o: &Overlay) -> Result<(), nix::Error> {
     use nix::mount::{mount, MsFlags};
     let data = format!(
         "lowerdir={},upperdir={},workdir={},userxattr",
-        o.lower, o.upper, o.work
+        o.lower.join(":"),
+        o.upper,
+        o.work
     );
     mount(
         Some("overlay"),
@@ -487,7 +495,7 @@ fn mount_layers(opts: &Options) -> Result<(), InitError> {
         let rw = std::path::Path::new(&o.upper)
             .parent()
             .map_or_else(|| o.upper.clone(), |p| p.to_string_lossy().into_owned());
-        for stage in [&o.lower, &rw] {
+        for stage in o.lower.iter().chain([&rw]) {
             match umount2(stage.as_str(), MntFlags::MNT_DETACH) {
                 Ok(()) => {}
                 Err(nix::Error::EINVAL | nix::Error::EPERM) => mount(

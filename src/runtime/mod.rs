@@ -173,6 +173,8 @@ struct Layers {
     made: Vec<Made>,
     /// The project's git directory, private to this run, brought back when it ends.
     git: Option<GitRun>,
+    /// The git objects it shows (held: not removed while the run lasts).
+    _store: Option<crate::git::store::Store>,
 }
 
 /// A run's private git directory (see [`crate::git::back`]) and the host's side when it
@@ -286,7 +288,7 @@ impl Drop for Layers {
 
 /// A lock file of aisb's state (created 0600 if missing, never through a link, never
 /// written): what the layers' and runs' locks are taken on.
-fn lock_file(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+pub(crate) fn lock_file(path: &std::path::Path) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
     std::fs::OpenOptions::new()
         .read(true)
@@ -531,6 +533,19 @@ fn claim_layers(plan: &Plan) -> Result<(Layers, Option<Plan>), RuntimeError> {
         }
     }
     let git = claim_git_layer(changed.as_ref().unwrap_or(plan))?;
+    let store = git
+        .as_ref()
+        .and_then(|g| git_store(changed.as_ref().unwrap_or(plan), &g.layer));
+    if let Some(store) = &store {
+        let p = changed.get_or_insert_with(|| plan.clone());
+        for m in &mut p.mounts {
+            if let crate::eval::plan::MountKind::Overlay { upper, above, .. } = &mut m.kind {
+                if git.as_ref().is_some_and(|g| g.layer.upper == *upper) {
+                    *above = Some(store.layer.clone());
+                }
+            }
+        }
+    }
     // Last: an error above leaves nothing made on the host.
     let made = make_for_run(plan)?;
     Ok((
@@ -539,9 +554,34 @@ fn claim_layers(plan: &Plan) -> Result<(Layers, Option<Plan>), RuntimeError> {
             own,
             made,
             git,
+            _store: store,
         },
         changed,
     ))
+}
+
+/// The git objects the sandbox sees in its private git directory: the host's without the
+/// content of masked files (see [`crate::git::store`]); `None` when nothing in the history is
+/// masked. A store that cannot be built is said loudly, and the run goes on with the host's
+/// objects, as it would have without the store.
+fn git_store(plan: &Plan, layer: &crate::git::back::Layer) -> Option<crate::git::store::Store> {
+    let rules = plan.live.as_ref()?;
+    if std::env::var(crate::eval::BREAK_ISOLATION_ENV).as_deref() == Ok("git-objects") {
+        eprintln!(
+            "aisb: WARNING: {}=git-objects: the content of masked files stays in this sandbox's git objects (a test of the tests)",
+            crate::eval::BREAK_ISOLATION_ENV
+        );
+        return None;
+    }
+    match crate::git::store::prepare(&plan.state_dir, &layer.host_git, &layer.work_tree, rules) {
+        Ok(store) => store,
+        Err(e) => {
+            eprintln!(
+                "aisb: WARNING: the content of masked files stays readable through git in this sandbox (`git show HEAD:PATH`): its objects without them could not be prepared: {e}"
+            );
+            None
+        }
+    }
 }
 
 /// The project's private git directory in `plan` (its layer's lock is held by now): the
@@ -549,13 +589,14 @@ fn claim_layers(plan: &Plan) -> Result<(Layers, Option<Plan>), RuntimeError> {
 /// back first, and the host's side noted.
 fn claim_git_layer(plan: &Plan) -> Result<Option<GitRun>, RuntimeError> {
     let Some((host_git, upper, work)) = plan.mounts.iter().find_map(|m| match &m.kind {
-        crate::eval::plan::MountKind::Overlay { lower, upper, work }
-            if m.target == plan.project.join(".git")
-                && (crate::git::back::is_git_layer(&plan.state_dir, upper)
-                    || upper.starts_with(
-                        plan.state_dir
-                            .join(format!("{}-run", crate::eval::deps::LAYER_DIR)),
-                    )) =>
+        crate::eval::plan::MountKind::Overlay {
+            lower, upper, work, ..
+        } if m.target == plan.project.join(".git")
+            && (crate::git::back::is_git_layer(&plan.state_dir, upper)
+                || upper.starts_with(
+                    plan.state_dir
+                        .join(format!("{}-run", crate::eval::deps::LAYER_DIR)),
+                )) =>
         {
             Some((lower.clone(), upper.clone(), work.clone()))
         }

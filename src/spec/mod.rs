@@ -278,12 +278,21 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
                     "nodev",
                 ]),
             ),
-            MountKind::Overlay { lower, upper, work } => mount(
+            MountKind::Overlay {
+                lower,
+                upper,
+                work,
+                above,
+            } => mount(
                 &m.target,
                 "overlay",
                 "overlay",
                 &[
-                    format!("lowerdir={}", s(lower)),
+                    // The leftmost lower layer is the topmost.
+                    match above {
+                        Some(a) => format!("lowerdir={}:{}", s(a), s(lower)),
+                        None => format!("lowerdir={}", s(lower)),
+                    },
                     format!("upperdir={}", s(upper)),
                     format!("workdir={}", s(work)),
                     "userxattr".into(),

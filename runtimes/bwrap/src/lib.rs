@@ -13,7 +13,8 @@
 //! (`ARGS[1] == "__init"`) running as uid 0 (aisb started by root; an unprivileged bwrap puts
 //! the process in a nested user namespace that cannot mount), its layers are bound under
 //! [`OVERLAY_STAGE`] and the init mounts the
-//! overlay itself (`--overlay=LOWER:UPPER:WORK:TARGET`, with CAP_SYS_ADMIN in the sandbox's user
+//! overlay itself (`--overlay=LOWER:UPPER:WORK:TARGET`, `LOWER` being one or more layers
+//! joined by `:`, the top one first, with CAP_SYS_ADMIN in the sandbox's user
 //! namespace, which it drops before the workload starts). The init mounts after bwrap has done
 //! everything else, so a mount or mask inside such a directory would be covered: that, an
 //! overlay for any other process, and unknown mount types are refused, never dropped. Two things are deliberately stricter than the
@@ -270,9 +271,12 @@ pub fn argv(spec: &Spec, inputs: &Inputs) -> Result<Vec<String>, BwrapError> {
                 else {
                     return Err(BwrapError::Missing("overlay lowerdir, upperdir or workdir"));
                 };
-                if [&lower, &upper, &work, &dest]
-                    .iter()
-                    .any(|p| p.contains([':', ',']))
+                // `lowerdir=TOP:…:BOTTOM`: several lower layers, each bound apart.
+                let lowers: Vec<&str> = lower.split(':').collect();
+                if lowers.iter().any(|l| l.is_empty() || l.contains(','))
+                    || [&upper, &work, &dest]
+                        .iter()
+                        .any(|p| p.contains([':', ',']))
                 {
                     return Err(BwrapError::Unsupported {
                         what: what(),
@@ -294,21 +298,25 @@ pub fn argv(spec: &Spec, inputs: &Inputs) -> Result<Vec<String>, BwrapError> {
                     });
                 }
                 let stage = format!("{OVERLAY_STAGE}/{}", overlays.len());
-                let (l, rw) = (format!("{stage}/lower"), format!("{stage}/rw"));
+                let rw = format!("{stage}/rw");
                 let (u, w) = (
                     format!("{rw}/{}", un.to_string_lossy()),
                     format!("{rw}/{}", wn.to_string_lossy()),
                 );
-                push(&[
-                    "--ro-bind",
-                    &lower,
-                    &l,
-                    "--bind",
-                    &parent.to_string_lossy(),
-                    &rw,
-                ]);
+                // The bottom layer at `N/lower` (as with one), those above it at `N/lower-K`.
+                let mut staged = Vec::new();
+                for (k, layer) in lowers.iter().enumerate() {
+                    let at = if k + 1 == lowers.len() {
+                        format!("{stage}/lower")
+                    } else {
+                        format!("{stage}/lower-{k}")
+                    };
+                    push(&["--ro-bind", layer, &at]);
+                    staged.push(at);
+                }
+                push(&["--bind", &parent.to_string_lossy(), &rw]);
                 push(&["--dir", &dest]);
-                overlays.push(format!("--overlay={l}:{u}:{w}:{dest}"));
+                overlays.push(format!("--overlay={}:{u}:{w}:{dest}", staged.join(":")));
             }
             other => {
                 return Err(BwrapError::Unsupported {
