@@ -77,6 +77,7 @@ fn sample_plan() -> Plan {
                     lower: "/home/dev/.claude".into(),
                     upper: "/s/upper".into(),
                     work: "/s/work".into(),
+                    above: None,
                 },
                 why: "m".into(),
             },
@@ -505,6 +506,50 @@ fn bwrap_lets_the_init_mount_overlays_as_root() {
         .map(|w| w[1].as_str())
         .collect();
     assert_eq!(caps, aisb_bwrap::OVERLAY_CAPS);
+}
+
+/// A layer of aisb's above the lower one (a git directory's objects without masked content):
+/// the spec's `lowerdir` names it first; bwrap binds it apart and the init stacks both.
+#[test]
+fn an_overlay_with_a_layer_above_its_lower_keeps_both() {
+    let mut plan = sample_plan();
+    plan.identity.uid = 0;
+    for m in &mut plan.mounts {
+        if let MountKind::Overlay { above, .. } = &mut m.kind {
+            *above = Some("/s/store/v-1".into());
+        }
+    }
+    let spec = spec::build(&plan, &paths()).unwrap();
+    let v = serde_json::to_value(&spec).unwrap();
+    let overlay = v["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["type"] == "overlay")
+        .unwrap();
+    assert!(
+        overlay["options"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|o| o == "lowerdir=/s/store/v-1:/home/dev/.claude"),
+        "{overlay}"
+    );
+    let argv = aisb_bwrap::argv(&spec, &bwrap_inputs()).unwrap();
+    let has = |seq: &[&str]| argv.windows(seq.len()).any(|w| w == seq);
+    assert!(
+        has(&["--ro-bind", "/s/store/v-1", "/run/aisb/overlay/0/lower-0"])
+            && has(&["--ro-bind", "/home/dev/.claude", "/run/aisb/overlay/0/lower"]),
+        "{argv:?}"
+    );
+    let init = argv.iter().position(|a| a == "__init").unwrap();
+    assert!(
+        argv[init + 1].starts_with(
+            "--overlay=/run/aisb/overlay/0/lower-0:/run/aisb/overlay/0/lower:/run/aisb/overlay/0/rw/"
+        ),
+        "{}",
+        argv[init + 1]
+    );
 }
 
 #[test]
