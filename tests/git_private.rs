@@ -741,6 +741,23 @@ fn masked_history(user: Option<(u32, u32)>) {
             o.stdout
         );
 
+        // A read-only project: its git directory is the host's, its objects the store's.
+        std::fs::write(proj.join("sandbox.kdl"), "project \".\" access=\"ro\"\n").unwrap();
+        if let Some((uid, gid)) = user {
+            support::chown_r(&proj, uid, gid);
+        }
+        let o = p.run(
+            backend,
+            &format!("{DIG}\necho ro_last=$(git log -1 --format=%s)"),
+        );
+        assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
+        o.expect("ro_last", "host");
+        assert!(
+            !o.stdout.contains("sk-live-") && o.stdout.contains("aisb: withheld: .env"),
+            "{who} read-only project: a secret recovered through git:\n{}",
+            o.stdout
+        );
+
         // The test of the tests: without the store, the same digging finds them.
         let mut cmd = p.run_cmd(backend, DIG);
         cmd.env("AISB_TEST_BREAK_ISOLATION", "git-objects");

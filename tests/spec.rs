@@ -539,7 +539,11 @@ fn an_overlay_with_a_layer_above_its_lower_keeps_both() {
     let has = |seq: &[&str]| argv.windows(seq.len()).any(|w| w == seq);
     assert!(
         has(&["--ro-bind", "/s/store/v-1", "/run/aisb/overlay/0/lower-0"])
-            && has(&["--ro-bind", "/home/dev/.claude", "/run/aisb/overlay/0/lower"]),
+            && has(&[
+                "--ro-bind",
+                "/home/dev/.claude",
+                "/run/aisb/overlay/0/lower"
+            ]),
         "{argv:?}"
     );
     let init = argv.iter().position(|a| a == "__init").unwrap();

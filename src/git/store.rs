@@ -34,8 +34,10 @@ use sha2::{Digest, Sha256};
 
 use crate::eval::plan::LiveRules;
 
-/// Under a state directory: `<state>/git-store/<slug>/{record.json,build.lock,v-N/}`.
+/// Under a state directory: `<state>/git-store/<slug>/{record.json,build.lock,v-N/{lock,layer/objects}}`.
 pub const STORE_DIR: &str = "git-store";
+/// In a version directory, the layer (beside the version's lock, which is not in the layer).
+const LAYER: &str = "layer";
 /// At most this many entries of `refs/` and `logs/` are looked at for the change key; past
 /// it the key covers the first ones only (a stale store hides new objects, never old content).
 const MAX_REF_FILES: usize = 100_000;
@@ -149,14 +151,14 @@ pub fn prepare(
     );
     let making = dir.join(format!(".{version}"));
     let _ = crate::beneath::remove_tree(&making);
-    let objects = making.join("objects");
+    let objects = making.join(LAYER).join("objects");
     std::fs::create_dir_all(objects.join("pack"))
         .map_err(io(format!("making {}", objects.display())))?;
     let mut packs = 0;
     let mut withheld = 0;
     if incremental {
         let old = dir.join(record.version.as_deref().unwrap_or_default());
-        (packs, withheld) = link_version(&old.join("objects"), &objects)?;
+        (packs, withheld) = link_version(&old.join(LAYER).join("objects"), &objects)?;
     }
     let since = if incremental { &record.tips[..] } else { &[] };
     let built = build(host_git, work_tree, rules, &tips, since, &objects)?;
@@ -200,10 +202,11 @@ fn hold(dir: &Path, record: &Record) -> Result<Option<Store>, StoreError> {
     let Some(version) = &record.version else {
         return Ok(None);
     };
-    let layer = dir.join(version);
-    let Ok(f) = crate::runtime::lock_file(&layer.join("lock")) else {
+    let at = dir.join(version);
+    let Ok(f) = crate::runtime::lock_file(&at.join("lock")) else {
         return Ok(None);
     };
+    let layer = at.join(LAYER);
     let held = Flock::lock(f, FlockArg::LockShared)
         .map_err(|(_, e)| io("locking the store's version")(e.into()))?;
     // Swept between the read of the record and the lock: not there any more.
@@ -469,7 +472,7 @@ fn build(
         let Ok(oid) = std::str::from_utf8(oid) else {
             continue;
         };
-        if !is_oid(oid) {
+        if !is_oid(oid) || !matches!(kind, b"blob" | b"tree" | b"commit" | b"tag") {
             // `<name> missing`: a name that is not an object here.
             continue;
         }

@@ -533,17 +533,34 @@ fn claim_layers(plan: &Plan) -> Result<(Layers, Option<Plan>), RuntimeError> {
         }
     }
     let git = claim_git_layer(changed.as_ref().unwrap_or(plan))?;
-    let store = git
-        .as_ref()
-        .and_then(|g| git_store(changed.as_ref().unwrap_or(plan), &g.layer));
+    let now = changed.as_ref().unwrap_or(plan);
+    let store = match &git {
+        Some(g) => git_store(now, &g.layer.host_git, &g.layer.work_tree),
+        None => read_only_git_dir(now).and_then(|dot| git_store(now, &dot, &now.project)),
+    };
     if let Some(store) = &store {
         let p = changed.get_or_insert_with(|| plan.clone());
-        for m in &mut p.mounts {
-            if let crate::eval::plan::MountKind::Overlay { upper, above, .. } = &mut m.kind {
-                if git.as_ref().is_some_and(|g| g.layer.upper == *upper) {
-                    *above = Some(store.layer.clone());
+        match &git {
+            // Above the host's git directory in the run's private one.
+            Some(g) => {
+                for m in &mut p.mounts {
+                    if let crate::eval::plan::MountKind::Overlay { upper, above, .. } = &mut m.kind
+                    {
+                        if g.layer.upper == *upper {
+                            *above = Some(store.layer.clone());
+                        }
+                    }
                 }
             }
+            // In place of the objects of a git directory the sandbox only reads.
+            None => p.mounts.push(crate::eval::plan::Mount {
+                target: p.project.join(".git/objects"),
+                kind: crate::eval::plan::MountKind::Bind {
+                    source: store.layer.join("objects"),
+                    writable: false,
+                },
+                why: "git objects without the content of masked files".into(),
+            }),
         }
     }
     // Last: an error above leaves nothing made on the host.
@@ -560,11 +577,33 @@ fn claim_layers(plan: &Plan) -> Result<(Layers, Option<Plan>), RuntimeError> {
     ))
 }
 
+/// The project's git directory when the sandbox sees it read-only (a read-only project, whose
+/// `.git` is a directory of its own): its objects are shown from the store.
+fn read_only_git_dir(plan: &Plan) -> Option<PathBuf> {
+    let read_only = plan.mounts.iter().any(|m| {
+        m.target == plan.project
+            && matches!(
+                m.kind,
+                crate::eval::plan::MountKind::Bind {
+                    writable: false,
+                    ..
+                }
+            )
+    });
+    let dot = plan.project.join(".git");
+    let dir = |p: &std::path::Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
+    (read_only && dir(&dot) && dir(&dot.join("objects"))).then_some(dot)
+}
+
 /// The git objects the sandbox sees in its private git directory: the host's without the
 /// content of masked files (see [`crate::git::store`]); `None` when nothing in the history is
 /// masked. A store that cannot be built is said loudly, and the run goes on with the host's
 /// objects, as it would have without the store.
-fn git_store(plan: &Plan, layer: &crate::git::back::Layer) -> Option<crate::git::store::Store> {
+fn git_store(
+    plan: &Plan,
+    host_git: &std::path::Path,
+    work_tree: &std::path::Path,
+) -> Option<crate::git::store::Store> {
     let rules = plan.live.as_ref()?;
     if std::env::var(crate::eval::BREAK_ISOLATION_ENV).as_deref() == Ok("git-objects") {
         eprintln!(
@@ -573,7 +612,7 @@ fn git_store(plan: &Plan, layer: &crate::git::back::Layer) -> Option<crate::git:
         );
         return None;
     }
-    match crate::git::store::prepare(&plan.state_dir, &layer.host_git, &layer.work_tree, rules) {
+    match crate::git::store::prepare(&plan.state_dir, host_git, work_tree, rules) {
         Ok(store) => store,
         Err(e) => {
             eprintln!(
