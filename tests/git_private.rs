@@ -774,3 +774,66 @@ fn masked_history(user: Option<(u32, u32)>) {
 }
 
 as_root_and_a_user!(masked_content_is_not_in_the_git_objects_inside_as_root, masked_content_is_not_in_the_git_objects_inside_as_a_user => masked_history);
+
+/// The attacks on the store's names (issue 30 item 4): a run gives a masked file's blob other
+/// names — committed as `leak.txt`, staged as `-leak`, pointed at by an annotated tag — and
+/// the next run digs for it through each, once with the store brought up to date and once
+/// with it built from nothing. A blob is withheld by what it is, not by the one name git
+/// prints first.
+fn aliases(user: Option<(u32, u32)>) {
+    for backend in BACKENDS {
+        let who = who(backend, user);
+        let p = Project::new(user);
+        let proj = p.proj();
+        std::fs::write(proj.join(".env"), "TOKEN=sk-live-ALIAS\n").unwrap();
+        if let Some((uid, gid)) = user {
+            support::chown_r(&proj, uid, gid);
+        }
+        for args in [&["add", ".env"][..], &["commit", "-qm", "env"]] {
+            let o = p.git(&[&["-c", "user.name=t", "-c", "user.email=t@t"], args].concat());
+            assert_eq!(o.code, 0, "{who} {}", o.stderr);
+        }
+        let o = p.run(
+            backend,
+            "S=$(git rev-parse HEAD:.env)\n\
+             git update-index --add --cacheinfo 100644,$S,leak.txt && \
+             git -c user.name=a -c user.email=a@a commit -qm alias && echo alias=ok\n\
+             git -c user.name=a -c user.email=a@a tag -a blobtag -m t $S && echo tag=ok\n\
+             git update-index --add --cacheinfo 100644,$S,-leak && echo staged=ok",
+        );
+        assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
+        o.expect("alias", "ok");
+        o.expect("tag", "ok");
+        o.expect("staged", "ok");
+        assert_eq!(
+            p.git(&["log", "-1", "--format=%s"]).stdout.trim(),
+            "alias",
+            "{who} {}",
+            o.stderr
+        );
+        let dig = "git show HEAD:leak.txt; git show :-leak 2>&1; git cat-file --batch-all-objects --batch\n\
+                   for t in $(git for-each-ref --format='%(refname)'); do git cat-file -p $t; done\n\
+                   git log -p --all | cat; echo dug=yes";
+        for (round, fresh) in [("brought up to date", false), ("built anew", true)] {
+            if fresh {
+                for d in walkdir::WalkDir::new(p.dir.path().join("cache"))
+                    .into_iter()
+                    .flatten()
+                    .filter(|e| e.file_name() == "git-store")
+                {
+                    std::fs::remove_dir_all(d.path()).unwrap();
+                }
+            }
+            let o = p.run(backend, dig);
+            assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
+            o.expect("dug", "yes");
+            assert!(
+                !o.stdout.contains("sk-live-ALIAS") && o.stdout.contains("aisb: withheld"),
+                "{who} store {round}: the secret recovered through a name the sandbox gave it:\n{}",
+                o.stdout
+            );
+        }
+    }
+}
+
+as_root_and_a_user!(a_masked_blob_renamed_inside_stays_withheld_as_root, a_masked_blob_renamed_inside_stays_withheld_as_a_user => aliases);

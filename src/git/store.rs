@@ -24,6 +24,7 @@
 //! than [`MAX_PACKS`] packs, builds it whole. A version in use by a run (a shared lock) is
 //! never removed.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -139,10 +140,37 @@ pub fn prepare(
         }
     }
     let tips = tips(host_git)?;
+    let old_objects = record
+        .version
+        .as_ref()
+        .map(|v| dir.join(v).join(LAYER).join("objects"));
+    // From the last build on, when the rules are the same (a change walks it all again), it
+    // left a version or nothing to withhold, and its packs are few enough.
     let incremental = record.rules == digest
-        && record.version.is_some()
+        && !record.tips.is_empty()
         && record.packs < MAX_PACKS
-        && !record.tips.is_empty();
+        && old_objects.as_ref().is_none_or(|o| o.is_dir());
+    let since: &[String] = if incremental { &record.tips } else { &[] };
+    // The blobs withheld so far stay withheld, whatever name a later commit gives them.
+    let mut set = match (&old_objects, incremental) {
+        (Some(o), true) => placeholders_in(o),
+        _ => Withheld::new(),
+    };
+    names(host_git, work_tree, rules, &tips, since, &mut set)?;
+    if set.is_empty() {
+        // Nothing masked in the history: the host's objects are shown as they are.
+        let new = Record {
+            key,
+            rules: digest,
+            version: None,
+            tips,
+            withheld: 0,
+            packs: 0,
+        };
+        write_record(&record_path, &new)?;
+        sweep(&dir, None);
+        return Ok(None);
+    }
     let version = format!(
         "v-{}",
         std::time::SystemTime::now()
@@ -154,46 +182,58 @@ pub fn prepare(
     let objects = making.join(LAYER).join("objects");
     std::fs::create_dir_all(objects.join("pack"))
         .map_err(io(format!("making {}", objects.display())))?;
-    let mut packs = 0;
-    let mut withheld = 0;
-    if incremental {
-        let old = dir.join(record.version.as_deref().unwrap_or_default());
-        (packs, withheld) = link_version(&old.join(LAYER).join("objects"), &objects)?;
-    }
-    let since = if incremental { &record.tips[..] } else { &[] };
-    let built = build(host_git, work_tree, rules, &tips, since, &objects)?;
-    packs += built.packs;
-    withheld += built.withheld;
-    let new = if withheld == 0 {
-        let _ = crate::beneath::remove_tree(&making);
-        Record {
-            key,
-            rules: digest,
-            version: None,
-            tips,
-            withheld: 0,
-            packs: 0,
-        }
-    } else {
-        opaque(&objects)?;
-        crate::atomic::write_atomic(&making.join("lock"), b"")
-            .map_err(io("writing the store's lock"))?;
-        let at = dir.join(&version);
-        std::fs::rename(&making, &at).map_err(io(format!("placing {}", at.display())))?;
-        Record {
-            key,
-            rules: digest,
-            version: Some(version),
-            tips,
-            withheld,
-            packs,
-        }
+    // The earlier packs linked in when there are some, and only what is new packed; else all.
+    let (mut packs, since) = match (&old_objects, incremental) {
+        (Some(old), true) => (link_version(old, &objects)?, since),
+        _ => (0, &[][..]),
     };
-    let text = serde_json::to_vec(&new).unwrap_or_default();
-    crate::atomic::write_atomic(&record_path, &text).map_err(io("writing the store's record"))?;
+    packs += pack(host_git, work_tree, rules, &tips, since, &objects, &mut set)?;
+    for (oid, name) in &set {
+        placeholder(rules, &objects, oid, name.as_ref())?;
+    }
+    opaque(&objects)?;
+    crate::atomic::write_atomic(&making.join("lock"), b"")
+        .map_err(io("writing the store's lock"))?;
+    let at = dir.join(&version);
+    std::fs::rename(&making, &at).map_err(io(format!("placing {}", at.display())))?;
+    let new = Record {
+        key,
+        rules: digest,
+        version: Some(version),
+        tips,
+        withheld: set.len(),
+        packs,
+    };
+    write_record(&record_path, &new)?;
     let held = hold(&dir, &new)?;
     sweep(&dir, new.version.as_deref());
     Ok(held)
+}
+
+fn write_record(path: &Path, record: &Record) -> Result<(), StoreError> {
+    let text = serde_json::to_vec(record).unwrap_or_default();
+    crate::atomic::write_atomic(path, &text).map_err(io("writing the store's record"))
+}
+
+/// A version whose `objects/` is empty and opaque: what the sandbox sees when the store
+/// could not be built (git inside has no history, rather than the host's with the masked
+/// content in it).
+pub fn empty(state_dir: &Path, host_git: &Path) -> Result<Store, StoreError> {
+    let dir = state_dir.join(STORE_DIR).join(slug(host_git));
+    let at = dir.join("v-empty");
+    let objects = at.join(LAYER).join("objects");
+    std::fs::create_dir_all(objects.join("pack"))
+        .map_err(io(format!("making {}", objects.display())))?;
+    opaque(&objects)?;
+    crate::runtime::lock_file(&at.join("lock")).map_err(io("making the store's lock"))?;
+    hold(
+        &dir,
+        &Record {
+            version: Some("v-empty".into()),
+            ..Record::default()
+        },
+    )?
+    .ok_or_else(|| io("holding the empty store")(std::io::ErrorKind::NotFound.into()))
 }
 
 /// The version `record` names, locked shared for the run; `None` when it has none or it is
@@ -203,7 +243,8 @@ fn hold(dir: &Path, record: &Record) -> Result<Option<Store>, StoreError> {
         return Ok(None);
     };
     let at = dir.join(version);
-    let Ok(f) = crate::runtime::lock_file(&at.join("lock")) else {
+    // Opened, never made: a version being swept has no lock to make again.
+    let Ok(f) = open_lock(&at.join("lock")) else {
         return Ok(None);
     };
     let layer = at.join(LAYER);
@@ -220,6 +261,35 @@ fn hold(dir: &Path, record: &Record) -> Result<Option<Store>, StoreError> {
     }))
 }
 
+/// A version's lock, opened (never made, never through a link).
+fn open_lock(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
+
+/// The blobs an earlier version withheld: its placeholders (loose objects), each with no
+/// name (their lines are written already).
+fn placeholders_in(objects: &Path) -> Withheld {
+    walkdir::WalkDir::new(objects)
+        .min_depth(2)
+        .max_depth(2)
+        .follow_links(false)
+        .into_iter()
+        .flatten()
+        .filter(|e| e.file_type().is_file())
+        .filter_map(|e| {
+            let rel = e.path().strip_prefix(objects).ok()?;
+            let mut parts = rel.iter();
+            let (a, b) = (parts.next()?.to_str()?, parts.next()?.to_str()?);
+            let oid = format!("{a}{b}");
+            (a != "pack" && a != "info" && is_oid(&oid)).then_some((oid, None))
+        })
+        .collect()
+}
+
 /// Every version but `keep` that no run holds is removed.
 fn sweep(dir: &Path, keep: Option<&str>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -232,7 +302,7 @@ fn sweep(dir: &Path, keep: Option<&str>) {
             continue;
         }
         let path = e.path();
-        let Ok(f) = crate::runtime::lock_file(&path.join("lock")) else {
+        let Ok(f) = open_lock(&path.join("lock")) else {
             // A half-made one (no lock yet) of a build that died: the build lock is ours.
             if name.starts_with('.') {
                 let _ = crate::beneath::remove_tree(&path);
@@ -248,7 +318,7 @@ fn sweep(dir: &Path, keep: Option<&str>) {
 /// A directory name for the git directory `git_dir`: a digest of its path, and its name.
 fn slug(git_dir: &Path) -> String {
     let h = Sha256::digest(git_dir.as_os_str().as_encoded_bytes());
-    format!("{}", &format!("{h:x}")[..16])
+    format!("{h:x}")[..16].to_string()
 }
 
 /// What decides whether the store is still the repository's: `HEAD`, `packed-refs`, the index,
@@ -303,24 +373,15 @@ pub fn change_key(git_dir: &Path) -> String {
 /// The rules the store withholds by, as a digest: a change builds it whole.
 fn rules_digest(rules: &LiveRules) -> String {
     let mut h = Sha256::new();
-    h.update(b"aisb git store 1\0");
-    for set in [
-        &rules.block,
-        &rules.allow,
-        &rules.roles.dep_block,
-        &rules.roles.deps,
-        &rules.roles.caches,
-        &rules.roles.not_deps,
-    ] {
+    h.update(b"aisb git store 2\0");
+    // Which directories are dependency directories is not part of it: history is withheld
+    // by both lists wherever a path is (see `masked`).
+    for set in [&rules.block, &rules.allow, &rules.roles.dep_block] {
         for (p, d) in set.patterns().iter().zip(set.dir_only()) {
             h.update(p.as_bytes());
             h.update([0, u8::from(*d)]);
         }
         h.update([1]);
-    }
-    for r in &rules.roles.roots {
-        h.update(r);
-        h.update([0]);
     }
     format!("{:x}", h.finalize())
 }
@@ -355,11 +416,19 @@ fn is_oid(s: &str) -> bool {
     (s.len() == 40 || s.len() == 64) && s.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
-/// Link the packs and placeholders of an earlier version into `to` (same file system):
-/// (packs, placeholders).
-fn link_version(from: &Path, to: &Path) -> Result<(usize, usize), StoreError> {
+/// The withheld blobs: each one's name for its placeholder line (`None`: its placeholder is
+/// there already, linked from an earlier version).
+type Withheld = BTreeMap<String, Option<Vec<u8>>>;
+
+/// Link the packs and placeholders of an earlier version into `to` (same file system); the
+/// number of packs.
+fn link_version(from: &Path, to: &Path) -> Result<usize, StoreError> {
+    if !from.is_dir() {
+        return Err(io(format!("reading {}", from.display()))(
+            std::io::ErrorKind::NotFound.into(),
+        ));
+    }
     let mut packs = 0;
-    let mut loose = 0;
     for e in walkdir::WalkDir::new(from)
         .min_depth(2)
         .max_depth(2)
@@ -378,46 +447,15 @@ fn link_version(from: &Path, to: &Path) -> Result<(usize, usize), StoreError> {
         std::fs::hard_link(e.path(), &dest)
             .or_else(|_| std::fs::copy(e.path(), &dest).map(|_| ()))
             .map_err(io(format!("linking {}", e.path().display())))?;
-        if rel.starts_with("pack") {
-            packs += usize::from(rel.extension().is_some_and(|x| x == "pack"));
-        } else {
-            loose += 1;
+        if rel.starts_with("pack") && rel.extension().is_some_and(|x| x == "pack") {
+            packs += 1;
         }
     }
-    Ok((packs, loose))
+    Ok(packs)
 }
 
-/// What one build added.
-struct Built {
-    packs: usize,
-    withheld: usize,
-}
-
-/// Walk the objects reachable from `tips` (and the reflogs and index) but not from `since`,
-/// pack every one but the blobs at masked paths into `objects/pack/`, and write a placeholder
-/// for each of those.
-fn build(
-    git_dir: &Path,
-    work_tree: &Path,
-    rules: &LiveRules,
-    tips: &[String],
-    since: &[String],
-    objects: &Path,
-) -> Result<Built, StoreError> {
-    let mut walk = super::command(git_dir, Some(work_tree))
-        .args([
-            "rev-list",
-            "--objects",
-            "--reflog",
-            "--indexed-objects",
-            "--ignore-missing",
-            "--stdin",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(io("running git rev-list"))?;
+/// The revisions of a walk on git's standard input: `tips`, then `^since`.
+fn revisions(tips: &[String], since: &[String]) -> Vec<u8> {
     let mut input = Vec::new();
     for t in tips {
         input.extend_from_slice(t.as_bytes());
@@ -428,12 +466,195 @@ fn build(
         input.extend_from_slice(t.as_bytes());
         input.push(b'\n');
     }
-    let mut stdin = walk.stdin.take().expect("piped");
-    let feeder = std::thread::spawn(move || {
-        let _ = stdin.write_all(&input);
+    input
+}
+
+/// A running git whose standard input is fed from a thread and whose standard error is
+/// drained by another (at most 64 KiB kept), so neither can block it.
+struct Running {
+    child: std::process::Child,
+    feeder: Option<std::thread::JoinHandle<()>>,
+    errors: std::thread::JoinHandle<Vec<u8>>,
+}
+
+/// `input`: what a thread feeds it; `None`: its standard input is left to the caller
+/// (`child.stdin`), and its output is not read.
+fn start(
+    mut cmd: std::process::Command,
+    input: Option<Vec<u8>>,
+    what: &str,
+) -> Result<Running, StoreError> {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(io(format!("running git {what}")))?;
+    let feeder = match input {
+        Some(input) => {
+            let mut stdin = child.stdin.take().expect("piped");
+            Some(std::thread::spawn(move || {
+                let _ = stdin.write_all(&input);
+            }))
+        }
+        None => None,
+    };
+    let stderr = child.stderr.take().expect("piped");
+    let errors = std::thread::spawn(move || {
+        let mut kept = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut std::io::Read::take(stderr, 64 << 10), &mut kept);
+        kept
     });
+    Ok(Running {
+        child,
+        feeder,
+        errors,
+    })
+}
+
+impl Running {
+    fn finish(mut self, what: &'static str) -> Result<(), StoreError> {
+        if let Some(f) = self.feeder.take() {
+            let _ = f.join();
+        }
+        let status = self
+            .child
+            .wait()
+            .map_err(io(format!("waiting for git {what}")))?;
+        let errors = self.errors.join().unwrap_or_default();
+        if status.success() {
+            Ok(())
+        } else {
+            Err(StoreError::Git {
+                what,
+                detail: String::from_utf8_lossy(&errors).trim().to_string(),
+            })
+        }
+    }
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Pass one: every name a blob had in the range (each path a commit of `tips` but not of
+/// `since` or a reflog gave it, `git log --raw` with merges against each parent, and each
+/// path of the index), and the blobs any masked name had go into `set`. By the blob, not by
+/// one of its names: the same content committed again under another name, or staged under
+/// one, stays withheld.
+fn names(
+    git_dir: &Path,
+    work_tree: &Path,
+    rules: &LiveRules,
+    tips: &[String],
+    since: &[String],
+    set: &mut Withheld,
+) -> Result<(), StoreError> {
+    if !tips.is_empty() {
+        let mut cmd = super::command(git_dir, None);
+        cmd.args([
+            "log",
+            "--raw",
+            "-z",
+            "--no-renames",
+            "--no-abbrev",
+            "--format=",
+            "--root",
+            "--diff-merges=separate",
+            "--reflog",
+            "--ignore-missing",
+            "--stdin",
+        ]);
+        let mut log = start(cmd, Some(revisions(tips, since)), "log")?;
+        let out = BufReader::new(log.child.stdout.take().expect("piped"));
+        let mut meta: Option<Vec<u8>> = None;
+        let mut seen = 0usize;
+        for token in out.split(0) {
+            let token = token.map_err(io("reading git log"))?;
+            seen += 1;
+            if seen > 2 * MAX_OBJECTS {
+                log.kill();
+                return Err(StoreError::TooLarge);
+            }
+            let token = token.strip_prefix(b"\n").unwrap_or(&token);
+            if token.first() == Some(&b':') {
+                meta = Some(token.to_vec());
+                continue;
+            }
+            // `:MODE MODE OID OID STATUS` then the path.
+            let Some(m) = meta.take() else { continue };
+            let fields: Vec<&[u8]> = m[1..].split(|b| *b == b' ').collect();
+            let (Some(mode), Some(oid)) = (fields.get(1), fields.get(3)) else {
+                continue;
+            };
+            note(rules, set, mode, oid, token);
+        }
+        log.finish("log")?;
+    }
+    let mut cmd = super::command(git_dir, Some(work_tree));
+    cmd.args(["ls-files", "--stage", "-z"]);
+    let mut index = start(cmd, Some(Vec::new()), "ls-files")?;
+    let out = BufReader::new(index.child.stdout.take().expect("piped"));
+    for entry in out.split(0) {
+        let entry = entry.map_err(io("reading git ls-files"))?;
+        // `MODE OID STAGE\tPATH`
+        let Some(tab) = entry.iter().position(|b| *b == b'\t') else {
+            continue;
+        };
+        let fields: Vec<&[u8]> = entry[..tab].split(|b| *b == b' ').collect();
+        let (Some(mode), Some(oid)) = (fields.first(), fields.get(1)) else {
+            continue;
+        };
+        note(rules, set, mode, oid, &entry[tab + 1..]);
+    }
+    index.finish("ls-files")
+}
+
+/// A blob `oid` (of `mode`) named `path`: into `set` when the name is masked.
+fn note(rules: &LiveRules, set: &mut Withheld, mode: &[u8], oid: &[u8], path: &[u8]) {
+    // Files and links; not gitlinks (a submodule's commit) or trees.
+    if !matches!(mode, b"100644" | b"100755" | b"120000" | b"100664") {
+        return;
+    }
+    let Ok(oid) = std::str::from_utf8(oid) else {
+        return;
+    };
+    if !is_oid(oid) || oid.bytes().all(|b| b == b'0') || set.contains_key(oid) {
+        return;
+    }
+    if masked(rules, path).is_some() {
+        set.insert(oid.to_string(), Some(path.to_vec()));
+    }
+}
+
+/// Pass two: pack every object reachable from `tips` (and the reflogs and index) but not
+/// from `since`, except the blobs in `set` and any blob whose walked name is masked (added to
+/// `set`); the number of packs written (0 or 1).
+fn pack(
+    git_dir: &Path,
+    work_tree: &Path,
+    rules: &LiveRules,
+    tips: &[String],
+    since: &[String],
+    objects: &Path,
+    set: &mut Withheld,
+) -> Result<usize, StoreError> {
+    let mut cmd = super::command(git_dir, Some(work_tree));
+    cmd.args([
+        "rev-list",
+        "--objects",
+        "--reflog",
+        "--indexed-objects",
+        "--ignore-missing",
+        "--stdin",
+    ]);
+    let mut walk = start(cmd, Some(revisions(tips, since)), "rev-list")?;
     // Each object's type beside its name (`%(rest)`: the path rev-list printed).
-    let walked = walk.stdout.take().expect("piped");
+    let walked = walk.child.stdout.take().expect("piped");
     let mut typed = super::command(git_dir, None)
         .args([
             "cat-file",
@@ -444,117 +665,125 @@ fn build(
         .stderr(Stdio::null())
         .spawn()
         .map_err(io("running git cat-file"))?;
-    let mut pack: Option<std::process::Child> = None;
-    let pack_base = objects.join("pack").join("pack");
+    let mut packer: Option<Running> = None;
+    let mut sink: Option<std::process::ChildStdin> = None;
     let mut packed = 0usize;
-    let mut withheld = Vec::new();
     let mut seen = 0usize;
     let reader = BufReader::new(typed.stdout.take().expect("piped"));
-    for line in reader.split(b'\n') {
-        let line = line.map_err(io("reading git's object list"))?;
-        seen += 1;
-        if seen > MAX_OBJECTS {
-            let _ = typed.kill();
-            let _ = walk.kill();
-            if let Some(mut p) = pack.take() {
-                let _ = p.kill();
-                let _ = p.wait();
+    let result = (|| -> Result<(), StoreError> {
+        for line in reader.split(b'\n') {
+            let line = line.map_err(io("reading git's object list"))?;
+            seen += 1;
+            if seen > MAX_OBJECTS {
+                return Err(StoreError::TooLarge);
             }
-            let _ = typed.wait();
-            let _ = walk.wait();
-            return Err(StoreError::TooLarge);
-        }
-        let mut parts = line.splitn(3, |b| *b == b' ');
-        let (Some(oid), Some(kind)) = (parts.next(), parts.next()) else {
-            continue;
-        };
-        let path = parts.next().unwrap_or_default();
-        let Ok(oid) = std::str::from_utf8(oid) else {
-            continue;
-        };
-        if !is_oid(oid) || !matches!(kind, b"blob" | b"tree" | b"commit" | b"tag") {
-            // `<name> missing`: a name that is not an object here.
-            continue;
-        }
-        if kind == b"blob" && !path.is_empty() {
-            if let Some(rule) = masked(rules, path) {
-                withheld.push((oid.to_string(), path.to_vec(), rule));
+            let mut parts = line.splitn(3, |b| *b == b' ');
+            let (Some(oid), Some(kind)) = (parts.next(), parts.next()) else {
+                continue;
+            };
+            let path = parts.next().unwrap_or_default();
+            let Ok(oid) = std::str::from_utf8(oid) else {
+                continue;
+            };
+            if !is_oid(oid) || !matches!(kind, b"blob" | b"tree" | b"commit" | b"tag") {
+                // `<name> missing`: a name that is not an object here.
                 continue;
             }
+            if kind == b"blob" {
+                if set.contains_key(oid) {
+                    continue;
+                }
+                if !path.is_empty() && masked(rules, path).is_some() {
+                    set.insert(oid.to_string(), Some(path.to_vec()));
+                    continue;
+                }
+            }
+            let s = match &mut sink {
+                Some(s) => s,
+                None => {
+                    let mut cmd = super::command(git_dir, None);
+                    cmd.args(["pack-objects", "-q"])
+                        .arg(objects.join("pack").join("pack"));
+                    // Fed here: the list is known as it is read.
+                    let mut p = start(cmd, None, "pack-objects")?;
+                    let stdin = p.child.stdin.take().expect("piped");
+                    packer = Some(p);
+                    sink.insert(stdin)
+                }
+            };
+            s.write_all(oid.as_bytes())
+                .and_then(|()| s.write_all(b"\n"))
+                .map_err(io("feeding git pack-objects"))?;
+            packed += 1;
         }
-        let p = match &mut pack {
-            Some(p) => p,
-            None => pack.insert(
-                super::command(git_dir, None)
-                    .args(["pack-objects", "-q"])
-                    .arg(&pack_base)
-                    .stdin(Stdio::piped())
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .map_err(io("running git pack-objects"))?,
-            ),
-        };
-        let sink = p.stdin.as_mut().expect("piped");
-        sink.write_all(oid.as_bytes())
-            .and_then(|()| sink.write_all(b"\n"))
-            .map_err(io("feeding git pack-objects"))?;
-        packed += 1;
+        Ok(())
+    })();
+    if let Err(e) = result {
+        let _ = typed.kill();
+        let _ = typed.wait();
+        walk.kill();
+        if let Some(p) = packer {
+            p.kill();
+        }
+        return Err(e);
     }
-    let _ = feeder.join();
-    let walked = walk
-        .wait_with_output()
-        .map_err(io("waiting for git rev-list"))?;
     let typed = typed.wait().map_err(io("waiting for git cat-file"))?;
-    if !walked.status.success() {
-        return Err(StoreError::Git {
-            what: "rev-list",
-            detail: String::from_utf8_lossy(&walked.stderr).trim().to_string(),
-        });
-    }
+    walk.finish("rev-list")?;
     if !typed.success() {
         return Err(StoreError::Git {
             what: "cat-file",
             detail: typed.to_string(),
         });
     }
-    let mut packs = 0;
-    if let Some(mut p) = pack {
-        drop(p.stdin.take());
-        let out = p
-            .wait_with_output()
-            .map_err(io("waiting for git pack-objects"))?;
-        if !out.status.success() {
-            return Err(StoreError::Git {
-                what: "pack-objects",
-                detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-            });
+    drop(sink);
+    match packer {
+        Some(p) => {
+            p.finish("pack-objects")?;
+            Ok(usize::from(packed > 0))
         }
-        packs = usize::from(packed > 0);
+        None => Ok(0),
     }
-    for (oid, path, rule) in &withheld {
-        placeholder(objects, oid, path, rule)?;
-    }
-    Ok(Built {
-        packs,
-        withheld: withheld.len(),
-    })
 }
 
 /// The rule that masks the path `path` (as git names it, `/`-separated) or one of its
-/// directories.
+/// directories, for history: the `block` list (built-in and configured) and the credential
+/// files of dependency directories, wherever they are (which directories are dependency
+/// directories is the work tree's, which the sandbox writes); `allow` unmasks.
 fn masked(rules: &LiveRules, path: &[u8]) -> Option<String> {
-    if let Some(r) = rules.rule_for(path, false) {
-        return Some(r);
+    let check = |rel: &[u8], dir: bool| -> Option<String> {
+        if rules.allow.covers(rel, dir).is_some() {
+            return None;
+        }
+        rules
+            .block
+            .matching(rel, dir)
+            .or_else(|| rules.roles.dep_block.matching(rel, dir))
+            .map(|p| rules.rule_name(p))
+    };
+    if rules.allow.covers(path, false).is_some() {
+        return None;
     }
-    path.iter()
-        .enumerate()
-        .filter(|(_, b)| **b == b'/')
-        .find_map(|(i, _)| rules.rule_for(&path[..i], true))
+    check(path, false).or_else(|| {
+        path.iter()
+            .enumerate()
+            .filter(|(_, b)| **b == b'/')
+            .find_map(|(i, _)| check(&path[..i], true))
+    })
 }
 
-/// The loose object standing for a withheld blob: its name, a line as its content.
-fn placeholder(objects: &Path, oid: &str, path: &[u8], rule: &str) -> Result<(), StoreError> {
+/// The loose object standing for a withheld blob: its name, a line as its content. `None`:
+/// linked from an earlier version. Written beside and renamed into place (a linked one is
+/// never written through).
+fn placeholder(
+    rules: &LiveRules,
+    objects: &Path,
+    oid: &str,
+    path: Option<&Vec<u8>>,
+) -> Result<(), StoreError> {
+    let Some(path) = path else {
+        return Ok(());
+    };
+    let rule = masked(rules, path).unwrap_or_else(|| "a mask rule".into());
     let shown: String = String::from_utf8_lossy(&path[..path.len().min(MAX_NAME)])
         .chars()
         .map(|c| if c.is_control() { '?' } else { c })
@@ -569,7 +798,14 @@ fn placeholder(objects: &Path, oid: &str, path: &[u8], rule: &str) -> Result<(),
     let bytes = z.finish().map_err(io("compressing a placeholder"))?;
     let dir = objects.join(&oid[..2]);
     std::fs::create_dir_all(&dir).map_err(io(format!("making {}", dir.display())))?;
-    std::fs::write(dir.join(&oid[2..]), bytes).map_err(io("writing a placeholder"))
+    let dest = dir.join(&oid[2..]);
+    if dest.exists() {
+        return Ok(());
+    }
+    let tmp = dir.join(format!(".{}.tmp", &oid[2..]));
+    std::fs::write(&tmp, bytes)
+        .and_then(|()| std::fs::rename(&tmp, &dest))
+        .map_err(io("writing a placeholder"))
 }
 
 /// Mark `objects` opaque for overlayfs mounted with `userxattr` (as aisb mounts every

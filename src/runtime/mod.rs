@@ -597,8 +597,9 @@ fn read_only_git_dir(plan: &Plan) -> Option<PathBuf> {
 
 /// The git objects the sandbox sees in its private git directory: the host's without the
 /// content of masked files (see [`crate::git::store`]); `None` when nothing in the history is
-/// masked. A store that cannot be built is said loudly, and the run goes on with the host's
-/// objects, as it would have without the store.
+/// masked. A store that cannot be built is said loudly, and git inside sees no objects; where
+/// not even that can be made (a file system without user extended attributes for aisb's
+/// state), the run goes on with the host's objects, said loudly.
 fn git_store(
     plan: &Plan,
     host_git: &std::path::Path,
@@ -614,12 +615,21 @@ fn git_store(
     }
     match crate::git::store::prepare(&plan.state_dir, host_git, work_tree, rules) {
         Ok(store) => store,
-        Err(e) => {
-            eprintln!(
-                "aisb: WARNING: the content of masked files stays readable through git in this sandbox (`git show HEAD:PATH`): its objects without them could not be prepared: {e}"
-            );
-            None
-        }
+        // Closed: git inside sees no objects at all rather than the host's.
+        Err(e) => match crate::git::store::empty(&plan.state_dir, host_git) {
+            Ok(empty) => {
+                eprintln!(
+                    "aisb: WARNING: git in this sandbox sees no history: its objects without the content of masked files could not be prepared: {e}"
+                );
+                Some(empty)
+            }
+            Err(e2) => {
+                eprintln!(
+                    "aisb: WARNING: the content of masked files stays readable through git in this sandbox (`git show HEAD:PATH`): its objects without them could not be prepared: {e}; {e2}"
+                );
+                None
+            }
+        },
     }
 }
 
