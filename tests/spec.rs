@@ -556,6 +556,22 @@ fn an_overlay_with_a_layer_above_its_lower_keeps_both() {
     );
 }
 
+/// A layer path with `:` would be read by overlayfs as two layers (its parent directory one of
+/// them): refused, never split.
+#[test]
+fn an_overlay_layer_with_a_colon_is_refused() {
+    for bad in ["/work/a:/b", "/work/a,b"] {
+        let mut plan = sample_plan();
+        for m in &mut plan.mounts {
+            if let MountKind::Overlay { lower, .. } = &mut m.kind {
+                *lower = bad.into();
+            }
+        }
+        let e = spec::build(&plan, &paths()).unwrap_err();
+        assert!(e.to_string().contains("has `:` or `,`"), "{e}");
+    }
+}
+
 #[test]
 fn a_block_on_a_mount_target_hides_the_mount() {
     let mut plan = sample_plan();

@@ -146,8 +146,11 @@ pub fn prepare(
         .map(|v| dir.join(v).join(LAYER).join("objects"));
     // From the last build on, when the rules are the same (a change walks it all again), it
     // left a version or nothing to withhold, and its packs are few enough.
+    // (A shallow repository is walked whole: a deepening fetch adds history behind the
+    // recorded tips, which `^tips` would leave out.)
     let incremental = record.rules == digest
         && !record.tips.is_empty()
+        && !host_git.join("shallow").exists()
         && record.packs < MAX_PACKS
         && old_objects.as_ref().is_none_or(|o| o.is_dir());
     let since: &[String] = if incremental { &record.tips } else { &[] };

@@ -115,6 +115,11 @@ pub enum SpecError {
         "rename it to a UTF-8 name, or move it out of the project; nothing was run"
     ))]
     NotUtf8 { path: PathBuf, what: &'static str },
+    #[error("{} has `:` or `,` in its path: overlayfs takes its layers as a list separated by them, so aisb could not copy-on-write {}", path.display(), target.display())]
+    #[diagnostic(help(
+        "move the directory (or XDG_CACHE_HOME, where aisb keeps its layers) to a path without `:` or `,`; nothing was run"
+    ))]
+    LayerPath { path: PathBuf, target: PathBuf },
 }
 
 pub const MASKED_PROC: &[&str] = &[
@@ -263,6 +268,26 @@ pub fn build(plan: &Plan, paths: &SpecPaths) -> Result<Spec, SpecError> {
         }
     }
     for m in &plan.mounts {
+        if let MountKind::Overlay {
+            lower,
+            upper,
+            work,
+            above,
+        } = &m.kind
+        {
+            // One layer with `:` would be read as two (a parent directory among them).
+            if let Some(bad) = [lower, upper, work].into_iter().chain(above).find(|p| {
+                p.as_os_str()
+                    .as_encoded_bytes()
+                    .iter()
+                    .any(|b| matches!(b, b':' | b','))
+            }) {
+                return Err(SpecError::LayerPath {
+                    path: bad.clone(),
+                    target: m.target.clone(),
+                });
+            }
+        }
         let v = match &m.kind {
             MountKind::Bind { source, writable }
             | MountKind::Git {
