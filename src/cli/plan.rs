@@ -257,6 +257,19 @@ pub fn render(plan: &Plan, _cwd: &Path, named: bool) -> String {
             ),
         };
         let _ = writeln!(o, "  {kind:<8} {}{from}   [{}]", m.target.display(), m.why);
+        // The git objects a run shows there: decided at the run, from the history then.
+        let git_dir = m.target == plan.project.join(".git");
+        let read_only_project = m.target == plan.project
+            && matches!(m.kind, MountKind::Bind { writable: false, .. })
+            && plan.project.join(".git/objects").is_dir();
+        if (git_dir && matches!(m.kind, MountKind::Overlay { .. })) || read_only_project {
+            let _ = writeln!(
+                o,
+                "           its git objects: the host's without the blobs ever at a masked path (each reads as a line saying so), kept in {}/{}",
+                plan.state_dir.display(),
+                crate::git::store::STORE_DIR
+            );
+        }
     }
 
     if !plan.protected.is_empty() {
