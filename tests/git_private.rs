@@ -837,3 +837,44 @@ fn aliases(user: Option<(u32, u32)>) {
 }
 
 as_root_and_a_user!(a_masked_blob_renamed_inside_stays_withheld_as_root, a_masked_blob_renamed_inside_stays_withheld_as_a_user => aliases);
+
+/// A file committed under an ordinary name, then moved to a masked one on the host
+/// (`git mv notes.txt .env`): the store packed it while it was ordinary, so bringing the store
+/// up to date must build it anew, or the packed copy would outrank the placeholder.
+fn moved_into_a_mask(user: Option<(u32, u32)>) {
+    for backend in BACKENDS {
+        let who = who(backend, user);
+        let p = Project::new(user);
+        let proj = p.proj();
+        std::fs::write(proj.join(".env"), "TOKEN=sk-live-FIRST\n").unwrap();
+        std::fs::write(proj.join("notes.txt"), "TOKEN=sk-live-MOVED\n").unwrap();
+        let git = |args: &[&str]| {
+            if let Some((uid, gid)) = user {
+                support::chown_r(&proj, uid, gid);
+            }
+            let o = p.git(&[&["-c", "user.name=t", "-c", "user.email=t@t"], args].concat());
+            assert_eq!(o.code, 0, "{who} git {args:?}: {}", o.stderr);
+        };
+        git(&["add", "-A"]);
+        git(&["commit", "-qm", "two files"]);
+        // The store is built: .env's blob withheld, notes.txt's packed.
+        let o = p.run(backend, "git show HEAD:notes.txt");
+        assert!(o.stdout.contains("sk-live-MOVED"), "{who} {}", o.stderr);
+        git(&["rm", "-q", ".env"]);
+        git(&["mv", "notes.txt", ".env"]);
+        git(&["commit", "-qm", "moved"]);
+        let o = p.run(
+            backend,
+            "git show HEAD:.env; git show HEAD~1:notes.txt; git cat-file --batch-all-objects --batch; echo dug=yes",
+        );
+        assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
+        o.expect("dug", "yes");
+        assert!(
+            !o.stdout.contains("sk-live-"),
+            "{who} a blob moved under a masked name is still in the store:\n{}",
+            o.stdout
+        );
+    }
+}
+
+as_root_and_a_user!(a_file_moved_into_a_mask_is_withheld_as_root, a_file_moved_into_a_mask_is_withheld_as_a_user => moved_into_a_mask);

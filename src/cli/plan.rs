@@ -260,7 +260,13 @@ pub fn render(plan: &Plan, _cwd: &Path, named: bool) -> String {
         // The git objects a run shows there: decided at the run, from the history then.
         let git_dir = m.target == plan.project.join(".git");
         let read_only_project = m.target == plan.project
-            && matches!(m.kind, MountKind::Bind { writable: false, .. })
+            && matches!(
+                m.kind,
+                MountKind::Bind {
+                    writable: false,
+                    ..
+                }
+            )
             && plan.project.join(".git/objects").is_dir();
         if (git_dir && matches!(m.kind, MountKind::Overlay { .. })) || read_only_project {
             let _ = writeln!(

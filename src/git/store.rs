@@ -148,18 +148,33 @@ pub fn prepare(
     // left a version or nothing to withhold, and its packs are few enough.
     // (A shallow repository is walked whole: a deepening fetch adds history behind the
     // recorded tips, which `^tips` would leave out.)
-    let incremental = record.rules == digest
+    let mut incremental = record.rules == digest
         && !record.tips.is_empty()
         && !host_git.join("shallow").exists()
         && record.packs < MAX_PACKS
         && old_objects.as_ref().is_none_or(|o| o.is_dir());
-    let since: &[String] = if incremental { &record.tips } else { &[] };
     // The blobs withheld so far stay withheld, whatever name a later commit gives them.
     let mut set = match (&old_objects, incremental) {
         (Some(o), true) => placeholders_in(o),
         _ => Withheld::new(),
     };
+    let since: &[String] = if incremental { &record.tips } else { &[] };
     names(host_git, work_tree, rules, &tips, since, &mut set)?;
+    // A blob newly masked that an earlier version packed (`git mv notes.txt .env`): a
+    // placeholder cannot hide a packed object, so the store is built anew.
+    if let (Some(old), true) = (&old_objects, incremental) {
+        let fresh: Vec<&str> = set
+            .iter()
+            .filter(|(_, name)| name.is_some())
+            .map(|(oid, _)| oid.as_str())
+            .collect();
+        if packed_in(host_git, old, &fresh)? {
+            incremental = false;
+            set = Withheld::new();
+            names(host_git, work_tree, rules, &tips, &[], &mut set)?;
+        }
+    }
+    let since: &[String] = if incremental { &record.tips } else { &[] };
     if set.is_empty() {
         // Nothing masked in the history: the host's objects are shown as they are.
         let new = Record {
@@ -291,6 +306,33 @@ fn placeholders_in(objects: &Path) -> Withheld {
             (a != "pack" && a != "info" && is_oid(&oid)).then_some((oid, None))
         })
         .collect()
+}
+
+/// Whether any of `oids` is an object of the store version `objects` (its packs: the ones
+/// asked for are not among its placeholders).
+fn packed_in(git_dir: &Path, objects: &Path, oids: &[&str]) -> Result<bool, StoreError> {
+    if oids.is_empty() {
+        return Ok(false);
+    }
+    let mut cmd = super::command(git_dir, None);
+    cmd.env("GIT_OBJECT_DIRECTORY", objects)
+        .env_remove("GIT_ALTERNATE_OBJECT_DIRECTORIES")
+        .args(["cat-file", "--batch-check=%(objectname) %(objecttype)"]);
+    let input = oids
+        .iter()
+        .flat_map(|o| [o.as_bytes(), b"\n"])
+        .flatten()
+        .copied()
+        .collect();
+    let mut check = start(cmd, Some(input), "cat-file")?;
+    let out = BufReader::new(check.child.stdout.take().expect("piped"));
+    let mut found = false;
+    for line in out.split(b'\n') {
+        let line = line.map_err(io("reading git cat-file"))?;
+        found |= !line.ends_with(b" missing");
+    }
+    check.finish("cat-file")?;
+    Ok(found)
 }
 
 /// Every version but `keep` that no run holds is removed.
