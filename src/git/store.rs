@@ -8,9 +8,10 @@
 //! - one or more packs of every object reachable from the repository's refs, reflogs and index,
 //!   except the blobs that were ever at a path a mask rule matches (the built-in sensitive
 //!   patterns, `block`, and inside dependency directories their credential files);
-//! - for each withheld blob, a loose object under the blob's own name whose content is a line
-//!   saying so. Git trusts a loose object's name without hashing it again (only `fsck` and a few
-//!   parsers check), so trees, commits and the index keep naming the real blob, and `status`,
+//! - for each withheld blob, an object under the blob's own name whose content is a line saying
+//!   so (in packs aisb writes itself, [`placeholder_pack`]). Git trusts the name a pack's index
+//!   gives an object without hashing it again (only `fsck` and a few parsers check), so trees,
+//!   commits and the index keep naming the real blob, and `status`,
 //!   `diff`, `add`, `commit`, `stash`, `rebase` and `log` work; what a withheld blob shows is
 //!   the line. The sandbox's own writes land in the overlay's upper layer as before, and are
 //!   brought back with the host's objects as their base, so the host's history never sees a
@@ -21,7 +22,8 @@
 //! change of the repository: a run whose refs, reflogs, index and rules did not change reuses
 //! it after a few `stat`s. After a change only the objects new since the last build are
 //! packed (the earlier packs are linked into the new version); a change of the rules, or more
-//! than [`MAX_PACKS`] packs, builds it whole. A version in use by a run (a shared lock) is
+//! than [`MAX_PACKS`] packs, builds it whole, as does a blob newly masked that an earlier
+//! version packed. A version in use by a run (a shared lock) is
 //! never removed.
 
 use std::collections::BTreeMap;
@@ -46,7 +48,7 @@ const MAX_REF_FILES: usize = 100_000;
 /// (and the run told so).
 const MAX_OBJECTS: usize = 50_000_000;
 /// Packs a version may hold before the next build is a whole one.
-const MAX_PACKS: usize = 16;
+const MAX_PACKS: usize = 64;
 /// The placeholder line names at most this much of a path.
 const MAX_NAME: usize = 512;
 
@@ -206,9 +208,11 @@ pub fn prepare(
         _ => (0, &[][..]),
     };
     packs += pack(host_git, work_tree, rules, &tips, since, &objects, &mut set)?;
-    for (oid, name) in &set {
-        placeholder(rules, &objects, oid, name.as_ref())?;
-    }
+    let fresh: Vec<(&str, &[u8])> = set
+        .iter()
+        .filter_map(|(oid, name)| Some((oid.as_str(), name.as_deref()?)))
+        .collect();
+    placeholder_pack(rules, &objects, &fresh)?;
     opaque(&objects)?;
     crate::atomic::write_atomic(&making.join("lock"), b"")
         .map_err(io("writing the store's lock"))?;
@@ -288,24 +292,25 @@ fn open_lock(path: &Path) -> std::io::Result<std::fs::File> {
         .open(path)
 }
 
-/// The blobs an earlier version withheld: its placeholders (loose objects), each with no
-/// name (their lines are written already).
+/// The blobs an earlier version withheld: the lists beside its placeholder packs (each with
+/// no name: their placeholders are written already). At most [`MAX_OBJECTS`] are read.
 fn placeholders_in(objects: &Path) -> Withheld {
-    walkdir::WalkDir::new(objects)
-        .min_depth(2)
-        .max_depth(2)
-        .follow_links(false)
-        .into_iter()
-        .flatten()
-        .filter(|e| e.file_type().is_file())
-        .filter_map(|e| {
-            let rel = e.path().strip_prefix(objects).ok()?;
-            let mut parts = rel.iter();
-            let (a, b) = (parts.next()?.to_str()?, parts.next()?.to_str()?);
-            let oid = format!("{a}{b}");
-            (a != "pack" && a != "info" && is_oid(&oid)).then_some((oid, None))
-        })
-        .collect()
+    let mut set = Withheld::new();
+    let Ok(entries) = std::fs::read_dir(objects.join("pack")) else {
+        return set;
+    };
+    for e in entries.flatten().take(10_000) {
+        if !e.file_name().to_string_lossy().ends_with(WITHHELD_LIST) {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(e.path()) else {
+            continue;
+        };
+        for oid in text.lines().filter(|l| is_oid(l)).take(MAX_OBJECTS) {
+            set.insert(oid.to_string(), None);
+        }
+    }
+    set
 }
 
 /// Whether any of `oids` is an object of the store version `objects` (its packs: the ones
@@ -418,7 +423,7 @@ pub fn change_key(git_dir: &Path) -> String {
 /// The rules the store withholds by, as a digest: a change builds it whole.
 fn rules_digest(rules: &LiveRules) -> String {
     let mut h = Sha256::new();
-    h.update(b"aisb git store 2\0");
+    h.update(b"aisb git store 3\0");
     // Which directories are dependency directories is not part of it: history is withheld
     // by both lists wherever a path is (see `masked`).
     for set in [&rules.block, &rules.allow, &rules.roles.dep_block] {
@@ -816,41 +821,110 @@ fn masked(rules: &LiveRules, path: &[u8]) -> Option<String> {
     })
 }
 
-/// The loose object standing for a withheld blob: its name, a line as its content. `None`:
-/// linked from an earlier version. Written beside and renamed into place (a linked one is
-/// never written through).
-fn placeholder(
+/// Beside a placeholder pack, the list of the blobs it stands for (one name a line).
+const WITHHELD_LIST: &str = ".withheld";
+
+/// The placeholders of `withheld` (blob name, one of its masked paths), as one pack in
+/// `objects/pack/`: under each blob's own name, a line saying it is withheld. Git finds an
+/// object in a pack by the name its index gives it and does not hash it again (only `fsck`
+/// and `index-pack` do), so the index names the real blob; pack-objects would name the line
+/// by its own content, so the pack and its index are written here (format version 2). A
+/// pack, not loose files: a new version links a few files, not one per placeholder.
+fn placeholder_pack(
     rules: &LiveRules,
     objects: &Path,
-    oid: &str,
-    path: Option<&Vec<u8>>,
+    withheld: &[(&str, &[u8])],
 ) -> Result<(), StoreError> {
-    let Some(path) = path else {
-        return Ok(());
-    };
-    let rule = masked(rules, path).unwrap_or_else(|| "a mask rule".into());
-    let shown: String = String::from_utf8_lossy(&path[..path.len().min(MAX_NAME)])
-        .chars()
-        .map(|c| if c.is_control() { '?' } else { c })
-        .collect();
-    let body = format!(
-        "aisb: withheld: {shown} matches the mask rule {rule}, so its content is not in this sandbox's git objects (`aisb why {shown}` on the host explains)\n"
-    );
-    let mut raw = format!("blob {}\0", body.len()).into_bytes();
-    raw.extend_from_slice(body.as_bytes());
-    let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
-    z.write_all(&raw).map_err(io("compressing a placeholder"))?;
-    let bytes = z.finish().map_err(io("compressing a placeholder"))?;
-    let dir = objects.join(&oid[..2]);
-    std::fs::create_dir_all(&dir).map_err(io(format!("making {}", dir.display())))?;
-    let dest = dir.join(&oid[2..]);
-    if dest.exists() {
+    if withheld.is_empty() {
         return Ok(());
     }
-    let tmp = dir.join(format!(".{}.tmp", &oid[2..]));
-    std::fs::write(&tmp, bytes)
-        .and_then(|()| std::fs::rename(&tmp, &dest))
-        .map_err(io("writing a placeholder"))
+    let sha256 = withheld[0].0.len() == 64;
+    let digest = |data: &[u8]| -> Vec<u8> {
+        if sha256 {
+            Sha256::digest(data).to_vec()
+        } else {
+            <sha1::Sha1 as sha1::Digest>::digest(data).to_vec()
+        }
+    };
+    let mut entries: Vec<(Vec<u8>, u32, u64)> = Vec::with_capacity(withheld.len());
+    let mut pack = Vec::new();
+    pack.extend_from_slice(b"PACK");
+    pack.extend_from_slice(&2u32.to_be_bytes());
+    let count = u32::try_from(withheld.len()).map_err(|_| StoreError::TooLarge)?;
+    pack.extend_from_slice(&count.to_be_bytes());
+    let mut list = String::new();
+    for (oid, path) in withheld {
+        let Ok(raw) = hex::decode(oid) else { continue };
+        let rule = masked(rules, path).unwrap_or_else(|| "a mask rule".into());
+        let shown: String = String::from_utf8_lossy(&path[..path.len().min(MAX_NAME)])
+            .chars()
+            .map(|c| if c.is_control() { '?' } else { c })
+            .collect();
+        let body = format!(
+            "aisb: withheld: {shown} matches the mask rule {rule}, so its content is not in this sandbox's git objects (`aisb why {shown}` on the host explains)\n"
+        );
+        let offset = pack.len() as u64;
+        let start = pack.len();
+        // Type 3 (blob) and the size, 4 bits then 7 a byte.
+        let mut size = body.len();
+        let mut byte = (3u8 << 4) | (size & 0x0f) as u8;
+        size >>= 4;
+        while size > 0 {
+            pack.push(byte | 0x80);
+            byte = (size & 0x7f) as u8;
+            size >>= 7;
+        }
+        pack.push(byte);
+        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+        z.write_all(body.as_bytes())
+            .map_err(io("compressing a placeholder"))?;
+        pack.extend_from_slice(&z.finish().map_err(io("compressing a placeholder"))?);
+        let crc = crc32fast::hash(&pack[start..]);
+        entries.push((raw, crc, offset));
+        list.push_str(oid);
+        list.push('\n');
+    }
+    if entries.len() != withheld.len() || pack.len() as u64 >= 1 << 31 {
+        return Err(StoreError::TooLarge);
+    }
+    let trailer = digest(&pack);
+    pack.extend_from_slice(&trailer);
+    entries.sort();
+    let mut idx = Vec::new();
+    idx.extend_from_slice(&[0xff, b't', b'O', b'c']);
+    idx.extend_from_slice(&2u32.to_be_bytes());
+    for first in 0..=255u8 {
+        let upto = entries.iter().filter(|(o, _, _)| o[0] <= first).count() as u32;
+        idx.extend_from_slice(&upto.to_be_bytes());
+    }
+    for (oid, _, _) in &entries {
+        idx.extend_from_slice(oid);
+    }
+    for (_, crc, _) in &entries {
+        idx.extend_from_slice(&crc.to_be_bytes());
+    }
+    for (_, _, offset) in &entries {
+        idx.extend_from_slice(&(*offset as u32).to_be_bytes());
+    }
+    idx.extend_from_slice(&trailer);
+    let check = digest(&idx);
+    idx.extend_from_slice(&check);
+    let name = format!("pack-{}", hex::encode(&trailer));
+    let dir = objects.join("pack");
+    std::fs::create_dir_all(&dir).map_err(io(format!("making {}", dir.display())))?;
+    // The list and the pack first, the index (what git looks for) last.
+    for (ext, bytes) in [
+        (WITHHELD_LIST, list.as_bytes()),
+        (".pack", &pack[..]),
+        (".idx", &idx[..]),
+    ] {
+        let dest = dir.join(format!("{name}{ext}"));
+        let tmp = dir.join(format!(".{name}{ext}.tmp"));
+        std::fs::write(&tmp, bytes)
+            .and_then(|()| std::fs::rename(&tmp, &dest))
+            .map_err(io("writing the placeholders' pack"))?;
+    }
+    Ok(())
 }
 
 /// Mark `objects` opaque for overlayfs mounted with `userxattr` (as aisb mounts every
