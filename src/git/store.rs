@@ -141,6 +141,9 @@ pub fn prepare(
             return Ok(None);
         }
     }
+    // Before any work: a file system that keeps no user extended attributes cannot hold a
+    // store (its objects could not be made opaque).
+    opaque(&dir)?;
     let tips = tips(host_git)?;
     let old_objects = record
         .version
