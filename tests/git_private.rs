@@ -878,3 +878,50 @@ fn moved_into_a_mask(user: Option<(u32, u32)>) {
 }
 
 as_root_and_a_user!(a_file_moved_into_a_mask_is_withheld_as_root, a_file_moved_into_a_mask_is_withheld_as_a_user => moved_into_a_mask);
+
+/// A review's attack on bringing the sandbox's work back: a pack it crafts holds a blob as a
+/// delta on a withheld blob (its first bytes copied) under the name of a guess. Resolved
+/// against the host's real blob, the commit naming it would come back exactly when the guess
+/// is right: one test of a guess of masked content per run. Brought back against the store the
+/// sandbox saw (each object re-hashed, the delta resolved on the placeholder), it never comes
+/// back, right guess or not.
+fn delta_guess(user: Option<(u32, u32)>) {
+    let crafter = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/delta_guess.py");
+    for backend in BACKENDS {
+        let who = who(backend, user);
+        let p = Project::new(user);
+        let proj = p.proj();
+        std::fs::write(proj.join(".env"), "TOKEN=sk-live-ORACLE\n").unwrap();
+        std::fs::write(proj.join("a"), "a\n").unwrap();
+        std::fs::create_dir_all(proj.join("d")).unwrap();
+        std::fs::write(proj.join("d/f"), "f\n").unwrap();
+        std::fs::copy(crafter, proj.join("craft.py")).unwrap();
+        if let Some((uid, gid)) = user {
+            support::chown_r(&proj, uid, gid);
+        }
+        for args in [&["add", ".env", "a", "d"][..], &["commit", "-qm", "env"]] {
+            let o = p.git(&[&["-c", "user.name=t", "-c", "user.email=t@t"], args].concat());
+            assert_eq!(o.code, 0, "{who} {}", o.stderr);
+        }
+        // The right guess: the real content's first three bytes, and its real size.
+        let o = p.run(
+            backend,
+            "X=$(git rev-parse HEAD:.env); SIZE=$(git ls-files --debug .env | sed -n 's/.*size: *\\([0-9]*\\).*/\\1/p')\n\
+             set -- $(python3 craft.py .git/objects/pack $X TOK 3 $(git rev-parse HEAD) $(git rev-parse HEAD:a) $(git rev-parse HEAD:d) $SIZE)\n\
+             git update-ref refs/heads/leak $1 && echo crafted=$1",
+        );
+        assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
+        let c = o.value("crafted").unwrap_or_default().to_string();
+        assert_eq!(c.len(), 40, "{who} {}\n{}", o.stdout, o.stderr);
+        let has = p.git(&["cat-file", "-e", &c]);
+        assert_ne!(
+            has.code, 0,
+            "{who} the commit naming a right guess of withheld content came back: the host resolved the sandbox's delta against the real blob\n{}",
+            o.stderr
+        );
+        // The host's own history is whole.
+        assert_eq!(p.git(&["fsck", "--no-dangling"]).code, 0, "{who}");
+    }
+}
+
+as_root_and_a_user!(a_crafted_delta_cannot_test_a_guess_of_withheld_content_as_root, a_crafted_delta_cannot_test_a_guess_of_withheld_content_as_a_user => delta_guess);

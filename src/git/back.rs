@@ -77,6 +77,10 @@ pub struct Layer {
     pub work_tree: PathBuf,
     pub upper: PathBuf,
     pub work: PathBuf,
+    /// The objects the sandbox saw in place of the host's (a `git::store` version's, without
+    /// the content of masked files): what it wrote is re-hashed against these, never against
+    /// the host's, so a delta it crafts on a withheld blob cannot test a guess of its content.
+    pub base: Option<PathBuf>,
 }
 
 /// The host's side when the run started: what "did not move meanwhile" is measured against.
@@ -175,6 +179,7 @@ pub fn recorded(layer_dir: &Path) -> Option<Layer> {
         work_tree,
         upper: layer_dir.join("upper"),
         work: layer_dir.join("work"),
+        base: None,
     })
 }
 
@@ -515,13 +520,17 @@ fn fetch_back(
     let objects = t.join("objects");
     std::fs::create_dir_all(objects.join("info")).map_err(io("making the objects' info"))?;
     let host_objects = layer.host_git.join("objects");
+    let alternate = layer.base.as_ref().unwrap_or(&host_objects);
     {
         use std::os::unix::ffi::OsStrExt;
-        let mut alt = host_objects.as_os_str().as_bytes().to_vec();
+        let mut alt = alternate.as_os_str().as_bytes().to_vec();
         alt.push(b'\n');
         std::fs::write(objects.join("info/alternates"), alt).map_err(io("writing alternates"))?;
     }
     copy_objects(&layer.upper.join("objects"), &objects)?;
+    if layer.base.is_some() {
+        rehash_packs(t)?;
+    }
     // Only refs whose object the repository now has: a ref to a missing object would stop
     // the whole fetch.
     let mut wanted: Vec<(String, String)> =
@@ -631,6 +640,51 @@ fn fetch_refs(layer: &Layer, t: &Path, specs: &[String]) -> Result<(), BackError
         what: "fetch from the sandbox's git directory".into(),
         stderr: stderr.lines().take(3).collect::<Vec<_>>().join(" / "),
     })
+}
+
+/// Unpack each of the sandbox's packs in `t` (aisb's repository, whose alternate is the store
+/// the sandbox saw) with `git unpack-objects --strict`, then drop it: every object is re-hashed
+/// from its content, a delta resolved against the store's objects (a withheld blob's
+/// placeholder, never its content), and one with a missing link is not written.
+fn rehash_packs(t: &Path) -> Result<(), BackError> {
+    let dir = t.join("objects/pack");
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Ok(());
+    };
+    let packs: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "pack"))
+        .collect();
+    for pack in packs {
+        // Out of the pack directory first: unpack-objects skips what the repository has.
+        let aside = t.join(format!(
+            "unpacking-{}",
+            pack.file_name().unwrap_or_default().to_string_lossy()
+        ));
+        std::fs::rename(&pack, &aside).map_err(io("moving a pack aside"))?;
+        let _ = std::fs::remove_file(pack.with_extension("idx"));
+        let input = std::fs::File::open(&aside).map_err(io("opening a pack"))?;
+        let out = super::command(t, None)
+            .args(["unpack-objects", "-q", "--strict"])
+            .stdin(input)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+            .map_err(io("running git unpack-objects"))?;
+        let _ = std::fs::remove_file(&aside);
+        if !out.status.success() {
+            return Err(BackError::Git {
+                what: "unpack-objects of the sandbox's pack".into(),
+                stderr: String::from_utf8_lossy(&out.stderr)
+                    .lines()
+                    .take(3)
+                    .collect::<Vec<_>>()
+                    .join(" / "),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// At most this many entries are read from one directory of the sandbox's objects (kept or

@@ -164,7 +164,10 @@ pub fn prepare(
         _ => Withheld::new(),
     };
     let since: &[String] = if incremental { &record.tips } else { &[] };
-    names(host_git, work_tree, rules, &tips, since, &mut set)?;
+    let mut seen = std::collections::HashSet::new();
+    names(
+        host_git, work_tree, rules, &tips, since, &mut set, &mut seen,
+    )?;
     // A blob newly masked that an earlier version packed (`git mv notes.txt .env`): a
     // placeholder cannot hide a packed object, so the store is built anew.
     if let (Some(old), true) = (&old_objects, incremental) {
@@ -176,7 +179,8 @@ pub fn prepare(
         if packed_in(host_git, old, &fresh)? {
             incremental = false;
             set = Withheld::new();
-            names(host_git, work_tree, rules, &tips, &[], &mut set)?;
+            seen.clear();
+            names(host_git, work_tree, rules, &tips, &[], &mut set, &mut seen)?;
         }
     }
     let since: &[String] = if incremental { &record.tips } else { &[] };
@@ -210,7 +214,15 @@ pub fn prepare(
         (Some(old), true) => (link_version(old, &objects)?, since),
         _ => (0, &[][..]),
     };
-    packs += pack(host_git, work_tree, rules, &tips, since, &objects, &mut set)?;
+    packs += pack(
+        host_git,
+        work_tree,
+        rules,
+        (&tips, since),
+        &objects,
+        &mut set,
+        &seen,
+    )?;
     let fresh: Vec<(&str, &[u8])> = set
         .iter()
         .filter_map(|(oid, name)| Some((oid.as_str(), name.as_deref()?)))
@@ -233,6 +245,15 @@ pub fn prepare(
     let held = hold(&dir, &new)?;
     sweep(&dir, new.version.as_deref());
     Ok(held)
+}
+
+/// The store version the last build recorded for `host_git`, held; `None` when there is none
+/// (nothing withheld, or never built). Nothing is built.
+pub fn current(state_dir: &Path, host_git: &Path) -> Option<Store> {
+    let dir = state_dir.join(STORE_DIR).join(slug(host_git));
+    let record: Record =
+        serde_json::from_slice(&std::fs::read(dir.join("record.json")).ok()?).ok()?;
+    hold(&dir, &record).ok().flatten()
 }
 
 fn write_record(path: &Path, record: &Record) -> Result<(), StoreError> {
@@ -606,6 +627,7 @@ fn names(
     tips: &[String],
     since: &[String],
     set: &mut Withheld,
+    seen: &mut std::collections::HashSet<String>,
 ) -> Result<(), StoreError> {
     if !tips.is_empty() {
         let mut cmd = super::command(git_dir, None);
@@ -625,11 +647,11 @@ fn names(
         let mut log = start(cmd, Some(revisions(tips, since)), "log")?;
         let out = BufReader::new(log.child.stdout.take().expect("piped"));
         let mut meta: Option<Vec<u8>> = None;
-        let mut seen = 0usize;
+        let mut count = 0usize;
         for token in out.split(0) {
             let token = token.map_err(io("reading git log"))?;
-            seen += 1;
-            if seen > 2 * MAX_OBJECTS {
+            count += 1;
+            if count > 2 * MAX_OBJECTS {
                 log.kill();
                 return Err(StoreError::TooLarge);
             }
@@ -644,7 +666,7 @@ fn names(
             let (Some(mode), Some(oid)) = (fields.get(1), fields.get(3)) else {
                 continue;
             };
-            note(rules, set, mode, oid, token);
+            note(rules, set, seen, mode, oid, token);
         }
         log.finish("log")?;
     }
@@ -662,13 +684,20 @@ fn names(
         let (Some(mode), Some(oid)) = (fields.first(), fields.get(1)) else {
             continue;
         };
-        note(rules, set, mode, oid, &entry[tab + 1..]);
+        note(rules, set, seen, mode, oid, &entry[tab + 1..]);
     }
     index.finish("ls-files")
 }
 
 /// A blob `oid` (of `mode`) named `path`: into `set` when the name is masked.
-fn note(rules: &LiveRules, set: &mut Withheld, mode: &[u8], oid: &[u8], path: &[u8]) {
+fn note(
+    rules: &LiveRules,
+    set: &mut Withheld,
+    seen: &mut std::collections::HashSet<String>,
+    mode: &[u8],
+    oid: &[u8],
+    path: &[u8],
+) {
     // Files and links; not gitlinks (a submodule's commit) or trees.
     if !matches!(mode, b"100644" | b"100755" | b"120000" | b"100664") {
         return;
@@ -676,7 +705,11 @@ fn note(rules: &LiveRules, set: &mut Withheld, mode: &[u8], oid: &[u8], path: &[
     let Ok(oid) = std::str::from_utf8(oid) else {
         return;
     };
-    if !is_oid(oid) || oid.bytes().all(|b| b == b'0') || set.contains_key(oid) {
+    if !is_oid(oid) || oid.bytes().all(|b| b == b'0') {
+        return;
+    }
+    seen.insert(oid.to_string());
+    if set.contains_key(oid) {
         return;
     }
     if masked(rules, path).is_some() {
@@ -691,10 +724,10 @@ fn pack(
     git_dir: &Path,
     work_tree: &Path,
     rules: &LiveRules,
-    tips: &[String],
-    since: &[String],
+    (tips, since): (&[String], &[String]),
     objects: &Path,
     set: &mut Withheld,
+    seen: &std::collections::HashSet<String>,
 ) -> Result<usize, StoreError> {
     let mut cmd = super::command(git_dir, Some(work_tree));
     cmd.args([
@@ -721,13 +754,13 @@ fn pack(
     let mut packer: Option<Running> = None;
     let mut sink: Option<std::process::ChildStdin> = None;
     let mut packed = 0usize;
-    let mut seen = 0usize;
+    let mut count = 0usize;
     let reader = BufReader::new(typed.stdout.take().expect("piped"));
     let result = (|| -> Result<(), StoreError> {
         for line in reader.split(b'\n') {
             let line = line.map_err(io("reading git's object list"))?;
-            seen += 1;
-            if seen > MAX_OBJECTS {
+            count += 1;
+            if count > MAX_OBJECTS {
                 return Err(StoreError::TooLarge);
             }
             let mut parts = line.splitn(3, |b| *b == b' ');
@@ -748,6 +781,12 @@ fn pack(
                 }
                 if !path.is_empty() && masked(rules, path).is_some() {
                     set.insert(oid.to_string(), Some(path.to_vec()));
+                    continue;
+                }
+                // A blob no name of pass one gave (a tag's, another work tree's index): its
+                // names were not all checked, so it is withheld.
+                if !seen.contains(oid) {
+                    set.insert(oid.to_string(), Some(Vec::new()));
                     continue;
                 }
             }
@@ -863,9 +902,13 @@ fn placeholder_pack(
             .chars()
             .map(|c| if c.is_control() { '?' } else { c })
             .collect();
-        let body = format!(
-            "aisb: withheld: {shown} matches the mask rule {rule}, so its content is not in this sandbox's git objects (`aisb why {shown}` on the host explains)\n"
-        );
+        let body = if path.is_empty() {
+            "aisb: withheld: no path aisb checked names this blob (a tag's, another work tree's index), so its content is not in this sandbox's git objects\n".to_string()
+        } else {
+            format!(
+                "aisb: withheld: {shown} matches the mask rule {rule}, so its content is not in this sandbox's git objects (`aisb why {shown}` on the host explains)\n"
+            )
+        };
         let offset = pack.len() as u64;
         let start = pack.len();
         // Type 3 (blob) and the size, 4 bits then 7 a byte.

@@ -420,10 +420,14 @@ fn recover_git_layers(dir: &std::path::Path, state_dir: &std::path::Path) {
 }
 
 /// A git layer a killed run left: brought back as `refs/aisb/<run>/…`, then emptied.
-fn recover_git_layer(layer: crate::git::back::Layer, state_dir: &std::path::Path) {
+fn recover_git_layer(mut layer: crate::git::back::Layer, state_dir: &std::path::Path) {
     if crate::git::back::is_empty(&layer) {
         return;
     }
+    // Brought back against the project's store, when it has one (the run that wrote the layer
+    // saw one like it), held while it is.
+    let store = crate::git::store::current(state_dir, &layer.host_git);
+    layer.base = store.as_ref().map(|s| s.layer.join("objects"));
     eprintln!(
         "aisb: an earlier run of this project ended before it brought back what its sandbox did in git; bringing it back now"
     );
@@ -533,6 +537,7 @@ fn claim_layers(plan: &Plan) -> Result<(Layers, Option<Plan>), RuntimeError> {
         }
     }
     let git = claim_git_layer(changed.as_ref().unwrap_or(plan))?;
+    let mut git = git;
     let now = changed.as_ref().unwrap_or(plan);
     let store = match &git {
         Some(g) => git_store(now, &g.layer.host_git, &g.layer.work_tree),
@@ -540,9 +545,11 @@ fn claim_layers(plan: &Plan) -> Result<(Layers, Option<Plan>), RuntimeError> {
     };
     if let Some(store) = &store {
         let p = changed.get_or_insert_with(|| plan.clone());
-        match &git {
-            // Above the host's git directory in the run's private one.
+        match &mut git {
+            // Above the host's git directory in the run's private one; what the sandbox
+            // writes is brought back against it.
             Some(g) => {
+                g.layer.base = Some(store.layer.join("objects"));
                 for m in &mut p.mounts {
                     if let crate::eval::plan::MountKind::Overlay { upper, above, .. } = &mut m.kind
                     {
@@ -659,6 +666,7 @@ fn claim_git_layer(plan: &Plan) -> Result<Option<GitRun>, RuntimeError> {
         work_tree,
         upper,
         work,
+        base: None,
     };
     let dir = layer.upper.parent().map(PathBuf::from).unwrap_or_default();
     if let Some(left) = crate::git::back::recorded(&dir) {
