@@ -266,6 +266,13 @@ fn write_record(path: &Path, record: &Record) -> Result<(), StoreError> {
 /// content in it).
 pub fn empty(state_dir: &Path, host_git: &Path) -> Result<Store, StoreError> {
     let dir = state_dir.join(STORE_DIR).join(slug(host_git));
+    std::fs::create_dir_all(&dir).map_err(io(format!("making {}", dir.display())))?;
+    // Under the build lock: a sweep (which holds it) never removes it between its making and
+    // its hold.
+    let build_lock = crate::runtime::lock_file(&dir.join("build.lock"))
+        .map_err(io("opening the store's lock"))?;
+    let _building = Flock::lock(build_lock, FlockArg::LockExclusive)
+        .map_err(|(_, e)| io("locking the store")(e.into()))?;
     let at = dir.join("v-empty");
     let objects = at.join(LAYER).join("objects");
     std::fs::create_dir_all(objects.join("pack"))
@@ -655,18 +662,19 @@ fn names(
                 log.kill();
                 return Err(StoreError::TooLarge);
             }
-            let token = token.strip_prefix(b"\n").unwrap_or(&token);
-            if token.first() == Some(&b':') {
-                meta = Some(token.to_vec());
+            // `:MODE MODE OID OID STATUS` then the path (which may itself start with `:`).
+            let Some(m) = meta.take() else {
+                let token = token.strip_prefix(b"\n").unwrap_or(&token);
+                if token.first() == Some(&b':') {
+                    meta = Some(token.to_vec());
+                }
                 continue;
-            }
-            // `:MODE MODE OID OID STATUS` then the path.
-            let Some(m) = meta.take() else { continue };
+            };
             let fields: Vec<&[u8]> = m[1..].split(|b| *b == b' ').collect();
             let (Some(mode), Some(oid)) = (fields.get(1), fields.get(3)) else {
                 continue;
             };
-            note(rules, set, seen, mode, oid, token);
+            note(rules, set, seen, mode, oid, &token);
         }
         log.finish("log")?;
     }
