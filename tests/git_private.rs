@@ -123,6 +123,15 @@ impl Project {
         self.as_caller(&mut cmd);
         Out::from(cmd.args(args).output().unwrap())
     }
+    /// Git on the host as the caller, with an identity, after the project is handed to them
+    /// (files the test wrote as root); it must succeed.
+    fn git_ok(&self, who: &str, args: &[&str]) {
+        if let Some((uid, gid)) = self.user {
+            support::chown_r(&self.proj(), uid, gid);
+        }
+        let o = self.git(&[&["-c", "user.name=t", "-c", "user.email=t@t"], args].concat());
+        assert_eq!(o.code, 0, "{who} git {args:?}: {}", o.stderr);
+    }
     fn wait_for(&self, name: &str, child: &mut Child) {
         let deadline = Instant::now() + Duration::from_secs(60);
         while !self.proj().join(name).exists() {
@@ -664,13 +673,7 @@ fn masked_history(user: Option<(u32, u32)>) {
         let p = Project::new(user);
         let proj = p.proj();
         // Written as root, then the caller's, and committed as the caller.
-        let git = |args: &[&str]| {
-            if let Some((uid, gid)) = user {
-                support::chown_r(&proj, uid, gid);
-            }
-            let o = p.git(&[&["-c", "user.name=t", "-c", "user.email=t@t"], args].concat());
-            assert_eq!(o.code, 0, "{who} git {args:?}: {}", o.stderr);
-        };
+        let git = |args: &[&str]| p.git_ok(&who, args);
         std::fs::create_dir_all(proj.join("src")).unwrap();
         std::fs::write(proj.join(".env"), "TOKEN=sk-live-OLD\n").unwrap();
         std::fs::write(proj.join("deploy.pem"), "sk-live-PEM\n").unwrap();
@@ -786,13 +789,8 @@ fn aliases(user: Option<(u32, u32)>) {
         let p = Project::new(user);
         let proj = p.proj();
         std::fs::write(proj.join(".env"), "TOKEN=sk-live-ALIAS\n").unwrap();
-        if let Some((uid, gid)) = user {
-            support::chown_r(&proj, uid, gid);
-        }
-        for args in [&["add", ".env"][..], &["commit", "-qm", "env"]] {
-            let o = p.git(&[&["-c", "user.name=t", "-c", "user.email=t@t"], args].concat());
-            assert_eq!(o.code, 0, "{who} {}", o.stderr);
-        }
+        p.git_ok(&who, &["add", ".env"]);
+        p.git_ok(&who, &["commit", "-qm", "env"]);
         let o = p.run(
             backend,
             "S=$(git rev-parse HEAD:.env)\n\
@@ -848,13 +846,7 @@ fn moved_into_a_mask(user: Option<(u32, u32)>) {
         let proj = p.proj();
         std::fs::write(proj.join(".env"), "TOKEN=sk-live-FIRST\n").unwrap();
         std::fs::write(proj.join("notes.txt"), "TOKEN=sk-live-MOVED\n").unwrap();
-        let git = |args: &[&str]| {
-            if let Some((uid, gid)) = user {
-                support::chown_r(&proj, uid, gid);
-            }
-            let o = p.git(&[&["-c", "user.name=t", "-c", "user.email=t@t"], args].concat());
-            assert_eq!(o.code, 0, "{who} git {args:?}: {}", o.stderr);
-        };
+        let git = |args: &[&str]| p.git_ok(&who, args);
         git(&["add", "-A"]);
         git(&["commit", "-qm", "two files"]);
         // The store is built: .env's blob withheld, notes.txt's packed.
@@ -896,13 +888,8 @@ fn delta_guess(user: Option<(u32, u32)>) {
         std::fs::create_dir_all(proj.join("d")).unwrap();
         std::fs::write(proj.join("d/f"), "f\n").unwrap();
         std::fs::copy(crafter, proj.join("craft.py")).unwrap();
-        if let Some((uid, gid)) = user {
-            support::chown_r(&proj, uid, gid);
-        }
-        for args in [&["add", ".env", "a", "d"][..], &["commit", "-qm", "env"]] {
-            let o = p.git(&[&["-c", "user.name=t", "-c", "user.email=t@t"], args].concat());
-            assert_eq!(o.code, 0, "{who} {}", o.stderr);
-        }
+        p.git_ok(&who, &["add", ".env", "a", "d"]);
+        p.git_ok(&who, &["commit", "-qm", "env"]);
         // The right guess: the real content's first three bytes, and its real size.
         let o = p.run(
             backend,

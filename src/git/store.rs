@@ -116,16 +116,21 @@ pub fn prepare(
             .and_then(|b| serde_json::from_slice(&b).ok())
             .unwrap_or_default()
     };
-    // Reused without the build lock: a record is replaced atomically, and its version is
-    // locked before it is trusted to exist.
-    let record = read_record();
-    if record.key == key && record.rules == digest {
-        if let Some(store) = hold(&dir, &record)? {
-            return Ok(Some(store));
-        }
-        if record.version.is_none() {
+    // What a record of this repository's state and rules gives: its version held, or no
+    // store at all; `None`: it must be built.
+    let reuse = |record: &Record| -> Result<Option<Option<Store>>, StoreError> {
+        if record.key != key || record.rules != digest {
             return Ok(None);
         }
+        Ok(match hold(&dir, record)? {
+            Some(store) => Some(Some(store)),
+            None => record.version.is_none().then_some(None),
+        })
+    };
+    // Reused without the build lock: a record is replaced atomically, and its version is
+    // locked before it is trusted to exist.
+    if let Some(found) = reuse(&read_record())? {
+        return Ok(found);
     }
     let build_lock = crate::runtime::lock_file(&dir.join("build.lock"))
         .map_err(io("opening the store's lock"))?;
@@ -133,13 +138,8 @@ pub fn prepare(
         .map_err(|(_, e)| io("locking the store")(e.into()))?;
     // Another run may have built it meanwhile.
     let record = read_record();
-    if record.key == key && record.rules == digest {
-        if let Some(store) = hold(&dir, &record)? {
-            return Ok(Some(store));
-        }
-        if record.version.is_none() {
-            return Ok(None);
-        }
+    if let Some(found) = reuse(&record)? {
+        return Ok(found);
     }
     // Before any work: a file system that keeps no user extended attributes cannot hold a
     // store (its objects could not be made opaque).
