@@ -51,3 +51,17 @@ fn write(path: &Path, bytes: &[u8], sync: bool, mode: u32) -> std::io::Result<()
     }
     result
 }
+
+/// A lock file of aisb's state (created 0600 if missing, never through a link, never
+/// written): what layers', runs' and stores' locks are taken on.
+pub fn lock_file(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}

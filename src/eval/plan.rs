@@ -312,6 +312,48 @@ pub struct LiveRules {
     pub roles: crate::eval::deps::RoleRules,
 }
 
+/// The rules as they apply to a repository's history (`git::store`): the `block` list (built-in
+/// and configured) and the credential files of dependency directories, wherever a path is
+/// (which directories are dependency directories is the work tree's, which the sandbox
+/// writes); `allow` unmasks.
+impl crate::git::store::Rules for LiveRules {
+    fn masked(&self, path: &[u8]) -> Option<String> {
+        let check = |rel: &[u8], dir: bool| -> Option<String> {
+            if self.allow.covers(rel, dir).is_some() {
+                return None;
+            }
+            self.block
+                .matching(rel, dir)
+                .or_else(|| self.roles.dep_block.matching(rel, dir))
+                .map(|p| self.rule_name(p))
+        };
+        if self.allow.covers(path, false).is_some() {
+            return None;
+        }
+        check(path, false).or_else(|| {
+            path.iter()
+                .enumerate()
+                .filter(|(_, b)| **b == b'/')
+                .find_map(|(i, _)| check(&path[..i], true))
+        })
+    }
+
+    fn digest(&self) -> String {
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        h.update(b"aisb git store 3\0");
+        // Which directories are dependency directories is not part of it (see `masked`).
+        for set in [&self.block, &self.allow, &self.roles.dep_block] {
+            for (p, d) in set.patterns().iter().zip(set.dir_only()) {
+                h.update(p.as_bytes());
+                h.update([0, u8::from(*d)]);
+            }
+            h.update([1]);
+        }
+        format!("{:x}", h.finalize())
+    }
+}
+
 impl LiveRules {
     /// The rule that masks `rel` (project-relative, `/`-separated), as the audit log names it.
     pub fn rule_for(&self, rel: &(impl AsRef<[u8]> + ?Sized), is_dir: bool) -> Option<String> {

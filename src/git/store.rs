@@ -35,7 +35,14 @@ use std::process::Stdio;
 use nix::fcntl::{Flock, FlockArg};
 use sha2::{Digest, Sha256};
 
-use crate::eval::plan::LiveRules;
+/// What the store withholds by: the mask rules as they apply to history (the evaluator's
+/// `LiveRules` implement it).
+pub trait Rules {
+    /// The rule that masks `path` (as git names it, `/`-separated) or one of its directories.
+    fn masked(&self, path: &[u8]) -> Option<String>;
+    /// A digest of the rules: a change builds the store whole.
+    fn digest(&self) -> String;
+}
 
 /// Under a state directory: `<state>/git-store/<slug>/{record.json,build.lock,v-N/{lock,layer/objects}}`.
 pub const STORE_DIR: &str = "git-store";
@@ -103,12 +110,12 @@ pub fn prepare(
     state_dir: &Path,
     host_git: &Path,
     work_tree: &Path,
-    rules: &LiveRules,
+    rules: &dyn Rules,
 ) -> Result<Option<Store>, StoreError> {
     let dir = state_dir.join(STORE_DIR).join(slug(host_git));
     std::fs::create_dir_all(&dir).map_err(io(format!("making {}", dir.display())))?;
     let key = change_key(host_git);
-    let digest = rules_digest(rules);
+    let digest = rules.digest();
     let record_path = dir.join("record.json");
     let read_record = || -> Record {
         std::fs::read(&record_path)
@@ -132,7 +139,7 @@ pub fn prepare(
     if let Some(found) = reuse(&read_record())? {
         return Ok(found);
     }
-    let build_lock = crate::runtime::lock_file(&dir.join("build.lock"))
+    let build_lock = crate::atomic::lock_file(&dir.join("build.lock"))
         .map_err(io("opening the store's lock"))?;
     let _building = Flock::lock(build_lock, FlockArg::LockExclusive)
         .map_err(|(_, e)| io("locking the store")(e.into()))?;
@@ -269,7 +276,7 @@ pub fn empty(state_dir: &Path, host_git: &Path) -> Result<Store, StoreError> {
     std::fs::create_dir_all(&dir).map_err(io(format!("making {}", dir.display())))?;
     // Under the build lock: a sweep (which holds it) never removes it between its making and
     // its hold.
-    let build_lock = crate::runtime::lock_file(&dir.join("build.lock"))
+    let build_lock = crate::atomic::lock_file(&dir.join("build.lock"))
         .map_err(io("opening the store's lock"))?;
     let _building = Flock::lock(build_lock, FlockArg::LockExclusive)
         .map_err(|(_, e)| io("locking the store")(e.into()))?;
@@ -278,7 +285,7 @@ pub fn empty(state_dir: &Path, host_git: &Path) -> Result<Store, StoreError> {
     std::fs::create_dir_all(objects.join("pack"))
         .map_err(io(format!("making {}", objects.display())))?;
     opaque(&objects)?;
-    crate::runtime::lock_file(&at.join("lock")).map_err(io("making the store's lock"))?;
+    crate::atomic::lock_file(&at.join("lock")).map_err(io("making the store's lock"))?;
     hold(
         &dir,
         &Record {
@@ -451,22 +458,6 @@ pub fn change_key(git_dir: &Path) -> String {
     format!("{:x}", h.finalize())
 }
 
-/// The rules the store withholds by, as a digest: a change builds it whole.
-fn rules_digest(rules: &LiveRules) -> String {
-    let mut h = Sha256::new();
-    h.update(b"aisb git store 3\0");
-    // Which directories are dependency directories is not part of it: history is withheld
-    // by both lists wherever a path is (see `masked`).
-    for set in [&rules.block, &rules.allow, &rules.roles.dep_block] {
-        for (p, d) in set.patterns().iter().zip(set.dir_only()) {
-            h.update(p.as_bytes());
-            h.update([0, u8::from(*d)]);
-        }
-        h.update([1]);
-    }
-    format!("{:x}", h.finalize())
-}
-
 /// The objects the refs and `HEAD` name now.
 fn tips(git_dir: &Path) -> Result<Vec<String>, StoreError> {
     let out = super::command(git_dir, None)
@@ -630,7 +621,7 @@ impl Running {
 fn names(
     git_dir: &Path,
     work_tree: &Path,
-    rules: &LiveRules,
+    rules: &dyn Rules,
     tips: &[String],
     since: &[String],
     set: &mut Withheld,
@@ -699,7 +690,7 @@ fn names(
 
 /// A blob `oid` (of `mode`) named `path`: into `set` when the name is masked.
 fn note(
-    rules: &LiveRules,
+    rules: &dyn Rules,
     set: &mut Withheld,
     seen: &mut std::collections::HashSet<String>,
     mode: &[u8],
@@ -720,7 +711,7 @@ fn note(
     if set.contains_key(oid) {
         return;
     }
-    if masked(rules, path).is_some() {
+    if rules.masked(path).is_some() {
         set.insert(oid.to_string(), Some(path.to_vec()));
     }
 }
@@ -731,7 +722,7 @@ fn note(
 fn pack(
     git_dir: &Path,
     work_tree: &Path,
-    rules: &LiveRules,
+    rules: &dyn Rules,
     (tips, since): (&[String], &[String]),
     objects: &Path,
     set: &mut Withheld,
@@ -787,7 +778,7 @@ fn pack(
                 if set.contains_key(oid) {
                     continue;
                 }
-                if !path.is_empty() && masked(rules, path).is_some() {
+                if !path.is_empty() && rules.masked(path).is_some() {
                     set.insert(oid.to_string(), Some(path.to_vec()));
                     continue;
                 }
@@ -845,32 +836,6 @@ fn pack(
     }
 }
 
-/// The rule that masks the path `path` (as git names it, `/`-separated) or one of its
-/// directories, for history: the `block` list (built-in and configured) and the credential
-/// files of dependency directories, wherever they are (which directories are dependency
-/// directories is the work tree's, which the sandbox writes); `allow` unmasks.
-fn masked(rules: &LiveRules, path: &[u8]) -> Option<String> {
-    let check = |rel: &[u8], dir: bool| -> Option<String> {
-        if rules.allow.covers(rel, dir).is_some() {
-            return None;
-        }
-        rules
-            .block
-            .matching(rel, dir)
-            .or_else(|| rules.roles.dep_block.matching(rel, dir))
-            .map(|p| rules.rule_name(p))
-    };
-    if rules.allow.covers(path, false).is_some() {
-        return None;
-    }
-    check(path, false).or_else(|| {
-        path.iter()
-            .enumerate()
-            .filter(|(_, b)| **b == b'/')
-            .find_map(|(i, _)| check(&path[..i], true))
-    })
-}
-
 /// Beside a placeholder pack, the list of the blobs it stands for (one name a line).
 const WITHHELD_LIST: &str = ".withheld";
 
@@ -881,7 +846,7 @@ const WITHHELD_LIST: &str = ".withheld";
 /// by its own content, so the pack and its index are written here (format version 2). A
 /// pack, not loose files: a new version links a few files, not one per placeholder.
 fn placeholder_pack(
-    rules: &LiveRules,
+    rules: &dyn Rules,
     objects: &Path,
     withheld: &[(&str, &[u8])],
 ) -> Result<(), StoreError> {
@@ -905,7 +870,7 @@ fn placeholder_pack(
     let mut list = String::new();
     for (oid, path) in withheld {
         let Ok(raw) = hex::decode(oid) else { continue };
-        let rule = masked(rules, path).unwrap_or_else(|| "a mask rule".into());
+        let rule = rules.masked(path).unwrap_or_else(|| "a mask rule".into());
         let shown: String = String::from_utf8_lossy(&path[..path.len().min(MAX_NAME)])
             .chars()
             .map(|c| if c.is_control() { '?' } else { c })

@@ -286,18 +286,9 @@ impl Drop for Layers {
     }
 }
 
-/// A lock file of aisb's state (created 0600 if missing, never through a link, never
-/// written): what the layers' and runs' locks are taken on.
-pub(crate) fn lock_file(path: &std::path::Path) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
+/// A lock file of aisb's state (see [`crate::atomic::lock_file`]).
+fn lock_file(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    crate::atomic::lock_file(path)
 }
 
 /// Make each absent dependency directory of `plan` empty on the host, so its copy-on-write
