@@ -912,3 +912,42 @@ fn delta_guess(user: Option<(u32, u32)>) {
 }
 
 as_root_and_a_user!(a_crafted_delta_cannot_test_a_guess_of_withheld_content_as_root, a_crafted_delta_cannot_test_a_guess_of_withheld_content_as_a_user => delta_guess);
+
+/// A repository with nothing masked gets no store; when the host then commits a secret, the
+/// first store is built whole: the files committed before it read as they are inside (not as
+/// placeholders), and the secret does not.
+fn first_secret(user: Option<(u32, u32)>) {
+    for backend in BACKENDS {
+        let who = who(backend, user);
+        let p = Project::new(user);
+        // A file only the history holds (not in the index, which pass one also reads).
+        std::fs::write(p.proj().join("old.txt"), "old\n").unwrap();
+        p.git_ok(&who, &["add", "old.txt"]);
+        p.git_ok(&who, &["commit", "-qm", "old"]);
+        p.git_ok(&who, &["rm", "-q", "old.txt"]);
+        p.git_ok(&who, &["commit", "-qm", "gone"]);
+        let o = p.run(backend, "git show HEAD~1:old.txt");
+        assert_eq!(o.stdout, "old\n", "{who} {}", o.stderr);
+        std::fs::write(p.proj().join(".env"), "TOKEN=sk-live-FIRSTSECRET\n").unwrap();
+        std::fs::write(p.proj().join("more.txt"), "more\n").unwrap();
+        p.git_ok(&who, &["add", ".env", "more.txt"]);
+        p.git_ok(&who, &["commit", "-qm", "secret"]);
+        let o = p.run(
+            backend,
+            "echo readme=$(git show HEAD:README); echo more=$(git show HEAD:more.txt); \
+             echo old=$(git show HEAD~2:old.txt); \
+             git show HEAD:.env; git cat-file --batch-all-objects --batch",
+        );
+        assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
+        o.expect("readme", "hello");
+        o.expect("more", "more");
+        o.expect("old", "old");
+        assert!(
+            !o.stdout.contains("sk-live-FIRSTSECRET") && o.stdout.contains("aisb: withheld: .env"),
+            "{who}:\n{}",
+            o.stdout
+        );
+    }
+}
+
+as_root_and_a_user!(the_first_secret_committed_builds_the_store_whole_as_root, the_first_secret_committed_builds_the_store_whole_as_a_user => first_secret);

@@ -190,6 +190,14 @@ pub fn prepare(
             names(host_git, work_tree, rules, &tips, &[], &mut set, &mut seen)?;
         }
     }
+    // Something to withhold for the first time (the last build left no store): the pack is
+    // whole, so its names must be too (a blob pass one never saw is withheld).
+    if incremental && old_objects.is_none() && !set.is_empty() {
+        incremental = false;
+        set = Withheld::new();
+        seen.clear();
+        names(host_git, work_tree, rules, &tips, &[], &mut set, &mut seen)?;
+    }
     let since: &[String] = if incremental { &record.tips } else { &[] };
     if set.is_empty() {
         // Nothing masked in the history: the host's objects are shown as they are.
