@@ -1124,3 +1124,40 @@ fn suggest_proposes_the_lines_the_last_runs_refusals_call_for() {
     assert_ne!(o.code, 0, "{}", o.stderr);
     assert!(o.stderr.contains("registry.test"), "{}", o.stderr);
 }
+
+/// A workload whose output the caller sends to /dev/null (`aisb run … > /dev/null`, as CI and
+/// task runners do) still writes it, on both backends: youki's init reopened the host's
+/// /dev/null read-only, and `echo` failed with EBADF under libcontainer.
+#[test]
+fn output_sent_to_dev_null_can_be_written() {
+    if !support::root_or_skip("output to /dev/null on both backends") {
+        return;
+    }
+    let t = Test::new();
+    for backend in ["bwrap", "libcontainer"] {
+        let null = || {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/null")
+                .unwrap()
+        };
+        let status = Command::new(env!("CARGO_BIN_EXE_aisb"))
+            .args(["run", "--backend", backend, "--", "sh", "-c"])
+            .arg("echo out && echo err >&2")
+            .current_dir(t.proj())
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap())
+            .env("HOME", t.dir.path().join("home"))
+            .env("XDG_CACHE_HOME", t.dir.path().join("cache"))
+            .stdin(std::process::Stdio::null())
+            .stdout(null())
+            .stderr(null())
+            .status()
+            .unwrap();
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "[{backend}] writing to /dev/null failed"
+        );
+    }
+}

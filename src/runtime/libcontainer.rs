@@ -111,6 +111,10 @@ pub fn run(
             Ok(())
         });
     }
+    let _drains = null_outputs(&mut cmd).map_err(|source| RuntimeError::Io {
+        what: "giving the sandbox an output in place of /dev/null".into(),
+        source,
+    })?;
     if let Some(g) = &guard {
         g.apply(&mut cmd).map_err(guard_io)?;
     }
@@ -208,4 +212,37 @@ pub fn run(
     }
     drop(raw);
     Ok(exit_code(status))
+}
+
+/// youki's init reopens each standard descriptor that is the host's `/dev/null` with the
+/// container's own `/dev/null`, read-only: a workload whose output the caller sends to
+/// `/dev/null` (`aisb run … > /dev/null`, a task runner, CI) could not write it (EBADF). Such an
+/// output is given a pipe instead, whose other end a thread reads and drops; it ends when the
+/// sandbox's last writer does.
+fn null_outputs(
+    cmd: &mut std::process::Command,
+) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
+    let Ok(null) = nix::sys::stat::stat("/dev/null") else {
+        return Ok(Vec::new());
+    };
+    let mut drains = Vec::new();
+    for fd in [1, 2] {
+        let Ok(st) = nix::sys::stat::fstat(fd) else {
+            continue;
+        };
+        if st.st_mode & libc::S_IFMT != libc::S_IFCHR || st.st_rdev != null.st_rdev {
+            continue;
+        }
+        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        let w = std::fs::File::from(w);
+        if fd == 1 {
+            cmd.stdout(w);
+        } else {
+            cmd.stderr(w);
+        }
+        drains.push(std::thread::spawn(move || {
+            let _ = std::io::copy(&mut std::fs::File::from(r), &mut std::io::sink());
+        }));
+    }
+    Ok(drains)
 }
