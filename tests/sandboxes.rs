@@ -186,7 +186,8 @@ fn a_named_sandbox_works_in_its_own_clone_on_both_backends() {
             "--",
             "/bin/sh",
             "-c",
-            "for i in $(seq 100); do grep -q aisb-deny /proc/self/mountinfo && break; sleep 0.1; done; \
+            // The layer lands on each mask after its own mount: waited for (bounded) on .env.
+            "for i in $(seq 200); do grep -F \" $PWD/.env \" /proc/self/mountinfo | grep -q aisb-deny && break; sleep 0.05; done; \
              cat .env; echo done",
         ]);
         assert!(
