@@ -109,6 +109,32 @@ impl Project {
     fn run(&self, backend: &str, script: &str) -> Out {
         Out::from(self.run_cmd(backend, script).output().unwrap())
     }
+    /// `script` in the named sandbox `name` (its own clone of the project).
+    fn named_cmd(&self, backend: &str, name: &str, script: &str) -> Command {
+        let mut cmd = Command::new(&self.exe);
+        self.as_caller(&mut cmd);
+        cmd.args([
+            "--trust",
+            "run",
+            "--backend",
+            backend,
+            "--sandbox",
+            name,
+            "--",
+            "/bin/sh",
+            "-c",
+        ])
+        .arg(script);
+        cmd
+    }
+    /// The work tree of the named sandbox `name`'s clone, as the host sees it.
+    fn clone_of(&self, name: &str) -> Option<PathBuf> {
+        std::fs::read_dir(self.dir.path().join("cache/aisb"))
+            .ok()?
+            .flatten()
+            .map(|e| e.path().join(name).join("clone"))
+            .find(|c| c.is_dir())
+    }
     fn spawn(&self, backend: &str, script: &str) -> Child {
         self.run_cmd(backend, script)
             .stdout(Stdio::piped())
@@ -951,3 +977,119 @@ fn first_secret(user: Option<(u32, u32)>) {
 }
 
 as_root_and_a_user!(the_first_secret_committed_builds_the_store_whole_as_root, the_first_secret_committed_builds_the_store_whole_as_a_user => first_secret);
+
+/// Issue 30 item 4 in a named sandbox: its clone borrows the repository's objects (alternates
+/// to the repository's `.git`, which it sees read-only for `git fetch origin`), and neither
+/// the clone nor the repository's git directory seen inside gives the content of a masked file
+/// — committed, removed from the tree, staged on the host, or unreachable. A commit made
+/// inside reaches the host whole. While the session runs, the host commits a new secret: the
+/// sandbox sees the commit (`origin/main`), not the secret. A pack crafted inside (a delta on
+/// the withheld blob under the name of a right guess) never reaches the host's
+/// `sandbox-NAME/*` refs: the host's sync resolves it against what the sandbox saw. The test
+/// of the tests: with the store off, the same digging finds the secrets.
+fn named_history(user: Option<(u32, u32)>) {
+    let crafter = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/delta_guess.py");
+    // Digging in the clone and in the repository's git directory the sandbox sees.
+    let dig = format!(
+        "{DIG}\nO=$(git remote get-url origin)\n\
+         git --git-dir=\"$O/.git\" cat-file --batch-all-objects --batch\n\
+         git --git-dir=\"$O/.git\" show :.env.local\n\
+         git --git-dir=\"$O/.git\" log -p --all | cat\n"
+    );
+    for backend in BACKENDS {
+        let who = who(backend, user);
+        let p = Project::new(user);
+        let proj = p.proj();
+        let git = |args: &[&str]| p.git_ok(&who, args);
+        std::fs::write(proj.join(".env"), "TOKEN=sk-live-OLD\n").unwrap();
+        std::fs::write(proj.join("deploy.pem"), "sk-live-PEM\n").unwrap();
+        std::fs::write(proj.join("a"), "a\n").unwrap();
+        std::fs::create_dir_all(proj.join("d")).unwrap();
+        std::fs::write(proj.join("d/f"), "f\n").unwrap();
+        std::fs::copy(crafter, proj.join("craft.py")).unwrap();
+        git(&["add", "-A"]);
+        git(&["commit", "-qm", "one"]);
+        std::fs::write(proj.join(".env"), "TOKEN=sk-live-NEW\n").unwrap();
+        std::fs::remove_file(proj.join("deploy.pem")).unwrap();
+        git(&["commit", "-qam", "two"]);
+        std::fs::write(proj.join(".env.local"), "TOKEN=sk-live-STAGED\n").unwrap();
+        git(&["add", ".env.local"]);
+        std::fs::write(proj.join("dangling.txt"), "sk-live-DANGLING\n").unwrap();
+        git(&["hash-object", "-w", "dangling.txt"]);
+        std::fs::remove_file(proj.join("dangling.txt")).unwrap();
+
+        // The session: dig, commit, craft the guess, then wait for the host's commit.
+        let script = format!(
+            "{dig}\necho more >> a && git -c user.name=a -c user.email=a@a commit -qam inside && echo commit=ok\n\
+             X=$(git rev-parse HEAD:.env); SIZE=$(git ls-files --debug .env | sed -n 's/.*size: *\\([0-9]*\\).*/\\1/p')\n\
+             set -- $(python3 craft.py .git/objects/pack $X TOK 3 $(git rev-parse HEAD) $(git rev-parse HEAD:a) $(git rev-parse HEAD:d) $SIZE)\n\
+             git update-ref refs/heads/leak $1 && echo crafted=$1\n\
+             touch ready\n\
+             i=0; while [ $i -lt 300 ] && [ \"$(git log -1 --format=%s origin/main 2>/dev/null)\" != host ]; do sleep 0.1; i=$((i+1)); done\n\
+             echo origin_last=$(git log -1 --format=%s origin/main)\n\
+             git show origin/main:.env; git log -p origin/main | cat; git cat-file --batch-all-objects --batch\n\
+             git --git-dir=\"$O/.git\" cat-file --batch-all-objects --batch\n"
+        );
+        let mut child = p
+            .named_cmd(backend, "s1", &script)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while !p.clone_of("s1").is_some_and(|c| c.join("ready").exists()) {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("{who} the session ended ({status}) before it was ready");
+            }
+            assert!(Instant::now() < deadline, "{who} the session was not ready in 90 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::fs::write(proj.join(".env"), "TOKEN=sk-live-THIRD\n").unwrap();
+        git(&["commit", "-qm", "host", ".env"]);
+        let o = Project::finish(child);
+        assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
+        for secret in ["OLD", "NEW", "PEM", "STAGED", "DANGLING", "THIRD"] {
+            let s = format!("sk-live-{secret}");
+            assert!(
+                !o.stdout.contains(&s) && !o.stderr.contains(&s),
+                "{who} {s} recovered through git in a named sandbox:\n{}\n{}",
+                o.stdout,
+                o.stderr
+            );
+        }
+        assert!(o.stdout.contains("aisb: withheld: .env"), "{who}\n{}", o.stdout);
+        o.expect("commit", "ok");
+        o.expect("origin_last", "host");
+        let c = o.value("crafted").unwrap_or_default().to_string();
+        assert_eq!(c.len(), 40, "{who} {}\n{}", o.stdout, o.stderr);
+        // The commit made inside reached the host whole; the crafted one did not.
+        assert_eq!(
+            p.git(&["log", "-1", "--format=%s", "sandbox-s1/main"]).stdout.trim(),
+            "inside",
+            "{who} {}",
+            o.stderr
+        );
+        assert_ne!(
+            p.git(&["cat-file", "-e", &c]).code,
+            0,
+            "{who} the commit naming a right guess of withheld content reached the host: its sync resolved the sandbox's delta against the real blob\n{}",
+            o.stderr
+        );
+        assert_eq!(p.git(&["fsck", "--no-dangling"]).code, 0, "{who}");
+
+        // The test of the tests: without the store, the same digging finds them.
+        let mut cmd = p.named_cmd(backend, "s2", &dig);
+        cmd.env("AISB_TEST_BREAK_ISOLATION", "git-objects");
+        let o = Out::from(cmd.output().unwrap());
+        for secret in ["THIRD", "OLD", "PEM", "STAGED"] {
+            assert!(
+                o.stdout.contains(&format!("sk-live-{secret}")),
+                "{who} the digging does not find sk-live-{secret} even without the store:\n{}\n{}",
+                o.stdout,
+                o.stderr
+            );
+        }
+    }
+}
+
+as_root_and_a_user!(masked_content_is_not_in_the_git_objects_of_a_named_sandbox_as_root, masked_content_is_not_in_the_git_objects_of_a_named_sandbox_as_a_user => named_history);

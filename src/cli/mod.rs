@@ -445,6 +445,7 @@ pub fn run_plan(
         s.clone.clone(),
         s.name.clone(),
         s.state.clone(),
+        s.history.clone(),
     );
     // The sandbox: the init with a placeholder workload, on a thread of its own. SIGTERM and
     // SIGHUP are blocked here first, so they reach that thread, which passes them on to the

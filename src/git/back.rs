@@ -408,7 +408,7 @@ fn sandbox_head(upper: &Path) -> Option<Head> {
     is_object_name(s).then(|| Head::Detached(s.to_string()))
 }
 
-fn is_object_name(s: &str) -> bool {
+pub fn is_object_name(s: &str) -> bool {
     (s.len() == 40 || s.len() == 64)
         && s.bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
@@ -502,35 +502,13 @@ fn fetch_back(
     run: &str,
     t: &Path,
 ) -> Result<Vec<(String, String)>, BackError> {
-    let init = super::overridden()
-        .env_remove("GIT_DIR")
-        .env_remove("GIT_WORK_TREE")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .args(["init", "--bare", "--quiet", "--template="])
-        .arg(t)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(io("running git init"))?;
-    if !init.status.success() {
-        return Err(BackError::Git {
-            what: "init".into(),
-            stderr: String::from_utf8_lossy(&init.stderr).trim().into(),
-        });
-    }
-    let objects = t.join("objects");
-    std::fs::create_dir_all(objects.join("info")).map_err(io("making the objects' info"))?;
     let host_objects = layer.host_git.join("objects");
-    let alternate = layer.base.as_ref().unwrap_or(&host_objects);
-    {
-        use std::os::unix::ffi::OsStrExt;
-        let mut alt = alternate.as_os_str().as_bytes().to_vec();
-        alt.push(b'\n');
-        std::fs::write(objects.join("info/alternates"), alt).map_err(io("writing alternates"))?;
-    }
-    copy_objects(&layer.upper.join("objects"), &objects)?;
-    if layer.base.is_some() {
-        rehash_packs(t)?;
-    }
+    scratch_repo(
+        t,
+        layer.base.as_ref().unwrap_or(&host_objects),
+        &layer.upper.join("objects"),
+        layer.base.is_some(),
+    )?;
     // Only refs whose object the repository now has: a ref to a missing object would stop
     // the whole fetch.
     let mut wanted: Vec<(String, String)> =
@@ -600,6 +578,46 @@ fn fetch_back(
     Ok(got)
 }
 
+/// aisb's own bare repository `t`, whose alternate is `alternate`, holding the object files
+/// a sandbox wrote under `objects` (linked or copied, bounded, no link followed); with
+/// `rehash`, its packs are unpacked object by object against `alternate` (see
+/// [`rehash_packs`]), so nothing the sandbox wrote is resolved against objects it never saw.
+pub fn scratch_repo(
+    t: &Path,
+    alternate: &Path,
+    objects: &Path,
+    rehash: bool,
+) -> Result<(), BackError> {
+    let init = super::overridden()
+        .env_remove("GIT_DIR")
+        .env_remove("GIT_WORK_TREE")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .args(["init", "--bare", "--quiet", "--template="])
+        .arg(t)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(io("running git init"))?;
+    if !init.status.success() {
+        return Err(BackError::Git {
+            what: "init".into(),
+            stderr: String::from_utf8_lossy(&init.stderr).trim().into(),
+        });
+    }
+    let own = t.join("objects");
+    std::fs::create_dir_all(own.join("info")).map_err(io("making the objects' info"))?;
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let mut alt = alternate.as_os_str().as_bytes().to_vec();
+        alt.push(b'\n');
+        std::fs::write(own.join("info/alternates"), alt).map_err(io("writing alternates"))?;
+    }
+    copy_objects(objects, &own)?;
+    if rehash {
+        rehash_packs(t);
+    }
+    Ok(())
+}
+
 /// At most this many refs are fetched one by one after a fetch of all of them failed.
 const MAX_SINGLE_FETCHES: usize = 64;
 
@@ -645,11 +663,14 @@ fn fetch_refs(layer: &Layer, t: &Path, specs: &[String]) -> Result<(), BackError
 /// Unpack each of the sandbox's packs in `t` (aisb's repository, whose alternate is the store
 /// the sandbox saw) with `git unpack-objects --strict`, then drop it: every object is re-hashed
 /// from its content, a delta resolved against the store's objects (a withheld blob's
-/// placeholder, never its content), and one with a missing link is not written.
-fn rehash_packs(t: &Path) -> Result<(), BackError> {
+/// placeholder, never its content), and one with a missing link is not written. A pack git
+/// refuses (a delta that does not apply to what the sandbox saw) is dropped and said; what
+/// other packs and loose objects hold still comes back, and a ref that needed the dropped
+/// objects is refused by the fetch.
+fn rehash_packs(t: &Path) {
     let dir = t.join("objects/pack");
     let Ok(entries) = std::fs::read_dir(&dir) else {
-        return Ok(());
+        return;
     };
     let packs: Vec<PathBuf> = entries
         .flatten()
@@ -662,29 +683,33 @@ fn rehash_packs(t: &Path) -> Result<(), BackError> {
             "unpacking-{}",
             pack.file_name().unwrap_or_default().to_string_lossy()
         ));
-        std::fs::rename(&pack, &aside).map_err(io("moving a pack aside"))?;
         let _ = std::fs::remove_file(pack.with_extension("idx"));
-        let input = std::fs::File::open(&aside).map_err(io("opening a pack"))?;
-        let out = super::command(t, None)
-            .args(["unpack-objects", "-q", "--strict"])
-            .stdin(input)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .output()
-            .map_err(io("running git unpack-objects"))?;
+        let moved = std::fs::rename(&pack, &aside);
+        let out = moved.and_then(|()| {
+            let input = std::fs::File::open(&aside)?;
+            super::command(t, None)
+                .args(["unpack-objects", "-q", "--strict"])
+                .stdin(input)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .output()
+        });
         let _ = std::fs::remove_file(&aside);
-        if !out.status.success() {
-            return Err(BackError::Git {
-                what: "unpack-objects of the sandbox's pack".into(),
-                stderr: String::from_utf8_lossy(&out.stderr)
-                    .lines()
-                    .take(3)
-                    .collect::<Vec<_>>()
-                    .join(" / "),
-            });
-        }
+        let _ = std::fs::remove_file(&pack);
+        let why = match out {
+            Ok(o) if o.status.success() => continue,
+            Ok(o) => String::from_utf8_lossy(&o.stderr)
+                .lines()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" / "),
+            Err(e) => e.to_string(),
+        };
+        eprintln!(
+            "aisb: a pack the sandbox wrote was not brought back (git refused it against the objects the sandbox saw): {}",
+            crate::vocab::shorten(&why)
+        );
     }
-    Ok(())
 }
 
 /// At most this many entries are read from one directory of the sandbox's objects (kept or

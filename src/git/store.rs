@@ -304,6 +304,49 @@ pub fn empty(state_dir: &Path, host_git: &Path) -> Result<Store, StoreError> {
     .ok_or_else(|| io("holding the empty store")(std::io::ErrorKind::NotFound.into()))
 }
 
+/// Make `view` (a directory of aisb's, bound read-only as a git directory's `objects/` inside
+/// a sandbox that lives longer than one store version: a named sandbox) hold what `store`
+/// holds: its files hard-linked in (packs before their indexes, so git inside never finds an
+/// index without its pack), then what the store no longer has removed (indexes first). Packs
+/// are named by their content, so a name already there is the same file. Nothing is followed
+/// through a link; `view` is aisb's own.
+pub fn mirror(store: &Store, view: &Path) -> Result<(), StoreError> {
+    let from = store.layer.join("objects");
+    let pack = view.join("pack");
+    std::fs::create_dir_all(&pack).map_err(io(format!("making {}", pack.display())))?;
+    let listed = |dir: &Path| -> Result<Vec<std::ffi::OsString>, StoreError> {
+        let mut names: Vec<_> = std::fs::read_dir(dir)
+            .map_err(io(format!("reading {}", dir.display())))?
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+            .map(|e| e.file_name())
+            .take(10_000)
+            .collect();
+        // `.idx` after `.pack` when adding; the reverse when removing.
+        names.sort_by_key(|n| n.to_string_lossy().ends_with(".idx"));
+        Ok(names)
+    };
+    let wanted = listed(&from.join("pack"))?;
+    for name in &wanted {
+        let dest = pack.join(name);
+        if std::fs::symlink_metadata(&dest).is_ok() {
+            continue;
+        }
+        let tmp = pack.join(format!(".linking-{}", name.to_string_lossy()));
+        let _ = std::fs::remove_file(&tmp);
+        std::fs::hard_link(from.join("pack").join(name), &tmp)
+            .or_else(|_| std::fs::copy(from.join("pack").join(name), &tmp).map(|_| ()))
+            .map_err(io(format!("linking {}", dest.display())))?;
+        std::fs::rename(&tmp, &dest).map_err(io(format!("placing {}", dest.display())))?;
+    }
+    let mut old = listed(&pack)?;
+    old.reverse();
+    for name in old.iter().filter(|n| !wanted.contains(n)) {
+        let _ = std::fs::remove_file(pack.join(name));
+    }
+    Ok(())
+}
+
 /// The version `record` names, locked shared for the run; `None` when it has none or it is
 /// gone.
 fn hold(dir: &Path, record: &Record) -> Result<Option<Store>, StoreError> {

@@ -237,6 +237,8 @@ pub struct Session {
     pub state: PathBuf,
     pub clone: PathBuf,
     pub repo: PathBuf,
+    /// The repository's objects seen inside without masked content; `None`: as they are.
+    pub history: Option<History>,
     pub _lock: Lock,
 }
 
@@ -349,8 +351,12 @@ pub fn prepare(plan: &mut Plan, name: &str) -> Result<Session, SessionError> {
         &mut plan.mounts,
     );
     // Untracked files of the repository never enter the clone, so nothing the host writes
-    // there later can appear inside: no live mask layer to run.
-    plan.live = None;
+    // there later can appear inside: no live mask layer to run. Its rules still say what of
+    // the repository's history the sandbox may not read.
+    let history = plan
+        .live
+        .take()
+        .and_then(|rules| objects_view(plan, &repo, &origin, name, rules));
     // Masks are paths in the repository; the clone has only what is committed.
     plan.masks.retain(|m| match m.path.strip_prefix(&repo) {
         Ok(rel) => fs::symlink_metadata(clone.join(rel)).is_ok(),
@@ -382,8 +388,98 @@ pub fn prepare(plan: &mut Plan, name: &str) -> Result<Session, SessionError> {
         state,
         clone,
         repo,
+        history,
         _lock: lock,
     })
+}
+
+/// Under a sandbox's state: the repository's objects as the sandbox sees them.
+pub const OBJECTS_VIEW: &str = "git-objects";
+
+/// What of the repository's history a named sandbox may read (issue 30 item 4): its objects
+/// without the content of masked files, from the store (`git::store`), kept in a directory of
+/// aisb's that is bound read-only over the repository's `objects/` inside (where the clone's
+/// alternates point) and brought up to date while the session runs.
+#[derive(Debug, Clone)]
+pub struct History {
+    pub rules: crate::eval::plan::LiveRules,
+    pub view: PathBuf,
+}
+
+impl History {
+    /// The store brought up to date with the repository and mirrored into the view. Where
+    /// that fails the view stays as it was: objects new on the host are missing inside,
+    /// nothing withheld appears.
+    pub fn refresh(&self, state: &Path, repo: &Path) {
+        if let Ok(Some(store)) =
+            crate::git::store::prepare(state, &repo.join(".git"), repo, &self.rules)
+        {
+            let _ = crate::git::store::mirror(&store, &self.view);
+        }
+    }
+}
+
+/// The view of the repository's objects for a sandbox of `plan` (its mount added), or `None`
+/// when nothing in the history is masked (the repository's objects are seen as they are).
+/// A store that cannot be built leaves the view empty: git inside sees no history rather than
+/// the masked content.
+fn objects_view(
+    plan: &mut Plan,
+    repo: &Path,
+    origin: &Path,
+    name: &str,
+    rules: crate::eval::plan::LiveRules,
+) -> Option<History> {
+    let state = plan.state_dir.clone();
+    let view = state.join(OBJECTS_VIEW);
+    if !fs::symlink_metadata(repo.join(".git")).is_ok_and(|m| m.is_dir()) {
+        return None;
+    }
+    if std::env::var(crate::eval::BREAK_ISOLATION_ENV).as_deref() == Ok("git-objects") {
+        eprintln!(
+            "aisb: WARNING: {}=git-objects: the content of masked files stays in this sandbox's git objects (a test of the tests)",
+            crate::eval::BREAK_ISOLATION_ENV
+        );
+        let _ = crate::beneath::remove_tree(&view);
+        return None;
+    }
+    let history = History { rules, view };
+    let made = crate::git::store::prepare(&state, &repo.join(".git"), repo, &history.rules)
+        .map_err(|e| e.to_string())
+        .and_then(|store| match store {
+            Some(store) => crate::git::store::mirror(&store, &history.view)
+                .map(|()| true)
+                .map_err(|e| e.to_string()),
+            None => Ok(false),
+        });
+    match made {
+        Ok(false) => {
+            let _ = crate::beneath::remove_tree(&history.view);
+            return None;
+        }
+        Ok(true) => {}
+        Err(e) => {
+            eprintln!(
+                "aisb: WARNING: git in sandbox `{name}` sees none of the repository's history: its objects without the content of masked files could not be prepared: {e}"
+            );
+            let _ = crate::beneath::remove_tree(&history.view);
+            if let Err(e) = fs::create_dir_all(history.view.join("pack")) {
+                eprintln!(
+                    "aisb: WARNING: the content of masked files stays readable through git in sandbox `{name}`: {e}"
+                );
+                return None;
+            }
+        }
+    }
+    plan.mounts.push(Mount {
+        target: origin.join(".git/objects"),
+        kind: MountKind::Bind {
+            source: history.view.clone(),
+            writable: false,
+        },
+        why: format!("sandbox `{name}`: the repository's objects without the content of masked files"),
+    });
+    Some(history)
 }
 
 /// Seed 001's `.claude/settings.local.json`, in the clone (the agent's working tree, never the

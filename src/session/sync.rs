@@ -16,11 +16,19 @@ use super::{git, SessionError};
 /// `git fetch sandbox-NAME` into `refs/remotes/sandbox-NAME/*` of the repository.
 /// The upload-pack on the clone's side is told the clone's git directory is its own common
 /// directory (git clears the caller's GIT_* variables for it), and a `commondir` the sandbox
-/// planted is moved aside first.
+/// planted is moved aside first. When the sandbox sees the repository's objects without
+/// masked content (a view, see [`super::History`]), what it wrote is fetched from aisb's own
+/// repository instead, every object re-hashed against that view: a delta it crafted on a
+/// withheld blob is never resolved against the real one (the fetch's success would tell it
+/// whether a guess of the content was right).
 pub fn fetch_into_repo(repo: &Path, name: &str, state: &Path) -> Result<(), SessionError> {
     let clone = state.join("clone");
     super::disarm_clone(&clone, state);
     let refspec = format!("+refs/heads/*:refs/remotes/sandbox-{name}/*");
+    let view = state.join(super::OBJECTS_VIEW);
+    if std::fs::symlink_metadata(view.join("pack")).is_ok_and(|m| m.is_dir()) {
+        return fetch_rehashed(repo, &clone, &view, &refspec, state);
+    }
     let upload_pack = format!(
         "GIT_COMMON_DIR={} git-upload-pack",
         shell_quote(&clone.join(".git").to_string_lossy())
@@ -40,6 +48,89 @@ pub fn fetch_into_repo(repo: &Path, name: &str, state: &Path) -> Result<(), Sess
         state,
     )
     .map(|_| ())
+}
+
+/// At most this many of the clone's branches are fetched one by one when fetching them all
+/// failed (one needs an object that did not come through).
+const MAX_SINGLE_FETCHES: usize = 64;
+
+/// The clone's branches fetched through aisb's repository `<state>/sync`, whose alternate is
+/// `view` and which holds the clone's own objects re-hashed.
+fn fetch_rehashed(
+    repo: &Path,
+    clone: &Path,
+    view: &Path,
+    refspec: &str,
+    state: &Path,
+) -> Result<(), SessionError> {
+    let t = state.join("sync");
+    let _ = crate::beneath::remove_tree(&t);
+    let failed = |e: crate::git::back::BackError| SessionError::Git {
+        args: "fetch from the sandbox's clone".into(),
+        stderr: e.to_string(),
+        state: state.to_path_buf(),
+    };
+    crate::git::back::scratch_repo(&t, view, &clone.join(".git/objects"), true).map_err(failed)?;
+    // The clone's branches, as git in the clone reads them (aisb's reduced trust), kept only
+    // when their names and objects are well formed.
+    let listed = git(
+        clone,
+        &["for-each-ref", "--format=%(objectname) %(refname)", "refs/heads/"],
+        state,
+    )?;
+    let mut packed = String::new();
+    let mut names = Vec::new();
+    for line in listed.lines().take(10_000) {
+        let Some((oid, name)) = line.split_once(' ') else {
+            continue;
+        };
+        if crate::git::back::is_object_name(oid) && crate::git::back::valid_ref_name(name) {
+            packed.push_str(&format!("{oid} {name}\n"));
+            names.push(name.to_string());
+        }
+    }
+    std::fs::write(t.join("packed-refs"), packed)
+        .map_err(super::io(format!("writing {}", t.join("packed-refs").display())))?;
+    let t_s = t.to_string_lossy().into_owned();
+    let fetch = |specs: &[&str], prune: bool| {
+        let mut args = vec![
+            "-c",
+            "fetch.fsckObjects=true",
+            "fetch",
+            "--quiet",
+            "--no-tags",
+            "--no-write-fetch-head",
+            "--no-recurse-submodules",
+        ];
+        if prune {
+            args.push("--prune");
+        }
+        args.push(&t_s);
+        args.extend(specs);
+        git(repo, &args, state)
+    };
+    let result = match fetch(&[refspec], true) {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            // Branch by branch, so that one the repository cannot take keeps no other out.
+            let prefix = refspec
+                .split_once(':')
+                .map(|(_, to)| to.trim_end_matches('*'))
+                .unwrap_or_default()
+                .to_string();
+            let mut any = false;
+            for n in names.iter().take(MAX_SINGLE_FETCHES) {
+                let spec = format!(
+                    "+{n}:{prefix}{}",
+                    n.strip_prefix("refs/heads/").unwrap_or(n)
+                );
+                any |= fetch(&[&spec], false).is_ok();
+            }
+            if any { Ok(()) } else { Err(e) }
+        }
+    };
+    let _ = crate::beneath::remove_tree(&t);
+    result
 }
 
 fn shell_quote(s: &str) -> String {
@@ -108,7 +199,13 @@ impl Drop for Watcher {
     }
 }
 
-pub fn watch(repo: PathBuf, clone: PathBuf, name: String, state: PathBuf) -> Watcher {
+pub fn watch(
+    repo: PathBuf,
+    clone: PathBuf,
+    name: String,
+    state: PathBuf,
+    history: Option<super::History>,
+) -> Watcher {
     let (stop, stopped) = channel::<()>();
     let thread = std::thread::spawn(move || {
         let (repo_git, clone_git) = (repo.join(".git"), clone.join(".git"));
@@ -120,11 +217,16 @@ pub fn watch(repo: PathBuf, clone: PathBuf, name: String, state: PathBuf) -> Wat
                 let _ = fetch_into_repo(&repo, &name, &state);
             }
             if now.0 != seen.0 {
+                // What the sandbox sees of the repository's objects first, then its refs.
+                if let Some(h) = &history {
+                    h.refresh(&state, &repo);
+                }
                 let _ = fetch_into_clone(&clone, &state);
             }
-            // The fetches changed the stamps they wrote; read them again so they are not
-            // taken for new work on the next round.
-            seen = (stamp(&repo_git), stamp(&clone_git));
+            // The stamps from before the fetches: a change made while they ran (the host
+            // committing during a slow fetch) is seen on the next round. A change the fetches
+            // made themselves costs one fetch more, which finds nothing new.
+            seen = now;
         }
         // A last fetch, so work committed just before the end is on the host.
         let _ = fetch_into_repo(&repo, &name, &state);
