@@ -2,7 +2,8 @@
 //! `http.<url>.extraheader` (what `actions/checkout` persists), any `credential.*` setting and
 //! an include of a host file never reach the sandbox through `.git/config`, read-only or
 //! writable project alike; git-crypt's key directory is masked. Git inside still reads the
-//! remotes and branches. Both backends, as root and as an ordinary user.
+//! remotes and branches. `aisb test` checks the same, and that a committed `.env` is not read
+//! through git. Both backends, as root and as an ordinary user.
 
 mod support;
 
@@ -16,7 +17,7 @@ const CONFIG: &str = "[core]\n\trepositoryformatversion = 0\n\tbare = false\n\
 \tfetch = +refs/heads/*:refs/remotes/origin/*\n\
 [http \"https://github.com/\"]\n\textraheader = AUTHORIZATION: basic SECRET2\n\
 [credential]\n\thelper = store --file /root/SECRET3\n\
-[include]\n\tpath = /root/SECRET4.inc\n\
+[include]\n\tpath = /nonexistent-aisb/SECRET4.inc\n\
 [branch \"main\"]\n\tremote = origin\n\tmerge = refs/heads/main\n";
 
 fn case(user: Option<(u32, u32)>) {
@@ -32,6 +33,7 @@ fn case(user: Option<(u32, u32)>) {
             std::fs::create_dir_all(&proj).unwrap();
             support::git_in(&proj, &["init", "-q", "-b", "main"]);
             std::fs::write(proj.join("README"), "hi\n").unwrap();
+            std::fs::write(proj.join(".env"), "TOKEN=sk-live-COMMITTED\n").unwrap();
             if access == "ro" {
                 std::fs::write(proj.join("sandbox.kdl"), "project \".\" access=\"ro\"\n").unwrap();
             }
@@ -94,19 +96,31 @@ fn case(user: Option<(u32, u32)>) {
                 std::os::unix::process::CommandExt::uid(&mut cmd, uid);
                 std::os::unix::process::CommandExt::gid(&mut cmd, gid);
             }
-            let t = Out::from(cmd.output().unwrap());
-            let checks: Vec<serde_json::Value> = serde_json::from_str(&t.stdout)
-                .unwrap_or_else(|e| panic!("{who} {e}: {}\n{}", t.stdout, t.stderr));
+            let checks = |cmd: &mut Command| -> Vec<serde_json::Value> {
+                let t = Out::from(cmd.output().unwrap());
+                serde_json::from_str(&t.stdout)
+                    .unwrap_or_else(|e| panic!("{who} {e}: {}\n{}", t.stdout, t.stderr))
+            };
+            let found = checks(&mut cmd);
+            let check = |checks: &[serde_json::Value], start: &str| -> serde_json::Value {
+                checks
+                    .iter()
+                    .find(|c| c["check"].as_str().is_some_and(|n| n.starts_with(start)))
+                    .unwrap_or_else(|| panic!("{who} no check {start:?}: {checks:#?}"))
+                    .clone()
+            };
             for name in [
                 "read a credential in the project's git configuration",
                 "list git-crypt's keys",
+                "read the content of .env through git",
             ] {
-                let c = checks
-                    .iter()
-                    .find(|c| c["check"] == name)
-                    .unwrap_or_else(|| panic!("{who} no check {name:?}: {checks:#?}"));
+                let c = check(&found, name);
                 assert_eq!(c["ok"], true, "{who} {c:#}");
             }
+            // The test of the check: with the store off, the committed `.env` is read.
+            cmd.env("AISB_TEST_BREAK_ISOLATION", "git-objects");
+            let c = check(&checks(&mut cmd), "read the content of .env through git");
+            assert_eq!(c["ok"], false, "{who} {c:#}");
             // The host's file is untouched.
             assert_eq!(
                 std::fs::read_to_string(proj.join(".git/config")).unwrap(),

@@ -285,6 +285,24 @@ fn script(plan: &Plan, max_masks: usize) -> (String, Vec<(String, String, bool)>
             "list git-crypt's keys".into(),
             true,
         ));
+        // No masked content through git inside (issue 30 item 4): the blob of each masked
+        // file the index tracks is read by its name; it must read as aisb's placeholder.
+        for (i, (rel, oid)) in masked_blobs(plan, max_masks).iter().enumerate() {
+            let key = format!("git_masked{i}");
+            s.push_str(&format!(
+                "t {key} sh -c {}\n",
+                q(&format!(
+                    "out=$(git -C {p} cat-file blob {oid} 2>/dev/null | head -c 14); \
+                     test -n \"$out\" && test \"$out\" != {}",
+                    q("aisb: withheld")
+                ))
+            ));
+            checks.push((
+                key,
+                format!("read the content of {rel} through git (blob {oid})"),
+                true,
+            ));
+        }
     }
     if plan.read_only {
         let p = q(&plan.project.to_string_lossy());
@@ -374,6 +392,36 @@ fn script(plan: &Plan, max_masks: usize) -> (String, Vec<(String, String, bool)>
         true,
     ));
     (s, checks)
+}
+
+/// The masked files the project's index tracks, with their blobs: at most `max` (and 20),
+/// read by aisb's git with reduced trust.
+fn masked_blobs(plan: &Plan, max: usize) -> Vec<(String, String)> {
+    use crate::git::store::Rules;
+    let Some(rules) = plan.live.as_ref() else {
+        return Vec::new();
+    };
+    let Ok(out) = crate::git::for_work_tree(&plan.project)
+        .args(["ls-files", "-s", "-z"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+    else {
+        return Vec::new();
+    };
+    out.stdout
+        .split(|b| *b == 0)
+        .filter_map(|entry| {
+            // `MODE OID STAGE\tPATH`
+            let tab = entry.iter().position(|b| *b == b'\t')?;
+            let (head, path) = (&entry[..tab], &entry[tab + 1..]);
+            let oid = std::str::from_utf8(head).ok()?.split(' ').nth(1)?;
+            (head.starts_with(b"100") && rules.masked(path).is_some())
+                .then(|| (String::from_utf8_lossy(path).into_owned(), oid.to_string()))
+        })
+        .filter(|(_, oid)| crate::git::back::is_object_name(oid))
+        .take(max.min(20))
+        .collect()
 }
 
 pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
