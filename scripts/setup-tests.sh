@@ -36,6 +36,9 @@ command -v npm >/dev/null 2>&1 || need="$need nodejs npm"
 /usr/bin/python3 -c 'import jsonschema' 2>/dev/null || need="$need python3-jsonschema"
 command -v nvim >/dev/null 2>&1 || need="$need neovim"
 /usr/bin/python3 -c 'import ensurepip' 2>/dev/null || need="$need python3-venv"
+# git-crypt and git-lfs: real repository shapes work inside (tests/git_private.rs).
+command -v git-crypt >/dev/null 2>&1 || need="$need git-crypt"
+command -v git-lfs >/dev/null 2>&1 || need="$need git-lfs"
 if [ -n "$need" ]; then
     if [ "$(id -u)" -eq 0 ]; then sudo=""; elif command -v sudo >/dev/null 2>&1; then sudo="sudo"; else
         echo "setup-tests: missing:$need — install them (as root: apt-get install$need)" >&2; exit 1

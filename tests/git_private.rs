@@ -1041,7 +1041,10 @@ fn named_history(user: Option<(u32, u32)>) {
             if let Ok(Some(status)) = child.try_wait() {
                 panic!("{who} the session ended ({status}) before it was ready");
             }
-            assert!(Instant::now() < deadline, "{who} the session was not ready in 90 s");
+            assert!(
+                Instant::now() < deadline,
+                "{who} the session was not ready in 90 s"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         std::fs::write(proj.join(".env"), "TOKEN=sk-live-THIRD\n").unwrap();
@@ -1057,14 +1060,20 @@ fn named_history(user: Option<(u32, u32)>) {
                 o.stderr
             );
         }
-        assert!(o.stdout.contains("aisb: withheld: .env"), "{who}\n{}", o.stdout);
+        assert!(
+            o.stdout.contains("aisb: withheld: .env"),
+            "{who}\n{}",
+            o.stdout
+        );
         o.expect("commit", "ok");
         o.expect("origin_last", "host");
         let c = o.value("crafted").unwrap_or_default().to_string();
         assert_eq!(c.len(), 40, "{who} {}\n{}", o.stdout, o.stderr);
         // The commit made inside reached the host whole; the crafted one did not.
         assert_eq!(
-            p.git(&["log", "-1", "--format=%s", "sandbox-s1/main"]).stdout.trim(),
+            p.git(&["log", "-1", "--format=%s", "sandbox-s1/main"])
+                .stdout
+                .trim(),
             "inside",
             "{who} {}",
             o.stderr
@@ -1093,3 +1102,191 @@ fn named_history(user: Option<(u32, u32)>) {
 }
 
 as_root_and_a_user!(masked_content_is_not_in_the_git_objects_of_a_named_sandbox_as_root, masked_content_is_not_in_the_git_objects_of_a_named_sandbox_as_a_user => named_history);
+
+/// Real repository shapes work inside (issue 30): a submodule, husky's hooks path, git-crypt unlocked and locked, Git LFS, a shallow clone. In each, `git status`,
+/// `add` and `commit` work inside and the commit reaches the host; what each shape keeps
+/// private (git-crypt's plaintext) stays so.
+fn shapes(user: Option<(u32, u32)>) {
+    const COMMIT: &str = "git status --porcelain >/dev/null && echo status=ok\n\
+        echo more >> README && git add README && \
+        git -c user.name=a -c user.email=a@a commit -qm inside && echo commit=ok\n\
+        echo log=$(git log -1 --format=%s)\n";
+    let base = tempfile::tempdir().unwrap();
+    for backend in BACKENDS {
+        for shape in [
+            "submodule",
+            "husky",
+            "git-crypt",
+            "git-crypt-locked",
+            "lfs",
+            "shallow",
+        ] {
+            let who = format!("{} {shape}", who(backend, user));
+            let p = Project::new(user);
+            let proj = p.proj();
+            // Made as root (git refuses a repository another user owns), handed over below.
+            support::chown_r(&proj, 0, 0);
+            let host = support::git_in;
+            let run_in = proj.clone();
+            let extra: String = match shape {
+                "submodule" => {
+                    let sub = p.dir.path().join("subsrc");
+                    std::fs::create_dir_all(&sub).unwrap();
+                    support::git_in(&sub, &["init", "-q", "-b", "main"]);
+                    std::fs::write(sub.join("f"), "in-sub\n").unwrap();
+                    support::commit_all(&sub, "sub");
+                    host(
+                        &proj,
+                        &[
+                            "-c",
+                            "protocol.file.allow=always",
+                            "submodule",
+                            "add",
+                            "-q",
+                            &sub.to_string_lossy(),
+                            "sub",
+                        ],
+                    );
+                    support::commit_all(&proj, "with sub");
+                    "git submodule status >/dev/null && echo sub=ok\n\
+                             echo subfile=$(cat sub/f)\necho sublog=$(git -C sub log -1 --format=%s)\n".into()
+                }
+                "husky" => {
+                    std::fs::create_dir_all(proj.join(".husky")).unwrap();
+                    std::fs::write(
+                        proj.join(".husky/pre-commit"),
+                        "#!/bin/sh\necho ran > /tmp/husky-ran\n",
+                    )
+                    .unwrap();
+                    std::process::Command::new("chmod")
+                        .arg("755")
+                        .arg(proj.join(".husky/pre-commit"))
+                        .status()
+                        .unwrap();
+                    host(&proj, &["config", "core.hooksPath", ".husky"]);
+                    support::commit_all(&proj, "husky");
+                    "echo hook=$(cat /tmp/husky-ran 2>/dev/null)\n".into()
+                }
+                "git-crypt" | "git-crypt-locked" => {
+                    let o = std::process::Command::new("git-crypt")
+                        .arg("init")
+                        .current_dir(&proj)
+                        .output()
+                        .unwrap();
+                    assert!(
+                        o.status.success(),
+                        "{who} git-crypt init: {}",
+                        String::from_utf8_lossy(&o.stderr)
+                    );
+                    std::fs::write(
+                        proj.join(".gitattributes"),
+                        "vault/** filter=git-crypt diff=git-crypt\n",
+                    )
+                    .unwrap();
+                    std::fs::create_dir_all(proj.join("vault")).unwrap();
+                    std::fs::write(proj.join("vault/key.txt"), "sk-live-CRYPT\n").unwrap();
+                    support::commit_all(&proj, "vault");
+                    if shape == "git-crypt-locked" {
+                        let o = std::process::Command::new("git-crypt")
+                            .arg("lock")
+                            .current_dir(&proj)
+                            .output()
+                            .unwrap();
+                        assert!(
+                            o.status.success(),
+                            "{who} git-crypt lock: {}",
+                            String::from_utf8_lossy(&o.stderr)
+                        );
+                    }
+                    "git show HEAD:vault/key.txt; git log -p | cat; cat vault/key.txt\n".into()
+                }
+                "lfs" => {
+                    host(&proj, &["lfs", "install", "--local"]);
+                    std::fs::write(
+                        proj.join(".gitattributes"),
+                        "*.bin filter=lfs diff=lfs merge=lfs -text\n",
+                    )
+                    .unwrap();
+                    std::fs::write(proj.join("big.bin"), "large-content\n").unwrap();
+                    support::commit_all(&proj, "lfs");
+                    "echo big=$(cat big.bin)\necho pointer=$(git show HEAD:big.bin | head -1)\n\
+                             echo bin >> big.bin && git add big.bin && git -c user.name=a -c user.email=a@a commit -qm bin && echo lfs_commit=ok\n".into()
+                }
+                "shallow" => {
+                    let full = base
+                        .path()
+                        .join(format!("full-{backend}-{}", user.is_some()));
+                    std::fs::create_dir_all(&full).unwrap();
+                    support::git_in(&full, &["init", "-q", "-b", "main"]);
+                    std::fs::write(full.join(".env"), "TOKEN=sk-live-SHALLOW\n").unwrap();
+                    std::fs::write(full.join("README"), "one\n").unwrap();
+                    support::commit_all(&full, "one");
+                    std::fs::write(full.join("README"), "two\n").unwrap();
+                    support::commit_all(&full, "two");
+                    let _ = std::fs::remove_dir_all(&proj);
+                    let o = std::process::Command::new("git")
+                        .args(["clone", "-q", "--depth", "1"])
+                        .arg(format!("file://{}", full.display()))
+                        .arg(&proj)
+                        .output()
+                        .unwrap();
+                    assert!(
+                        o.status.success(),
+                        "{who} clone: {}",
+                        String::from_utf8_lossy(&o.stderr)
+                    );
+                    "echo depth=$(git log --oneline | wc -l)\ngit show HEAD:.env\n".into()
+                }
+                _ => unreachable!(),
+            };
+            if let Some((uid, gid)) = user {
+                support::chown_r(p.dir.path(), uid, gid);
+            }
+            let mut cmd = p.run_cmd(backend, &format!("{COMMIT}{extra}\ntrue"));
+            cmd.current_dir(&run_in);
+            let o = Out::from(cmd.output().unwrap());
+            assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
+            o.expect("status", "ok");
+            o.expect("commit", "ok");
+            o.expect("log", "inside");
+            let mut back = Command::new("git");
+            p.as_caller(&mut back);
+            back.current_dir(&run_in).args(["log", "-1", "--format=%s"]);
+            let back = Out::from(back.output().unwrap());
+            // (The LFS case commits once more, after `inside`.)
+            assert_eq!(
+                back.stdout.trim(),
+                if shape == "lfs" { "bin" } else { "inside" },
+                "{who} the commit did not reach the host: {}\n{}",
+                back.stderr,
+                o.stderr
+            );
+            match shape {
+                "submodule" => {
+                    o.expect("sub", "ok");
+                    o.expect("subfile", "in-sub");
+                    o.expect("sublog", "sub");
+                }
+                "husky" => o.expect("hook", "ran"),
+                "git-crypt" | "git-crypt-locked" => assert!(
+                    !o.stdout.contains("sk-live-CRYPT"),
+                    "{who} git-crypt's plaintext inside:\n{}",
+                    o.stdout
+                ),
+                "lfs" => {
+                    o.expect("big", "large-content");
+                    o.expect("pointer", "version https://git-lfs.github.com/spec/v1");
+                    o.expect("lfs_commit", "ok");
+                }
+                "shallow" => {
+                    // The clone's one commit and the one made inside.
+                    o.expect("depth", "2");
+                    assert!(!o.stdout.contains("sk-live-SHALLOW"), "{who}\n{}", o.stdout);
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+as_root_and_a_user!(real_repository_shapes_work_inside_as_root, real_repository_shapes_work_inside_as_a_user => shapes);

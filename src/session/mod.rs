@@ -477,7 +477,9 @@ fn objects_view(
             source: history.view.clone(),
             writable: false,
         },
-        why: format!("sandbox `{name}`: the repository's objects without the content of masked files"),
+        why: format!(
+            "sandbox `{name}`: the repository's objects without the content of masked files"
+        ),
     });
     Some(history)
 }

@@ -75,7 +75,11 @@ fn fetch_rehashed(
     // when their names and objects are well formed.
     let listed = git(
         clone,
-        &["for-each-ref", "--format=%(objectname) %(refname)", "refs/heads/"],
+        &[
+            "for-each-ref",
+            "--format=%(objectname) %(refname)",
+            "refs/heads/",
+        ],
         state,
     )?;
     let mut packed = String::new();
@@ -89,8 +93,10 @@ fn fetch_rehashed(
             names.push(name.to_string());
         }
     }
-    std::fs::write(t.join("packed-refs"), packed)
-        .map_err(super::io(format!("writing {}", t.join("packed-refs").display())))?;
+    std::fs::write(t.join("packed-refs"), packed).map_err(super::io(format!(
+        "writing {}",
+        t.join("packed-refs").display()
+    )))?;
     let t_s = t.to_string_lossy().into_owned();
     let fetch = |specs: &[&str], prune: bool| {
         let mut args = vec![
@@ -126,7 +132,11 @@ fn fetch_rehashed(
                 );
                 any |= fetch(&[&spec], false).is_ok();
             }
-            if any { Ok(()) } else { Err(e) }
+            if any {
+                Ok(())
+            } else {
+                Err(e)
+            }
         }
     };
     let _ = crate::beneath::remove_tree(&t);
