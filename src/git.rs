@@ -178,6 +178,47 @@ pub fn git_dir_of(root: &Path) -> Option<PathBuf> {
     None
 }
 
+/// A linked work tree (`git worktree add`): its own git directory (`HEAD`, index, logs) and
+/// the repository's common one (objects, refs, configuration), which holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkedWorktree {
+    /// `<common>/worktrees/<name>`.
+    pub admin: PathBuf,
+    pub common: PathBuf,
+}
+
+impl LinkedWorktree {
+    /// The admin directory's path under the common directory (`worktrees/<name>`).
+    pub fn rel(&self) -> PathBuf {
+        self.admin
+            .strip_prefix(&self.common)
+            .map(Path::to_path_buf)
+            .unwrap_or_default()
+    }
+}
+
+/// The work tree `root` as a linked work tree of a repository, found without running git:
+/// its `.git` file names `<common>/worktrees/<name>` outside `root`, whose `commondir` names
+/// `<common>` and whose `gitdir` names `root/.git` back (so a `.git` file cannot borrow some
+/// other repository's work tree: only git writes those two files). `None` otherwise.
+pub fn linked_worktree(root: &Path) -> Option<LinkedWorktree> {
+    let dot = root.join(".git");
+    if !std::fs::symlink_metadata(&dot).ok()?.is_file() {
+        return None;
+    }
+    let admin = gitfile_target(&dot, root)?;
+    if admin.starts_with(root) {
+        return None;
+    }
+    let common = gitfile_like(&admin.join("commondir"), &admin)?;
+    let is_dir = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
+    if admin.parent() != Some(&common.join("worktrees")) || !is_dir(&admin) || !is_dir(&common) {
+        return None;
+    }
+    let back = gitfile_like(&admin.join("gitdir"), &admin)?;
+    (back == dot).then_some(LinkedWorktree { admin, common })
+}
+
 /// The directory a `.git` file (`gitdir: PATH`) names, relative paths taken from `base`.
 fn gitfile_target(file: &Path, base: &Path) -> Option<PathBuf> {
     use std::io::Read;

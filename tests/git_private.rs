@@ -1103,7 +1103,8 @@ fn named_history(user: Option<(u32, u32)>) {
 
 as_root_and_a_user!(masked_content_is_not_in_the_git_objects_of_a_named_sandbox_as_root, masked_content_is_not_in_the_git_objects_of_a_named_sandbox_as_a_user => named_history);
 
-/// Real repository shapes work inside (issue 30): a submodule, husky's hooks path, git-crypt unlocked and locked, Git LFS, a shallow clone. In each, `git status`,
+/// Real repository shapes work inside (issue 30): a submodule, a linked work tree (its
+/// repository's git directory private to the run, its masked history withheld), husky's hooks path, git-crypt unlocked and locked, Git LFS, a shallow clone. In each, `git status`,
 /// `add` and `commit` work inside and the commit reaches the host; what each shape keeps
 /// private (git-crypt's plaintext) stays so.
 fn shapes(user: Option<(u32, u32)>) {
@@ -1115,6 +1116,7 @@ fn shapes(user: Option<(u32, u32)>) {
     for backend in BACKENDS {
         for shape in [
             "submodule",
+            "worktree",
             "husky",
             "git-crypt",
             "git-crypt-locked",
@@ -1127,8 +1129,28 @@ fn shapes(user: Option<(u32, u32)>) {
             // Made as root (git refuses a repository another user owns), handed over below.
             support::chown_r(&proj, 0, 0);
             let host = support::git_in;
-            let run_in = proj.clone();
+            let mut run_in = proj.clone();
             let extra: String = match shape {
+                "worktree" => {
+                    // The repository's history holds a secret; the work tree is linked.
+                    std::fs::write(proj.join(".env"), "TOKEN=sk-live-WORKTREE\n").unwrap();
+                    support::commit_all(&proj, "env");
+                    run_in = p.dir.path().join("wt");
+                    host(
+                        &proj,
+                        &[
+                            "worktree",
+                            "add",
+                            "-q",
+                            "-b",
+                            "wtb",
+                            &run_in.to_string_lossy(),
+                        ],
+                    );
+                    "echo branch=$(git branch --show-current)\ngit show HEAD:.env; git log -p --all | cat\n\
+                     echo other=$(ls -A \"$(git rev-parse --git-common-dir)/..\" | tr '\\n' ' ')\n"
+                        .into()
+                }
                 "submodule" => {
                     let sub = p.dir.path().join("subsrc");
                     std::fs::create_dir_all(&sub).unwrap();
@@ -1268,6 +1290,22 @@ fn shapes(user: Option<(u32, u32)>) {
                     o.expect("sublog", "sub");
                 }
                 "husky" => o.expect("hook", "ran"),
+                "worktree" => {
+                    o.expect("branch", "wtb");
+                    assert!(
+                        !o.stdout.contains("sk-live-WORKTREE"),
+                        "{who}\n{}",
+                        o.stdout
+                    );
+                    // The main work tree is not there: only its git directory.
+                    o.expect("other", ".git");
+                    // The main work tree's branch did not move.
+                    assert_eq!(
+                        p.git(&["log", "-1", "--format=%s", "main"]).stdout.trim(),
+                        "env",
+                        "{who}"
+                    );
+                }
                 "git-crypt" | "git-crypt-locked" => assert!(
                     !o.stdout.contains("sk-live-CRYPT"),
                     "{who} git-crypt's plaintext inside:\n{}",
@@ -1290,3 +1328,131 @@ fn shapes(user: Option<(u32, u32)>) {
 }
 
 as_root_and_a_user!(real_repository_shapes_work_inside_as_root, real_repository_shapes_work_inside_as_a_user => shapes);
+
+/// A linked work tree's run plants what the host's git would obey, in the work tree's own git
+/// directory (`commondir`, `config.worktree`, `gitdir`) and in the repository's common one
+/// (`config` and a hook, read-only inside; another work tree's directory, alternates), and
+/// commits. After the run
+/// the host's git, in the linked work tree and in the main one, runs nothing of it, every
+/// planted file was reported and none is on the host, and the commit came back.
+fn worktree_plants(user: Option<(u32, u32)>) {
+    for backend in BACKENDS {
+        let who = who(backend, user);
+        let p = Project::new(user);
+        let proj = p.proj();
+        support::chown_r(&proj, 0, 0);
+        let wt = p.dir.path().join("wt");
+        support::git_in(
+            &proj,
+            &["worktree", "add", "-q", "-b", "wtb", &wt.to_string_lossy()],
+        );
+        if let Some((uid, gid)) = user {
+            support::chown_r(p.dir.path(), uid, gid);
+        }
+        let script = format!(
+            r#"M={m}
+A=$(git rev-parse --absolute-git-dir); C=$(cd "$(git rev-parse --git-common-dir)" && pwd)
+echo x > inside.txt && git add inside.txt && git -c user.name=a -c user.email=a@a commit -qm inside && echo commit=ok
+printf '[core]\n\tfsmonitor = touch %s/config-worktree\n' "$M" > "$A/config.worktree"; echo config_worktree=$?
+printf '[core]\n\tfsmonitor = touch %s/config\n' "$M" >> "$C/config"; echo config=$?
+mkdir -p "$C/hooks" && printf '#!/bin/sh\ntouch %s/hook\n' "$M" > "$C/hooks/post-checkout" && chmod +x "$C/hooks/post-checkout"; echo hook=$?
+mkdir -p "$C/worktrees/other" && echo /tmp > "$C/worktrees/other/gitdir"; echo other=$?
+mkdir -p "$C/objects/info" && echo /tmp/evil/objects >> "$C/objects/info/alternates"; echo alternates=$?
+echo /tmp/elsewhere/.git > "$A/gitdir"; echo gitdir=$?
+echo ../../../evil > "$A/commondir"; echo commondir=$?
+"#,
+            m = p.marks().display()
+        );
+        let mut cmd = p.run_cmd(backend, &script);
+        cmd.current_dir(&wt);
+        let o = Out::from(cmd.output().unwrap());
+        assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
+        o.expect("commit", "ok");
+        for k in [
+            "config_worktree",
+            "other",
+            "alternates",
+            "gitdir",
+            "commondir",
+        ] {
+            o.expect(k, "0");
+        }
+        // The repository's configuration and hooks are read-only inside, as a main work
+        // tree's are.
+        o.expect_failed("config", "the common configuration is read-only inside");
+        o.expect_failed("hook", "the common hooks are read-only inside");
+        let common = proj.join(".git");
+        for f in [
+            "worktrees/wt/config.worktree",
+            "worktrees/other",
+            "objects/info/alternates",
+            "hooks/post-checkout",
+        ] {
+            assert!(
+                std::fs::symlink_metadata(common.join(f)).is_err(),
+                "{who} {f} reached the host"
+            );
+        }
+        for f in [
+            "worktrees/wt/config.worktree",
+            "worktrees/wt/commondir",
+            "worktrees/wt/gitdir",
+            "worktrees/other",
+            "objects/info/alternates",
+        ] {
+            assert!(
+                o.stderr
+                    .contains(&format!(".git/{f} was written by the sandbox")),
+                "{who} {f} not reported: {}",
+                o.stderr
+            );
+        }
+        assert_eq!(
+            std::fs::read_to_string(common.join("worktrees/wt/commondir"))
+                .unwrap()
+                .trim(),
+            "../..",
+            "{who}"
+        );
+        assert!(
+            std::fs::read_to_string(common.join("worktrees/wt/gitdir"))
+                .unwrap()
+                .starts_with(&wt.to_string_lossy().to_string()),
+            "{who}"
+        );
+        assert!(
+            !std::fs::read_to_string(common.join("config"))
+                .unwrap()
+                .contains("fsmonitor"),
+            "{who}"
+        );
+        // The host's git in both work trees, with every switch that would read a plant.
+        let in_dir = |dir: &std::path::Path, args: &[&str]| {
+            let mut cmd = Command::new("git");
+            p.as_caller(&mut cmd);
+            Out::from(cmd.current_dir(dir).args(args).output().unwrap())
+        };
+        for dir in [&wt, &proj] {
+            let st = in_dir(dir, &["-c", "extensions.worktreeConfig=true", "status"]);
+            assert_eq!(st.code, 0, "{who} {}", st.stderr);
+        }
+        let co = in_dir(&wt, &["checkout", "-q", "-b", "after"]);
+        assert_eq!(co.code, 0, "{who} {}", co.stderr);
+        assert_eq!(
+            p.marked(),
+            Vec::<String>::new(),
+            "{who} planted code ran on the host"
+        );
+        assert_eq!(
+            in_dir(&wt, &["log", "-1", "--format=%s", "wtb"])
+                .stdout
+                .trim(),
+            "inside",
+            "{who} {}",
+            o.stderr
+        );
+        assert_eq!(in_dir(&proj, &["fsck", "--no-dangling"]).code, 0, "{who}");
+    }
+}
+
+as_root_and_a_user!(a_linked_work_tree_plants_nothing_for_the_host_as_root, a_linked_work_tree_plants_nothing_for_the_host_as_a_user => worktree_plants);

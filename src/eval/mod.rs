@@ -479,8 +479,14 @@ fn resolve(
             });
         }
     }
-    // git-crypt's key decrypts every file the git-crypt layer hides.
-    if let Some(keys) = git_dir.as_ref().map(|g| g.join("git-crypt")) {
+    // git-crypt's key decrypts every file the git-crypt layer hides (a linked work tree's
+    // are in the repository's common git directory, or its own).
+    let common = crate::git::linked_worktree(&sc.project).map(|w| w.common);
+    for keys in git_dir
+        .iter()
+        .chain(common.iter())
+        .map(|g| g.join("git-crypt"))
+    {
         if std::fs::symlink_metadata(&keys).is_ok_and(|m| m.is_dir()) {
             mask_list.push(Mask {
                 path: keys,

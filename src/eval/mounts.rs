@@ -265,7 +265,10 @@ pub(super) fn user(
 /// to the sandbox's state and bound read-only in its place (over the guard's bind of the
 /// host's file, or alone when the project is read-only); otherwise nothing changes.
 fn credential_free_git_config(sc: &Scope<'_>, project: &Path, mounts: &mut Vec<Mount>) {
-    let Some(git_dir) = crate::git::git_dir_of(project) else {
+    let Some(git_dir) = crate::git::linked_worktree(project)
+        .map(|w| w.common)
+        .or_else(|| crate::git::git_dir_of(project))
+    else {
         return;
     };
     git_config_views(&sc.state_dir, &sc.host.store(), &git_dir, &git_dir, mounts);
@@ -336,9 +339,26 @@ pub fn git_config_views(
 /// host's directories, writable, over the overlay); their read-only binds stay. A `.git` that
 /// is a file (a linked work tree, a submodule's) keeps the guards alone.
 fn private_git_dir(sc: &Scope<'_>, project: &Path, guards: Vec<Mount>) -> Vec<Mount> {
-    let dot = project.join(".git");
+    let mut dot = project.join(".git");
+    let mut guards = guards;
     if !std::fs::symlink_metadata(&dot).is_ok_and(|m| m.is_dir()) {
-        return guards;
+        // A linked work tree: the repository's common git directory (which holds this work
+        // tree's own) is the run's private one, at its own path; the `.git` file stays pinned.
+        let Some(w) = crate::git::linked_worktree(project) else {
+            return guards;
+        };
+        // The common directory's own guards (its configuration, hooks and info read-only
+        // inside, as a main work tree's are), but none over the work tree's own directory,
+        // which its git writes.
+        if let Some(main) = w.common.parent() {
+            guards.extend(
+                git_guard_mounts(main, main)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|g| !w.admin.starts_with(&g.target)),
+            );
+        }
+        dot = w.common;
     }
     let layer = sc
         .state_dir

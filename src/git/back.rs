@@ -81,6 +81,36 @@ pub struct Layer {
     /// the content of masked files): what it wrote is re-hashed against these, never against
     /// the host's, so a delta it crafts on a withheld blob cannot test a guess of its content.
     pub base: Option<PathBuf>,
+    /// A linked work tree's own git directory under `host_git` (`worktrees/<name>`: its
+    /// `HEAD` and index), when the work tree is one; `host_git` is then the common directory.
+    pub admin: Option<PathBuf>,
+}
+
+impl Layer {
+    /// Where the work tree's `HEAD` and index are on the host.
+    pub fn host_admin(&self) -> PathBuf {
+        match &self.admin {
+            Some(a) => self.host_git.join(a),
+            None => self.host_git.clone(),
+        }
+    }
+
+    /// Where the sandbox's writes to the work tree's `HEAD` and index land.
+    fn upper_admin(&self) -> PathBuf {
+        match &self.admin {
+            Some(a) => self.upper.join(a),
+            None => self.upper.clone(),
+        }
+    }
+
+    /// The host's git for this work tree (reduced trust, see [`super::command`]).
+    fn git(&self) -> std::process::Command {
+        let mut cmd = super::command(&self.host_git, None);
+        if let Some(a) = &self.admin {
+            cmd.env("GIT_DIR", self.host_git.join(a));
+        }
+        cmd
+    }
 }
 
 /// The host's side when the run started: what "did not move meanwhile" is measured against.
@@ -154,12 +184,16 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> BackError {
 }
 
 /// Write the record of which repository a layer belongs to (before its run starts).
-pub fn record(layer_dir: &Path, host_git: &Path, work_tree: &Path) -> std::io::Result<()> {
+pub fn record(layer_dir: &Path, layer: &Layer) -> std::io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
-    let mut text = host_git.as_os_str().as_bytes().to_vec();
+    let mut text = layer.host_git.as_os_str().as_bytes().to_vec();
     text.push(b'\n');
-    text.extend_from_slice(work_tree.as_os_str().as_bytes());
+    text.extend_from_slice(layer.work_tree.as_os_str().as_bytes());
     text.push(b'\n');
+    if let Some(a) = &layer.admin {
+        text.extend_from_slice(a.as_os_str().as_bytes());
+        text.push(b'\n');
+    }
     // Written once: every later run finds it as it would write it (no fsync on the way in).
     if read_small(layer_dir, HOST_RECORD, 8192).as_deref() == Some(&text[..]) {
         return Ok(());
@@ -174,12 +208,24 @@ pub fn recorded(layer_dir: &Path) -> Option<Layer> {
     let mut lines = text.split(|b| *b == b'\n');
     let host_git = PathBuf::from(std::ffi::OsStr::from_bytes(lines.next()?));
     let work_tree = PathBuf::from(std::ffi::OsStr::from_bytes(lines.next()?));
-    (host_git.is_absolute() && work_tree.is_absolute()).then(|| Layer {
+    // A linked work tree's own directory: `worktrees/<name>`, nothing else.
+    let admin = lines
+        .next()
+        .filter(|l| !l.is_empty())
+        .map(|l| PathBuf::from(std::ffi::OsStr::from_bytes(l)));
+    let admin_ok = admin.as_ref().is_none_or(|a| {
+        let c: Vec<_> = a.components().collect();
+        c.len() == 2
+            && c[0].as_os_str() == "worktrees"
+            && matches!(c[1], std::path::Component::Normal(_))
+    });
+    (host_git.is_absolute() && work_tree.is_absolute() && admin_ok).then(|| Layer {
         host_git,
         work_tree,
         upper: layer_dir.join("upper"),
         work: layer_dir.join("work"),
         base: None,
+        admin,
     })
 }
 
@@ -206,6 +252,12 @@ pub fn bring_back(
         return Ok(out);
     }
     for name in PLANTED {
+        // A linked work tree's own directory is under `worktrees/`: what is planted there is
+        // looked at below, the rest of `worktrees/` as a whole.
+        if *name == "worktrees" && layer.admin.is_some() {
+            planted_in_worktrees(layer, quarantine, &mut out);
+            continue;
+        }
         let p = layer.upper.join(name);
         let Ok(md) = std::fs::symlink_metadata(&p) else {
             continue;
@@ -220,7 +272,7 @@ pub fn bring_back(
     }
     planted_in_modules(layer, quarantine, &mut out);
     let refs = sandbox_refs(&layer.upper);
-    let head = sandbox_head(&layer.upper);
+    let head = sandbox_head(&layer.upper_admin());
     let finished = match mode {
         Mode::Finished(b) => Some(b),
         Mode::Leftover => None,
@@ -280,6 +332,43 @@ pub fn bring_back(
     }
     clear(layer);
     Ok(out)
+}
+
+/// Files of a linked work tree's own git directory that git reads as configuration or a
+/// location.
+const PLANTED_IN_ADMIN: &[&str] = &["commondir", "gitdir", "config.worktree", "config", "hooks"];
+
+/// What the sandbox wrote under `worktrees/` when the run's work tree is a linked one: other
+/// work trees' directories whole, and in its own what git would obey; moved to the quarantine
+/// and reported. Its `HEAD`, index and logs are data, brought back as the main work tree's are.
+fn planted_in_worktrees(layer: &Layer, quarantine: &Path, out: &mut Outcome) {
+    let root = layer.upper.join("worktrees");
+    let own = layer.upper_admin();
+    let Ok(entries) = std::fs::read_dir(&root) else {
+        return;
+    };
+    let mut found: Vec<PathBuf> = Vec::new();
+    for e in entries.flatten().take(10_000) {
+        let p = e.path();
+        if p != own {
+            found.push(p);
+        }
+    }
+    found.extend(PLANTED_IN_ADMIN.iter().map(|n| own.join(n)));
+    for p in found {
+        let Ok(md) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        if is_whiteout(&md) {
+            continue;
+        }
+        let Ok(rel) = p.strip_prefix(&layer.upper).map(Path::to_path_buf) else {
+            continue;
+        };
+        if let Some((_, to)) = super::quarantine_beneath(&layer.upper, &p, quarantine) {
+            out.quarantined.push((layer.host_git.join(rel), to));
+        }
+    }
 }
 
 /// Move a layer that could not be brought back out of the way, as `failed-<run>`, so the
@@ -629,7 +718,8 @@ fn staged_name(run: &str, name: &str) -> String {
 /// `git fetch` from aisb's repository `t` into the host's with `specs` (never forced: the
 /// run's namespace is new), every object checked.
 fn fetch_refs(layer: &Layer, t: &Path, specs: &[String]) -> Result<(), BackError> {
-    let fetch = super::command(&layer.host_git, None)
+    let fetch = layer
+        .git()
         .args([
             "-c",
             "fetch.fsckObjects=true",
@@ -852,7 +942,8 @@ fn object_types<'a>(
 /// The host's git (reduced trust, see [`super::command`]) with `args`: its stdout, or the
 /// error with its stderr.
 fn host_git(layer: &Layer, args: &[&str]) -> Result<String, BackError> {
-    let o = super::command(&layer.host_git, None)
+    let o = layer
+        .git()
         .args(args)
         .stdin(Stdio::null())
         .output()
@@ -868,7 +959,8 @@ fn host_git(layer: &Layer, args: &[&str]) -> Result<String, BackError> {
 }
 
 fn is_ancestor(layer: &Layer, a: &str, b: &str) -> bool {
-    super::command(&layer.host_git, None)
+    layer
+        .git()
         .args(["merge-base", "--is-ancestor", a, b])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -904,7 +996,7 @@ fn settle(
     .filter_map(|l| l.split_once(' '))
     .map(|(o, n)| (n.to_string(), o.to_string()))
     .collect();
-    let host_head_now = read_small(&layer.host_git, "HEAD", 4096);
+    let host_head_now = read_small(&layer.host_admin(), "HEAD", 4096);
     // The host's HEAD did not change during the run: the sandbox's may be followed.
     let head_free = finished.is_some_and(|b| b.head == host_head_now);
     let host_branch = current_branch(host_head_now.as_deref());
@@ -1071,7 +1163,7 @@ fn settle(
 /// `git update-ref --stdin` with `input` (one transaction; a ref that moved meanwhile is
 /// left as it is).
 fn update_refs(layer: &Layer, input: &str) {
-    let mut cmd = super::command(&layer.host_git, None);
+    let mut cmd = layer.git();
     cmd.args(["update-ref", "--stdin"])
         .stdout(Stdio::null())
         .stderr(Stdio::null());
@@ -1114,16 +1206,16 @@ fn read_index(
     run: &str,
     out: &mut Outcome,
 ) -> Result<Option<SandboxIndex>, BackError> {
-    if !std::fs::symlink_metadata(layer.upper.join("index")).is_ok_and(|m| m.is_file()) {
+    if !std::fs::symlink_metadata(layer.upper_admin().join("index")).is_ok_and(|m| m.is_file()) {
         return Ok(None);
     }
-    let Some(bytes) = read_small(&layer.upper, "index", MAX_INDEX) else {
+    let Some(bytes) = read_small(&layer.upper_admin(), "index", MAX_INDEX) else {
         return Ok(None);
     };
-    if read_small(&layer.host_git, "index", MAX_INDEX).as_deref() == Some(&bytes[..]) {
+    if read_small(&layer.host_admin(), "index", MAX_INDEX).as_deref() == Some(&bytes[..]) {
         return Ok(None);
     }
-    if super::index_stamp(&layer.host_git) != before.index {
+    if super::index_stamp(&layer.host_admin()) != before.index {
         // Rewritten on the host: only its stat data, or what is staged?
         let same = before
             .index_then_path()
@@ -1192,7 +1284,7 @@ fn install_index_back(
     let not_back = |why: &str| {
         format!("aisb: the sandbox's staging area (git's index) was not brought back: {why}")
     };
-    let lock_path = layer.host_git.join("index.lock");
+    let lock_path = layer.host_admin().join("index.lock");
     let mut lock = match std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -1214,7 +1306,7 @@ fn install_index_back(
         let Some(host_now) = ls_stage(layer, None) else {
             return Ok(Some(not_back("git could not read the host's")));
         };
-        if super::index_stamp(&layer.host_git) != before.index {
+        if super::index_stamp(&layer.host_admin()) != before.index {
             let then = before
                 .index_then_path()
                 .and_then(|t| ls_stage(layer, Some(&t)));
@@ -1265,12 +1357,12 @@ fn install_index_back(
         if input.is_empty() {
             return Ok(None);
         }
-        match std::fs::read(layer.host_git.join("index")) {
+        match std::fs::read(layer.host_admin().join("index")) {
             Ok(b) => std::fs::write(&tmp, b).map_err(io("copying the host's index"))?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(io("reading the host's index")(e)),
         }
-        let mut cmd = super::command(&layer.host_git, None);
+        let mut cmd = layer.git();
         cmd.env("GIT_INDEX_FILE", &tmp)
             .args(["update-index", "-z", "--index-info"])
             .stdout(Stdio::null())
@@ -1287,7 +1379,7 @@ fn install_index_back(
         lock.write_all(&bytes)
             .and_then(|()| lock.sync_all())
             .map_err(io("writing the host's index.lock"))?;
-        std::fs::rename(&lock_path, layer.host_git.join("index"))
+        std::fs::rename(&lock_path, layer.host_admin().join("index"))
             .map_err(io("installing the host's index"))?;
         renamed.set(true);
         Ok(None)
@@ -1336,7 +1428,7 @@ fn disarm_gitlinks(layer: &Layer, links: &[&[u8]], quarantine: &Path, out: &mut 
 /// The gitlinks the commits from `old` to `new` add or change (`git diff-tree`), all of
 /// `new`'s when `old` is none: their repositories are looked at like the index's.
 fn gitlinks_between(layer: &Layer, old: Option<&str>, new: &str) -> Vec<Vec<u8>> {
-    let mut cmd = super::command(&layer.host_git, None);
+    let mut cmd = layer.git();
     match old {
         Some(o) => cmd.args(["diff-tree", "-r", "-z", "--no-renames", "--raw", o, new]),
         None => cmd.args(["ls-tree", "-r", "-z", "--full-tree", new]),
@@ -1368,7 +1460,7 @@ fn gitlinks_between(layer: &Layer, old: Option<&str>, new: &str) -> Vec<Vec<u8>>
 
 /// `git ls-files --stage -z` of the host's index, or of `index`: (mode, oid and stage; path).
 fn ls_stage(layer: &Layer, index: Option<&Path>) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
-    let mut cmd = super::command(&layer.host_git, None);
+    let mut cmd = layer.git();
     if let Some(i) = index {
         cmd.env("GIT_INDEX_FILE", i);
     }

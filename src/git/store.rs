@@ -489,6 +489,24 @@ pub fn change_key(git_dir: &Path) -> String {
             add(Path::new(name), &md);
         }
     }
+    // Linked work trees' `HEAD`, index and reflog (their staged and checked-out objects).
+    if let Ok(entries) = std::fs::read_dir(git_dir.join("worktrees")) {
+        let mut linked: Vec<PathBuf> = entries
+            .flatten()
+            .map(|e| e.path())
+            .take(MAX_WORKTREES)
+            .collect();
+        linked.sort();
+        for w in linked {
+            for name in ["HEAD", "index", "logs/HEAD"] {
+                let p = w.join(name);
+                if let (Ok(md), Ok(rel)) = (std::fs::symlink_metadata(&p), p.strip_prefix(git_dir))
+                {
+                    add(rel, &md);
+                }
+            }
+        }
+    }
     let mut seen = 0;
     for top in ["refs", "logs"] {
         for e in walkdir::WalkDir::new(git_dir.join(top))
@@ -720,24 +738,41 @@ fn names(
         }
         log.finish("log")?;
     }
-    let mut cmd = super::command(git_dir, Some(work_tree));
-    cmd.args(["ls-files", "--stage", "-z"]);
-    let mut index = start(cmd, Some(Vec::new()), "ls-files")?;
-    let out = BufReader::new(index.child.stdout.take().expect("piped"));
-    for entry in out.split(0) {
-        let entry = entry.map_err(io("reading git ls-files"))?;
-        // `MODE OID STAGE\tPATH`
-        let Some(tab) = entry.iter().position(|b| *b == b'\t') else {
-            continue;
-        };
-        let fields: Vec<&[u8]> = entry[..tab].split(|b| *b == b' ').collect();
-        let (Some(mode), Some(oid)) = (fields.first(), fields.get(1)) else {
-            continue;
-        };
-        note(rules, set, seen, mode, oid, &entry[tab + 1..]);
+    // The index, and each linked work tree's (what `--indexed-objects` packs).
+    let linked = std::fs::read_dir(git_dir.join("worktrees"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("index"))
+        .filter(|i| std::fs::symlink_metadata(i).is_ok_and(|m| m.is_file()))
+        .take(MAX_WORKTREES);
+    for index_file in std::iter::once(None).chain(linked.map(Some)) {
+        let mut cmd = super::command(git_dir, Some(work_tree));
+        if let Some(i) = &index_file {
+            cmd.env("GIT_INDEX_FILE", i);
+        }
+        cmd.args(["ls-files", "--stage", "-z"]);
+        let mut index = start(cmd, Some(Vec::new()), "ls-files")?;
+        let out = BufReader::new(index.child.stdout.take().expect("piped"));
+        for entry in out.split(0) {
+            let entry = entry.map_err(io("reading git ls-files"))?;
+            // `MODE OID STAGE\tPATH`
+            let Some(tab) = entry.iter().position(|b| *b == b'\t') else {
+                continue;
+            };
+            let fields: Vec<&[u8]> = entry[..tab].split(|b| *b == b' ').collect();
+            let (Some(mode), Some(oid)) = (fields.first(), fields.get(1)) else {
+                continue;
+            };
+            note(rules, set, seen, mode, oid, &entry[tab + 1..]);
+        }
+        index.finish("ls-files")?;
     }
-    index.finish("ls-files")
+    Ok(())
 }
+
+/// At most this many linked work trees' indexes are read for the store's names.
+const MAX_WORKTREES: usize = 256;
 
 /// A blob `oid` (of `mode`) named `path`: into `set` when the name is masked.
 fn note(

@@ -635,10 +635,15 @@ fn git_store(
 /// record of which repository it belongs to written, what a killed run left in it brought
 /// back first, and the host's side noted.
 fn claim_git_layer(plan: &Plan) -> Result<Option<GitRun>, RuntimeError> {
+    // A linked work tree's private git directory is its repository's common one.
+    let worktree = crate::git::linked_worktree(&plan.project);
+    let git_dir = worktree
+        .as_ref()
+        .map_or_else(|| plan.project.join(".git"), |w| w.common.clone());
     let Some((host_git, upper, work)) = plan.mounts.iter().find_map(|m| match &m.kind {
         crate::eval::plan::MountKind::Overlay {
             lower, upper, work, ..
-        } if m.target == plan.project.join(".git")
+        } if m.target == git_dir
             && (crate::git::back::is_git_layer(&plan.state_dir, upper)
                 || upper.starts_with(
                     plan.state_dir
@@ -651,13 +656,17 @@ fn claim_git_layer(plan: &Plan) -> Result<Option<GitRun>, RuntimeError> {
     }) else {
         return Ok(None);
     };
-    let work_tree = host_git.parent().map(PathBuf::from).unwrap_or_default();
+    let work_tree = match &worktree {
+        Some(_) => plan.project.clone(),
+        None => host_git.parent().map(PathBuf::from).unwrap_or_default(),
+    };
     let layer = crate::git::back::Layer {
         host_git,
         work_tree,
         upper,
         work,
         base: None,
+        admin: worktree.map(|w| w.rel()),
     };
     let dir = layer.upper.parent().map(PathBuf::from).unwrap_or_default();
     if let Some(left) = crate::git::back::recorded(&dir) {
@@ -675,14 +684,12 @@ fn claim_git_layer(plan: &Plan) -> Result<Option<GitRun>, RuntimeError> {
             source: std::io::Error::from(std::io::ErrorKind::DirectoryNotEmpty),
         });
     }
-    crate::git::back::record(&dir, &layer.host_git, &layer.work_tree).map_err(|source| {
-        RuntimeError::Io {
-            what: format!("recording the git layer {}", dir.display()),
-            source,
-        }
+    crate::git::back::record(&dir, &layer).map_err(|source| RuntimeError::Io {
+        what: format!("recording the git layer {}", dir.display()),
+        source,
     })?;
     Ok(Some(GitRun {
-        before: crate::git::back::Before::of(&layer.host_git),
+        before: crate::git::back::Before::of(&layer.host_admin()),
         layer,
         state_dir: plan.state_dir.clone(),
         run: run_name("run"),
