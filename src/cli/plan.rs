@@ -258,17 +258,11 @@ pub fn render(plan: &Plan, _cwd: &Path, named: bool) -> String {
         };
         let _ = writeln!(o, "  {kind:<8} {}{from}   [{}]", m.target.display(), m.why);
         // The git objects a run shows there: decided at the run, from the history then.
-        let git_dir = m.target == plan.project.join(".git");
-        let read_only_project = m.target == plan.project
-            && matches!(
-                m.kind,
-                MountKind::Bind {
-                    writable: false,
-                    ..
-                }
-            )
-            && plan.project.join(".git/objects").is_dir();
-        if (git_dir && matches!(m.kind, MountKind::Overlay { .. })) || read_only_project {
+        let private_git = matches!(&m.kind, MountKind::Overlay { upper, .. }
+            if crate::git::back::is_git_layer(&plan.state_dir, upper));
+        let read_only_project =
+            m.target == plan.project && crate::runtime::read_only_git_dir(plan).is_some();
+        if private_git || read_only_project {
             let _ = writeln!(
                 o,
                 "           its git objects: the host's without the blobs ever at a masked path (each reads as a line saying so), kept in {}/{}",

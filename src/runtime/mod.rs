@@ -577,7 +577,7 @@ fn claim_layers(plan: &Plan) -> Result<(Layers, Option<Plan>), RuntimeError> {
 
 /// The project's git directory when the sandbox sees it read-only (a read-only project, whose
 /// `.git` is a directory of its own): its objects are shown from the store.
-fn read_only_git_dir(plan: &Plan) -> Option<PathBuf> {
+pub fn read_only_git_dir(plan: &Plan) -> Option<PathBuf> {
     let read_only = plan.mounts.iter().any(|m| {
         m.target == plan.project
             && matches!(
