@@ -171,6 +171,15 @@ pub fn prepare(
         _ => Withheld::new(),
     };
     let since: &[String] = if incremental { &record.tips } else { &[] };
+    // A build that takes longer than a second says what it is doing (a large repository's
+    // first takes seconds).
+    let _progress = Progress::after(
+        std::time::Duration::from_secs(1),
+        format!(
+            "aisb: preparing the git history the sandbox sees, without the content of masked files ({}; later runs add only what is new)…",
+            host_git.display()
+        ),
+    );
     let mut seen = std::collections::HashSet::new();
     names(
         host_git, work_tree, rules, &tips, since, &mut set, &mut seen,
@@ -260,6 +269,39 @@ pub fn prepare(
     let held = hold(&dir, &new)?;
     sweep(&dir, new.version.as_deref());
     Ok(held)
+}
+
+/// A line on stderr once `after` has passed, unless dropped first.
+struct Progress {
+    done: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Progress {
+    fn after(after: std::time::Duration, line: String) -> Progress {
+        let (done, wait) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = wait.recv_timeout(after) {
+                eprintln!("{line}");
+            }
+        });
+        Progress {
+            done: Some(done),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        if let Some(d) = self.done.take() {
+            let _ = d.send(());
+        }
+        // Gone before the caller goes on (a runtime may fork next).
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// The store version the last build recorded for `host_git`, held; `None` when there is none
