@@ -48,7 +48,10 @@ const OVERRIDES: &[&str] = &[
     "gpg.program=false",
     "gpg.ssh.program=false",
     "gpg.x509.program=false",
-    "core.alternateRefsCommand=",
+    // (Empty is not "none": git then fails to list the alternates' refs at all.)
+    "core.alternateRefsCommand=true",
+    // A commit-graph is the repository's to write (a sandbox's clone): git would trust it.
+    "core.commitGraph=false",
     "uploadpack.packObjectsHook=",
     "protocol.allow=never",
     "protocol.file.allow=always",

@@ -1456,3 +1456,145 @@ echo ../../../evil > "$A/commondir"; echo commondir=$?
 }
 
 as_root_and_a_user!(a_linked_work_tree_plants_nothing_for_the_host_as_root, a_linked_work_tree_plants_nothing_for_the_host_as_a_user => worktree_plants);
+
+/// A named sandbox whose repository has nothing masked when the session starts, and which
+/// prepares the host's sync to send it everything: it deletes its clone's refs and writes a
+/// commit-graph of its own (a `git fetch origin` on the host would then find nothing in
+/// common and copy the repository's whole history into the clone's objects). The host then
+/// commits a secret, and writes one into `COMMIT_EDITMSG` (as `git commit -v` leaves the staged
+/// diff there). The sandbox sees the host's new commit (`origin/main`), never the secret: not
+/// through the clone's objects, the repository's objects, its index or its other files.
+fn named_later(user: Option<(u32, u32)>) {
+    for backend in BACKENDS {
+        let who = who(backend, user);
+        let p = Project::new(user);
+        let proj = p.proj();
+        let script = "O=$(git remote get-url origin)\n\
+             git for-each-ref --format='delete %(refname)' refs/remotes | git update-ref --stdin\n\
+             mkdir -p .git/objects/info && head -c 4096 /dev/urandom > .git/objects/info/commit-graph\n\
+             touch ready\n\
+             i=0; while [ $i -lt 300 ] && [ \"$(git log -1 --format=%s origin/main 2>/dev/null)\" != host ]; do sleep 0.1; i=$((i+1)); done\n\
+             echo origin_last=$(git log -1 --format=%s origin/main)\n\
+             sleep 1\n\
+             git show origin/main:.env; git log -p origin/main | cat\n\
+             git cat-file --batch-all-objects --batch\n\
+             for f in .git/objects/pack/*.pack; do [ -e \"$f\" ] && git unpack-objects -n < \"$f\" 2>&1; done\n\
+             git --git-dir=\"$O/.git\" cat-file --batch-all-objects --batch\n\
+             cat \"$O/.git/COMMIT_EDITMSG\" \"$O/.git/index\" 2>/dev/null\n\
+             test -e \"$O/.git/index\"; echo index=$?\n\
+             ls \"$O/.git\" | tr '\\n' ' '; echo\n";
+        let mut child = p
+            .named_cmd(backend, "s1", script)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while !p.clone_of("s1").is_some_and(|c| c.join("ready").exists()) {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("{who} the session ended ({status}) before it was ready");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{who} the session was not ready in 90 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // Enough history for a transfer to be kept as a pack.
+        for i in 0..120 {
+            std::fs::write(proj.join(format!("f{i}.txt")), format!("{i}\n")).unwrap();
+        }
+        std::fs::write(proj.join(".env"), "TOKEN=sk-live-LATER\n").unwrap();
+        p.git_ok(&who, &["add", "-A"]);
+        p.git_ok(&who, &["commit", "-qm", "host"]);
+        std::fs::write(
+            proj.join(".git/COMMIT_EDITMSG"),
+            "host\n# +TOKEN=sk-live-EDITMSG\n",
+        )
+        .unwrap();
+        let o = Project::finish(child);
+        assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
+        o.expect("origin_last", "host");
+        o.expect_failed("index", "the repository's index is not inside");
+        for s in ["sk-live-LATER", "sk-live-EDITMSG"] {
+            assert!(
+                !o.stdout.contains(s) && !o.stderr.contains(s),
+                "{who} {s} read in a named sandbox:\n{}\n{}",
+                o.stdout,
+                o.stderr
+            );
+        }
+        assert!(
+            o.stdout.contains("aisb: withheld: .env"),
+            "{who}\n{}",
+            o.stdout
+        );
+    }
+}
+
+as_root_and_a_user!(a_secret_committed_during_a_named_session_stays_out_as_root, a_secret_committed_during_a_named_session_stays_out_as_a_user => named_later);
+
+/// The oracle through a forged loose object (a review's attack on the named sandbox's sync):
+/// the sandbox knows the name and size of a secret blob the host has but the sandbox's view
+/// does not (staged, then unstaged on the host), commits a tree naming it, writes a loose
+/// object under that name holding a guess, and commits a blob that starts with the guess. Had
+/// the host's sync used the forged object as a delta base and applied the delta to the real
+/// blob, the commit would arrive exactly when the guess is right. Neither the right nor a
+/// wrong guess arrives: a loose object whose content is not its name is never taken.
+fn named_forged(user: Option<(u32, u32)>) {
+    let forger = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/forge_loose.py");
+    let secret = "TOKEN=sk-live-FORGED-0123456789abcdef\n";
+    for backend in BACKENDS {
+        let who = who(backend, user);
+        let p = Project::new(user);
+        let proj = p.proj();
+        std::fs::write(proj.join(".env"), "TOKEN=committed\n").unwrap();
+        std::fs::copy(forger, proj.join("forge.py")).unwrap();
+        p.git_ok(&who, &["add", "-A"]);
+        p.git_ok(&who, &["commit", "-qm", "env"]);
+        // The secret blob: on the host, in no commit and no index the store reads.
+        std::fs::write(p.dir.path().join("secret"), secret).unwrap();
+        let x = p
+            .git(&["hash-object", "-w", "../secret"])
+            .stdout
+            .trim()
+            .to_string();
+        assert_eq!(x.len(), 40, "{who}");
+        let size = secret.len();
+        let right = &secret[..20];
+        let script = format!(
+            "X={x}; SIZE={size}\n\
+             HC=$(git rev-parse HEAD); R=$(git rev-parse HEAD:README)\n\
+             T=$(printf '100644 blob %s\\t.env\\n100644 blob %s\\tREADME\\n' $X $R | git mktree --missing)\n\
+             C1=$(git -c user.name=a -c user.email=a@a commit-tree -p $HC -m base $T)\n\
+             git update-ref refs/heads/base $C1\n\
+             probe() {{\n\
+               python3 -c \"import sys; g=sys.argv[1].encode(); open('/tmp/g','wb').write((g+b'_'*$SIZE)[:$SIZE])\" \"$2\"\n\
+               python3 forge.py .git/objects $X /tmp/g\n\
+               Y=$( (printf '%s' \"$2\"; printf 'QQQQ-unique-suffix-%s' \"$1\") | git hash-object -w --stdin)\n\
+               T2=$(printf '100644 blob %s\\t.env\\n100644 blob %s\\tREADME\\n' $Y $R | git mktree)\n\
+               git update-ref refs/heads/$1 $(git -c user.name=a -c user.email=a@a commit-tree -p $C1 -m $1 $T2)\n\
+               sleep 2\n\
+             }}\n\
+             probe right '{right}'\nprobe wrong 'TOKEN=sk-live-WRONG!'\n"
+        );
+        let o = Out::from(p.named_cmd(backend, "s1", &script).output().unwrap());
+        assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
+        for probe in ["right", "wrong"] {
+            let got = p.git(&[
+                "rev-parse",
+                "-q",
+                "--verify",
+                &format!("refs/remotes/sandbox-s1/{probe}"),
+            ]);
+            assert_ne!(
+                got.code, 0,
+                "{who} the {probe} guess arrived on the host: the sync resolved the sandbox's delta against the real blob\n{}",
+                o.stderr
+            );
+        }
+        assert_eq!(p.git(&["fsck", "--no-dangling"]).code, 0, "{who}");
+    }
+}
+
+as_root_and_a_user!(a_forged_loose_object_cannot_test_a_guess_as_root, a_forged_loose_object_cannot_test_a_guess_as_a_user => named_forged);

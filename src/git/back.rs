@@ -700,7 +700,7 @@ pub fn scratch_repo(
         alt.push(b'\n');
         std::fs::write(own.join("info/alternates"), alt).map_err(io("writing alternates"))?;
     }
-    copy_objects(objects, &own)?;
+    copy_objects(objects, &own, rehash)?;
     if rehash {
         rehash_packs(t);
     }
@@ -807,11 +807,18 @@ fn rehash_packs(t: &Path) {
 const MAX_DIR_ENTRIES: usize = 200_000;
 
 /// Link (or copy) the sandbox's object files into `to`: loose objects by their two-level hex
-/// names, and packs with their index. Nothing else, no link followed, bounded.
-fn copy_objects(from: &Path, to: &Path) -> Result<(), BackError> {
-    if !std::fs::symlink_metadata(from).is_ok_and(|m| m.is_dir()) {
+/// names, and packs with their index. Nothing else, bounded, and read through descriptors
+/// without following a link anywhere below `from` (a sandbox still running may swap a
+/// directory for a link between a check and a use). With `verify`, a loose object is kept only
+/// when its content hashes to its name: one forged under the name of an object the sandbox
+/// never saw (a guess of its content) is dropped, so nothing of the sandbox's is ever taken
+/// for one of the host's.
+fn copy_objects(from: &Path, to: &Path, verify: bool) -> Result<(), BackError> {
+    use rustix::fs::{openat, Dir, Mode, OFlags, CWD};
+    let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let Ok(top) = openat(CWD, from, dir_flags, Mode::empty()) else {
         return Ok(());
-    }
+    };
     let hex = |s: &str| {
         s.bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
@@ -820,38 +827,35 @@ fn copy_objects(from: &Path, to: &Path) -> Result<(), BackError> {
         what: "bringing back the sandbox's objects".into(),
         source: std::io::Error::other(format!("more than {what}")),
     };
-    let mut n = 0usize;
-    let Ok(top) = std::fs::read_dir(from) else {
-        return Ok(());
-    };
-    for (i, e) in top.flatten().enumerate() {
-        if i >= MAX_DIR_ENTRIES {
-            return Err(too_many(&format!("{MAX_DIR_ENTRIES} entries in objects/")));
-        }
-        let name = e.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if !(name.len() == 2 && hex(name) || name == "pack") {
-            continue;
-        }
-        if !e.file_type().is_ok_and(|t| t.is_dir()) {
-            continue;
-        }
-        let mut files = std::collections::HashSet::new();
-        let Ok(d) = std::fs::read_dir(e.path()) else {
-            continue;
+    let names = |fd: &std::os::fd::OwnedFd, what: &str| -> Result<Vec<String>, BackError> {
+        let mut out = Vec::new();
+        let Ok(dir) = Dir::read_from(fd) else {
+            return Ok(out);
         };
-        for (j, f) in d.flatten().enumerate() {
-            if j >= MAX_DIR_ENTRIES {
-                return Err(too_many(&format!(
-                    "{MAX_DIR_ENTRIES} entries in objects/{name}/"
-                )));
+        for (i, e) in dir.flatten().enumerate() {
+            if i >= MAX_DIR_ENTRIES {
+                return Err(too_many(&format!("{MAX_DIR_ENTRIES} entries in {what}")));
             }
-            if f.file_type().is_ok_and(|t| t.is_file()) {
-                if let Some(s) = f.file_name().to_str() {
-                    files.insert(s.to_string());
+            if let Ok(n) = e.file_name().to_str() {
+                if n != "." && n != ".." {
+                    out.push(n.to_string());
                 }
             }
         }
+        Ok(out)
+    };
+    let mut n = 0usize;
+    let mut bytes = 0u64;
+    for name in names(&top, "objects/")? {
+        if !(name.len() == 2 && hex(&name) || name == "pack") {
+            continue;
+        }
+        let Ok(sub) = openat(&top, name.as_str(), dir_flags, Mode::empty()) else {
+            continue;
+        };
+        let files: std::collections::HashSet<String> = names(&sub, &format!("objects/{name}/"))?
+            .into_iter()
+            .collect();
         let keep: Vec<String> = if name == "pack" {
             files
                 .iter()
@@ -871,36 +875,105 @@ fn copy_objects(from: &Path, to: &Path) -> Result<(), BackError> {
         if keep.is_empty() {
             continue;
         }
-        let dir = to.join(name);
+        let dir = to.join(&name);
         std::fs::create_dir_all(&dir).map_err(io("making an object directory"))?;
         for f in keep {
             n += 1;
             if n > MAX_OBJECT_FILES {
                 return Err(too_many(&format!("{MAX_OBJECT_FILES} object files")));
             }
-            link_or_copy(&e.path().join(&f), &dir.join(&f))?;
+            let Ok(fd) = openat(
+                &sub,
+                f.as_str(),
+                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
+                Mode::empty(),
+            ) else {
+                continue;
+            };
+            let mut file = std::fs::File::from(fd);
+            let Ok(md) = file.metadata() else { continue };
+            if !md.is_file() {
+                continue;
+            }
+            bytes += md.len();
+            if bytes > MAX_OBJECT_BYTES {
+                return Err(too_many(&format!("{MAX_OBJECT_BYTES} bytes of objects")));
+            }
+            if verify && name != "pack" {
+                let mut data = Vec::new();
+                use std::io::Read;
+                (&mut file)
+                    .take(MAX_LOOSE)
+                    .read_to_end(&mut data)
+                    .map_err(io("reading a loose object"))?;
+                if !loose_is(&data, &format!("{name}{f}")) {
+                    continue;
+                }
+                std::fs::write(dir.join(&f), &data).map_err(io("writing a loose object"))?;
+                continue;
+            }
+            link_or_copy(&mut file, &dir.join(&f))?;
         }
     }
     Ok(())
 }
 
-/// A regular file's content at `to` (a hard link where the file system allows, no link
-/// followed at `from`).
-fn link_or_copy(from: &Path, to: &Path) -> Result<(), BackError> {
-    use std::os::unix::fs::OpenOptionsExt;
-    if std::fs::hard_link(from, to).is_ok() {
-        return Ok(());
+/// At most this many bytes of object files are taken from a sandbox, and this many of one
+/// loose object (compressed, and again once inflated).
+const MAX_OBJECT_BYTES: u64 = 8 << 30;
+const MAX_LOOSE: u64 = 256 << 20;
+
+/// Whether a loose object's file (`zlib("TYPE SIZE\0BODY")`) is well formed and its content
+/// hashes to `name` (SHA-1 for 40 digits, SHA-256 for 64).
+fn loose_is(compressed: &[u8], name: &str) -> bool {
+    use sha1::Digest as _;
+    use std::io::Read;
+    let mut inflated = Vec::new();
+    if flate2::read::ZlibDecoder::new(compressed)
+        .take(MAX_LOOSE + 1)
+        .read_to_end(&mut inflated)
+        .is_err()
+        || inflated.len() as u64 > MAX_LOOSE
+    {
+        return false;
     }
-    let mut src = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(from)
-        .map_err(io(format!("opening {}", from.display())))?;
-    if !src.metadata().is_ok_and(|m| m.is_file()) {
+    let Some(nul) = inflated.iter().position(|b| *b == 0) else {
+        return false;
+    };
+    let well_formed = std::str::from_utf8(&inflated[..nul])
+        .ok()
+        .and_then(|h| h.split_once(' '))
+        .is_some_and(|(kind, size)| {
+            matches!(kind, "blob" | "tree" | "commit" | "tag")
+                && size.parse::<usize>().ok() == Some(inflated.len() - nul - 1)
+        });
+    well_formed
+        && match name.len() {
+            40 => format!("{:x}", sha1::Sha1::digest(&inflated)) == name,
+            64 => format!("{:x}", sha2::Sha256::digest(&inflated)) == name,
+            _ => false,
+        }
+}
+
+/// A regular file's content at `to`, from the opened `src`: a hard link of that very inode
+/// where the file system allows (through the descriptor, so no name is looked up again),
+/// otherwise a copy.
+fn link_or_copy(src: &mut std::fs::File, to: &Path) -> Result<(), BackError> {
+    use std::os::fd::AsRawFd;
+    let proc_path = format!("/proc/self/fd/{}", src.as_raw_fd());
+    if rustix::fs::linkat(
+        rustix::fs::CWD,
+        proc_path.as_str(),
+        rustix::fs::CWD,
+        to,
+        rustix::fs::AtFlags::SYMLINK_FOLLOW,
+    )
+    .is_ok()
+    {
         return Ok(());
     }
     let mut dst = std::fs::File::create(to).map_err(io(format!("creating {}", to.display())))?;
-    std::io::copy(&mut src, &mut dst).map_err(io(format!("copying {}", from.display())))?;
+    std::io::copy(src, &mut dst).map_err(io(format!("copying to {}", to.display())))?;
     Ok(())
 }
 

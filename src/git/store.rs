@@ -105,12 +105,15 @@ struct Record {
 
 /// The store for the git directory `host_git` (work tree `work_tree`), under `state_dir`,
 /// built or brought up to date; `None` when no blob in the repository's history is at a masked
-/// path (the host's objects are shown as they are).
+/// path (the host's objects are shown as they are), unless `always` (a sandbox that lives
+/// while the host commits: a secret committed later must not be shown through the host's
+/// objects), when the store then holds every object and no placeholder.
 pub fn prepare(
     state_dir: &Path,
     host_git: &Path,
     work_tree: &Path,
     rules: &dyn Rules,
+    always: bool,
 ) -> Result<Option<Store>, StoreError> {
     let dir = state_dir.join(STORE_DIR).join(slug(host_git));
     std::fs::create_dir_all(&dir).map_err(io(format!("making {}", dir.display())))?;
@@ -131,7 +134,7 @@ pub fn prepare(
         }
         Ok(match hold(&dir, record)? {
             Some(store) => Some(Some(store)),
-            None => record.version.is_none().then_some(None),
+            None => (record.version.is_none() && !always).then_some(None),
         })
     };
     // Reused without the build lock: a record is replaced atomically, and its version is
@@ -201,14 +204,14 @@ pub fn prepare(
     }
     // Something to withhold for the first time (the last build left no store): the pack is
     // whole, so its names must be too (a blob pass one never saw is withheld).
-    if incremental && old_objects.is_none() && !set.is_empty() {
+    if incremental && old_objects.is_none() && (always || !set.is_empty()) {
         incremental = false;
         set = Withheld::new();
         seen.clear();
         names(host_git, work_tree, rules, &tips, &[], &mut set, &mut seen)?;
     }
     let since: &[String] = if incremental { &record.tips } else { &[] };
-    if set.is_empty() {
+    if set.is_empty() && !always {
         // Nothing masked in the history: the host's objects are shown as they are.
         let new = Record {
             key,

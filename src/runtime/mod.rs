@@ -611,7 +611,7 @@ fn git_store(
         );
         return None;
     }
-    match crate::git::store::prepare(&plan.state_dir, host_git, work_tree, rules) {
+    match crate::git::store::prepare(&plan.state_dir, host_git, work_tree, rules, false) {
         Ok(store) => store,
         // Closed: git inside sees no objects at all rather than the host's.
         Err(e) => match crate::git::store::empty(&plan.state_dir, host_git) {

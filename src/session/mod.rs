@@ -334,14 +334,38 @@ pub fn prepare(plan: &mut Plan, name: &str) -> Result<Session, SessionError> {
             })?;
         plan.mounts.extend(guards);
     }
+    // Of the repository's git directory, what `git fetch origin` reads (its refs, `HEAD`, its
+    // configuration and objects), read-only; never its index, logs, `COMMIT_EDITMSG`,
+    // `rr-cache` or a rebase's patches, which hold content the masks hide.
     plan.mounts.push(Mount {
         target: origin.join(".git"),
-        kind: MountKind::Bind {
-            source: repo.join(".git"),
-            writable: false,
+        kind: MountKind::Tmpfs {
+            size: Some(1 << 20),
+            mode: 0o555,
+            owner: None,
         },
-        why: format!("sandbox `{name}`: the repository's objects, read-only"),
+        why: format!("sandbox `{name}`: what git fetch reads of the repository"),
     });
+    for part in [
+        "HEAD",
+        "config",
+        "refs",
+        "packed-refs",
+        "shallow",
+        "objects",
+    ] {
+        let source = repo.join(".git").join(part);
+        if fs::symlink_metadata(&source).is_ok_and(|m| !m.file_type().is_symlink()) {
+            plan.mounts.push(Mount {
+                target: origin.join(".git").join(part),
+                kind: MountKind::Bind {
+                    source,
+                    writable: false,
+                },
+                why: format!("sandbox `{name}`: the repository's {part}, read-only"),
+            });
+        }
+    }
     // Its configuration without the credentials git keeps there.
     crate::eval::git_config_views(
         &state,
@@ -357,6 +381,8 @@ pub fn prepare(plan: &mut Plan, name: &str) -> Result<Session, SessionError> {
         .live
         .take()
         .and_then(|rules| objects_view(plan, &repo, &origin, name, rules));
+    // The host's branches as they are now (the last session may be long ago).
+    let _ = sync::refs_into_clone(&repo, &clone, &state);
     // Masks are paths in the repository; the clone has only what is committed.
     plan.masks.retain(|m| match m.path.strip_prefix(&repo) {
         Ok(rel) => fs::symlink_metadata(clone.join(rel)).is_ok(),
@@ -410,11 +436,10 @@ impl History {
     /// The store brought up to date with the repository and mirrored into the view. Where
     /// that fails the view stays as it was: objects new on the host are missing inside,
     /// nothing withheld appears.
-    pub fn refresh(&self, state: &Path, repo: &Path) {
-        if let Ok(Some(store)) =
-            crate::git::store::prepare(state, &repo.join(".git"), repo, &self.rules)
-        {
-            let _ = crate::git::store::mirror(&store, &self.view);
+    pub fn refresh(&self, state: &Path, repo: &Path) -> bool {
+        match crate::git::store::prepare(state, &repo.join(".git"), repo, &self.rules, true) {
+            Ok(Some(store)) => crate::git::store::mirror(&store, &self.view).is_ok(),
+            _ => false,
         }
     }
 }
@@ -444,7 +469,7 @@ fn objects_view(
         return None;
     }
     let history = History { rules, view };
-    let made = crate::git::store::prepare(&state, &repo.join(".git"), repo, &history.rules)
+    let made = crate::git::store::prepare(&state, &repo.join(".git"), repo, &history.rules, true)
         .map_err(|e| e.to_string())
         .and_then(|store| match store {
             Some(store) => crate::git::store::mirror(&store, &history.view)

@@ -63,7 +63,14 @@ fn fetch_rehashed(
     refspec: &str,
     state: &Path,
 ) -> Result<(), SessionError> {
-    let t = state.join("sync");
+    // A directory of this call's own: `aisb ls` and the session's watcher may sync at once.
+    let t = state.join(format!(
+        "sync-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
     let _ = crate::beneath::remove_tree(&t);
     let failed = |e: crate::git::back::BackError| SessionError::Git {
         args: "fetch from the sandbox's clone".into(),
@@ -124,19 +131,16 @@ fn fetch_rehashed(
                 .map(|(_, to)| to.trim_end_matches('*'))
                 .unwrap_or_default()
                 .to_string();
-            let mut any = false;
+            // Still an error when one did not come: `aisb rm` must not count a branch that
+            // could not be fetched as synced.
             for n in names.iter().take(MAX_SINGLE_FETCHES) {
                 let spec = format!(
                     "+{n}:{prefix}{}",
                     n.strip_prefix("refs/heads/").unwrap_or(n)
                 );
-                any |= fetch(&[&spec], false).is_ok();
+                let _ = fetch(&[&spec], false);
             }
-            if any {
-                Ok(())
-            } else {
-                Err(e)
-            }
+            Err(e)
         }
     };
     let _ = crate::beneath::remove_tree(&t);
@@ -147,20 +151,73 @@ fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
 
-/// `git fetch origin` in the clone: the host's branches as `refs/remotes/origin/*`.
-pub fn fetch_into_clone(clone: &Path, state: &Path) -> Result<(), SessionError> {
-    git(
-        clone,
-        &[
-            "fetch",
-            "--quiet",
-            "--no-write-fetch-head",
-            "origin",
-            "+refs/heads/*:refs/remotes/origin/*",
-        ],
-        state,
-    )
-    .map(|_| ())
+/// The host's branches as the clone's `refs/remotes/origin/*`, set by name (`update-ref`):
+/// their objects are already there through the clone's alternates (the repository's objects,
+/// or inside the sandbox the view of them), so nothing is transferred. A `git fetch` here
+/// would let the clone's own files (a commit-graph the sandbox wrote, refs it deleted) make
+/// the repository's upload-pack send its whole history, masked content and all, into the
+/// clone's objects.
+pub fn refs_into_clone(repo: &Path, clone: &Path, state: &Path) -> Result<(), SessionError> {
+    let listed = |dir: &Path, prefix: &str| -> Result<Vec<(String, String)>, SessionError> {
+        Ok(git(
+            dir,
+            &["for-each-ref", "--format=%(objectname) %(refname)", prefix],
+            state,
+        )?
+        .lines()
+        .take(MAX_REF_FILES)
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(o, n)| crate::git::back::is_object_name(o) && crate::git::back::valid_ref_name(n))
+        .map(|(o, n)| (o.to_string(), n.to_string()))
+        .collect())
+    };
+    let host = listed(repo, "refs/heads/")?;
+    let mine = listed(clone, "refs/remotes/origin/")?;
+    let mut input = String::new();
+    let mut kept = std::collections::HashSet::new();
+    for (oid, name) in &host {
+        let Some(branch) = name.strip_prefix("refs/heads/") else {
+            continue;
+        };
+        let to = format!("refs/remotes/origin/{branch}");
+        if !mine.iter().any(|(o, n)| *n == to && o == oid) {
+            input.push_str(&format!("update {to} {oid}\n"));
+        }
+        kept.insert(to);
+    }
+    for (_, name) in &mine {
+        if name != "refs/remotes/origin/HEAD" && !kept.contains(name) {
+            input.push_str(&format!("delete {name}\n"));
+        }
+    }
+    if input.is_empty() {
+        return Ok(());
+    }
+    super::disarm_clone(clone, state);
+    let mut cmd = crate::git::command(&clone.join(".git"), Some(clone));
+    let out = cmd
+        .args(["update-ref", "--stdin"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            if let Some(mut stdin) = child.stdin.take() {
+                stdin.write_all(input.as_bytes())?;
+            }
+            child.wait_with_output()
+        })
+        .map_err(super::io("running git update-ref"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(SessionError::Git {
+            args: "update-ref --stdin".into(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            state: state.to_path_buf(),
+        })
+    }
 }
 
 /// At most this many ref files are stamped per side: a sandbox can make any number.
@@ -228,10 +285,11 @@ pub fn watch(
             }
             if now.0 != seen.0 {
                 // What the sandbox sees of the repository's objects first, then its refs.
-                if let Some(h) = &history {
-                    h.refresh(&state, &repo);
+                // Refs to commits the sandbox could not read would break its git: they move
+                // only once the view has them.
+                if history.as_ref().is_none_or(|h| h.refresh(&state, &repo)) {
+                    let _ = refs_into_clone(&repo, &clone, &state);
                 }
-                let _ = fetch_into_clone(&clone, &state);
             }
             // The stamps from before the fetches: a change made while they ran (the host
             // committing during a slow fetch) is seen on the next round. A change the fetches
