@@ -147,7 +147,19 @@ pub fn for_work_tree(root: &Path) -> Command {
 
 /// The path in a one-line file (`commondir`), relative ones taken from `base`.
 fn gitfile_like(file: &Path, base: &Path) -> Option<PathBuf> {
-    let text = std::fs::read_to_string(file).ok()?;
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    // A regular file, bounded: not a link to /dev/zero or a FIFO that would never end.
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(file)
+        .ok()?;
+    if !f.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut text = String::new();
+    f.take(4096).read_to_string(&mut text).ok()?;
     let line = text.lines().next()?.trim();
     (!line.is_empty()).then(|| lexical_join(base, Path::new(line)))
 }
@@ -219,7 +231,13 @@ pub fn linked_worktree(root: &Path) -> Option<LinkedWorktree> {
         return None;
     }
     let back = gitfile_like(&admin.join("gitdir"), &admin)?;
-    (back == dot).then_some(LinkedWorktree { admin, common })
+    // A git directory (a crafted archive could name any directory, the project's parent
+    // with all its siblings first), never one that holds the work tree.
+    let git_dir = is_dir(&common.join("objects"))
+        && is_dir(&common.join("refs"))
+        && std::fs::symlink_metadata(common.join("HEAD")).is_ok_and(|m| m.is_file());
+    (back == dot && git_dir && !root.starts_with(&common))
+        .then_some(LinkedWorktree { admin, common })
 }
 
 /// The directory a `.git` file (`gitdir: PATH`) names, relative paths taken from `base`.
@@ -315,7 +333,11 @@ pub fn guards(target: &Path, source: &Path) -> Result<Vec<Guard>, GuardError> {
     }
     // Hooks kept in the work tree (`core.hooksPath`, as husky and lefthook set it) run on the
     // host as surely as `.git/hooks`: read-only too, created empty when missing.
-    if let Some(hooks) = git_dir_of(source).and_then(|gd| hooks_path(source, &gd)) {
+    // A linked work tree's configuration is its repository's common directory's.
+    let dirs = linked_worktree(source)
+        .map(|w| (w.admin, w.common))
+        .or_else(|| git_dir_of(source).map(|g| (g.clone(), g)));
+    if let Some(hooks) = dirs.and_then(|(gd, common)| hooks_path(source, &gd, &common)) {
         if hooks.starts_with(source) && hooks != source {
             g.push(&hooks, false, true)?;
         }
@@ -327,13 +349,14 @@ pub fn guards(target: &Path, source: &Path) -> Result<Vec<Guard>, GuardError> {
 /// repository's or the user's configuration): `None` when it is not set. Git is asked only
 /// when a configuration file mentions it (or includes another), so a start usually costs no
 /// extra process.
-fn hooks_path(root: &Path, git_dir: &Path) -> Option<PathBuf> {
+fn hooks_path(root: &Path, git_dir: &Path, common: &Path) -> Option<PathBuf> {
     let home = std::env::var_os("HOME").map(PathBuf::from);
     let xdg = std::env::var_os("XDG_CONFIG_HOME")
         .map(PathBuf::from)
         .or_else(|| home.as_ref().map(|h| h.join(".config")));
     let files = [
-        Some(git_dir.join("config")),
+        Some(common.join("config")),
+        Some(git_dir.join("config.worktree")),
         home.map(|h| h.join(".gitconfig")),
         xdg.map(|x| x.join("git/config")),
     ];
@@ -349,7 +372,7 @@ fn hooks_path(root: &Path, git_dir: &Path) -> Option<PathBuf> {
     // Without [`command`]'s overrides (they set this very key): reading runs nothing.
     let out = stripped()
         .env("GIT_DIR", git_dir)
-        .env("GIT_COMMON_DIR", git_dir)
+        .env("GIT_COMMON_DIR", common)
         .current_dir(root)
         .args(["config", "--path", "--get", "core.hooksPath"])
         .stdin(std::process::Stdio::null())

@@ -1598,3 +1598,199 @@ fn named_forged(user: Option<(u32, u32)>) {
 }
 
 as_root_and_a_user!(a_forged_loose_object_cannot_test_a_guess_as_root, a_forged_loose_object_cannot_test_a_guess_as_a_user => named_forged);
+
+/// A reviewer's attacks on the linked work tree: its hooks path (set in the repository's
+/// configuration, relative to the work tree) is read-only inside; another work tree's
+/// git-crypt keys are masked; a token in a work tree's `config.worktree` is not inside; a
+/// branch another work tree has checked out is never moved by what comes back; a link made
+/// at `worktrees/` never makes the host read its target as the sandbox's index. And a crafted
+/// `.git` file whose "repository" is the project's parent is not taken for a work tree.
+fn worktree_review(user: Option<(u32, u32)>) {
+    for backend in BACKENDS {
+        let who = who(backend, user);
+        let p = Project::new(user);
+        let proj = p.proj();
+        support::chown_r(&proj, 0, 0);
+        let wt = p.dir.path().join("wt");
+        support::git_in(&proj, &["config", "core.hooksPath", ".githooks"]);
+        support::git_in(&proj, &["config", "extensions.worktreeConfig", "true"]);
+        support::git_in(
+            &proj,
+            &["worktree", "add", "-q", "-b", "wtb", &wt.to_string_lossy()],
+        );
+        support::git_in(
+            &proj,
+            &[
+                "worktree",
+                "add",
+                "-q",
+                "-b",
+                "other",
+                &p.dir.path().join("wt2").to_string_lossy(),
+            ],
+        );
+        support::git_in(
+            &wt,
+            &[
+                "config",
+                "--worktree",
+                "remote.origin.url",
+                "https://u:ghp_WORKTREETOKEN@example.com/r.git",
+            ],
+        );
+        let keys = proj.join(".git/worktrees/wt2/git-crypt/keys");
+        std::fs::create_dir_all(&keys).unwrap();
+        std::fs::write(keys.join("default"), "GITCRYPTKEY-OTHER").unwrap();
+        if let Some((uid, gid)) = user {
+            support::chown_r(p.dir.path(), uid, gid);
+        }
+        let index_before = std::fs::read(proj.join(".git/worktrees/wt/index")).unwrap();
+        let script = format!(
+            r#"M={m}
+C=$(cd "$(git rev-parse --git-common-dir)" && pwd)
+mkdir -p .githooks 2>/dev/null; printf '#!/bin/sh\ntouch %s/hook\n' "$M" > .githooks/pre-commit; echo hook=$?
+cat "$C/worktrees/wt2/git-crypt/keys/default"; echo key=$?
+echo url=$(git config --get remote.origin.url)
+git checkout -q --ignore-other-worktrees main && echo x > took.txt && git add took.txt && git -c user.name=a -c user.email=a@a commit -qm took && echo took=ok
+"#,
+            m = p.marks().display()
+        );
+        let mut cmd = p.run_cmd(backend, &script);
+        cmd.current_dir(&wt);
+        let o = Out::from(cmd.output().unwrap());
+        o.expect_failed("hook", "the work tree's hooks path is read-only inside");
+        o.expect_failed("key", "another work tree's git-crypt key is masked");
+        assert!(!o.stdout.contains("GITCRYPTKEY"), "{who}\n{}", o.stdout);
+        assert!(
+            !o.stdout.contains("WORKTREETOKEN"),
+            "{who} the token in config.worktree is inside:\n{}",
+            o.stdout
+        );
+        o.expect("took", "ok");
+        // The main work tree's branch did not move; the commit waits under refs/aisb/.
+        let main = p.git(&["log", "-1", "--format=%s", "main"]);
+        assert_eq!(
+            main.stdout.trim(),
+            "init",
+            "{who} the main work tree's branch moved:\n{}",
+            o.stderr
+        );
+        let kept = p.git(&["for-each-ref", "--format=%(subject)", "refs/aisb/"]);
+        assert!(
+            kept.stdout.contains("took"),
+            "{who} the commit was lost: {}\n{}",
+            kept.stdout,
+            o.stderr
+        );
+        // A link at `worktrees/` (nothing mounted below it this time): the host's index for
+        // the work tree is its own, never read through the link.
+        std::fs::remove_dir_all(proj.join(".git/worktrees/wt2/git-crypt")).unwrap();
+        let _ = std::fs::remove_file(proj.join(".git/worktrees/wt/config.worktree"));
+        // What the link points at: another repository's index, under the work tree's name.
+        let other = p.dir.path().join("otherrepo");
+        std::fs::create_dir_all(&other).unwrap();
+        support::git_in(&other, &["init", "-q"]);
+        std::fs::write(other.join("secret.txt"), "other\n").unwrap();
+        support::git_in(&other, &["add", "secret.txt"]);
+        let evil = p.dir.path().join("evil/wt");
+        std::fs::create_dir_all(&evil).unwrap();
+        std::fs::copy(other.join(".git/index"), evil.join("index")).unwrap();
+        std::fs::write(evil.join("HEAD"), "ref: refs/heads/wtb\n").unwrap();
+        if let Some((uid, gid)) = user {
+            support::chown_r(p.dir.path(), uid, gid);
+        }
+        let mut cmd = p.run_cmd(
+            backend,
+            &format!(
+                "C=$(cd \"$(git rev-parse --git-common-dir)\" && pwd)\n\
+                 rm -rf \"$C/worktrees\" && ln -s {} \"$C/worktrees\"; echo link=$?",
+                p.dir.path().join("evil").display()
+            ),
+        );
+        cmd.current_dir(&wt);
+        let l = Out::from(cmd.output().unwrap());
+        l.expect("link", "0");
+        assert_eq!(
+            std::fs::read(proj.join(".git/worktrees/wt/index")).unwrap(),
+            index_before,
+            "{who} {}",
+            l.stderr
+        );
+        assert!(proj.join(".git/worktrees/wt2").is_dir(), "{who}");
+        let mut ls = Command::new("git");
+        p.as_caller(&mut ls);
+        let ls = Out::from(ls.current_dir(&wt).args(["ls-files"]).output().unwrap());
+        assert!(
+            !ls.stdout.contains("secret.txt"),
+            "{who} another repository's index came back: {}",
+            ls.stdout
+        );
+        // The host's commit in the work tree runs no planted hook.
+        let mut commit = Command::new("git");
+        p.as_caller(&mut commit);
+        let c = Out::from(
+            commit
+                .current_dir(&wt)
+                .args([
+                    "-c",
+                    "user.name=t",
+                    "-c",
+                    "user.email=t@t",
+                    "commit",
+                    "-q",
+                    "--allow-empty",
+                    "-m",
+                    "host",
+                ])
+                .output()
+                .unwrap(),
+        );
+        assert_eq!(c.code, 0, "{who} {}", c.stderr);
+        assert_eq!(
+            p.marked(),
+            Vec::<String>::new(),
+            "{who} a planted hook ran on the host"
+        );
+    }
+    // A crafted `.git` file naming the project's parent as its repository.
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    for d in ["proj", "worktrees/n", "otherrepo", "home"] {
+        std::fs::create_dir_all(src.join(d)).unwrap();
+    }
+    std::fs::write(src.join("proj/.git"), "gitdir: ../worktrees/n\n").unwrap();
+    std::fs::write(src.join("worktrees/n/commondir"), "../..\n").unwrap();
+    std::fs::write(src.join("worktrees/n/gitdir"), "../../proj/.git\n").unwrap();
+    std::fs::write(src.join("worktrees/n/HEAD"), "ref: refs/heads/main\n").unwrap();
+    std::fs::create_dir_all(src.join("objects")).unwrap();
+    std::fs::create_dir_all(src.join("refs")).unwrap();
+    std::fs::write(src.join("HEAD"), "ref: refs/heads/main\n").unwrap();
+    std::fs::write(src.join("otherrepo/.env"), "TOKEN=sk-live-SIBLING\n").unwrap();
+    let o = Out::from(
+        Command::new(env!("CARGO_BIN_EXE_aisb"))
+            .current_dir(src.join("proj"))
+            .env("HOME", src.join("home"))
+            .env("XDG_CACHE_HOME", dir.path().join("cache"))
+            .env("XDG_CONFIG_HOME", dir.path().join("config"))
+            .args([
+                "--trust",
+                "run",
+                "--backend",
+                "bwrap",
+                "--",
+                "/bin/sh",
+                "-c",
+            ])
+            .arg(format!("cat {}/otherrepo/.env", src.display()))
+            .stdin(Stdio::null())
+            .output()
+            .unwrap(),
+    );
+    assert!(
+        !o.stdout.contains("sk-live-SIBLING"),
+        "a crafted work tree exposed its parent:\n{}",
+        o.stdout
+    );
+}
+
+as_root_and_a_user!(a_reviewers_attacks_on_linked_work_trees_fail_as_root, a_reviewers_attacks_on_linked_work_trees_fail_as_a_user => worktree_review);

@@ -481,7 +481,14 @@ fn resolve(
     }
     // git-crypt's key decrypts every file the git-crypt layer hides (a linked work tree's
     // are in the repository's common git directory, or its own).
-    let common = crate::git::linked_worktree(&sc.project).map(|w| w.common);
+    // (git-crypt keeps them in `git rev-parse --git-dir`: each work tree's own.)
+    let common: Vec<PathBuf> = crate::git::linked_worktree(&sc.project)
+        .map(|w| {
+            let mut dirs = mounts::worktree_dirs(&w.common);
+            dirs.push(w.common);
+            dirs
+        })
+        .unwrap_or_default();
     for keys in git_dir
         .iter()
         .chain(common.iter())

@@ -265,13 +265,33 @@ pub(super) fn user(
 /// to the sandbox's state and bound read-only in its place (over the guard's bind of the
 /// host's file, or alone when the project is read-only); otherwise nothing changes.
 fn credential_free_git_config(sc: &Scope<'_>, project: &Path, mounts: &mut Vec<Mount>) {
-    let Some(git_dir) = crate::git::linked_worktree(project)
-        .map(|w| w.common)
-        .or_else(|| crate::git::git_dir_of(project))
-    else {
+    // A linked work tree: its repository's configuration, and each work tree's own
+    // `config.worktree` (the run sees the whole common directory).
+    if let Some(w) = crate::git::linked_worktree(project) {
+        let store = sc.host.store();
+        git_config_views(&sc.state_dir, &store, &w.common, &w.common, mounts);
+        for dir in worktree_dirs(&w.common) {
+            git_config_views(&sc.state_dir, &store, &dir, &dir, mounts);
+        }
+        return;
+    }
+    let Some(git_dir) = crate::git::git_dir_of(project) else {
         return;
     };
     git_config_views(&sc.state_dir, &sc.host.store(), &git_dir, &git_dir, mounts);
+}
+
+/// The linked work trees' own directories of the common git directory `common` (real
+/// directories only, at most 256).
+pub fn worktree_dirs(common: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(common.join("worktrees"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+        .take(256)
+        .collect()
 }
 
 /// The views of `git_dir`'s configuration files (on the host), bound at `inside` (the same
@@ -350,14 +370,17 @@ fn private_git_dir(sc: &Scope<'_>, project: &Path, guards: Vec<Mount>) -> Vec<Mo
         // The common directory's own guards (its configuration, hooks and info read-only
         // inside, as a main work tree's are), but none over the work tree's own directory,
         // which its git writes.
-        if let Some(main) = w.common.parent() {
-            guards.extend(
-                git_guard_mounts(main, main)
-                    .unwrap_or_default()
-                    .into_iter()
-                    .filter(|g| !w.admin.starts_with(&g.target)),
-            );
-        }
+        // (Those of the git directory alone: the main work tree's own hooks path is not this
+        // work tree's and stays out of the sandbox. One that cannot be guarded, a link, keeps
+        // the older way: no private git directory.)
+        let Some(Ok(main_guards)) = w.common.parent().map(|m| git_guard_mounts(m, m)) else {
+            return guards;
+        };
+        guards.extend(
+            main_guards
+                .into_iter()
+                .filter(|g| g.target.starts_with(&w.common) && !w.admin.starts_with(&g.target)),
+        );
         dot = w.common;
     }
     let layer = sc

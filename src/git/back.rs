@@ -95,12 +95,21 @@ impl Layer {
         }
     }
 
-    /// Where the sandbox's writes to the work tree's `HEAD` and index land.
-    fn upper_admin(&self) -> PathBuf {
-        match &self.admin {
-            Some(a) => self.upper.join(a),
-            None => self.upper.clone(),
+    /// Where the sandbox's writes to the work tree's `HEAD` and index land; `None` when a
+    /// directory on the way there is not one (a link the sandbox made: reading through it
+    /// would read any file of the host's as the sandbox's index).
+    fn upper_admin(&self) -> Option<PathBuf> {
+        let Some(a) = &self.admin else {
+            return Some(self.upper.clone());
+        };
+        let mut at = self.upper.clone();
+        for c in a.components() {
+            at.push(c);
+            if !std::fs::symlink_metadata(&at).is_ok_and(|m| m.is_dir()) {
+                return None;
+            }
         }
+        Some(at)
     }
 
     /// The host's git for this work tree (reduced trust, see [`super::command`]).
@@ -272,7 +281,7 @@ pub fn bring_back(
     }
     planted_in_modules(layer, quarantine, &mut out);
     let refs = sandbox_refs(&layer.upper);
-    let head = sandbox_head(&layer.upper_admin());
+    let head = layer.upper_admin().and_then(|u| sandbox_head(&u));
     let finished = match mode {
         Mode::Finished(b) => Some(b),
         Mode::Leftover => None,
@@ -344,17 +353,26 @@ const PLANTED_IN_ADMIN: &[&str] = &["commondir", "gitdir", "config.worktree", "c
 fn planted_in_worktrees(layer: &Layer, quarantine: &Path, out: &mut Outcome) {
     let root = layer.upper.join("worktrees");
     let own = layer.upper_admin();
-    let Ok(entries) = std::fs::read_dir(&root) else {
-        return;
-    };
     let mut found: Vec<PathBuf> = Vec::new();
-    for e in entries.flatten().take(10_000) {
-        let p = e.path();
-        if p != own {
-            found.push(p);
+    if std::fs::symlink_metadata(&root).is_ok_and(|m| m.is_dir()) {
+        for e in std::fs::read_dir(&root)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .take(10_000)
+        {
+            let p = e.path();
+            if Some(&p) != own.as_ref() {
+                found.push(p);
+            }
         }
+    } else {
+        // A link or a file in its place: moved aside whole.
+        found.push(root);
     }
-    found.extend(PLANTED_IN_ADMIN.iter().map(|n| own.join(n)));
+    if let Some(own) = &own {
+        found.extend(PLANTED_IN_ADMIN.iter().map(|n| own.join(n)));
+    }
     for p in found {
         let Ok(md) = std::fs::symlink_metadata(&p) else {
             continue;
@@ -1047,6 +1065,21 @@ const ZERO: &str = "0000000000000000000000000000000000000000";
 /// After the fetch: move the host's checked-out branch (or `HEAD`) forward where that loses
 /// nothing, drop what brought nothing new, and say what stays under `refs/aisb/<run>/`.
 /// Returns whether the host's `HEAD` now names what the sandbox's did.
+/// The branches other work trees of the repository have checked out (the main one's `HEAD`
+/// when the run's is a linked one, and every linked one's but the run's own).
+fn checked_out_elsewhere(layer: &Layer) -> std::collections::BTreeSet<String> {
+    let own = layer.host_admin();
+    let mut heads = vec![layer.host_git.clone()];
+    if let Ok(entries) = std::fs::read_dir(layer.host_git.join("worktrees")) {
+        heads.extend(entries.flatten().map(|e| e.path()).take(256));
+    }
+    heads
+        .into_iter()
+        .filter(|d| *d != own)
+        .filter_map(|d| current_branch(read_small(&d, "HEAD", 4096).as_deref()))
+        .collect()
+}
+
 fn settle(
     layer: &Layer,
     finished: Option<&Before>,
@@ -1077,6 +1110,7 @@ fn settle(
     let mut drops: Vec<String> = Vec::new();
     let mut checks = 0usize;
     let mut moved_head = false;
+    let elsewhere = checked_out_elsewhere(layer);
     let target_branch = match head {
         Some(Head::Branch(b)) => Some(b.clone()),
         Some(Head::Detached(_)) => None,
@@ -1130,7 +1164,11 @@ fn settle(
                 continue;
             }
         }
-        let is_target = head_free && target_branch.as_deref() == Some(name.as_str());
+        // Never a branch another work tree has checked out: its index and files would no
+        // longer match it.
+        let is_target = head_free
+            && target_branch.as_deref() == Some(name.as_str())
+            && !elsewhere.contains(name);
         if is_target {
             let ff = match host {
                 None => true,
@@ -1279,10 +1317,13 @@ fn read_index(
     run: &str,
     out: &mut Outcome,
 ) -> Result<Option<SandboxIndex>, BackError> {
-    if !std::fs::symlink_metadata(layer.upper_admin().join("index")).is_ok_and(|m| m.is_file()) {
+    let Some(upper_admin) = layer.upper_admin() else {
+        return Ok(None);
+    };
+    if !std::fs::symlink_metadata(upper_admin.join("index")).is_ok_and(|m| m.is_file()) {
         return Ok(None);
     }
-    let Some(bytes) = read_small(&layer.upper_admin(), "index", MAX_INDEX) else {
+    let Some(bytes) = read_small(&upper_admin, "index", MAX_INDEX) else {
         return Ok(None);
     };
     if read_small(&layer.host_admin(), "index", MAX_INDEX).as_deref() == Some(&bytes[..]) {
