@@ -103,17 +103,29 @@ struct Record {
     packs: usize,
 }
 
+/// How a store is shown to a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Use {
+    /// A lower layer of the run's git directory overlay, above the host's objects (which it
+    /// must hide: opaque); none is needed when nothing in the history is masked.
+    Overlay,
+    /// A directory bound in place of the repository's objects for a sandbox that lives while
+    /// the host commits (a named sandbox): always built, even with nothing masked yet (a
+    /// secret committed later must not be shown through the host's objects); no overlay, so
+    /// no extended attribute is needed.
+    View,
+}
+
 /// The store for the git directory `host_git` (work tree `work_tree`), under `state_dir`,
 /// built or brought up to date; `None` when no blob in the repository's history is at a masked
-/// path (the host's objects are shown as they are), unless `always` (a sandbox that lives
-/// while the host commits: a secret committed later must not be shown through the host's
-/// objects), when the store then holds every object and no placeholder.
+/// path and `how` is [`Use::Overlay`] (the host's objects are shown as they are). A
+/// [`Use::View`] store with nothing masked holds every object and no placeholder.
 pub fn prepare(
     state_dir: &Path,
     host_git: &Path,
     work_tree: &Path,
     rules: &dyn Rules,
-    always: bool,
+    how: Use,
 ) -> Result<Option<Store>, StoreError> {
     let dir = state_dir.join(STORE_DIR).join(slug(host_git));
     std::fs::create_dir_all(&dir).map_err(io(format!("making {}", dir.display())))?;
@@ -134,7 +146,7 @@ pub fn prepare(
         }
         Ok(match hold(&dir, record)? {
             Some(store) => Some(Some(store)),
-            None => (record.version.is_none() && !always).then_some(None),
+            None => (record.version.is_none() && how == Use::Overlay).then_some(None),
         })
     };
     // Reused without the build lock: a record is replaced atomically, and its version is
@@ -153,7 +165,9 @@ pub fn prepare(
     }
     // Before any work: a file system that keeps no user extended attributes cannot hold a
     // store (its objects could not be made opaque).
-    opaque(&dir)?;
+    if how == Use::Overlay {
+        opaque(&dir)?;
+    }
     let tips = tips(host_git)?;
     let old_objects = record
         .version
@@ -204,14 +218,14 @@ pub fn prepare(
     }
     // Something to withhold for the first time (the last build left no store): the pack is
     // whole, so its names must be too (a blob pass one never saw is withheld).
-    if incremental && old_objects.is_none() && (always || !set.is_empty()) {
+    if incremental && old_objects.is_none() && (how == Use::View || !set.is_empty()) {
         incremental = false;
         set = Withheld::new();
         seen.clear();
         names(host_git, work_tree, rules, &tips, &[], &mut set, &mut seen)?;
     }
     let since: &[String] = if incremental { &record.tips } else { &[] };
-    if set.is_empty() && !always {
+    if set.is_empty() && how == Use::Overlay {
         // Nothing masked in the history: the host's objects are shown as they are.
         let new = Record {
             key,
@@ -255,7 +269,9 @@ pub fn prepare(
         .filter_map(|(oid, name)| Some((oid.as_str(), name.as_deref()?)))
         .collect();
     placeholder_pack(rules, &objects, &fresh)?;
-    opaque(&objects)?;
+    if how == Use::Overlay {
+        opaque(&objects)?;
+    }
     crate::atomic::write_atomic(&making.join("lock"), b"")
         .map_err(io("writing the store's lock"))?;
     let at = dir.join(&version);

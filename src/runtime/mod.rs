@@ -611,7 +611,13 @@ fn git_store(
         );
         return None;
     }
-    match crate::git::store::prepare(&plan.state_dir, host_git, work_tree, rules, false) {
+    match crate::git::store::prepare(
+        &plan.state_dir,
+        host_git,
+        work_tree,
+        rules,
+        crate::git::store::Use::Overlay,
+    ) {
         Ok(store) => store,
         // Closed: git inside sees no objects at all rather than the host's.
         Err(e) => match crate::git::store::empty(&plan.state_dir, host_git) {

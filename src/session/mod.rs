@@ -437,7 +437,13 @@ impl History {
     /// that fails the view stays as it was: objects new on the host are missing inside,
     /// nothing withheld appears.
     pub fn refresh(&self, state: &Path, repo: &Path) -> bool {
-        match crate::git::store::prepare(state, &repo.join(".git"), repo, &self.rules, true) {
+        match crate::git::store::prepare(
+            state,
+            &repo.join(".git"),
+            repo,
+            &self.rules,
+            crate::git::store::Use::View,
+        ) {
             Ok(Some(store)) => crate::git::store::mirror(&store, &self.view).is_ok(),
             _ => false,
         }
@@ -469,14 +475,20 @@ fn objects_view(
         return None;
     }
     let history = History { rules, view };
-    let made = crate::git::store::prepare(&state, &repo.join(".git"), repo, &history.rules, true)
-        .map_err(|e| e.to_string())
-        .and_then(|store| match store {
-            Some(store) => crate::git::store::mirror(&store, &history.view)
-                .map(|()| true)
-                .map_err(|e| e.to_string()),
-            None => Ok(false),
-        });
+    let made = crate::git::store::prepare(
+        &state,
+        &repo.join(".git"),
+        repo,
+        &history.rules,
+        crate::git::store::Use::View,
+    )
+    .map_err(|e| e.to_string())
+    .and_then(|store| match store {
+        Some(store) => crate::git::store::mirror(&store, &history.view)
+            .map(|()| true)
+            .map_err(|e| e.to_string()),
+        None => Ok(false),
+    });
     match made {
         Ok(false) => {
             let _ = crate::beneath::remove_tree(&history.view);
