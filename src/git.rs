@@ -236,8 +236,17 @@ pub fn linked_worktree(root: &Path) -> Option<LinkedWorktree> {
     let git_dir = is_dir(&common.join("objects"))
         && is_dir(&common.join("refs"))
         && std::fs::symlink_metadata(common.join("HEAD")).is_ok_and(|m| m.is_file());
-    (back == dot && git_dir && !root.starts_with(&common))
-        .then_some(LinkedWorktree { admin, common })
+    // Compared as the file system resolves them: a link partway along a path (`sib/up ->
+    // ../..`) would make a directory that holds the work tree look like another one. Each
+    // must already be its own real path.
+    let real = |p: &Path| std::fs::canonicalize(p).is_ok_and(|r| r == p);
+    (back == dot
+        && git_dir
+        && real(root)
+        && real(&admin)
+        && real(&common)
+        && !root.starts_with(&common))
+    .then_some(LinkedWorktree { admin, common })
 }
 
 /// The directory a `.git` file (`gitdir: PATH`) names, relative paths taken from `base`.

@@ -983,7 +983,7 @@ as_root_and_a_user!(the_first_secret_committed_builds_the_store_whole_as_root, t
 /// the clone nor the repository's git directory seen inside gives the content of a masked file
 /// — committed, removed from the tree, staged on the host, or unreachable. A commit made
 /// inside reaches the host whole. While the session runs, the host commits a new secret: the
-/// sandbox sees the commit (`origin/main`), not the secret. A pack crafted inside (a delta on
+/// sandbox's `git fetch origin` gets the commit, not the secret. A pack crafted inside (a delta on
 /// the withheld blob under the name of a right guess) never reaches the host's
 /// `sandbox-NAME/*` refs: the host's sync resolves it against what the sandbox saw. The test
 /// of the tests: with the store off, the same digging finds the secrets.
@@ -1025,7 +1025,7 @@ fn named_history(user: Option<(u32, u32)>) {
              set -- $(python3 craft.py .git/objects/pack $X TOK 3 $(git rev-parse HEAD) $(git rev-parse HEAD:a) $(git rev-parse HEAD:d) $SIZE)\n\
              git update-ref refs/heads/leak $1 && echo crafted=$1\n\
              touch ready\n\
-             i=0; while [ $i -lt 300 ] && [ \"$(git log -1 --format=%s origin/main 2>/dev/null)\" != host ]; do sleep 0.1; i=$((i+1)); done\n\
+             i=0; while [ $i -lt 300 ] && [ \"$(git -c core.commitGraph=false fetch -q origin 2>/dev/null; git log -1 --format=%s origin/main 2>/dev/null)\" != host ]; do sleep 0.1; i=$((i+1)); done\n\
              echo origin_last=$(git log -1 --format=%s origin/main)\n\
              git show origin/main:.env; git log -p origin/main | cat; git cat-file --batch-all-objects --batch\n\
              git --git-dir=\"$O/.git\" cat-file --batch-all-objects --batch\n"
@@ -1473,7 +1473,7 @@ fn named_later(user: Option<(u32, u32)>) {
              git for-each-ref --format='delete %(refname)' refs/remotes | git update-ref --stdin\n\
              mkdir -p .git/objects/info && head -c 4096 /dev/urandom > .git/objects/info/commit-graph\n\
              touch ready\n\
-             i=0; while [ $i -lt 300 ] && [ \"$(git log -1 --format=%s origin/main 2>/dev/null)\" != host ]; do sleep 0.1; i=$((i+1)); done\n\
+             i=0; while [ $i -lt 300 ] && [ \"$(git -c core.commitGraph=false fetch -q origin 2>/dev/null; git log -1 --format=%s origin/main 2>/dev/null)\" != host ]; do sleep 0.1; i=$((i+1)); done\n\
              echo origin_last=$(git log -1 --format=%s origin/main)\n\
              sleep 1\n\
              git show origin/main:.env; git log -p origin/main | cat\n\
@@ -1793,4 +1793,143 @@ git checkout -q --ignore-other-worktrees main && echo x > took.txt && git add to
     );
 }
 
+/// The crafted work tree again, its repository reached through a link partway along the path
+/// (`sib/up -> ../..`): as text the repository is elsewhere, on disk it is the parent.
+#[test]
+fn a_crafted_work_tree_through_a_link_does_not_expose_its_parent() {
+    let dir = tempfile::tempdir().unwrap();
+    let dl = dir.path().join("dl");
+    for d in [
+        "proj",
+        "worktrees/w",
+        "victimproj",
+        "objects",
+        "refs",
+        "sib",
+        "home",
+    ] {
+        std::fs::create_dir_all(dl.join(d)).unwrap();
+    }
+    std::os::unix::fs::symlink("../..", dl.join("sib/up")).unwrap();
+    std::fs::write(dl.join("HEAD"), "ref: refs/heads/main\n").unwrap();
+    std::fs::write(dl.join("proj/.git"), "gitdir: ../sib/up/dl/worktrees/w\n").unwrap();
+    std::fs::write(dl.join("worktrees/w/commondir"), "../..\n").unwrap();
+    std::fs::write(dl.join("worktrees/w/gitdir"), "../../../../../proj/.git\n").unwrap();
+    std::fs::write(dl.join("worktrees/w/HEAD"), "ref: refs/heads/main\n").unwrap();
+    std::fs::write(dl.join("victimproj/.env"), "TOKEN=sk-live-SIBLING\n").unwrap();
+    let through = dl.join("sib/up/dl/victimproj/.env");
+    let o = Out::from(
+        Command::new(env!("CARGO_BIN_EXE_aisb"))
+            .current_dir(dl.join("proj"))
+            .env("HOME", dl.join("home"))
+            .env("XDG_CACHE_HOME", dir.path().join("cache"))
+            .env("XDG_CONFIG_HOME", dir.path().join("config"))
+            .args([
+                "--trust",
+                "run",
+                "--backend",
+                "bwrap",
+                "--",
+                "/bin/sh",
+                "-c",
+            ])
+            .arg(format!(
+                "cat {} {}",
+                through.display(),
+                dl.join("victimproj/.env").display()
+            ))
+            .stdin(Stdio::null())
+            .output()
+            .unwrap(),
+    );
+    assert!(
+        !o.stdout.contains("sk-live-SIBLING"),
+        "a crafted work tree exposed its parent through a link:\n{}",
+        o.stdout
+    );
+}
+
 as_root_and_a_user!(a_reviewers_attacks_on_linked_work_trees_fail_as_root, a_reviewers_attacks_on_linked_work_trees_fail_as_a_user => worktree_review);
+
+/// A named sandbox links its clone's reflog directory and remote-tracking refs to host files
+/// (a victim directory, another repository's branches), then the host commits and a second
+/// session starts. The host's git never writes into the clone, so nothing is deleted,
+/// appended to or moved through the links.
+fn named_links(user: Option<(u32, u32)>) {
+    for backend in BACKENDS {
+        let who = who(backend, user);
+        let p = Project::new(user);
+        let proj = p.proj();
+        let victim = p.dir.path().join("victim");
+        std::fs::create_dir_all(&victim).unwrap();
+        std::fs::write(victim.join("thesis"), "years of work\n").unwrap();
+        std::fs::write(victim.join("main"), "# bashrc\n").unwrap();
+        let other = p.dir.path().join("other");
+        std::fs::create_dir_all(&other).unwrap();
+        support::git_in(&other, &["init", "-q", "-b", "main"]);
+        std::fs::write(other.join("f"), "f\n").unwrap();
+        support::commit_all(&other, "other");
+        support::git_in(&other, &["branch", "feature"]);
+        if let Some((uid, gid)) = user {
+            support::chown_r(p.dir.path(), uid, gid);
+        }
+        let before = p
+            .git(&["-C", &other.to_string_lossy(), "for-each-ref"])
+            .stdout;
+        let script = format!(
+            "git update-ref refs/remotes/origin/thesis HEAD\n\
+             rm -rf .git/logs/refs/remotes/origin && ln -s {v} .git/logs/refs/remotes/origin; echo logs=$?\n\
+             git pack-refs --all; rm -rf .git/refs/remotes/origin && ln -s {o}/.git/refs/heads .git/refs/remotes/origin; echo refs=$?\n\
+             touch ready\n\
+             i=0; while [ $i -lt 40 ]; do sleep 0.1; i=$((i+1)); done\n",
+            v = victim.display(),
+            o = other.display()
+        );
+        let mut child = p
+            .named_cmd(backend, "s1", &script)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while !p.clone_of("s1").is_some_and(|c| c.join("ready").exists()) {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("{who} the session ended ({status}) before it was ready");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{who} the session was not ready in 90 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::fs::write(proj.join("README"), "moved\n").unwrap();
+        p.git_ok(&who, &["commit", "-qam", "host"]);
+        let o = Project::finish(child);
+        assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
+        o.expect("logs", "0");
+        o.expect("refs", "0");
+        // A second session starts with the links in place.
+        let o2 = Out::from(p.named_cmd(backend, "s1", "true").output().unwrap());
+        assert_eq!(o2.code, 0, "{who} {}", o2.stderr);
+        assert_eq!(
+            std::fs::read_to_string(victim.join("thesis"))
+                .ok()
+                .as_deref(),
+            Some("years of work\n"),
+            "{who} a file was deleted through the clone's reflog link"
+        );
+        assert_eq!(
+            std::fs::read_to_string(victim.join("main")).unwrap(),
+            "# bashrc\n",
+            "{who} a file was appended to through the clone's reflog link"
+        );
+        assert_eq!(
+            p.git(&["-C", &other.to_string_lossy(), "for-each-ref"])
+                .stdout,
+            before,
+            "{who} another repository's branches moved through the clone's refs link"
+        );
+    }
+}
+
+as_root_and_a_user!(a_named_sandboxs_links_make_the_host_write_nothing_as_root, a_named_sandboxs_links_make_the_host_write_nothing_as_a_user => named_links);

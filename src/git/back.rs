@@ -1219,7 +1219,9 @@ fn settle(
         update_refs(layer, &drops.concat());
     }
     // The sandbox checked out another branch, and the host's HEAD did not move: follow it,
-    // when that branch is now the host's with the sandbox's value.
+    // when that branch is now the host's with the sandbox's value, and no other work tree
+    // has it checked out.
+    let target_branch = target_branch.filter(|t| !elsewhere.contains(t));
     if let (true, Some(t)) = (head_free, &target_branch) {
         let now = host_git(layer, &["rev-parse", "--verify", "-q", t]).unwrap_or_default();
         let sandbox_value = fetched

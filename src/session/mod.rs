@@ -10,9 +10,11 @@
 //! - `state.json` (written atomically), `lock` (flock: one session per sandbox at a time).
 //!
 //! The repository gets the clone as remote `sandbox-NAME`. While a session runs, a watcher
-//! fetches commits across both ways (into `refs/remotes/sandbox-NAME/*` on the host and
-//! `refs/remotes/origin/*` in the clone): fetch only, so the sandbox never moves a branch of
-//! the host repository.
+//! fetches the sandbox's commits into `refs/remotes/sandbox-NAME/*` of the repository (fetch
+//! only, so the sandbox never moves a branch of the host repository), and keeps what the
+//! sandbox sees of the repository's objects up to date, so that `git fetch origin` inside
+//! finds the host's new commits. The host's git never writes into the clone while it is the
+//! sandbox's: its `.git` is the sandbox's to shape.
 
 pub mod attach;
 pub mod join;
@@ -342,7 +344,9 @@ pub fn prepare(plan: &mut Plan, name: &str) -> Result<Session, SessionError> {
         kind: MountKind::Tmpfs {
             size: Some(1 << 20),
             mode: 0o555,
-            owner: None,
+            // The user's, as the repository's directory is (git refuses a repository that
+            // another user owns).
+            owner: Some((plan.identity.uid, plan.identity.gid)),
         },
         why: format!("sandbox `{name}`: what git fetch reads of the repository"),
     });
@@ -381,8 +385,6 @@ pub fn prepare(plan: &mut Plan, name: &str) -> Result<Session, SessionError> {
         .live
         .take()
         .and_then(|rules| objects_view(plan, &repo, &origin, name, rules));
-    // The host's branches as they are now (the last session may be long ago).
-    let _ = sync::refs_into_clone(&repo, &clone, &state);
     // Masks are paths in the repository; the clone has only what is committed.
     plan.masks.retain(|m| match m.path.strip_prefix(&repo) {
         Ok(rel) => fs::symlink_metadata(clone.join(rel)).is_ok(),

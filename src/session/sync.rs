@@ -1,7 +1,8 @@
-//! Keeping the repository and a sandbox's clone in sync while a session runs: when the refs of
-//! either side change, fetch across. Fetch only, into remote-tracking refs with a fixed
-//! refspec, so no branch of the host repository is ever moved from inside, and a ref named
-//! like an option (`--mirror`) is data, never an argument.
+//! Keeping the repository and a sandbox's clone in sync while a session runs: when the clone's
+//! refs change, the repository fetches them (into remote-tracking refs with a fixed refspec,
+//! so no branch of the host repository is ever moved from inside, and a ref named like an
+//! option (`--mirror`) is data, never an argument); when the repository's change, the view of
+//! its objects the sandbox sees is brought up to date (its own `git fetch origin` takes them).
 //!
 //! Changes are found by polling the stamps of each side's ref files every 300 ms (one `stat`
 //! per ref file): no extra dependency, nothing to tear down, and the sandbox's clone is
@@ -63,6 +64,22 @@ fn fetch_rehashed(
     refspec: &str,
     state: &Path,
 ) -> Result<(), SessionError> {
+    // What a killed aisb left: the directories of processes that are gone.
+    for e in std::fs::read_dir(state)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .take(10_000)
+    {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid = name
+            .strip_prefix("sync-")
+            .and_then(|r| r.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok());
+        if pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
+            let _ = crate::beneath::remove_tree(&e.path());
+        }
+    }
     // A directory of this call's own: `aisb ls` and the session's watcher may sync at once.
     let t = state.join(format!(
         "sync-{}-{}",
@@ -151,75 +168,6 @@ fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
 
-/// The host's branches as the clone's `refs/remotes/origin/*`, set by name (`update-ref`):
-/// their objects are already there through the clone's alternates (the repository's objects,
-/// or inside the sandbox the view of them), so nothing is transferred. A `git fetch` here
-/// would let the clone's own files (a commit-graph the sandbox wrote, refs it deleted) make
-/// the repository's upload-pack send its whole history, masked content and all, into the
-/// clone's objects.
-pub fn refs_into_clone(repo: &Path, clone: &Path, state: &Path) -> Result<(), SessionError> {
-    let listed = |dir: &Path, prefix: &str| -> Result<Vec<(String, String)>, SessionError> {
-        Ok(git(
-            dir,
-            &["for-each-ref", "--format=%(objectname) %(refname)", prefix],
-            state,
-        )?
-        .lines()
-        .take(MAX_REF_FILES)
-        .filter_map(|l| l.split_once(' '))
-        .filter(|(o, n)| crate::git::back::is_object_name(o) && crate::git::back::valid_ref_name(n))
-        .map(|(o, n)| (o.to_string(), n.to_string()))
-        .collect())
-    };
-    let host = listed(repo, "refs/heads/")?;
-    let mine = listed(clone, "refs/remotes/origin/")?;
-    let mut input = String::new();
-    let mut kept = std::collections::HashSet::new();
-    for (oid, name) in &host {
-        let Some(branch) = name.strip_prefix("refs/heads/") else {
-            continue;
-        };
-        let to = format!("refs/remotes/origin/{branch}");
-        if !mine.iter().any(|(o, n)| *n == to && o == oid) {
-            input.push_str(&format!("update {to} {oid}\n"));
-        }
-        kept.insert(to);
-    }
-    for (_, name) in &mine {
-        if name != "refs/remotes/origin/HEAD" && !kept.contains(name) {
-            input.push_str(&format!("delete {name}\n"));
-        }
-    }
-    if input.is_empty() {
-        return Ok(());
-    }
-    super::disarm_clone(clone, state);
-    let mut cmd = crate::git::command(&clone.join(".git"), Some(clone));
-    let out = cmd
-        .args(["update-ref", "--stdin"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .and_then(|mut child| {
-            use std::io::Write;
-            if let Some(mut stdin) = child.stdin.take() {
-                stdin.write_all(input.as_bytes())?;
-            }
-            child.wait_with_output()
-        })
-        .map_err(super::io("running git update-ref"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(SessionError::Git {
-            args: "update-ref --stdin".into(),
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-            state: state.to_path_buf(),
-        })
-    }
-}
-
 /// At most this many ref files are stamped per side: a sandbox can make any number.
 const MAX_REF_FILES: usize = 10_000;
 
@@ -285,10 +233,12 @@ pub fn watch(
             }
             if now.0 != seen.0 {
                 // What the sandbox sees of the repository's objects first, then its refs.
-                // Refs to commits the sandbox could not read would break its git: they move
-                // only once the view has them.
-                if history.as_ref().is_none_or(|h| h.refresh(&state, &repo)) {
-                    let _ = refs_into_clone(&repo, &clone, &state);
+                // What the sandbox sees of the repository's objects, brought up to date: its
+                // `git fetch origin` then finds the new commits. Nothing is written into the
+                // clone from here: its `.git` is the sandbox's to shape (a link under `refs/`
+                // or `logs/` would make the host's git write, append to or delete any file).
+                if let Some(h) = &history {
+                    h.refresh(&state, &repo);
                 }
             }
             // The stamps from before the fetches: a change made while they ran (the host
