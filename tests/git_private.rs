@@ -127,6 +127,28 @@ impl Project {
         .arg(script);
         cmd
     }
+    /// [`Self::named_cmd`] started, its output piped.
+    fn spawn_named(&self, backend: &str, name: &str, script: &str) -> Child {
+        self.named_cmd(backend, name, script)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+    /// Until the session of named sandbox `name` wrote `file` in its clone (at most 90 s).
+    fn wait_in_clone(&self, who: &str, name: &str, file: &str, child: &mut Child) {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while !self.clone_of(name).is_some_and(|c| c.join(file).exists()) {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("{who} the session ended ({status}) before it was ready");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{who} the session was not ready in 90 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
     /// The work tree of the named sandbox `name`'s clone, as the host sees it.
     fn clone_of(&self, name: &str) -> Option<PathBuf> {
         std::fs::read_dir(self.dir.path().join("cache/aisb"))
@@ -1030,23 +1052,8 @@ fn named_history(user: Option<(u32, u32)>) {
              git show origin/main:.env; git log -p origin/main | cat; git cat-file --batch-all-objects --batch\n\
              git --git-dir=\"$O/.git\" cat-file --batch-all-objects --batch\n"
         );
-        let mut child = p
-            .named_cmd(backend, "s1", &script)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(90);
-        while !p.clone_of("s1").is_some_and(|c| c.join("ready").exists()) {
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!("{who} the session ended ({status}) before it was ready");
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{who} the session was not ready in 90 s"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let mut child = p.spawn_named(backend, "s1", &script);
+        p.wait_in_clone(&who, "s1", "ready", &mut child);
         std::fs::write(proj.join(".env"), "TOKEN=sk-live-THIRD\n").unwrap();
         git(&["commit", "-qm", "host", ".env"]);
         let o = Project::finish(child);
@@ -1483,23 +1490,8 @@ fn named_later(user: Option<(u32, u32)>) {
              cat \"$O/.git/COMMIT_EDITMSG\" \"$O/.git/index\" 2>/dev/null\n\
              test -e \"$O/.git/index\"; echo index=$?\n\
              ls \"$O/.git\" | tr '\\n' ' '; echo\n";
-        let mut child = p
-            .named_cmd(backend, "s1", script)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(90);
-        while !p.clone_of("s1").is_some_and(|c| c.join("ready").exists()) {
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!("{who} the session ended ({status}) before it was ready");
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{who} the session was not ready in 90 s"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let mut child = p.spawn_named(backend, "s1", script);
+        p.wait_in_clone(&who, "s1", "ready", &mut child);
         // Enough history for a transfer to be kept as a pack.
         for i in 0..120 {
             std::fs::write(proj.join(format!("f{i}.txt")), format!("{i}\n")).unwrap();
@@ -1885,23 +1877,8 @@ fn named_links(user: Option<(u32, u32)>) {
             v = victim.display(),
             o = other.display()
         );
-        let mut child = p
-            .named_cmd(backend, "s1", &script)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(90);
-        while !p.clone_of("s1").is_some_and(|c| c.join("ready").exists()) {
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!("{who} the session ended ({status}) before it was ready");
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{who} the session was not ready in 90 s"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let mut child = p.spawn_named(backend, "s1", &script);
+        p.wait_in_clone(&who, "s1", "ready", &mut child);
         std::fs::write(proj.join("README"), "moved\n").unwrap();
         p.git_ok(&who, &["commit", "-qam", "host"]);
         let o = Project::finish(child);
