@@ -1910,3 +1910,77 @@ fn named_links(user: Option<(u32, u32)>) {
 }
 
 as_root_and_a_user!(a_named_sandboxs_links_make_the_host_write_nothing_as_root, a_named_sandboxs_links_make_the_host_write_nothing_as_a_user => named_links);
+
+/// A named sandbox leaves its clone's `.git/index` a link to the user's repository's index,
+/// its `refs/heads` a link to another repository's branches, and `packed-refs` a FIFO. The
+/// session's end and the next session's start neither hang nor touch what the links name:
+/// the user's index keeps no flag of aisb's, no branch of the other repository reaches
+/// `sandbox-NAME/*`, and the plants are moved aside.
+fn named_plants(user: Option<(u32, u32)>) {
+    for backend in BACKENDS {
+        let who = who(backend, user);
+        let p = Project::new(user);
+        let proj = p.proj();
+        std::fs::write(proj.join(".env"), "TOKEN=tracked\n").unwrap();
+        p.git_ok(&who, &["add", ".env"]);
+        p.git_ok(&who, &["commit", "-qm", "env"]);
+        let other = p.dir.path().join("other");
+        std::fs::create_dir_all(&other).unwrap();
+        support::git_in(&other, &["init", "-q", "-b", "embargoed-fix"]);
+        std::fs::write(other.join("f"), "f\n").unwrap();
+        support::commit_all(&other, "other");
+        if let Some((uid, gid)) = user {
+            support::chown_r(p.dir.path(), uid, gid);
+        }
+        let index_before = std::fs::read(proj.join(".git/index")).unwrap();
+        let script = format!(
+            "git -c user.name=a -c user.email=a@a commit -q --allow-empty -m inside && echo commit=ok\n\
+             rm -f .git/index; ln -s {proj}/.git/index .git/index; echo index=$?\n\
+             mv .git/refs/heads .git/my-heads && ln -s {o}/.git/refs/heads .git/refs/heads; echo heads=$?\n\
+             rm -f .git/packed-refs; mkfifo .git/packed-refs; echo fifo=$?\n",
+            proj = proj.display(),
+            o = other.display()
+        );
+        let o = Out::from(p.named_cmd(backend, "s1", &script).output().unwrap());
+        o.expect("index", "0");
+        o.expect("heads", "0");
+        o.expect("fifo", "0");
+        // The next session, bounded: it must neither hang nor rewrite what the links name.
+        let mut child = p.spawn_named(backend, "s1", "true");
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("{who} the next session hung on what the sandbox planted");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let o2 = Project::finish(child);
+        assert!(status.success() || o2.code != 0, "{who}");
+        assert_eq!(
+            std::fs::read(proj.join(".git/index")).unwrap(),
+            index_before,
+            "{who} the user's index was rewritten through the clone's link:\n{}",
+            o2.stderr
+        );
+        let remotes = p
+            .git(&["for-each-ref", "--format=%(refname)", "refs/remotes/"])
+            .stdout;
+        assert!(
+            !remotes.contains("embargoed-fix"),
+            "{who} another repository's branch reached the repository: {remotes}"
+        );
+        // Said when found: at the first session's end (its last sync) or the next start.
+        assert!(
+            format!("{}{}", o.stderr, o2.stderr).contains("something git would not have"),
+            "{who} the plants were not reported: {}\n{}",
+            o.stderr,
+            o2.stderr
+        );
+    }
+}
+
+as_root_and_a_user!(a_named_sandboxs_plants_hold_nothing_and_hang_nothing_as_root, a_named_sandboxs_plants_hold_nothing_and_hang_nothing_as_a_user => named_plants);

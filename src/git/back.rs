@@ -540,7 +540,7 @@ pub fn valid_ref_name(name: &str) -> bool {
 
 /// The refs the sandbox wrote: loose files under `refs/` (regular files only, no link
 /// followed), over the entries of a `packed-refs` it rewrote. Bounded.
-fn sandbox_refs(upper: &Path) -> BTreeMap<String, String> {
+pub fn sandbox_refs(upper: &Path) -> BTreeMap<String, String> {
     let mut refs = BTreeMap::new();
     if let Some(text) = read_small(upper, "packed-refs", MAX_PACKED_REFS) {
         for line in text.split(|b| *b == b'\n').take(MAX_REFS) {

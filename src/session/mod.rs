@@ -126,12 +126,10 @@ pub fn git(dir: &Path, args: &[&str], state: &Path) -> Result<String, SessionErr
         (crate::git::discover(dir), Some(repo_lock(state)?))
     };
     // Paths we pass are paths, never pathspec patterns.
-    let out = cmd
-        .args(args)
+    cmd.args(args)
         .env("GIT_LITERAL_PATHSPECS", "1")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .map_err(io("running git"))?;
+        .stdin(std::process::Stdio::null());
+    let out = output_within(cmd, GIT_TIMEOUT).map_err(io("running git"))?;
     if !out.status.success() {
         return Err(SessionError::Git {
             args: args.join(" "),
@@ -142,10 +140,97 @@ pub fn git(dir: &Path, args: &[&str], state: &Path) -> Result<String, SessionErr
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
+/// Any git aisb runs for a named sandbox is stopped after this long: the clone is the
+/// sandbox's to shape, and nothing it makes may hold the host (a session's end, `aisb gc`)
+/// forever.
+const GIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// `cmd`'s output, or an error when it has not ended within `limit` (it is killed).
+fn output_within(
+    mut cmd: std::process::Command,
+    limit: std::time::Duration,
+) -> std::io::Result<std::process::Output> {
+    use std::io::Read;
+    use std::process::Stdio;
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+    let drain = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
+    let deadline = std::time::Instant::now() + limit;
+    let mut nap = std::time::Duration::from_micros(200);
+    let status = loop {
+        if let Some(s) = child.try_wait()? {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("git did not end within {} s", limit.as_secs()),
+            ));
+        }
+        // Short at first (most git commands here take milliseconds), at most 50 ms.
+        std::thread::sleep(nap);
+        nap = (nap * 2).min(std::time::Duration::from_millis(50));
+    };
+    Ok(std::process::Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    })
+}
+
 /// Move a `commondir` the sandbox planted in its clone's git directory into
 /// `<state>/quarantine`, telling the user once.
 pub fn disarm_clone(clone: &Path, state: &Path) {
-    for (from, to) in crate::git::disarm_git_dir(&clone.join(".git"), &state.join("quarantine")) {
+    let dot = clone.join(".git");
+    let quarantine = state.join("quarantine");
+    // What aisb's git reads or replaces there must be what git itself would have made: a
+    // link would make it read or rewrite another file of the host's (another repository's
+    // index), a FIFO would make it wait forever.
+    for (name, dir) in [
+        ("index", false),
+        ("HEAD", false),
+        ("packed-refs", false),
+        ("refs", true),
+        ("refs/heads", true),
+        ("logs", true),
+    ] {
+        let p = dot.join(name);
+        let Ok(md) = fs::symlink_metadata(&p) else {
+            continue;
+        };
+        if (dir && md.is_dir()) || (!dir && md.is_file()) {
+            continue;
+        }
+        if let Some((from, to)) = crate::git::quarantine_file(&p, &quarantine) {
+            eprintln!(
+                "aisb: the sandbox made {} something git would not have (a link, a FIFO); moved to {}",
+                from.display(),
+                to.display()
+            );
+        }
+    }
+    for (from, to) in crate::git::disarm_git_dir(&dot, &quarantine) {
         eprintln!(
             "aisb: the sandbox wrote {} (git on the host would have read configuration, and the programs it names, through it); moved to {}",
             from.display(),

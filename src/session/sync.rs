@@ -14,14 +14,12 @@ use std::time::{Duration, SystemTime};
 
 use super::{git, SessionError};
 
-/// `git fetch sandbox-NAME` into `refs/remotes/sandbox-NAME/*` of the repository.
-/// The upload-pack on the clone's side is told the clone's git directory is its own common
-/// directory (git clears the caller's GIT_* variables for it), and a `commondir` the sandbox
-/// planted is moved aside first. When the sandbox sees the repository's objects without
-/// masked content (a view, see [`super::History`]), what it wrote is fetched from aisb's own
-/// repository instead, every object re-hashed against that view: a delta it crafted on a
-/// withheld blob is never resolved against the real one (the fetch's success would tell it
-/// whether a guess of the content was right).
+/// The clone's branches into `refs/remotes/sandbox-NAME/*` of the repository, fetched from
+/// aisb's own repository holding what the sandbox wrote, every object re-hashed against the
+/// view of the repository's objects the sandbox sees (see [`super::History`]): a delta it
+/// crafted on a withheld blob is never resolved against the real one (the fetch's success
+/// would tell it whether a guess of the content was right). A `commondir` the sandbox
+/// planted is moved aside first.
 pub fn fetch_into_repo(repo: &Path, name: &str, state: &Path) -> Result<(), SessionError> {
     let clone = state.join("clone");
     super::disarm_clone(&clone, state);
@@ -30,25 +28,15 @@ pub fn fetch_into_repo(repo: &Path, name: &str, state: &Path) -> Result<(), Sess
     if std::fs::symlink_metadata(view.join("pack")).is_ok_and(|m| m.is_dir()) {
         return fetch_rehashed(repo, &clone, &view, &refspec, state);
     }
-    let upload_pack = format!(
-        "GIT_COMMON_DIR={} git-upload-pack",
-        shell_quote(&clone.join(".git").to_string_lossy())
-    );
-    git(
-        repo,
-        &[
-            "fetch",
-            "--quiet",
-            "--no-write-fetch-head",
-            "--prune",
-            "--upload-pack",
-            &upload_pack,
-            &format!("sandbox-{name}"),
-            &refspec,
-        ],
-        state,
-    )
-    .map(|_| ())
+    // Never a fetch straight from the clone: its upload-pack would reuse a delta the sandbox
+    // crafted against a masked blob, and the repository would resolve it against the real
+    // one (a test of a guess), or follow its links to another repository's objects. A sandbox
+    // made before views were kept for every named sandbox gets one at its next session.
+    Err(SessionError::Git {
+        args: format!("fetch sandbox-{name}"),
+        stderr: "the sandbox has no view of the repository's objects to check its commits against yet (its next session makes one)".into(),
+        state: state.to_path_buf(),
+    })
 }
 
 /// At most this many of the clone's branches are fetched one by one when fetching them all
@@ -95,26 +83,15 @@ fn fetch_rehashed(
         state: state.to_path_buf(),
     };
     crate::git::back::scratch_repo(&t, view, &clone.join(".git/objects"), true).map_err(failed)?;
-    // The clone's branches, as git in the clone reads them (aisb's reduced trust), kept only
-    // when their names and objects are well formed.
-    let listed = git(
-        clone,
-        &[
-            "for-each-ref",
-            "--format=%(objectname) %(refname)",
-            "refs/heads/",
-        ],
-        state,
-    )?;
+    // The clone's branches, read as text without following a link or opening anything but a
+    // regular file (names and objects checked, bounded): git's own `for-each-ref` would read
+    // through a link the sandbox made to another repository's refs, or hang on a FIFO.
     let mut packed = String::new();
     let mut names = Vec::new();
-    for line in listed.lines().take(10_000) {
-        let Some((oid, name)) = line.split_once(' ') else {
-            continue;
-        };
-        if crate::git::back::is_object_name(oid) && crate::git::back::valid_ref_name(name) {
+    for (name, oid) in crate::git::back::sandbox_refs(&clone.join(".git")) {
+        if name.starts_with("refs/heads/") {
             packed.push_str(&format!("{oid} {name}\n"));
-            names.push(name.to_string());
+            names.push(name);
         }
     }
     std::fs::write(t.join("packed-refs"), packed).map_err(super::io(format!(
@@ -162,10 +139,6 @@ fn fetch_rehashed(
     };
     let _ = crate::beneath::remove_tree(&t);
     result
-}
-
-fn shell_quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "'\\''"))
 }
 
 /// At most this many ref files are stamped per side: a sandbox can make any number.
