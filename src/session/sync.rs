@@ -82,7 +82,10 @@ fn fetch_rehashed(
         stderr: e.to_string(),
         state: state.to_path_buf(),
     };
-    crate::git::back::scratch_repo(&t, view, &clone.join(".git/objects"), true).map_err(failed)?;
+    if let Err(e) = crate::git::back::scratch_repo(&t, view, &clone.join(".git/objects"), true) {
+        let _ = crate::beneath::remove_tree(&t);
+        return Err(failed(e));
+    }
     // The clone's branches, read as text without following a link or opening anything but a
     // regular file (names and objects checked, bounded): git's own `for-each-ref` would read
     // through a link the sandbox made to another repository's refs, or hang on a FIFO.
@@ -94,10 +97,10 @@ fn fetch_rehashed(
             names.push(name);
         }
     }
-    std::fs::write(t.join("packed-refs"), packed).map_err(super::io(format!(
-        "writing {}",
-        t.join("packed-refs").display()
-    )))?;
+    if let Err(e) = std::fs::write(t.join("packed-refs"), packed) {
+        let _ = crate::beneath::remove_tree(&t);
+        return Err(super::io(format!("writing {}", t.join("packed-refs").display()))(e));
+    }
     let t_s = t.to_string_lossy().into_owned();
     let fetch = |specs: &[&str], prune: bool| {
         let mut args = vec![
