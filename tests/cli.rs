@@ -274,6 +274,49 @@ fn export_bundle_refuses_a_non_empty_dir() {
     );
 }
 
+/// What fails inside the container's own processes (youki's intermediate process, the init
+/// before the workload's exec) is said on stderr: youki reports it only through `tracing`, and
+/// a sandbox that did not start used to say only "failed to prepare rootfs".
+#[test]
+fn the_libcontainer_backend_says_why_a_container_did_not_start() {
+    if !support::root_or_skip("the libcontainer backend's errors") {
+        return;
+    }
+    let t = Test::new();
+    support::git_in(&t.proj(), &["init", "-q"]);
+    let o = t.with(&["export", "bundle", "bundle"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let config = t.proj().join("bundle/config.json");
+    let mut spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
+    spec["mounts"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({
+            "destination": "/mnt/gone", "source": "/nonexistent-aisb-source",
+            "type": "bind", "options": ["rbind", "ro"]
+        }));
+    spec["process"]["args"] = serde_json::json!(["/bin/true"]);
+    std::fs::write(&config, serde_json::to_vec(&spec).unwrap()).unwrap();
+    let state = t.dir.path().join("lc-state");
+    std::fs::create_dir_all(&state).unwrap();
+    let (bundle, state) = (t.proj().join("bundle"), state);
+    let o = t.with(&[
+        "__libcontainer",
+        bundle.to_str().unwrap(),
+        state.to_str().unwrap(),
+        "aisb-errors-test",
+    ]);
+    assert_eq!(o.code, 125, "{}", o.stderr);
+    assert!(
+        o.stderr.lines().any(
+            |l| l.starts_with("aisb: libcontainer: ") && l.contains("/nonexistent-aisb-source")
+        ),
+        "the reason (the mount's missing source) is not said:\n{}",
+        o.stderr
+    );
+}
+
 #[test]
 fn unknown_profile_and_bad_usage() {
     let o = Test::new().args(&["plan", "--profile", "fixx"]).run();

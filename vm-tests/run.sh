@@ -57,7 +57,10 @@ report() {
         expect=$(sed -n 's/^# expect: *//p' "$f")
         got=$(printf '%s\n' "$out" | sed -n "s/^$scen=//p")
         if [ -z "$got" ]; then
-            outcome=fail; detail="did not run (aisb exit $rc: $(head -c 300 "$errfile" | tr '\n"\\' '   '))"
+            said=$(head -c 300 "$errfile" | tr '\n"\\' '   ')
+            # Nothing said (once, in CI: exit 101, an empty stderr): what the host had left.
+            [ -n "$said" ] || said="nothing on stderr; $(df -Pk "$root" 2>/dev/null | awk 'NR == 2 { print $4 }') KiB free on the disk, $(awk '/^MemAvailable/ { print $2 }' /proc/meminfo) KiB memory available"
+            outcome=fail; detail="did not run (aisb exit $rc: $said)"
         elif [ "$got" = 126 ] || [ "$got" = 127 ]; then
             outcome=fail; detail="the attempt could not run (status $got: a missing tool or a bad probe)"
         elif [ "$expect" = blocked ] && [ "$got" != 0 ]; then outcome=pass; detail="refused (status $got)"

@@ -82,6 +82,7 @@ pub fn run(a: Args) -> Result<i32, Error> {
         })
         // SAFETY: the parent passed this descriptor for this process alone.
         .map(|fd| unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+    aisb_libcontainer::report_errors();
     match aisb_libcontainer::run(
         &a.bundle,
         &a.state_root,

@@ -99,7 +99,10 @@ fn fetch_rehashed(
     }
     if let Err(e) = std::fs::write(t.join("packed-refs"), packed) {
         let _ = crate::beneath::remove_tree(&t);
-        return Err(super::io(format!("writing {}", t.join("packed-refs").display()))(e));
+        return Err(super::io(format!(
+            "writing {}",
+            t.join("packed-refs").display()
+        ))(e));
     }
     let t_s = t.to_string_lossy().into_owned();
     let fetch = |specs: &[&str], prune: bool| {

@@ -66,6 +66,40 @@ fn remove_stale(state_root: &Path, id: &str) {
     }
 }
 
+/// Say on stderr what youki reports as an error. youki logs what fails in the container's own
+/// processes (the intermediate process; the init before the workload's exec: a mount, a
+/// namespace, the exec itself) through `tracing` only; without a subscriber a sandbox that did
+/// not start said nothing at all. Each line: `aisb: libcontainer: MESSAGE`. Call once, before
+/// [`run`]; it starts no thread.
+pub fn report_errors() {
+    let _ = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::ERROR)
+        .without_time()
+        .with_level(false)
+        .with_target(false)
+        .with_ansi(false)
+        .with_writer(|| Prefixed(std::io::stderr()))
+        .try_init();
+}
+
+/// stderr with `aisb: libcontainer: ` before each event (the formatter writes one event with
+/// one `write_all`).
+struct Prefixed(std::io::Stderr);
+
+impl std::io::Write for Prefixed {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut line = Vec::with_capacity(buf.len() + 20);
+        line.extend_from_slice(b"aisb: libcontainer: ");
+        line.extend_from_slice(buf);
+        self.0.write_all(&line)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
 /// Deletes the container whatever happens after it was created.
 struct Created(Container);
 
