@@ -3,7 +3,7 @@
 # `crate::NAME` path (`use crate::{a, b::c}` groups included) outside comments, in every file
 # below src/NAME (or src/NAME.rs). Prints one `from -> to` line per arrow, then checks:
 #   - no forbidden arrow (the stages only look back; see docs/ARCHITECTURE.md):
-#       vocab, tools, beneath, pipe -> anything;  userns -> anything but beneath
+#       vocab, tools, beneath, pipe, child -> anything;  userns -> anything but beneath
 #       config  -> anything but vocab and tools
 #       eval    -> graph, spec, runtime, session, image, cli
 #       spec    -> runtime, image, session, cli
@@ -81,6 +81,7 @@ for line in $(echo "$arrows" | tr ' ' ':'); do
 	tools:*) why="tools (the tool-rule language) imports nothing of aisb" ;;
 	beneath:*) why="beneath (paths below an untrusted root) imports nothing of aisb" ;;
 	pipe:*) why="pipe (splice through a pipe) imports nothing of aisb" ;;
+	child:*) why="child (a host command, bounded) imports nothing of aisb" ;;
 	userns:beneath) ;;
 	userns:*) why="userns (the subordinate-id map) imports nothing of aisb but beneath" ;;
 	config:vocab | config:tools) ;;

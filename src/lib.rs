@@ -9,6 +9,7 @@
 pub mod atomic;
 pub mod audit;
 pub mod beneath;
+pub mod child;
 pub mod ci;
 pub mod cli;
 pub mod config;

@@ -323,9 +323,16 @@ pub fn bring_back(
                 .map(str::trim)
                 .filter(|t| !t.is_empty());
             if then != Some(now) {
-                let links = gitlinks_between(layer, then, now);
-                let links: Vec<&[u8]> = links.iter().map(Vec::as_slice).collect();
-                disarm_gitlinks(layer, &links, quarantine, &mut out);
+                match gitlinks_between(layer, then, now) {
+                    Some(links) => {
+                        let links: Vec<&[u8]> = links.iter().map(Vec::as_slice).collect();
+                        disarm_gitlinks(layer, &links, quarantine, &mut out);
+                    }
+                    None => out.lines.push(format!(
+                        "aisb: the gitlinks the sandbox's commits add could not be listed (git failed, or listed more than {} MiB): a repository they name was not checked for planted configuration; look before running git there",
+                        LISTING_BOUNDS.output >> 20
+                    )),
+                }
             }
         }
     }
@@ -733,31 +740,58 @@ fn staged_name(run: &str, name: &str) -> String {
     format!("refs/aisb/{run}/{}", name.trim_start_matches("refs/"))
 }
 
+/// aisb's git on what a sandbox wrote (a fetch, a pack re-hashed) ends within this, and what it
+/// prints is kept up to this: a crafted pack or repository cannot hold aisb (a run's end, a
+/// session's sync) forever.
+const GIT_BOUNDS: crate::child::Bounds = crate::child::Bounds {
+    time: std::time::Duration::from_secs(600),
+    output: 1 << 20,
+};
+
+/// The same for a listing (an index's entries, a commit range's gitlinks): a big repository's
+/// is tens of MB; a crafted index or tree of millions of entries is cut here, never held whole.
+const LISTING_BOUNDS: crate::child::Bounds = crate::child::Bounds {
+    time: std::time::Duration::from_secs(600),
+    output: 512 << 20,
+};
+
+/// The arguments of a `git fetch` from aisb's repository `t` into the host's with `specs`:
+/// every object checked, nothing written beside the refs (no FETCH_HEAD, commit graph, tags,
+/// submodules, gc or maintenance). `prune`: the specs' destinations that `t` no longer has go.
+/// The ephemeral bring-back and a named sandbox's sync both fetch with these.
+pub fn fetch_args(t: &Path, specs: &[String], prune: bool) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "-c",
+        "fetch.fsckObjects=true",
+        "-c",
+        "transfer.fsckObjects=true",
+        "-c",
+        "fetch.writeCommitGraph=false",
+        "fetch",
+        "--quiet",
+        "--no-tags",
+        "--no-write-fetch-head",
+        "--no-recurse-submodules",
+        "--no-auto-gc",
+        "--no-auto-maintenance",
+    ]
+    .map(String::from)
+    .to_vec();
+    if prune {
+        args.push("--prune".into());
+    }
+    args.push(t.to_string_lossy().into_owned());
+    args.extend(specs.iter().cloned());
+    args
+}
+
 /// `git fetch` from aisb's repository `t` into the host's with `specs` (never forced: the
 /// run's namespace is new), every object checked.
 fn fetch_refs(layer: &Layer, t: &Path, specs: &[String]) -> Result<(), BackError> {
-    let fetch = layer
-        .git()
-        .args([
-            "-c",
-            "fetch.fsckObjects=true",
-            "-c",
-            "transfer.fsckObjects=true",
-            "-c",
-            "fetch.writeCommitGraph=false",
-            "fetch",
-            "--quiet",
-            "--no-tags",
-            "--no-write-fetch-head",
-            "--no-recurse-submodules",
-            "--no-auto-gc",
-            "--no-auto-maintenance",
-        ])
-        .arg(t)
-        .args(specs)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(io("running git fetch"))?;
+    let mut cmd = layer.git();
+    cmd.args(fetch_args(t, specs, false)).stdin(Stdio::null());
+    let fetch =
+        crate::child::output_within(cmd, GIT_BOUNDS, true).map_err(io("running git fetch"))?;
     if fetch.status.success() {
         return Ok(());
     }
@@ -794,13 +828,10 @@ fn rehash_packs(t: &Path) {
         let _ = std::fs::remove_file(pack.with_extension("idx"));
         let moved = std::fs::rename(&pack, &aside);
         let out = moved.and_then(|()| {
-            let input = std::fs::File::open(&aside)?;
-            super::command(t, None)
-                .args(["unpack-objects", "-q", "--strict"])
-                .stdin(input)
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .output()
+            let mut cmd = super::command(t, None);
+            cmd.args(["unpack-objects", "-q", "--strict"])
+                .stdin(std::fs::File::open(&aside)?);
+            crate::child::output_within(cmd, GIT_BOUNDS, true)
         });
         let _ = std::fs::remove_file(&aside);
         let _ = std::fs::remove_file(&pack);
@@ -1033,11 +1064,13 @@ fn object_types<'a>(
 /// The host's git (reduced trust, see [`super::command`]) with `args`: its stdout, or the
 /// error with its stderr.
 fn host_git(layer: &Layer, args: &[&str]) -> Result<String, BackError> {
-    let o = layer
-        .git()
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
+    let mut cmd = layer.git();
+    cmd.args(args).stdin(Stdio::null());
+    let o = crate::child::output_within(cmd, LISTING_BOUNDS, true)
+        .and_then(|o| match o.stdout.len() as u64 {
+            n if n < LISTING_BOUNDS.output => Ok(o),
+            _ => Err(std::io::Error::other("it printed past aisb's bound")),
+        })
         .map_err(io(format!("running git {}", args.first().unwrap_or(&""))))?;
     if o.status.success() {
         Ok(String::from_utf8_lossy(&o.stdout).into_owned())
@@ -1050,14 +1083,11 @@ fn host_git(layer: &Layer, args: &[&str]) -> Result<String, BackError> {
 }
 
 fn is_ancestor(layer: &Layer, a: &str, b: &str) -> bool {
-    layer
-        .git()
-        .args(["merge-base", "--is-ancestor", a, b])
+    let mut cmd = layer.git();
+    cmd.args(["merge-base", "--is-ancestor", a, b])
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+        .stderr(Stdio::null());
+    crate::child::output_within(cmd, GIT_BOUNDS, false).is_ok_and(|o| o.status.success())
 }
 
 const ZERO: &str = "0000000000000000000000000000000000000000";
@@ -1543,15 +1573,17 @@ fn disarm_gitlinks(layer: &Layer, links: &[&[u8]], quarantine: &Path, out: &mut 
 
 /// The gitlinks the commits from `old` to `new` add or change (`git diff-tree`), all of
 /// `new`'s when `old` is none: their repositories are looked at like the index's.
-fn gitlinks_between(layer: &Layer, old: Option<&str>, new: &str) -> Vec<Vec<u8>> {
+/// None when git could not list them (failed, timed out, or printed past the bound).
+fn gitlinks_between(layer: &Layer, old: Option<&str>, new: &str) -> Option<Vec<Vec<u8>>> {
     let mut cmd = layer.git();
     match old {
         Some(o) => cmd.args(["diff-tree", "-r", "-z", "--no-renames", "--raw", o, new]),
         None => cmd.args(["ls-tree", "-r", "-z", "--full-tree", new]),
     };
-    let Ok(o) = cmd.stdin(Stdio::null()).stderr(Stdio::null()).output() else {
-        return Vec::new();
-    };
+    cmd.stdin(Stdio::null()).stderr(Stdio::null());
+    let o = crate::child::output_within(cmd, LISTING_BOUNDS, false)
+        .ok()
+        .filter(|o| o.status.success() && (o.stdout.len() as u64) < LISTING_BOUNDS.output)?;
     let mut out = Vec::new();
     let mut fields = o.stdout.split(|b| *b == 0);
     if old.is_some() {
@@ -1571,7 +1603,7 @@ fn gitlinks_between(layer: &Layer, old: Option<&str>, new: &str) -> Vec<Vec<u8>>
             }
         }
     }
-    out
+    Some(out)
 }
 
 /// `git ls-files --stage -z` of the host's index, or of `index`: (mode, oid and stage; path).
@@ -1580,12 +1612,12 @@ fn ls_stage(layer: &Layer, index: Option<&Path>) -> Option<Vec<(Vec<u8>, Vec<u8>
     if let Some(i) = index {
         cmd.env("GIT_INDEX_FILE", i);
     }
-    let o = cmd
-        .args(["ls-files", "--stage", "-z"])
+    cmd.args(["ls-files", "--stage", "-z"])
         .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-        .ok()?;
+        .stderr(Stdio::null());
+    let o = crate::child::output_within(cmd, LISTING_BOUNDS, false)
+        .ok()
+        .filter(|o| (o.stdout.len() as u64) < LISTING_BOUNDS.output)?;
     if !o.status.success() {
         return None;
     }

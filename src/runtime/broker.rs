@@ -7,7 +7,7 @@
 use std::io::Read as _;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::RuntimeError;
 use crate::config::model::CredentialSource;
@@ -253,55 +253,33 @@ fn file_path(p: &str, plan: &Plan) -> Result<PathBuf, String> {
 
 /// `from command=`: its output, by `/bin/sh -c`, no stdin, within [`COMMAND_TIMEOUT`].
 fn run(cmd: &str, name: &str, home: &Path) -> Result<String, RuntimeError> {
-    use std::os::unix::process::CommandExt;
-    let mut child = std::process::Command::new("/bin/sh")
-        .arg("-c")
+    let mut sh = std::process::Command::new("/bin/sh");
+    // Not the project (the sandbox writes there): the user's home. Its stderr stays the
+    // user's (`gh` says why it has no token there).
+    sh.arg("-c")
         .arg(cmd)
-        // Not the project (the sandbox writes there): the user's home.
         .current_dir(home)
-        .process_group(0)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .map_err(|source| RuntimeError::Spawn {
-            program: format!("/bin/sh -c {cmd:?} (credential `{name}`)"),
-            source,
-        })?;
-    let mut out = child.stdout.take();
-    let reader = std::thread::spawn(move || {
-        let mut text = Vec::new();
-        if let Some(o) = out.as_mut() {
-            let _ = o.take(MAX_VALUE as u64 + 1).read_to_end(&mut text);
+        .stdin(std::process::Stdio::null());
+    let bounds = crate::child::Bounds {
+        time: COMMAND_TIMEOUT,
+        output: MAX_VALUE as u64 + 1,
+    };
+    let out = match crate::child::output_within(sh, bounds, false) {
+        Ok(o) => o,
+        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+            return Err(err(format!(
+                "credential `{name}`: `{cmd}` did not answer within {} s",
+                COMMAND_TIMEOUT.as_secs()
+            )))
         }
-        text
-    });
-    let start = Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(s)) => break s,
-            Ok(None) if start.elapsed() < COMMAND_TIMEOUT => {
-                std::thread::sleep(Duration::from_millis(5))
-            }
-            _ => {
-                // The whole group: a pipeline's other members too.
-                let _ = nix::sys::signal::killpg(
-                    nix::unistd::Pid::from_raw(child.id() as i32),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-                let _ = child.wait();
-                return Err(err(format!(
-                    "credential `{name}`: `{cmd}` did not answer within {} s",
-                    COMMAND_TIMEOUT.as_secs()
-                )));
-            }
+        Err(source) => {
+            return Err(RuntimeError::Spawn {
+                program: format!("/bin/sh -c {cmd:?} (credential `{name}`)"),
+                source,
+            })
         }
     };
-    // What it left running holds its output open: the group ends with it.
-    let _ = nix::sys::signal::killpg(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    );
-    let text = reader.join().unwrap_or_default();
+    let (status, text) = (out.status, out.stdout);
     if !status.success() {
         return Err(err(format!(
             "credential `{name}`: `{cmd}` failed ({status})"

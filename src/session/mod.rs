@@ -129,7 +129,14 @@ pub fn git(dir: &Path, args: &[&str], state: &Path) -> Result<String, SessionErr
     cmd.args(args)
         .env("GIT_LITERAL_PATHSPECS", "1")
         .stdin(std::process::Stdio::null());
-    let out = output_within(cmd, GIT_TIMEOUT).map_err(io("running git"))?;
+    let out = crate::child::output_within(cmd, GIT_BOUNDS, true).map_err(io("running git"))?;
+    if out.stdout.len() as u64 >= GIT_BOUNDS.output {
+        return Err(SessionError::Git {
+            args: args.join(" "),
+            stderr: format!("it printed more than {} bytes", GIT_BOUNDS.output - 1),
+            state: state.to_path_buf(),
+        });
+    }
     if !out.status.success() {
         return Err(SessionError::Git {
             args: args.join(" "),
@@ -140,64 +147,13 @@ pub fn git(dir: &Path, args: &[&str], state: &Path) -> Result<String, SessionErr
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-/// Any git aisb runs for a named sandbox is stopped after this long: the clone is the
-/// sandbox's to shape, and nothing it makes may hold the host (a session's end, `aisb gc`)
-/// forever.
-const GIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
-
-/// `cmd`'s output, or an error when it has not ended within `limit` (it is killed).
-fn output_within(
-    mut cmd: std::process::Command,
-    limit: std::time::Duration,
-) -> std::io::Result<std::process::Output> {
-    use std::io::Read;
-    use std::process::Stdio;
-    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
-    let drain = |r: Option<Box<dyn Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            if let Some(mut r) = r {
-                let _ = r.read_to_end(&mut buf);
-            }
-            buf
-        })
-    };
-    let out = drain(
-        child
-            .stdout
-            .take()
-            .map(|r| Box::new(r) as Box<dyn Read + Send>),
-    );
-    let err = drain(
-        child
-            .stderr
-            .take()
-            .map(|r| Box::new(r) as Box<dyn Read + Send>),
-    );
-    let deadline = std::time::Instant::now() + limit;
-    let mut nap = std::time::Duration::from_micros(200);
-    let status = loop {
-        if let Some(s) = child.try_wait()? {
-            break s;
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("git did not end within {} s", limit.as_secs()),
-            ));
-        }
-        // Short at first (most git commands here take milliseconds), at most 50 ms.
-        std::thread::sleep(nap);
-        nap = (nap * 2).min(std::time::Duration::from_millis(50));
-    };
-    Ok(std::process::Output {
-        status,
-        stdout: out.join().unwrap_or_default(),
-        stderr: err.join().unwrap_or_default(),
-    })
-}
+/// Any git aisb runs for a named sandbox is stopped after 300 s, and what it prints is read up
+/// to 64 MiB (aisb reads refs, names and counts): the clone is the sandbox's to shape, and
+/// nothing it makes may hold the host (a session's end, `aisb gc`) forever.
+const GIT_BOUNDS: crate::child::Bounds = crate::child::Bounds {
+    time: std::time::Duration::from_secs(300),
+    output: 64 << 20,
+};
 
 /// Move a `commondir` the sandbox planted in its clone's git directory into
 /// `<state>/quarantine`, telling the user once.

@@ -104,25 +104,15 @@ fn fetch_rehashed(
             t.join("packed-refs").display()
         ))(e));
     }
-    let t_s = t.to_string_lossy().into_owned();
-    let fetch = |specs: &[&str], prune: bool| {
-        let mut args = vec![
-            "-c",
-            "fetch.fsckObjects=true",
-            "fetch",
-            "--quiet",
-            "--no-tags",
-            "--no-write-fetch-head",
-            "--no-recurse-submodules",
-        ];
-        if prune {
-            args.push("--prune");
-        }
-        args.push(&t_s);
-        args.extend(specs);
-        git(repo, &args, state)
+    let fetch = |specs: &[String], prune: bool| {
+        let args = crate::git::back::fetch_args(&t, specs, prune);
+        git(
+            repo,
+            &args.iter().map(String::as_str).collect::<Vec<_>>(),
+            state,
+        )
     };
-    let result = match fetch(&[refspec], true) {
+    let result = match fetch(&[refspec.to_string()], true) {
         Ok(_) => Ok(()),
         Err(e) => {
             // Branch by branch, so that one the repository cannot take keeps no other out.
@@ -138,7 +128,7 @@ fn fetch_rehashed(
                     "+{n}:{prefix}{}",
                     n.strip_prefix("refs/heads/").unwrap_or(n)
                 );
-                let _ = fetch(&[&spec], false);
+                let _ = fetch(&[spec], false);
             }
             Err(e)
         }
