@@ -1984,3 +1984,43 @@ fn named_plants(user: Option<(u32, u32)>) {
 }
 
 as_root_and_a_user!(a_named_sandboxs_plants_hold_nothing_and_hang_nothing_as_root, a_named_sandboxs_plants_hold_nothing_and_hang_nothing_as_a_user => named_plants);
+
+/// A sandbox that commits in a loop cannot make the host sync once per poll: each sync
+/// re-hashes what the sandbox wrote (a big pack, every 300 ms, was the host's whole CPU).
+/// 40 commits over about 4 s come back in a handful of fetches, the last commit among them.
+fn named_sync_rate(user: Option<(u32, u32)>) {
+    for backend in BACKENDS {
+        let who = who(backend, user);
+        let p = Project::new(user);
+        let script = "git checkout -q -b work\n\
+             i=1; while [ $i -le 40 ]; do echo $i > n.txt; git add n.txt; \
+             git -c user.name=s -c user.email=s@s commit -qm c$i; sleep 0.1; i=$((i+1)); done\n\
+             echo last=$(git rev-parse HEAD)\n";
+        let o = Project::finish(p.spawn_named(backend, "s1", script));
+        assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
+        let last = o.value("last").unwrap().to_string();
+        let tip = p.git(&["rev-parse", "refs/remotes/sandbox-s1/work"]);
+        assert_eq!(
+            tip.stdout.trim(),
+            last,
+            "{who} the last commit is not on the host"
+        );
+        // One reflog entry per fetch that moved the branch.
+        let syncs = p
+            .git(&[
+                "reflog",
+                "show",
+                "--format=%H",
+                "refs/remotes/sandbox-s1/work",
+            ])
+            .stdout
+            .lines()
+            .count();
+        assert!(
+            (1..=6).contains(&syncs),
+            "{who} {syncs} syncs for 40 commits in about 4 s"
+        );
+    }
+}
+
+as_root_and_a_user!(a_sandbox_committing_in_a_loop_is_synced_a_few_times_as_root, a_sandbox_committing_in_a_loop_is_synced_a_few_times_as_a_user => named_sync_rate);
