@@ -2024,3 +2024,35 @@ fn named_sync_rate(user: Option<(u32, u32)>) {
 }
 
 as_root_and_a_user!(a_sandbox_committing_in_a_loop_is_synced_a_few_times_as_root, a_sandbox_committing_in_a_loop_is_synced_a_few_times_as_a_user => named_sync_rate);
+
+/// What the host's git rewrites by renaming during a session (`git pack-refs`, `git gc`, a
+/// checkout's `HEAD`) is what the sandbox's `git fetch origin` sees, not the file as it was
+/// at the start: a branch made and packed on the host meanwhile arrives, and so does the one
+/// packed away from `refs/heads`.
+fn named_fresh_refs(user: Option<(u32, u32)>) {
+    for backend in BACKENDS {
+        let who = who(backend, user);
+        let p = Project::new(user);
+        let script = "touch ready\n\
+             i=0; while [ $i -lt 300 ] && [ ! -e go ]; do sleep 0.1; i=$((i+1)); done\n\
+             sleep 1\n\
+             git fetch -q origin 2>&1\n\
+             echo later=$(git rev-parse -q --verify origin/later >/dev/null && echo yes)\n\
+             echo main=$(git rev-parse -q --verify origin/main >/dev/null && echo yes)\n";
+        let mut child = p.spawn_named(backend, "s1", script);
+        p.wait_in_clone(&who, "s1", "ready", &mut child);
+        p.git_ok(&who, &["branch", "later"]);
+        p.git_ok(&who, &["pack-refs", "--all", "--prune"]);
+        let go = p.clone_of("s1").unwrap().join("go");
+        std::fs::write(&go, "").unwrap();
+        if let Some((uid, gid)) = user {
+            support::chown_r(&go, uid, gid);
+        }
+        let o = Project::finish(child);
+        assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
+        o.expect("later", "yes");
+        o.expect("main", "yes");
+    }
+}
+
+as_root_and_a_user!(refs_the_host_repacks_during_a_named_session_are_seen_as_root, refs_the_host_repacks_during_a_named_session_are_seen_as_a_user => named_fresh_refs);

@@ -379,26 +379,23 @@ pub fn prepare(plan: &mut Plan, name: &str) -> Result<Session, SessionError> {
     }
     // Of the repository's git directory, what `git fetch origin` reads (its refs, `HEAD`, its
     // configuration and objects), read-only; never its index, logs, `COMMIT_EDITMSG`,
-    // `rr-cache` or a rebase's patches, which hold content the masks hide.
+    // `rr-cache` or a rebase's patches, which hold content the masks hide. It is a directory
+    // of aisb's: `HEAD`, `packed-refs` and `shallow` are copies that the session's watcher
+    // renews when the host's change (git replaces them by renaming: a bind of the file would
+    // keep showing the old one, and a branch packed meanwhile would be missing inside), and
+    // the repository's `refs/` and the objects view are bound into it.
+    let origin_git = state.join(ORIGIN_GIT);
+    refresh_origin_files(&origin_git, &repo)
+        .map_err(io(format!("preparing {}", origin_git.display())))?;
     plan.mounts.push(Mount {
         target: origin.join(".git"),
-        kind: MountKind::Tmpfs {
-            size: Some(1 << 20),
-            mode: 0o555,
-            // The user's, as the repository's directory is (git refuses a repository that
-            // another user owns).
-            owner: Some((plan.identity.uid, plan.identity.gid)),
+        kind: MountKind::Bind {
+            source: origin_git.clone(),
+            writable: false,
         },
         why: format!("sandbox `{name}`: what git fetch reads of the repository"),
     });
-    for part in [
-        "HEAD",
-        "config",
-        "refs",
-        "packed-refs",
-        "shallow",
-        "objects",
-    ] {
+    for part in ["config", "refs", "objects"] {
         let source = repo.join(".git").join(part);
         if fs::symlink_metadata(&source).is_ok_and(|m| !m.file_type().is_symlink()) {
             plan.mounts.push(Mount {
@@ -461,6 +458,60 @@ pub fn prepare(plan: &mut Plan, name: &str) -> Result<Session, SessionError> {
         _lock: lock,
     })
 }
+
+/// Under a sandbox's state: the repository's git directory as the sandbox's `git fetch origin`
+/// reads it (copies of its small files, mount points for the rest).
+pub const ORIGIN_GIT: &str = "origin-git";
+
+/// The files of the repository's git directory that git replaces by renaming, copied into
+/// `dir` as they are now (each by rename, so git inside reads an old or a new one, never half);
+/// one the repository does not have (or has as anything but a regular file) is removed. The
+/// mount points of what is bound there (`config`, `refs/`, `objects/`) are made once.
+pub fn refresh_origin_files(dir: &Path, repo: &Path) -> std::io::Result<()> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    fs::create_dir_all(dir)?;
+    for d in ["refs", "objects"] {
+        match fs::create_dir(dir.join(d)) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+            _ => {}
+        }
+    }
+    if fs::symlink_metadata(dir.join("config")).is_err() {
+        fs::write(dir.join("config"), "")?;
+    }
+    for part in ["HEAD", "packed-refs", "shallow"] {
+        let source = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(repo.join(".git").join(part))
+            .ok()
+            .filter(|f| f.metadata().is_ok_and(|m| m.is_file()));
+        let Some(f) = source else {
+            match fs::remove_file(dir.join(part)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+            continue;
+        };
+        let mut bytes = Vec::new();
+        f.take(MAX_ORIGIN_FILE + 1).read_to_end(&mut bytes)?;
+        if bytes.len() as u64 > MAX_ORIGIN_FILE {
+            return Err(std::io::Error::other(format!(
+                "the repository's {part} is larger than {} MiB",
+                MAX_ORIGIN_FILE >> 20
+            )));
+        }
+        if fs::read(dir.join(part)).is_ok_and(|old| old == bytes) {
+            continue;
+        }
+        crate::atomic::write_atomic(&dir.join(part), &bytes)?;
+    }
+    Ok(())
+}
+
+/// The largest `packed-refs` copied (a million branches is about 60 MiB).
+const MAX_ORIGIN_FILE: u64 = 256 << 20;
 
 /// Under a sandbox's state: the repository's objects as the sandbox sees them.
 pub const OBJECTS_VIEW: &str = "git-objects";

@@ -222,6 +222,7 @@ pub fn watch(
                 if let Some(h) = &history {
                     h.refresh(&state, &repo);
                 }
+                let _ = super::refresh_origin_files(&state.join(super::ORIGIN_GIT), &repo);
             }
             // The stamps from before the fetches: a change made while they ran (the host
             // committing during a slow fetch) is seen on the next round. A change the fetches
