@@ -59,6 +59,12 @@ fn no_links(e: nix::Error, name: &OsStr) -> io::Error {
     }
 }
 
+impl std::os::fd::AsFd for Dir {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
 impl Dir {
     /// The descriptor, for calls relative to this directory.
     pub fn fd(&self) -> std::os::fd::RawFd {

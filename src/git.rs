@@ -21,6 +21,7 @@
 //! aside after a run and before aisb's own git touches the repository.
 
 pub mod back;
+pub mod lfs;
 pub mod store;
 pub mod view;
 

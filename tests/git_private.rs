@@ -1238,8 +1238,8 @@ fn shapes(user: Option<(u32, u32)>) {
                     .unwrap();
                     std::fs::write(proj.join("big.bin"), "large-content\n").unwrap();
                     support::commit_all(&proj, "lfs");
-                    "echo big=$(cat big.bin)\necho pointer=$(git show HEAD:big.bin | head -1)\n\
-                             echo bin >> big.bin && git add big.bin && git -c user.name=a -c user.email=a@a commit -qm bin && echo lfs_commit=ok\n".into()
+                    format!("echo big=$(cat big.bin)\necho pointer=$(git show HEAD:big.bin | head -1)\n\
+                             echo bin >> big.bin && git add big.bin && git -c user.name=a -c user.email=a@a commit -qm bin && echo lfs_commit=ok\n{LFS_OID}{LFS_FORGE}")
                 }
                 "shallow" => {
                     let full = base
@@ -1322,6 +1322,7 @@ fn shapes(user: Option<(u32, u32)>) {
                     o.expect("big", "large-content");
                     o.expect("pointer", "version https://git-lfs.github.com/spec/v1");
                     o.expect("lfs_commit", "ok");
+                    lfs_came_back(&who, &o, &proj.join(".git"), "large-content\nbin\n");
                 }
                 "shallow" => {
                     // The clone's one commit and the one made inside.
@@ -2056,3 +2057,73 @@ fn named_fresh_refs(user: Option<(u32, u32)>) {
 }
 
 as_root_and_a_user!(refs_the_host_repacks_during_a_named_session_are_seen_as_root, refs_the_host_repacks_during_a_named_session_are_seen_as_a_user => named_fresh_refs);
+
+/// Inside: the oid of `big.bin` as committed (`lfs_oid`).
+const LFS_OID: &str = "echo lfs_oid=$(git show HEAD:big.bin | sed -n 's/^oid sha256://p')\n";
+/// Inside: a Git LFS object planted under the name of content it does not hold (`forged_oid`).
+const LFS_FORGE: &str = "f=$(printf 'PLANTED\\n' | sha256sum | cut -c1-64); d=.git/lfs/objects/$(echo $f | cut -c1-2)/$(echo $f | cut -c3-4); \
+     mkdir -p $d && echo forged > $d/$f && echo forged_oid=$f\n";
+
+/// The Git LFS object of what the sandbox committed is in the host's `git_dir` with its
+/// content; the forged one is not.
+fn lfs_came_back(who: &str, o: &Out, git_dir: &std::path::Path, content: &str) {
+    let at = |oid: &str| {
+        git_dir
+            .join("lfs/objects")
+            .join(&oid[..2])
+            .join(&oid[2..4])
+            .join(oid)
+    };
+    let oid = o.value("lfs_oid").expect("lfs_oid");
+    assert_eq!(oid.len(), 64, "{who} {}", o.stdout);
+    assert_eq!(
+        std::fs::read_to_string(at(oid)).ok().as_deref(),
+        Some(content),
+        "{who} the LFS content of the sandbox's commit is not on the host\n{}",
+        o.stderr
+    );
+    let forged = o.value("forged_oid").expect("forged_oid");
+    assert!(
+        !at(forged).exists(),
+        "{who} the forged LFS object came back"
+    );
+    assert!(
+        o.stderr
+            .contains("Git LFS object the sandbox stored was not brought back"),
+        "{who} the forged LFS object was not said\n{}",
+        o.stderr
+    );
+}
+
+/// A named sandbox's commit of a file Git LFS tracks: its content reaches the repository's
+/// LFS objects with the branch (it used to stay in the clone, gone with the sandbox); an object
+/// planted under a name its content does not hash to stays out.
+fn named_lfs(user: Option<(u32, u32)>) {
+    for backend in BACKENDS {
+        let who = who(backend, user);
+        let p = Project::new(user);
+        let proj = p.proj();
+        support::chown_r(&proj, 0, 0);
+        support::git_in(&proj, &["lfs", "install", "--local"]);
+        std::fs::write(
+            proj.join(".gitattributes"),
+            "*.bin filter=lfs diff=lfs merge=lfs -text\n",
+        )
+        .unwrap();
+        support::commit_all(&proj, "lfs");
+        if let Some((uid, gid)) = user {
+            support::chown_r(p.dir.path(), uid, gid);
+        }
+        let script = format!(
+            "echo filter=$(git config filter.lfs.clean)\n\
+             echo named-lfs-content > big.bin && git add big.bin .gitattributes && \
+             git -c user.name=a -c user.email=a@a commit -qm bin && echo lfs_commit=ok\n{LFS_OID}{LFS_FORGE}"
+        );
+        let o = Project::finish(p.spawn_named(backend, "s1", &script));
+        assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
+        o.expect("lfs_commit", "ok");
+        lfs_came_back(&who, &o, &proj.join(".git"), "named-lfs-content\n");
+    }
+}
+
+as_root_and_a_user!(git_lfs_content_committed_in_a_named_sandbox_comes_back_as_root, git_lfs_content_committed_in_a_named_sandbox_comes_back_as_a_user => named_lfs);

@@ -280,6 +280,14 @@ pub fn bring_back(
         }
     }
     planted_in_modules(layer, quarantine, &mut out);
+    // The content of files Git LFS tracks that the sandbox committed or staged (its commits
+    // hold only their pointers), each verified against its name.
+    if let Ok(objects) =
+        crate::beneath::Dir::open(&layer.upper).and_then(|u| u.dir(Path::new("lfs/objects"), false))
+    {
+        let lfs = super::lfs::bring_back(&objects, &layer.host_git);
+        out.lines.extend(super::lfs::lines(&lfs));
+    }
     let refs = sandbox_refs(&layer.upper);
     let head = layer.upper_admin().and_then(|u| sandbox_head(&u));
     let finished = match mode {

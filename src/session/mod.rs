@@ -155,6 +155,27 @@ const GIT_BOUNDS: crate::child::Bounds = crate::child::Bounds {
     output: 64 << 20,
 };
 
+/// Git LFS's filter as the repository's git has it (its own configuration or the user's): in
+/// the clone's configuration too, which is read-only inside (`git lfs install` cannot write
+/// it there). Without it a file Git LFS tracks was committed whole inside, not as a pointer.
+/// The commands run inside the sandbox, by its own git.
+fn lfs_filter_into_clone(repo: &Path, clone: &Path, state: &Path) -> Result<(), SessionError> {
+    let get = |dir: &Path| {
+        git(dir, &["config", "--get-regexp", r"^filter\.lfs\."], state).unwrap_or_default()
+    };
+    let want = get(repo);
+    if want == get(clone) {
+        return Ok(());
+    }
+    let _ = git(clone, &["config", "--remove-section", "filter.lfs"], state);
+    for line in want.lines().take(16) {
+        if let Some((key, value)) = line.split_once(' ') {
+            git(clone, &["config", "--add", key, value], state)?;
+        }
+    }
+    Ok(())
+}
+
 /// Move a `commondir` the sandbox planted in its clone's git directory into
 /// `<state>/quarantine`, telling the user once.
 pub fn disarm_clone(clone: &Path, state: &Path) {
@@ -322,6 +343,7 @@ pub fn prepare(plan: &mut Plan, name: &str) -> Result<Session, SessionError> {
             format!("{}\n", origin.join(".git/objects").display()).as_bytes(),
         )?;
     }
+    lfs_filter_into_clone(&repo, &clone, &state)?;
     let remote = format!("sandbox-{name}");
     let clone_s = clone.to_string_lossy().into_owned();
     if git(&repo, &["remote", "get-url", &remote], &state).is_err() {

@@ -23,6 +23,7 @@ use super::{git, SessionError};
 pub fn fetch_into_repo(repo: &Path, name: &str, state: &Path) -> Result<(), SessionError> {
     let clone = state.join("clone");
     super::disarm_clone(&clone, state);
+    bring_back_lfs(&clone, &repo.join(".git"));
     let refspec = format!("+refs/heads/*:refs/remotes/sandbox-{name}/*");
     let view = state.join(super::OBJECTS_VIEW);
     if std::fs::symlink_metadata(view.join("pack")).is_ok_and(|m| m.is_dir()) {
@@ -37,6 +38,22 @@ pub fn fetch_into_repo(repo: &Path, name: &str, state: &Path) -> Result<(), Sess
         stderr: "the sandbox has no view of the repository's objects to check its commits against yet (its next session makes one)".into(),
         state: state.to_path_buf(),
     })
+}
+
+/// The Git LFS objects the sandbox stored in its clone (the content of files its commits hold
+/// only pointers of) into the repository's, each verified against its name (`git::lfs`).
+fn bring_back_lfs(clone: &Path, repo_git: &Path) {
+    if !std::fs::symlink_metadata(repo_git).is_ok_and(|m| m.is_dir()) {
+        return;
+    }
+    let Ok(objects) =
+        crate::beneath::Dir::open(clone).and_then(|c| c.dir(Path::new(".git/lfs/objects"), false))
+    else {
+        return;
+    };
+    for line in crate::git::lfs::lines(&crate::git::lfs::bring_back(&objects, repo_git)) {
+        eprintln!("{line}");
+    }
 }
 
 /// At most this many of the clone's branches are fetched one by one when fetching them all
