@@ -27,7 +27,28 @@ pub struct Bounds {
 /// `bounds.time` the group is killed and the answer is a `TimedOut` error; when the command
 /// ends, what it left running in its group is killed too.
 pub fn output_within(
+    cmd: Command,
+    bounds: Bounds,
+    capture_stderr: bool,
+) -> std::io::Result<Output> {
+    run(cmd, None, bounds, capture_stderr)
+}
+
+/// [`output_within`] with `input` on the command's stdin, written from a thread of its own (a
+/// command that writes while it reads never blocks on a full pipe, and a command that stops
+/// reading holds nothing: the thread is not waited for).
+pub fn output_within_input(
+    cmd: Command,
+    input: Vec<u8>,
+    bounds: Bounds,
+    capture_stderr: bool,
+) -> std::io::Result<Output> {
+    run(cmd, Some(input), bounds, capture_stderr)
+}
+
+fn run(
     mut cmd: Command,
+    input: Option<Vec<u8>>,
     bounds: Bounds,
     capture_stderr: bool,
 ) -> std::io::Result<Output> {
@@ -35,8 +56,25 @@ pub fn output_within(
     if capture_stderr {
         cmd.stderr(Stdio::piped());
     }
+    if input.is_some() {
+        cmd.stdin(Stdio::piped());
+    }
+    // If aisb dies (the thread that waits for it, with it), the command goes too: nothing of
+    // it runs on unbounded.
+    // SAFETY: prctl is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+            Ok(())
+        });
+    }
     let start = Instant::now();
     let mut child = cmd.spawn()?;
+    if let (Some(input), Some(mut stdin)) = (input, child.stdin.take()) {
+        std::thread::spawn(move || {
+            let _ = std::io::Write::write_all(&mut stdin, &input);
+        });
+    }
     let group = nix::unistd::Pid::from_raw(child.id() as i32);
     let kill_group = || {
         let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
@@ -143,6 +181,21 @@ mod tests {
         assert_eq!(o.stdout.len(), 16);
         assert_eq!(o.stderr, b"done\n");
         assert!(o.status.success());
+    }
+
+    #[test]
+    fn input_is_fed_while_output_is_read() {
+        // 4 MiB through `cat`: more than a pipe holds either way.
+        let input = vec![b'x'; 4 << 20];
+        let b = Bounds {
+            output: 8 << 20,
+            ..B
+        };
+        let o = output_within_input(sh("cat"), input.clone(), b, true).unwrap();
+        assert_eq!(o.stdout, input);
+        // A command that never reads its input and prints past the cap still ends.
+        let o = output_within_input(sh("yes | head -c 3000000"), input, B, true).unwrap();
+        assert_eq!(o.stdout.len(), 16);
     }
 
     #[test]

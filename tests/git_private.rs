@@ -2104,7 +2104,14 @@ fn named_lfs(user: Option<(u32, u32)>) {
         let p = Project::new(user);
         let proj = p.proj();
         support::chown_r(&proj, 0, 0);
-        support::git_in(&proj, &["lfs", "install", "--local"]);
+        // As `git lfs install` leaves it: in the user's own ~/.gitconfig, which the sandbox
+        // does not see.
+        std::fs::create_dir_all(p.dir.path().join("home")).unwrap();
+        std::fs::write(
+            p.dir.path().join("home/.gitconfig"),
+            "[filter \"lfs\"]\n\tclean = git-lfs clean -- %f\n\tsmudge = git-lfs smudge -- %f\n\tprocess = git-lfs filter-process\n\trequired = true\n",
+        )
+        .unwrap();
         std::fs::write(
             proj.join(".gitattributes"),
             "*.bin filter=lfs diff=lfs merge=lfs -text\n",
@@ -2123,6 +2130,21 @@ fn named_lfs(user: Option<(u32, u32)>) {
         assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
         o.expect("lfs_commit", "ok");
         lfs_came_back(&who, &o, &proj.join(".git"), "named-lfs-content\n");
+        // The clone's configuration as a link to another file of the user's (what a sandbox
+        // that moved its `.git` aside could leave): the next session's copy of the filter
+        // writes nothing through it.
+        let victim = p.dir.path().join("victim.config");
+        let text = "[filter \"lfs\"]\n\tclean = other\n[user]\n\tname = victim\n";
+        std::fs::write(&victim, text).unwrap();
+        let config = p.clone_of("s1").unwrap().join(".git/config");
+        std::fs::remove_file(&config).unwrap();
+        std::os::unix::fs::symlink(&victim, &config).unwrap();
+        let _ = Out::from(p.named_cmd(backend, "s1", "true").output().unwrap());
+        assert_eq!(
+            std::fs::read_to_string(&victim).unwrap(),
+            text,
+            "{who} the host wrote through the clone's linked config"
+        );
     }
 }
 

@@ -26,7 +26,6 @@
 //! project finds it (the layer's lock is free) and brings it back as `refs/aisb/<run>/…` only.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
@@ -1039,28 +1038,22 @@ fn object_types<'a>(
     git_dir: &Path,
     oids: impl Iterator<Item = &'a str>,
 ) -> Result<BTreeMap<String, String>, BackError> {
-    use std::io::Write;
     let input: String = oids.map(|o| format!("{o}\n")).collect();
     if input.is_empty() {
         return Ok(BTreeMap::new());
     }
-    let mut child = super::command(git_dir, None)
-        .args(["cat-file", "--batch-check=%(objectname) %(objecttype)"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
+    let mut cmd = super::command(git_dir, None);
+    cmd.args(["cat-file", "--batch-check=%(objectname) %(objecttype)"])
+        .stderr(Stdio::null());
+    let out = crate::child::output_within_input(cmd, input.into_bytes(), LISTING_BOUNDS, false)
         .map_err(io("running git cat-file"))?;
-    let mut stdin = child.stdin.take().expect("piped");
-    let writer = std::thread::spawn(move || {
-        let _ = stdin.write_all(input.as_bytes());
-    });
-    let mut text = String::new();
-    if let Some(out) = child.stdout.take() {
-        let _ = out.take(256 << 20).read_to_string(&mut text);
+    if out.stdout.len() as u64 >= LISTING_BOUNDS.output {
+        return Err(BackError::Io {
+            what: "reading the types of the sandbox's objects".into(),
+            source: std::io::Error::other("git cat-file printed past aisb's bound"),
+        });
     }
-    let _ = writer.join();
-    let _ = child.wait();
+    let text = String::from_utf8_lossy(&out.stdout);
     Ok(text
         .lines()
         .filter_map(|l| l.split_once(' '))
@@ -1323,19 +1316,8 @@ fn update_refs(layer: &Layer, input: &str) {
 
 /// Run `cmd` with `input` on its standard input, written from a thread of its own (a command
 /// that writes while it reads never blocks on a full pipe): its output.
-fn with_input(
-    mut cmd: std::process::Command,
-    input: Vec<u8>,
-) -> std::io::Result<std::process::Output> {
-    use std::io::Write;
-    let mut child = cmd.stdin(Stdio::piped()).spawn()?;
-    let mut stdin = child.stdin.take().expect("piped");
-    let writer = std::thread::spawn(move || {
-        let _ = stdin.write_all(&input);
-    });
-    let out = child.wait_with_output();
-    let _ = writer.join();
-    out
+fn with_input(cmd: std::process::Command, input: Vec<u8>) -> std::io::Result<std::process::Output> {
+    crate::child::output_within_input(cmd, input, GIT_BOUNDS, true)
 }
 
 fn short(oid: &str) -> &str {

@@ -155,22 +155,51 @@ const GIT_BOUNDS: crate::child::Bounds = crate::child::Bounds {
     output: 64 << 20,
 };
 
-/// Git LFS's filter as the repository's git has it (its own configuration or the user's): in
-/// the clone's configuration too, which is read-only inside (`git lfs install` cannot write
-/// it there). Without it a file Git LFS tracks was committed whole inside, not as a pointer.
-/// The commands run inside the sandbox, by its own git.
+/// Git LFS's filter as the repository's git has it (its own configuration or, usually, the
+/// user's `~/.gitconfig`, which the sandbox does not see): in the clone's own configuration
+/// file too, which is read-only inside (`git lfs install` cannot write it there). Without it a
+/// file Git LFS tracks was committed whole inside, not as a pointer. The commands run inside
+/// the sandbox, by its own git; `required` is left out, so an image without git-lfs still
+/// commits (whole files, as before). The file is written only when it is a regular file
+/// (`disarm_clone` moved anything else aside): never through a link to another of the host's.
 fn lfs_filter_into_clone(repo: &Path, clone: &Path, state: &Path) -> Result<(), SessionError> {
-    let get = |dir: &Path| {
-        git(dir, &["config", "--get-regexp", r"^filter\.lfs\."], state).unwrap_or_default()
-    };
-    let want = get(repo);
-    if want == get(clone) {
+    let file = clone.join(".git/config");
+    disarm_clone(clone, state);
+    if !fs::symlink_metadata(&file).is_ok_and(|m| m.is_file()) {
         return Ok(());
     }
-    let _ = git(clone, &["config", "--remove-section", "filter.lfs"], state);
+    let file_s = file.to_string_lossy().into_owned();
+    let regexp = r"^filter\.lfs\.(clean|smudge|process)$";
+    let want = git(repo, &["config", "--get-regexp", regexp], state).unwrap_or_default();
+    let have = git(
+        state,
+        &["config", "--file", &file_s, "--get-regexp", regexp],
+        state,
+    )
+    .unwrap_or_default();
+    if want == have {
+        return Ok(());
+    }
+    for key in ["clean", "smudge", "process"] {
+        let _ = git(
+            state,
+            &[
+                "config",
+                "--file",
+                &file_s,
+                "--unset-all",
+                &format!("filter.lfs.{key}"),
+            ],
+            state,
+        );
+    }
     for line in want.lines().take(16) {
         if let Some((key, value)) = line.split_once(' ') {
-            git(clone, &["config", "--add", key, value], state)?;
+            git(
+                state,
+                &["config", "--file", &file_s, "--add", key, value],
+                state,
+            )?;
         }
     }
     Ok(())
@@ -185,6 +214,7 @@ pub fn disarm_clone(clone: &Path, state: &Path) {
     // link would make it read or rewrite another file of the host's (another repository's
     // index), a FIFO would make it wait forever.
     for (name, dir) in [
+        ("config", false),
         ("index", false),
         ("HEAD", false),
         ("packed-refs", false),
