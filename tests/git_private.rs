@@ -2034,7 +2034,18 @@ fn named_fresh_refs(user: Option<(u32, u32)>) {
     for backend in BACKENDS {
         let who = who(backend, user);
         let p = Project::new(user);
-        let script = "touch ready\n\
+        // A per-work-tree configuration with a credential: the sandbox sees its view.
+        p.git_ok(&who, &["config", "extensions.worktreeConfig", "true"]);
+        std::fs::write(
+            p.proj().join(".git/config.worktree"),
+            "[http]\n\textraheader = AUTHORIZATION: bearer sk-live-WORKTREE-CONFIG\n",
+        )
+        .unwrap();
+        if let Some((uid, gid)) = user {
+            support::chown_r(&p.proj(), uid, gid);
+        }
+        let script = "cat \"$(git remote get-url origin)/.git/config.worktree\"\n\
+             touch ready\n\
              i=0; while [ $i -lt 300 ] && [ ! -e go ]; do sleep 0.1; i=$((i+1)); done\n\
              sleep 1\n\
              git fetch -q origin 2>&1\n\
@@ -2053,6 +2064,11 @@ fn named_fresh_refs(user: Option<(u32, u32)>) {
         assert_eq!(o.code, 0, "{who} {}\n{}", o.stdout, o.stderr);
         o.expect("later", "yes");
         o.expect("main", "yes");
+        assert!(
+            !o.stdout.contains("sk-live-WORKTREE-CONFIG"),
+            "{who} the work tree configuration's credential inside:\n{}",
+            o.stdout
+        );
     }
 }
 

@@ -58,6 +58,7 @@ fn names(fd: impl AsFd, keep: impl Fn(&str) -> bool) -> Vec<String> {
 /// a link) that `host_git` lacks into `host_git/lfs/objects`, each verified.
 pub fn bring_back(objects: &crate::beneath::Dir, host_git: &Path) -> Brought {
     let mut out = Brought::default();
+    remove_stale_copies(&host_git.join("lfs/tmp"));
     let top = objects.as_fd();
     let (mut seen, mut bytes) = (0usize, 0u64);
     for a in names(top, |n| lower_hex(n, 2)) {
@@ -111,6 +112,13 @@ fn take(
     if !md.is_file() {
         return Err("not a regular file".into());
     }
+    // A sparse file costs the sandbox nothing and the host its whole length.
+    {
+        use std::os::unix::fs::MetadataExt;
+        if md.len() > 64 << 10 && md.blocks() * 512 < md.len() / 2 {
+            return Err("a sparse file".into());
+        }
+    }
     *bytes += md.len();
     if *bytes > MAX_BYTES {
         return Err(format!(
@@ -120,7 +128,37 @@ fn take(
     }
     let tmp_dir = host_git.join("lfs/tmp");
     std::fs::create_dir_all(&tmp_dir).map_err(|e| e.to_string())?;
-    let tmp = tmp_dir.join(format!("aisb-{}-{oid}", std::process::id()));
+    // Room for it, and 1 GiB more for everything else on that disk.
+    let free = nix::sys::statvfs::statvfs(&tmp_dir)
+        .map(|v| v.blocks_available() as u64 * v.fragment_size() as u64)
+        .unwrap_or(0);
+    if free < md.len().saturating_add(1 << 30) {
+        return Err("too little free space on the repository's disk".into());
+    }
+    // Hashed before anything is written: a forged object costs the host no write.
+    let hashed = {
+        let mut h = Sha256::new();
+        let mut buf = vec![0u8; 1 << 16];
+        let mut r = (&mut file).take(md.len());
+        loop {
+            let n = r.read(&mut buf).map_err(|e| e.to_string())?;
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+        }
+        hex::encode(h.finalize())
+    };
+    if hashed != oid {
+        return Err("its content does not hash to its name".into());
+    }
+    std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(0)).map_err(|e| e.to_string())?;
+    static COPIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let tmp = tmp_dir.join(format!(
+        "aisb-{}-{}-{oid}",
+        std::process::id(),
+        COPIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
     let result = (|| {
         let mut w = std::fs::OpenOptions::new()
             .write(true)
@@ -141,8 +179,9 @@ fn take(
             w.write_all(&buf[..n]).map_err(|e| e.to_string())?;
         }
         w.sync_all().map_err(|e| e.to_string())?;
+        // Again: the sandbox may have changed it since.
         if hex::encode(h.finalize()) != oid {
-            return Err("its content does not hash to its name".to_string());
+            return Err("its content changed while it was copied".to_string());
         }
         if let Some(parent) = target.parent() {
             std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
@@ -155,20 +194,53 @@ fn take(
     result
 }
 
-/// What to tell the user about a bring-back that refused something (at most six lines).
+/// What this process's bring-backs copied half when aisb was killed: `aisb-PID-…` of processes
+/// that are gone.
+fn remove_stale_copies(tmp: &Path) {
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return;
+    };
+    for e in entries.flatten().take(MAX_ENTRIES) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid = name
+            .strip_prefix("aisb-")
+            .and_then(|r| r.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok());
+        if pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// What to tell the user about a bring-back that refused something (at most six lines). An
+/// object is told about once per aisb process (a named sandbox syncs every few seconds).
 pub fn lines(b: &Brought) -> Vec<String> {
-    let mut out: Vec<String> = b
-        .refused
+    static TOLD: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let refused: Vec<&(String, String)> = match TOLD.lock() {
+        Ok(mut told) => b
+            .refused
+            .iter()
+            .filter(|(oid, _)| {
+                let new = !told.contains(oid);
+                if new && told.len() < 10_000 {
+                    told.push(oid.clone());
+                }
+                new
+            })
+            .collect(),
+        Err(_) => b.refused.iter().collect(),
+    };
+    let mut out: Vec<String> = refused
         .iter()
         .take(5)
         .map(|(oid, why)| {
             format!("aisb: a Git LFS object the sandbox stored was not brought back ({why}): {oid}")
         })
         .collect();
-    if b.refused.len() > 5 {
+    if refused.len() > 5 {
         out.push(format!(
             "aisb: … and {} more Git LFS objects not brought back",
-            b.refused.len() - 5
+            refused.len() - 5
         ));
     }
     out
@@ -213,8 +285,29 @@ mod tests {
             .find(|oid| !sandbox.join(&oid[..2]).exists())
             .unwrap();
         std::os::unix::fs::symlink(elsewhere.join(&via[..2]), sandbox.join(&via[..2])).unwrap();
+        // Sparse: 16 MiB of zeros that cost the sandbox nothing.
+        let zeros = {
+            let mut h = Sha256::new();
+            let block = vec![0u8; 1 << 20];
+            for _ in 0..16 {
+                h.update(&block);
+            }
+            hex::encode(h.finalize())
+        };
+        let d = sandbox.join(&zeros[..2]).join(&zeros[2..4]);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::File::create(d.join(&zeros))
+            .unwrap()
+            .set_len(16 << 20)
+            .unwrap();
         let b = bring_back(&crate::beneath::Dir::open(&sandbox).unwrap(), &host);
         assert_eq!(b.copied, 1, "{b:?}");
+        assert!(
+            b.refused
+                .iter()
+                .any(|(o, why)| *o == zeros && why.contains("sparse")),
+            "{b:?}"
+        );
         let kept = |oid: &str| {
             host.join("lfs/objects")
                 .join(&oid[..2])
@@ -225,7 +318,10 @@ mod tests {
         for oid in [&forged, &linked, &via] {
             assert!(!kept(oid).exists(), "{oid} came back");
         }
-        assert_eq!(b.refused.len(), 2, "{b:?}");
+        assert_eq!(b.refused.len(), 3, "{b:?}");
+        // Each refusal is told once per process.
+        assert_eq!(lines(&b).len(), 3);
+        assert!(lines(&b).is_empty());
         // Nothing left in the host's temporary directory.
         assert_eq!(std::fs::read_dir(host.join("lfs/tmp")).unwrap().count(), 0);
         // What the host already has is not read again.

@@ -529,8 +529,18 @@ pub fn refresh_origin_files(dir: &Path, repo: &Path) -> std::io::Result<()> {
             _ => {}
         }
     }
-    if fs::symlink_metadata(dir.join("config")).is_err() {
-        fs::write(dir.join("config"), "")?;
+    // Mount points: `config` always, `config.worktree` when the repository has one (its view
+    // without credentials is bound there, `eval::git_config_views`).
+    for (name, needed) in [
+        ("config", true),
+        (
+            "config.worktree",
+            fs::symlink_metadata(repo.join(".git/config.worktree")).is_ok(),
+        ),
+    ] {
+        if needed && fs::symlink_metadata(dir.join(name)).is_err() {
+            fs::write(dir.join(name), "")?;
+        }
     }
     for part in ["HEAD", "packed-refs", "shallow"] {
         let source = fs::OpenOptions::new()

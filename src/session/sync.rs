@@ -171,7 +171,7 @@ fn stamp(git_dir: &Path) -> Vec<(PathBuf, SystemTime, u64)> {
         .flatten()
         .take(MAX_REF_FILES)
         .chain(
-            ["packed-refs", "HEAD"]
+            ["packed-refs", "HEAD", "shallow"]
                 .iter()
                 .filter_map(|f| walk(git_dir.join(f)).into_iter().flatten().next()),
         )
