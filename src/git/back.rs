@@ -826,7 +826,15 @@ fn rehash_packs(t: &Path) {
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|x| x == "pack"))
         .collect();
+    // One time budget for all of them: each pack a sandbox wrote could take a call's whole
+    // bound, and there may be many.
+    let deadline = std::time::Instant::now() + GIT_BOUNDS.time * 2;
     for pack in packs {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let bounds = crate::child::Bounds {
+            time: left.min(GIT_BOUNDS.time),
+            ..GIT_BOUNDS
+        };
         // Out of the pack directory first: unpack-objects skips what the repository has.
         let aside = t.join(format!(
             "unpacking-{}",
@@ -838,7 +846,7 @@ fn rehash_packs(t: &Path) {
             let mut cmd = super::command(t, None);
             cmd.args(["unpack-objects", "-q", "--strict"])
                 .stdin(std::fs::File::open(&aside)?);
-            crate::child::output_within(cmd, GIT_BOUNDS, true)
+            crate::child::output_within(cmd, bounds, true)
         });
         let _ = std::fs::remove_file(&aside);
         let _ = std::fs::remove_file(&pack);

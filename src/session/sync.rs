@@ -140,7 +140,12 @@ fn fetch_rehashed(
                 .to_string();
             // Still an error when one did not come: `aisb rm` must not count a branch that
             // could not be fetched as synced.
+            // And within one more GIT_BOUNDS time in all, not one each.
+            let began = Instant::now();
             for n in names.iter().take(MAX_SINGLE_FETCHES) {
+                if began.elapsed() > Duration::from_secs(300) {
+                    break;
+                }
                 let spec = format!(
                     "+{n}:{prefix}{}",
                     n.strip_prefix("refs/heads/").unwrap_or(n)
