@@ -136,20 +136,7 @@ fn take(
         return Err("too little free space on the repository's disk".into());
     }
     // Hashed before anything is written: a forged object costs the host no write.
-    let hashed = {
-        let mut h = Sha256::new();
-        let mut buf = vec![0u8; 1 << 16];
-        let mut r = (&mut file).take(md.len());
-        loop {
-            let n = r.read(&mut buf).map_err(|e| e.to_string())?;
-            if n == 0 {
-                break;
-            }
-            h.update(&buf[..n]);
-        }
-        hex::encode(h.finalize())
-    };
-    if hashed != oid {
+    if hash_copy(&mut file, md.len(), None)? != oid {
         return Err("its content does not hash to its name".into());
     }
     std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(0)).map_err(|e| e.to_string())?;
@@ -165,22 +152,10 @@ fn take(
             .create_new(true)
             .open(&tmp)
             .map_err(|e| e.to_string())?;
-        let mut h = Sha256::new();
-        let mut buf = vec![0u8; 1 << 16];
-        // Never more than the size it had when it was looked at: a sandbox still writing it
-        // cannot make the copy longer.
-        let mut r = (&mut file).take(md.len());
-        loop {
-            let n = r.read(&mut buf).map_err(|e| e.to_string())?;
-            if n == 0 {
-                break;
-            }
-            h.update(&buf[..n]);
-            w.write_all(&buf[..n]).map_err(|e| e.to_string())?;
-        }
+        let hashed = hash_copy(&mut file, md.len(), Some(&mut w))?;
         w.sync_all().map_err(|e| e.to_string())?;
         // Again: the sandbox may have changed it since.
-        if hex::encode(h.finalize()) != oid {
+        if hashed != oid {
             return Err("its content changed while it was copied".to_string());
         }
         if let Some(parent) = target.parent() {
@@ -194,6 +169,39 @@ fn take(
     result
 }
 
+/// The SHA-256 (hex) of the first `len` bytes of `file` (never more: a sandbox still writing it
+/// cannot make it longer), written to `to` as they are read.
+fn hash_copy(
+    file: &mut std::fs::File,
+    len: u64,
+    mut to: Option<&mut std::fs::File>,
+) -> Result<String, String> {
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut r = file.take(len);
+    loop {
+        let n = r.read(&mut buf).map_err(|e| e.to_string())?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        if let Some(w) = to.as_mut() {
+            w.write_all(&buf[..n]).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(hex::encode(h.finalize()))
+}
+
+/// Whether the entry `name` is `PREFIX-PID-…` of a process that is gone: left by an aisb that
+/// was killed, and free to remove.
+pub fn left_by_dead_process(name: &str, prefix: &str) -> bool {
+    name.strip_prefix(prefix)
+        .and_then(|r| r.strip_prefix('-'))
+        .and_then(|r| r.split('-').next())
+        .and_then(|p| p.parse::<u32>().ok())
+        .is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists())
+}
+
 /// What this process's bring-backs copied half when aisb was killed: `aisb-PID-…` of processes
 /// that are gone.
 fn remove_stale_copies(tmp: &Path) {
@@ -201,12 +209,7 @@ fn remove_stale_copies(tmp: &Path) {
         return;
     };
     for e in entries.flatten().take(MAX_ENTRIES) {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let pid = name
-            .strip_prefix("aisb-")
-            .and_then(|r| r.split('-').next())
-            .and_then(|p| p.parse::<u32>().ok());
-        if pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
+        if left_by_dead_process(&e.file_name().to_string_lossy(), "aisb") {
             let _ = std::fs::remove_file(e.path());
         }
     }
@@ -256,6 +259,16 @@ mod tests {
         std::fs::create_dir_all(&d).unwrap();
         std::fs::write(d.join(&oid), content).unwrap();
         oid
+    }
+
+    #[test]
+    fn only_what_a_process_that_is_gone_left_is_stale() {
+        let me = std::process::id();
+        assert!(!left_by_dead_process(&format!("aisb-{me}-0-ab"), "aisb"));
+        assert!(left_by_dead_process("aisb-999999999-0-ab", "aisb"));
+        assert!(!left_by_dead_process("aisbx-999999999-0-ab", "aisb"));
+        assert!(!left_by_dead_process("sync-999999999-1", "aisb"));
+        assert!(!left_by_dead_process("aisb-notapid", "aisb"));
     }
 
     #[test]

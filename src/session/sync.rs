@@ -76,12 +76,7 @@ fn fetch_rehashed(
         .flatten()
         .take(10_000)
     {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let pid = name
-            .strip_prefix("sync-")
-            .and_then(|r| r.split('-').next())
-            .and_then(|p| p.parse::<u32>().ok());
-        if pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
+        if crate::git::lfs::left_by_dead_process(&e.file_name().to_string_lossy(), "sync") {
             let _ = crate::beneath::remove_tree(&e.path());
         }
     }
