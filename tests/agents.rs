@@ -173,7 +173,12 @@ fn project(t: &Path, config: &str) -> (std::path::PathBuf, std::path::PathBuf) {
 }
 
 fn aisb(t: &Path, home: &Path, proj: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_aisb"));
+    aisb_at(Path::new(env!("CARGO_BIN_EXE_aisb")), t, home, proj)
+}
+
+/// [`aisb`] from the binary `exe` (a copy an ordinary user can run).
+fn aisb_at(exe: &Path, t: &Path, home: &Path, proj: &Path) -> Command {
+    let mut c = Command::new(exe);
     c.current_dir(proj)
         .env_clear()
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
@@ -1391,5 +1396,91 @@ fn gemini_hears_what_the_sandbox_refused_during_its_tool_call() {
             && !results[2].contains("hunter2"),
         "the masked read did not reach the model: {}",
         results[2]
+    );
+}
+
+/// Runs `script` under `config` with the agents' logins in the home, on each backend, as root
+/// and as an ordinary user; with `env` added. Each login's file is unreadable inside, its
+/// secret nowhere in the output; `hint` is said exactly when `env` is empty.
+fn login_stays_home(config: &str, login: &str, content: &str, env: &[(&str, &str)], hint: &str) {
+    for backend in ["bwrap", "libcontainer"] {
+        for user in [None, Some(support::test_user())] {
+            let who = format!(
+                "[{backend} {}]",
+                if user.is_some() { "user" } else { "root" }
+            );
+            let t = tempfile::tempdir().unwrap();
+            let (home, proj) = project(t.path(), config);
+            let file = home.join(login);
+            std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+            std::fs::write(&file, content).unwrap();
+            let mut cmd = match user {
+                Some((uid, gid)) => {
+                    let exe = support::hand_to_user(t.path(), uid, gid);
+                    let mut c = aisb_at(&exe, t.path(), &home, &proj);
+                    std::os::unix::process::CommandExt::uid(&mut c, uid);
+                    std::os::unix::process::CommandExt::gid(&mut c, gid);
+                    c
+                }
+                None => aisb(t.path(), &home, &proj),
+            };
+            let script = format!("cat ~/{login} 2>&1; echo read=$?");
+            let o = Out::from(
+                cmd.envs(env.iter().copied())
+                    .args([
+                        "--trust",
+                        "run",
+                        "--backend",
+                        backend,
+                        "--",
+                        "sh",
+                        "-c",
+                        &script,
+                    ])
+                    .output()
+                    .unwrap(),
+            );
+            assert_eq!(o.code, 0, "{who} {}", o.stderr);
+            assert!(!o.stdout.contains("LOGIN-SECRET"), "{who} {}", o.stdout);
+            assert_ne!(o.value("read"), Some("0"), "{who} {}", o.stdout);
+            assert_eq!(
+                o.stderr.contains(hint),
+                env.is_empty(),
+                "{who} {}",
+                o.stderr
+            );
+        }
+    }
+}
+
+/// A Claude subscription's login is a file that stays on the host (masked in the preset's
+/// copy-on-write `~/.claude`): with no key to broker, the run says how to hand Claude Code one
+/// (`claude setup-token`); with a key it says nothing.
+#[test]
+fn a_claude_login_stays_on_the_host_and_is_explained() {
+    if !support::root_or_skip("the agents' logins") {
+        return;
+    }
+    let login = ".claude/.credentials.json";
+    let content = "{\"claudeAiOauth\":{\"refreshToken\":\"sk-ant-ort01-LOGIN-SECRET\"}}\n";
+    let config = "import \"preset:claude\"\n";
+    login_stays_home(config, login, content, &[], "claude setup-token");
+    let token = [("CLAUDE_CODE_OAUTH_TOKEN", "sk-ant-oat01-FROM-SETUP-TOKEN")];
+    login_stays_home(config, login, content, &token, "claude setup-token");
+}
+
+/// The same for Codex's ChatGPT login (`~/.codex/auth.json`).
+#[test]
+fn a_codex_login_stays_on_the_host_and_is_explained() {
+    if !support::root_or_skip("the agents' logins") {
+        return;
+    }
+    let content = "{\"tokens\":{\"refresh_token\":\"rt-LOGIN-SECRET\"}}\n";
+    login_stays_home(
+        "import \"preset:codex\"\n",
+        ".codex/auth.json",
+        content,
+        &[],
+        "OPENAI_API_KEY",
     );
 }

@@ -393,6 +393,15 @@ fn resolve(
             (d.clone(), why.to_string())
         })
         .collect();
+    // The home's credential files wherever a mount shows them (a preset's `~/.claude` or
+    // `~/.codex` copy-on-write, a `mount "~/.config"`), not only through a visible home: the
+    // login a subscription keeps there (Claude Code's `.credentials.json`, Codex's
+    // `auth.json`) holds tokens the sandbox could send anywhere.
+    if s.secrets.defaults.as_ref().is_none_or(|d| d.value) {
+        for rel in masks::HOME_SENSITIVE {
+            hidden.push((host.home.join(rel), format!("home \"~/{rel}\"")));
+        }
+    }
     for c in &credentials {
         if let crate::config::model::CredentialSource::File(f) = &c.source {
             let path = f

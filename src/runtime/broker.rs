@@ -83,6 +83,7 @@ pub fn prepare(plan: &Plan) -> Result<Option<Prepared>, RuntimeError> {
             real,
         });
     }
+    login_hints(plan, &credentials);
     if credentials.is_empty() {
         return Ok(None);
     }
@@ -249,6 +250,51 @@ fn file_path(p: &str, plan: &Plan) -> Result<PathBuf, String> {
         ));
     }
     Ok(lexical)
+}
+
+/// The agents' logins that stay on the host (masked inside, wherever a mount shows them: their
+/// tokens would be the sandbox's to send anywhere), the preset credentials that would stand in
+/// for them, and how to give one a value.
+const LOGINS: &[(&str, &[&str], &str)] = &[
+    (
+        ".claude/.credentials.json",
+        &[
+            "anthropic-api-key",
+            "anthropic-auth-token",
+            "claude-oauth-token",
+        ],
+        "Run `claude setup-token` once and export what it prints as CLAUDE_CODE_OAUTH_TOKEN",
+    ),
+    (
+        ".codex/auth.json",
+        &["openai-api-key"],
+        "Export an API key as OPENAI_API_KEY",
+    ),
+];
+
+/// A preset brokers an agent's keys from the caller's environment; a subscription's login is
+/// a file in the home, which stays there. Without any key the agent inside is not logged in:
+/// say why, and how to hand it a brokered one.
+fn login_hints(plan: &Plan, brokered: &[Brokered]) {
+    for (file, names, how) in LOGINS {
+        let preset = |n: &str| {
+            plan.credentials
+                .iter()
+                .any(|p| p.name == n && p.at.starts_with("preset:"))
+        };
+        if !names.iter().all(|n| preset(n))
+            || brokered.iter().any(|b| names.contains(&b.name.as_str()))
+        {
+            continue;
+        }
+        let login = plan.identity.home.join(file);
+        if std::fs::symlink_metadata(&login).is_ok() {
+            eprintln!(
+                "aisb: the login in {} stays on the host (inside, its tokens could be sent anywhere). {how}: the sandbox gets a placeholder, and the proxy adds the real value for the agent's API only",
+                login.display()
+            );
+        }
+    }
 }
 
 /// `from command=`: its output, by `/bin/sh -c`, no stdin, within [`COMMAND_TIMEOUT`].
