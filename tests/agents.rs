@@ -1484,3 +1484,26 @@ fn a_codex_login_stays_on_the_host_and_is_explained() {
         "OPENAI_API_KEY",
     );
 }
+
+/// Gemini CLI's Google login and OpenCode's logins, likewise.
+#[test]
+fn gemini_and_opencode_logins_stay_on_the_host_and_are_explained() {
+    if !support::root_or_skip("the agents' logins") {
+        return;
+    }
+    let content = "{\"refresh_token\":\"1//LOGIN-SECRET\"}\n";
+    login_stays_home(
+        "import \"preset:gemini\"\n",
+        ".gemini/oauth_creds.json",
+        content,
+        &[],
+        "GEMINI_API_KEY",
+    );
+    login_stays_home(
+        "import \"preset:opencode\"\n",
+        ".local/share/opencode/auth.json",
+        content,
+        &[],
+        "ANTHROPIC_API_KEY",
+    );
+}

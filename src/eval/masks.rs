@@ -85,8 +85,15 @@ pub const HOME_SENSITIVE: &[&str] = &[
     ".config/google-chrome",
     ".config/chromium",
     ".terraform.d/credentials.tfrc.json",
+    // The agents' own logins (their refresh tokens): Claude Code's, Codex's, Gemini CLI's
+    // (Google OAuth, its keychain fallback, its MCP servers' tokens) and OpenCode's (every
+    // provider's key or OAuth login).
     ".claude/.credentials.json",
     ".codex/auth.json",
+    ".gemini/oauth_creds.json",
+    ".gemini/gemini-credentials.json",
+    ".gemini/mcp-oauth-tokens.json",
+    ".local/share/opencode/auth.json",
 ];
 
 /// A compiled set of project-relative patterns that remembers which pattern matched.

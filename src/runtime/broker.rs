@@ -270,6 +270,16 @@ const LOGINS: &[(&str, &[&str], &str)] = &[
         &["openai-api-key"],
         "Export an API key as OPENAI_API_KEY",
     ),
+    (
+        ".gemini/oauth_creds.json",
+        &["gemini-api-key", "google-api-key"],
+        "Export an API key as GEMINI_API_KEY",
+    ),
+    (
+        ".local/share/opencode/auth.json",
+        &["openai-api-key", "anthropic-api-key"],
+        "Export a provider's API key (ANTHROPIC_API_KEY, OPENAI_API_KEY)",
+    ),
 ];
 
 /// A preset brokers an agent's keys from the caller's environment; a subscription's login is
