@@ -1507,3 +1507,46 @@ fn gemini_and_opencode_logins_stay_on_the_host_and_are_explained() {
         "ANTHROPIC_API_KEY",
     );
 }
+
+/// Claude Code keeps an API key saved by a console login in `~/.claude.json`
+/// (`primaryApiKey`), which the preset copies in whole: the copy loses that field (the rest
+/// stays), also a copy an earlier run made with it.
+#[test]
+fn the_key_claude_code_saved_in_its_config_stays_on_the_host() {
+    if !support::root_or_skip("the agents' logins") {
+        return;
+    }
+    for backend in ["bwrap", "libcontainer"] {
+        let t = tempfile::tempdir().unwrap();
+        let (home, proj) = project(t.path(), "import \"preset:claude\"\n");
+        std::fs::write(
+            home.join(".claude.json"),
+            "{\"primaryApiKey\":\"sk-ant-api03-SAVED-SECRET\",\"theme\":\"dark\"}\n",
+        )
+        .unwrap();
+        let run = || {
+            Out::from(
+                aisb(t.path(), &home, &proj)
+                    .args(["--trust", "run", "--backend", backend, "--", "cat"])
+                    .arg(home.join(".claude.json"))
+                    .output()
+                    .unwrap(),
+            )
+        };
+        let o = run();
+        assert_eq!(o.code, 0, "[{backend}] {}", o.stderr);
+        assert!(!o.stdout.contains("SAVED-SECRET"), "[{backend}] {}", o.stdout);
+        assert!(o.stdout.contains("\"theme\""), "[{backend}] {}", o.stdout);
+        // A copy made before this fix, with the key: the next run scrubs it.
+        let copy = walkdir::WalkDir::new(t.path().join("cache"))
+            .into_iter()
+            .flatten()
+            .find(|e| e.file_name() == ".claude.json" && e.file_type().is_file())
+            .expect("the private copy")
+            .into_path();
+        std::fs::write(&copy, "{\"primaryApiKey\":\"sk-ant-api03-OLD-COPY-SECRET\"}\n").unwrap();
+        let o = run();
+        assert_eq!(o.code, 0, "[{backend}] {}", o.stderr);
+        assert!(!o.stdout.contains("OLD-COPY-SECRET"), "[{backend}] {}", o.stdout);
+    }
+}

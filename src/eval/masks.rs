@@ -96,6 +96,11 @@ pub const HOME_SENSITIVE: &[&str] = &[
     ".local/share/opencode/auth.json",
 ];
 
+/// Home files an agent preset copies in whole that keep a credential in a top-level JSON field:
+/// the private copy loses those fields (Claude Code keeps an API key a console login saved in
+/// `~/.claude.json`'s `primaryApiKey`).
+pub const HOME_SENSITIVE_FIELDS: &[(&str, &[&str])] = &[(".claude.json", &["primaryApiKey"])];
+
 /// A compiled set of project-relative patterns that remembers which pattern matched.
 #[derive(Debug, Clone)]
 pub struct PatternSet {

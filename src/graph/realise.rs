@@ -89,6 +89,36 @@ fn write_generated(
     io(dir, super::store::realise(dir, fill).map(|_| ()))
 }
 
+/// Remove the top-level `fields` of the JSON file `path` (a private copy aisb made; read
+/// without following a link, at most 64 MiB). A file that holds one of their names but is not
+/// a JSON object is emptied to `{}`: nothing could read it as configuration anyway.
+fn scrub_json_fields(path: &Path, fields: &[&str]) -> std::io::Result<()> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut bytes = Vec::new();
+    fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?
+        .take(64 << 20)
+        .read_to_end(&mut bytes)?;
+    let named = |f: &str| bytes.windows(f.len()).any(|w| w == f.as_bytes());
+    if !fields.iter().any(|f| named(f)) {
+        return Ok(());
+    }
+    let scrubbed = match serde_json::from_slice::<serde_json::Value>(&bytes) {
+        Ok(serde_json::Value::Object(mut map)) => {
+            for f in fields {
+                map.remove(*f);
+            }
+            serde_json::to_vec_pretty(&serde_json::Value::Object(map))
+                .map_err(std::io::Error::other)?
+        }
+        _ => b"{}".to_vec(),
+    };
+    crate::atomic::write_atomic_private(path, &scrubbed)
+}
+
 /// Create overlay dirs and take private copies that do not exist yet.
 fn realise_state(plan: &Plan) -> Result<(), RealiseError> {
     for m in &plan.mounts {
@@ -104,13 +134,24 @@ fn realise_state(plan: &Plan) -> Result<(), RealiseError> {
                 io(upper, fs::create_dir_all(upper))?;
                 io(work, fs::create_dir_all(work))?;
             }
-            MountKind::Copy { source, copy } if !copy.exists() => {
-                if let Some(parent) = copy.parent() {
-                    io(parent, fs::create_dir_all(parent))?;
+            MountKind::Copy { source, copy } => {
+                if !copy.exists() {
+                    if let Some(parent) = copy.parent() {
+                        io(parent, fs::create_dir_all(parent))?;
+                    }
+                    let tmp = copy.with_extension("aisb-tmp");
+                    io(&tmp, fs::copy(source, &tmp))?;
+                    io(copy, fs::rename(&tmp, copy))?;
                 }
-                let tmp = copy.with_extension("aisb-tmp");
-                io(&tmp, fs::copy(source, &tmp))?;
-                io(copy, fs::rename(&tmp, copy))?;
+                // A copy of a home file that keeps a credential in a field: that field goes,
+                // from new copies and from those earlier runs made.
+                let fields = crate::eval::masks::HOME_SENSITIVE_FIELDS
+                    .iter()
+                    .find(|(rel, _)| plan.identity.home.join(rel) == *source)
+                    .map(|(_, f)| *f);
+                if let Some(fields) = fields {
+                    io(copy, scrub_json_fields(copy, fields))?;
+                }
             }
             MountKind::State { dir } => io(dir, fs::create_dir_all(dir))?,
             MountKind::Generated { dir, files } => write_generated(dir, files)?,
