@@ -1535,7 +1535,11 @@ fn the_key_claude_code_saved_in_its_config_stays_on_the_host() {
         };
         let o = run();
         assert_eq!(o.code, 0, "[{backend}] {}", o.stderr);
-        assert!(!o.stdout.contains("SAVED-SECRET"), "[{backend}] {}", o.stdout);
+        assert!(
+            !o.stdout.contains("SAVED-SECRET"),
+            "[{backend}] {}",
+            o.stdout
+        );
         assert!(o.stdout.contains("\"theme\""), "[{backend}] {}", o.stdout);
         // A copy made before this fix, with the key: the next run scrubs it.
         let copy = walkdir::WalkDir::new(t.path().join("cache"))
@@ -1544,9 +1548,70 @@ fn the_key_claude_code_saved_in_its_config_stays_on_the_host() {
             .find(|e| e.file_name() == ".claude.json" && e.file_type().is_file())
             .expect("the private copy")
             .into_path();
-        std::fs::write(&copy, "{\"primaryApiKey\":\"sk-ant-api03-OLD-COPY-SECRET\"}\n").unwrap();
+        std::fs::write(
+            &copy,
+            "{\"primaryApiKey\":\"sk-ant-api03-OLD-COPY-SECRET\"}\n",
+        )
+        .unwrap();
         let o = run();
         assert_eq!(o.code, 0, "[{backend}] {}", o.stderr);
-        assert!(!o.stdout.contains("OLD-COPY-SECRET"), "[{backend}] {}", o.stdout);
+        assert!(
+            !o.stdout.contains("OLD-COPY-SECRET"),
+            "[{backend}] {}",
+            o.stdout
+        );
+    }
+}
+
+/// A login the user makes on the host while the sandbox runs (`claude /login` in another
+/// terminal) does not show through the preset's copy-on-write `~/.claude`: the file that does
+/// not exist yet is masked over an empty one. Both backends, root and an ordinary user.
+#[test]
+fn a_login_made_while_the_sandbox_runs_stays_on_the_host() {
+    if !support::root_or_skip("the agents' logins") {
+        return;
+    }
+    for backend in ["bwrap", "libcontainer"] {
+        for user in [None, Some(support::test_user())] {
+            let who = format!("[{backend} {}]", if user.is_some() { "user" } else { "root" });
+            let t = tempfile::tempdir().unwrap();
+            let (home, proj) = project(t.path(), "import \"preset:claude\"\n");
+            let mut cmd = match user {
+                Some((uid, gid)) => {
+                    let exe = support::hand_to_user(t.path(), uid, gid);
+                    let mut c = aisb_at(&exe, t.path(), &home, &proj);
+                    std::os::unix::process::CommandExt::uid(&mut c, uid);
+                    std::os::unix::process::CommandExt::gid(&mut c, gid);
+                    c
+                }
+                None => aisb(t.path(), &home, &proj),
+            };
+            let script = format!(
+                "touch {p}/ready; i=0; while [ ! -e {p}/go ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done\n\
+                 cat ~/.claude/.credentials.json 2>&1; echo read=$?",
+                p = proj.display()
+            );
+            let child = cmd
+                .args(["--trust", "run", "--backend", backend, "--", "sh", "-c", &script])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            while !proj.join("ready").exists() {
+                assert!(std::time::Instant::now() < deadline, "{who} not ready");
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            std::fs::write(
+                home.join(".claude/.credentials.json"),
+                "{\"claudeAiOauth\":{\"refreshToken\":\"sk-ant-ort01-LATE-LOGIN-SECRET\"}}\n",
+            )
+            .unwrap();
+            std::fs::write(proj.join("go"), "").unwrap();
+            let o = Out::from(child.wait_with_output().unwrap());
+            assert_eq!(o.code, 0, "{who} {}", o.stderr);
+            assert!(!o.stdout.contains("LATE-LOGIN-SECRET"), "{who} {}", o.stdout);
+            assert_ne!(o.value("read"), Some("0"), "{who} {}", o.stdout);
+        }
     }
 }

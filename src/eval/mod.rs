@@ -426,8 +426,52 @@ fn resolve(
         }))
         .map(|(source, target)| (source.canonicalize().unwrap_or(source), target))
         .collect();
+    // Overlays of a home directory (a preset's `~/.claude`): their lower directory as the
+    // kernel reaches it, and where inside.
+    let overlays: Vec<(std::path::PathBuf, &std::path::Path)> = mounts
+        .iter()
+        .filter_map(|m| match &m.kind {
+            MountKind::Overlay { lower, .. } => Some((
+                lower.canonicalize().unwrap_or_else(|_| lower.clone()),
+                m.target.as_path(),
+            )),
+            _ => None,
+        })
+        .collect();
     for (path, why) in hidden {
+        let home_sensitive = why.starts_with("home \"");
+        // Mounted on purpose, that very path (`mount "~/.ssh"`): the user's choice, not
+        // hidden where another mount shows it too.
+        if home_sensitive
+            && mounts.iter().any(|m| match &m.kind {
+                MountKind::Bind { source, .. } | MountKind::Copy { source, .. } => *source == path,
+                MountKind::Overlay { lower, .. } => *lower == path,
+                _ => false,
+            })
+        {
+            continue;
+        }
         let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            // A login the user makes on the host while the sandbox runs would appear in an
+            // overlay of its directory: masked now, over an empty file that realising puts in
+            // the overlay's upper layer (`graph::realise`), which hides the host's later one.
+            if home_sensitive {
+                let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+                    continue;
+                };
+                let parent = parent
+                    .canonicalize()
+                    .unwrap_or_else(|_| parent.to_path_buf());
+                for (lower, target) in &overlays {
+                    if *lower == parent {
+                        mask_list.push(Mask {
+                            path: target.join(name),
+                            dir: false,
+                            rule: why.clone(),
+                        });
+                    }
+                }
+            }
             continue;
         };
         let real = path.canonicalize().unwrap_or_else(|_| path.clone());

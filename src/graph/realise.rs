@@ -130,9 +130,44 @@ fn realise_state(plan: &Plan) -> Result<(), RealiseError> {
             continue;
         }
         match &m.kind {
-            MountKind::Overlay { upper, work, .. } => {
+            MountKind::Overlay {
+                lower, upper, work, ..
+            } => {
                 io(upper, fs::create_dir_all(upper))?;
                 io(work, fs::create_dir_all(work))?;
+                // A file masked directly below the overlay that neither layer has (an agent's
+                // login not made yet): an empty one in the upper layer, so the mask has
+                // something to cover, and the host's later file never shows through.
+                for mask in plan.masks.iter().filter(|k| !k.dir) {
+                    let Some(name) = mask
+                        .path
+                        .strip_prefix(&m.target)
+                        .ok()
+                        .filter(|rel| rel.components().count() == 1)
+                    else {
+                        continue;
+                    };
+                    if fs::symlink_metadata(lower.join(name)).is_err()
+                        && fs::symlink_metadata(upper.join(name)).is_err()
+                    {
+                        use std::os::unix::fs::OpenOptionsExt;
+                        let made = fs::OpenOptions::new()
+                            .write(true)
+                            .create_new(true)
+                            .mode(0o600)
+                            .custom_flags(libc::O_NOFOLLOW)
+                            .open(upper.join(name));
+                        match made {
+                            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                                return Err(RealiseError::Io {
+                                    path: upper.join(name),
+                                    source: e,
+                                })
+                            }
+                            _ => {}
+                        }
+                    }
+                }
             }
             MountKind::Copy { source, copy } => {
                 if !copy.exists() {
