@@ -1573,7 +1573,10 @@ fn a_login_made_while_the_sandbox_runs_stays_on_the_host() {
     }
     for backend in ["bwrap", "libcontainer"] {
         for user in [None, Some(support::test_user())] {
-            let who = format!("[{backend} {}]", if user.is_some() { "user" } else { "root" });
+            let who = format!(
+                "[{backend} {}]",
+                if user.is_some() { "user" } else { "root" }
+            );
             let t = tempfile::tempdir().unwrap();
             let (home, proj) = project(t.path(), "import \"preset:claude\"\n");
             let mut cmd = match user {
@@ -1592,7 +1595,16 @@ fn a_login_made_while_the_sandbox_runs_stays_on_the_host() {
                 p = proj.display()
             );
             let child = cmd
-                .args(["--trust", "run", "--backend", backend, "--", "sh", "-c", &script])
+                .args([
+                    "--trust",
+                    "run",
+                    "--backend",
+                    backend,
+                    "--",
+                    "sh",
+                    "-c",
+                    &script,
+                ])
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
                 .spawn()
@@ -1610,7 +1622,11 @@ fn a_login_made_while_the_sandbox_runs_stays_on_the_host() {
             std::fs::write(proj.join("go"), "").unwrap();
             let o = Out::from(child.wait_with_output().unwrap());
             assert_eq!(o.code, 0, "{who} {}", o.stderr);
-            assert!(!o.stdout.contains("LATE-LOGIN-SECRET"), "{who} {}", o.stdout);
+            assert!(
+                !o.stdout.contains("LATE-LOGIN-SECRET"),
+                "{who} {}",
+                o.stdout
+            );
             assert_ne!(o.value("read"), Some("0"), "{who} {}", o.stdout);
         }
     }

@@ -89,11 +89,16 @@ pub const HOME_SENSITIVE: &[&str] = &[
     // (Google OAuth, its keychain fallback, its MCP servers' tokens) and OpenCode's (every
     // provider's key or OAuth login).
     ".claude/.credentials.json",
+    // Claude Code's backups of ~/.claude.json, with the API key a console login saved there.
+    ".claude/backups",
     ".codex/auth.json",
     ".gemini/oauth_creds.json",
     ".gemini/gemini-credentials.json",
     ".gemini/mcp-oauth-tokens.json",
     ".local/share/opencode/auth.json",
+    ".gemini/.env",
+    // Aider's OpenRouter login.
+    ".aider/oauth-keys.env",
 ];
 
 /// Home files an agent preset copies in whole that keep a credential in a top-level JSON field:

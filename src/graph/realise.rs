@@ -90,18 +90,25 @@ fn write_generated(
 }
 
 /// Remove the top-level `fields` of the JSON file `path` (a private copy aisb made; read
-/// without following a link, at most 64 MiB). A file that holds one of their names but is not
+/// without following a link, whole, at most 256 MiB: a larger one is an error). A file that holds one of their names but is not
 /// a JSON object is emptied to `{}`: nothing could read it as configuration anyway.
 fn scrub_json_fields(path: &Path, fields: &[&str]) -> std::io::Result<()> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
     let mut bytes = Vec::new();
-    fs::OpenOptions::new()
+    let file = fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)?
-        .take(64 << 20)
-        .read_to_end(&mut bytes)?;
+        .open(path)?;
+    // Read whole or not at all: a field past a cut would stay, a cut text would not parse.
+    const MAX: u64 = 256 << 20;
+    if file.metadata()?.len() > MAX {
+        return Err(std::io::Error::other(format!(
+            "larger than {} MiB: too large to check for a credential; remove it to start afresh",
+            MAX >> 20
+        )));
+    }
+    file.take(MAX).read_to_end(&mut bytes)?;
     let named = |f: &str| bytes.windows(f.len()).any(|w| w == f.as_bytes());
     if !fields.iter().any(|f| named(f)) {
         return Ok(());
@@ -180,9 +187,14 @@ fn realise_state(plan: &Plan) -> Result<(), RealiseError> {
                 }
                 // A copy of a home file that keeps a credential in a field: that field goes,
                 // from new copies and from those earlier runs made.
+                // The source as written or as the kernel reaches it (a home through a link).
+                let real = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
                 let fields = crate::eval::masks::HOME_SENSITIVE_FIELDS
                     .iter()
-                    .find(|(rel, _)| plan.identity.home.join(rel) == *source)
+                    .find(|(rel, _)| {
+                        let want = plan.identity.home.join(rel);
+                        want == *source || real(&want) == real(source)
+                    })
                     .map(|(_, f)| *f);
                 if let Some(fields) = fields {
                     io(copy, scrub_json_fields(copy, fields))?;

@@ -255,8 +255,9 @@ fn file_path(p: &str, plan: &Plan) -> Result<PathBuf, String> {
 /// The agents' logins that stay on the host (masked inside, wherever a mount shows them: their
 /// tokens would be the sandbox's to send anywhere), the preset credentials that would stand in
 /// for them, and how to give one a value.
-const LOGINS: &[(&str, &[&str], &str)] = &[
+const LOGINS: &[(&str, &str, &[&str], &str)] = &[
     (
+        "claude",
         ".claude/.credentials.json",
         &[
             "anthropic-api-key",
@@ -266,16 +267,19 @@ const LOGINS: &[(&str, &[&str], &str)] = &[
         "Run `claude setup-token` once and export what it prints as CLAUDE_CODE_OAUTH_TOKEN",
     ),
     (
+        "codex",
         ".codex/auth.json",
         &["openai-api-key"],
         "Export an API key as OPENAI_API_KEY",
     ),
     (
+        "gemini",
         ".gemini/oauth_creds.json",
         &["gemini-api-key", "google-api-key"],
         "Export an API key as GEMINI_API_KEY",
     ),
     (
+        "opencode",
         ".local/share/opencode/auth.json",
         &["openai-api-key", "anthropic-api-key"],
         "Export a provider's API key (ANTHROPIC_API_KEY, OPENAI_API_KEY)",
@@ -286,11 +290,13 @@ const LOGINS: &[(&str, &[&str], &str)] = &[
 /// a file in the home, which stays there. Without any key the agent inside is not logged in:
 /// say why, and how to hand it a brokered one.
 fn login_hints(plan: &Plan, brokered: &[Brokered]) {
-    for (file, names, how) in LOGINS {
+    for (agent, file, names, how) in LOGINS {
+        // That agent's preset's own credentials (another preset may name the same ones).
+        let from = format!("preset:{agent}:");
         let preset = |n: &str| {
             plan.credentials
                 .iter()
-                .any(|p| p.name == n && p.at.starts_with("preset:"))
+                .any(|p| p.name == n && p.at.starts_with(&from))
         };
         if !names.iter().all(|n| preset(n))
             || brokered.iter().any(|b| names.contains(&b.name.as_str()))
@@ -298,7 +304,9 @@ fn login_hints(plan: &Plan, brokered: &[Brokered]) {
             continue;
         }
         let login = plan.identity.home.join(file);
-        if std::fs::symlink_metadata(&login).is_ok() {
+        // Said only where it is masked (not under `secrets { defaults #false }`).
+        let masked = plan.masks.iter().any(|m| m.path.ends_with(file));
+        if masked && std::fs::symlink_metadata(&login).is_ok() {
             eprintln!(
                 "aisb: the login in {} stays on the host (inside, its tokens could be sent anywhere). {how}: the sandbox gets a placeholder, and the proxy adds the real value for the agent's API only",
                 login.display()
