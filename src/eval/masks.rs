@@ -101,6 +101,12 @@ pub const HOME_SENSITIVE: &[&str] = &[
     ".aider/oauth-keys.env",
 ];
 
+/// The end of the rule of a mask over a home credential file the host does not have yet (an
+/// agent's login not made): it guards against one made while the sandbox runs, and an
+/// attempt on it is not reported (the agent looks for its login at every start; there is
+/// nothing of the user's there to tell about).
+pub const NOT_THERE_YET: &str = " (not on the host yet)";
+
 /// Home files an agent preset copies in whole that keep a credential in a top-level JSON field:
 /// the private copy loses those fields (Claude Code keeps an API key a console login saved in
 /// `~/.claude.json`'s `primaryApiKey`).

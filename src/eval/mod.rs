@@ -467,7 +467,7 @@ fn resolve(
                         mask_list.push(Mask {
                             path: target.join(name),
                             dir: false,
-                            rule: why.clone(),
+                            rule: format!("{why}{}", masks::NOT_THERE_YET),
                         });
                     }
                 }

@@ -150,7 +150,13 @@ impl Live {
             audit: crate::audit::Log::open(&plan.state_dir.join("audit.jsonl")).ok(),
             stopping: stopping.clone(),
             budget,
-            masks: plan.masks.clone(),
+            // Reported: all but those over a file the host does not have yet.
+            masks: plan
+                .masks
+                .iter()
+                .filter(|m| !m.rule.ends_with(crate::eval::masks::NOT_THERE_YET))
+                .cloned()
+                .collect(),
             agent: crate::presets::agent_for(&plan.process.args).map(str::to_string),
             // The reporting layer's log: the helper writes there itself.
             audit_file: if std::env::var(crate::eval::BREAK_ISOLATION_ENV).as_deref()
