@@ -90,8 +90,9 @@ fn write_generated(
 }
 
 /// Remove the top-level `fields` of the JSON file `path` (a private copy aisb made; read
-/// without following a link, whole, at most 256 MiB: a larger one is an error). A file that holds one of their names but is not
-/// a JSON object is emptied to `{}`: nothing could read it as configuration anyway.
+/// without following a link, whole, at most 256 MiB: a larger one is an error). A file that
+/// holds one of their names but is not a JSON object is emptied to `{}`: nothing could read it
+/// as configuration anyway.
 fn scrub_json_fields(path: &Path, fields: &[&str]) -> std::io::Result<()> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
@@ -126,7 +127,8 @@ fn scrub_json_fields(path: &Path, fields: &[&str]) -> std::io::Result<()> {
     crate::atomic::write_atomic_private(path, &scrubbed)
 }
 
-/// Create overlay dirs and take private copies that do not exist yet.
+/// Create overlay dirs (with an empty file under each mask of a file neither layer has) and take
+/// private copies that do not exist yet (scrubbed of credential fields, old ones too).
 fn realise_state(plan: &Plan) -> Result<(), RealiseError> {
     for m in &plan.mounts {
         if let Some(guard) = m.git_guard() {
