@@ -1631,3 +1631,47 @@ fn a_login_made_while_the_sandbox_runs_stays_on_the_host() {
         }
     }
 }
+
+/// Claude Code's backups of `~/.claude.json` (with the key a console login saved) are masked,
+/// and quietly: the agent lists them at every save of its configuration, which is no news for
+/// the audit log or the model. A masked login is still reported.
+#[test]
+fn claude_codes_backups_are_masked_without_reports() {
+    if !support::root_or_skip("the agents' logins") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let (home, proj) = project(t.path(), "import \"preset:claude\"\n");
+    std::fs::create_dir_all(home.join(".claude/backups")).unwrap();
+    std::fs::write(
+        home.join(".claude/backups/.claude.json.backup.1700000000000"),
+        "{\"primaryApiKey\":\"sk-ant-api03-BACKUP-SECRET\"}\n",
+    )
+    .unwrap();
+    std::fs::write(home.join(".claude/.credentials.json"), "{}\n").unwrap();
+    // The reporting layer lands just after the start: each read is tried for 3 s.
+    let script = "i=0; while [ $i -lt 30 ]; do cat ~/.claude/backups/* 2>&1; \
+                  ls ~/.claude/backups 2>&1; cat ~/.claude/.credentials.json >/dev/null 2>&1; \
+                  sleep 0.1; i=$((i+1)); done; sleep 0.5";
+    let o = Out::from(
+        aisb(t.path(), &home, &proj)
+            .args(["--trust", "run", "--backend", "bwrap", "--", "sh", "-c", script])
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(!o.stdout.contains("BACKUP-SECRET"), "{}", o.stdout);
+    let files: Vec<String> = audit(t.path(), &home, &proj)
+        .iter()
+        .filter(|e| e["event"] == "file")
+        .map(|e| e["target"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert!(
+        !files.iter().any(|f| f.contains("backups")),
+        "the backups' mask was reported: {files:?}"
+    );
+    assert!(
+        files.iter().any(|f| f.ends_with(".credentials.json")),
+        "the login's mask was not reported: {files:?}"
+    );
+}

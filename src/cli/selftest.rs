@@ -505,8 +505,8 @@ pub fn run(g: &Global, a: Args) -> Result<i32, Error> {
         .masks
         .iter()
         .take(a.max_masks.unwrap_or(usize::MAX))
-        // Not those over a file the host does not have yet: attempts on them are not told.
-        .filter(|m| !m.dir && !m.rule.ends_with(crate::eval::masks::NOT_THERE_YET))
+        // Not those whose attempts are not told (`eval::masks::UNREPORTED`).
+        .filter(|m| !m.dir && !m.rule.ends_with(crate::eval::masks::UNREPORTED))
         .map(|m| m.path.to_string_lossy().into_owned())
         .collect();
     let files: Vec<String> = file_masks

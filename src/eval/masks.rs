@@ -101,11 +101,25 @@ pub const HOME_SENSITIVE: &[&str] = &[
     ".aider/oauth-keys.env",
 ];
 
-/// The end of the rule of a mask over a home credential file the host does not have yet (an
-/// agent's login not made): it guards against one made while the sandbox runs, and an
-/// attempt on it is not reported (the agent looks for its login at every start; there is
-/// nothing of the user's there to tell about).
-pub const NOT_THERE_YET: &str = " (not on the host yet)";
+/// The end of the rule of a mask whose attempts are not reported: one over a home credential
+/// file the host does not have yet (an agent's login not made: it guards against one made
+/// while the sandbox runs), or over what an agent reads in its normal use ([`QUIET_HOME`]).
+/// The agent looks for its login at every start and lists its backups at every save of its
+/// configuration: telling the audit log and the model each time would drown what matters.
+pub const UNREPORTED: &str = " (attempts not reported)";
+
+/// Home credential paths an agent touches in its normal use, masked without reports.
+pub const QUIET_HOME: &[&str] = &[".claude/backups"];
+
+/// The rule of the mask over the home credential path `rel`.
+pub fn home_rule(rel: &str) -> String {
+    let quiet = if QUIET_HOME.contains(&rel) {
+        UNREPORTED
+    } else {
+        ""
+    };
+    format!("home \"~/{rel}\"{quiet}")
+}
 
 /// Home files an agent preset copies in whole that keep a credential in a top-level JSON field:
 /// the private copy loses those fields (Claude Code keeps an API key a console login saved in
@@ -335,7 +349,7 @@ pub(super) fn resolve(
                 mask_list.push(Mask {
                     dir: m.is_dir(),
                     path: p,
-                    rule: format!("home \"~/{rel}\""),
+                    rule: home_rule(rel),
                 });
             }
         }

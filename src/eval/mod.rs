@@ -399,7 +399,7 @@ fn resolve(
     // `auth.json`) holds tokens the sandbox could send anywhere.
     if s.secrets.defaults.as_ref().is_none_or(|d| d.value) {
         for rel in masks::HOME_SENSITIVE {
-            hidden.push((host.home.join(rel), format!("home \"~/{rel}\"")));
+            hidden.push((host.home.join(rel), masks::home_rule(rel)));
         }
     }
     for c in &credentials {
@@ -467,7 +467,12 @@ fn resolve(
                         mask_list.push(Mask {
                             path: target.join(name),
                             dir: false,
-                            rule: format!("{why}{}", masks::NOT_THERE_YET),
+                            rule: match why.ends_with(masks::UNREPORTED) {
+                                true => why.clone(),
+                                false => {
+                                    format!("{why} (not on the host yet){}", masks::UNREPORTED)
+                                }
+                            },
                         });
                     }
                 }

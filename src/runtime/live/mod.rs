@@ -150,11 +150,11 @@ impl Live {
             audit: crate::audit::Log::open(&plan.state_dir.join("audit.jsonl")).ok(),
             stopping: stopping.clone(),
             budget,
-            // Reported: all but those over a file the host does not have yet.
+            // Reported: all but those an agent meets in its normal use (`UNREPORTED`).
             masks: plan
                 .masks
                 .iter()
-                .filter(|m| !m.rule.ends_with(crate::eval::masks::NOT_THERE_YET))
+                .filter(|m| !m.rule.ends_with(crate::eval::masks::UNREPORTED))
                 .cloned()
                 .collect(),
             agent: crate::presets::agent_for(&plan.process.args).map(str::to_string),
