@@ -21,11 +21,19 @@ pub struct Bounds {
     pub output: u64,
 }
 
+impl Bounds {
+    /// Whether `kept` (a stream as [`output_within`] returns it) reached the cap: the command
+    /// printed at least that much, perhaps more, and what is kept may be cut.
+    pub fn reached(&self, kept: &[u8]) -> bool {
+        kept.len() as u64 >= self.output
+    }
+}
+
 /// `cmd` run to its end in a process group of its own, stdout piped (and stderr when
 /// `capture_stderr`; otherwise it stays as the caller set it). stdin is the caller's to set:
-/// left alone, the command shares aisb's. Past
-/// `bounds.time` the group is killed and the answer is a `TimedOut` error; when the command
-/// ends, what it left running in its group is killed too.
+/// left alone, the command shares aisb's. Past `bounds.time` the group is killed and the answer
+/// is a `TimedOut` error; when the command ends, what it left running in its group is killed
+/// too.
 pub fn output_within(
     cmd: Command,
     bounds: Bounds,

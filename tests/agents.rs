@@ -176,6 +176,19 @@ fn aisb(t: &Path, home: &Path, proj: &Path) -> Command {
     aisb_at(Path::new(env!("CARGO_BIN_EXE_aisb")), t, home, proj)
 }
 
+/// [`aisb`] as root (`user` None) or as that (uid, gid), from a copy of the binary the user
+/// can run (`t` handed to them).
+fn aisb_as(user: Option<(u32, u32)>, t: &Path, home: &Path, proj: &Path) -> Command {
+    let Some((uid, gid)) = user else {
+        return aisb(t, home, proj);
+    };
+    let exe = support::hand_to_user(t, uid, gid);
+    let mut c = aisb_at(&exe, t, home, proj);
+    std::os::unix::process::CommandExt::uid(&mut c, uid);
+    std::os::unix::process::CommandExt::gid(&mut c, gid);
+    c
+}
+
 /// [`aisb`] from the binary `exe` (a copy an ordinary user can run).
 fn aisb_at(exe: &Path, t: &Path, home: &Path, proj: &Path) -> Command {
     let mut c = Command::new(exe);
@@ -1414,16 +1427,7 @@ fn login_stays_home(config: &str, login: &str, content: &str, env: &[(&str, &str
             let file = home.join(login);
             std::fs::create_dir_all(file.parent().unwrap()).unwrap();
             std::fs::write(&file, content).unwrap();
-            let mut cmd = match user {
-                Some((uid, gid)) => {
-                    let exe = support::hand_to_user(t.path(), uid, gid);
-                    let mut c = aisb_at(&exe, t.path(), &home, &proj);
-                    std::os::unix::process::CommandExt::uid(&mut c, uid);
-                    std::os::unix::process::CommandExt::gid(&mut c, gid);
-                    c
-                }
-                None => aisb(t.path(), &home, &proj),
-            };
+            let mut cmd = aisb_as(user, t.path(), &home, &proj);
             let script = format!("cat ~/{login} 2>&1; echo read=$?");
             let o = Out::from(
                 cmd.envs(env.iter().copied())
@@ -1579,16 +1583,7 @@ fn a_login_made_while_the_sandbox_runs_stays_on_the_host() {
             );
             let t = tempfile::tempdir().unwrap();
             let (home, proj) = project(t.path(), "import \"preset:claude\"\n");
-            let mut cmd = match user {
-                Some((uid, gid)) => {
-                    let exe = support::hand_to_user(t.path(), uid, gid);
-                    let mut c = aisb_at(&exe, t.path(), &home, &proj);
-                    std::os::unix::process::CommandExt::uid(&mut c, uid);
-                    std::os::unix::process::CommandExt::gid(&mut c, gid);
-                    c
-                }
-                None => aisb(t.path(), &home, &proj),
-            };
+            let mut cmd = aisb_as(user, t.path(), &home, &proj);
             let script = format!(
                 "touch {p}/ready; i=0; while [ ! -e {p}/go ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done\n\
                  cat ~/.claude/.credentials.json 2>&1; echo read=$?",
@@ -1655,7 +1650,16 @@ fn claude_codes_backups_are_masked_without_reports() {
                   sleep 0.1; i=$((i+1)); done; sleep 0.5";
     let o = Out::from(
         aisb(t.path(), &home, &proj)
-            .args(["--trust", "run", "--backend", "bwrap", "--", "sh", "-c", script])
+            .args([
+                "--trust",
+                "run",
+                "--backend",
+                "bwrap",
+                "--",
+                "sh",
+                "-c",
+                script,
+            ])
             .output()
             .unwrap(),
     );

@@ -1055,7 +1055,7 @@ fn object_types<'a>(
         .stderr(Stdio::null());
     let out = crate::child::output_within_input(cmd, input.into_bytes(), LISTING_BOUNDS, false)
         .map_err(io("running git cat-file"))?;
-    if out.stdout.len() as u64 >= LISTING_BOUNDS.output {
+    if LISTING_BOUNDS.reached(&out.stdout) {
         return Err(BackError::Io {
             what: "reading the types of the sandbox's objects".into(),
             source: std::io::Error::other("git cat-file printed past aisb's bound"),
@@ -1076,9 +1076,9 @@ fn host_git(layer: &Layer, args: &[&str]) -> Result<String, BackError> {
     let mut cmd = layer.git();
     cmd.args(args).stdin(Stdio::null());
     let o = crate::child::output_within(cmd, LISTING_BOUNDS, true)
-        .and_then(|o| match o.stdout.len() as u64 {
-            n if n < LISTING_BOUNDS.output => Ok(o),
-            _ => Err(std::io::Error::other("it printed past aisb's bound")),
+        .and_then(|o| match LISTING_BOUNDS.reached(&o.stdout) {
+            false => Ok(o),
+            true => Err(std::io::Error::other("it printed past aisb's bound")),
         })
         .map_err(io(format!("running git {}", args.first().unwrap_or(&""))))?;
     if o.status.success() {
@@ -1581,7 +1581,7 @@ fn gitlinks_between(layer: &Layer, old: Option<&str>, new: &str) -> Option<Vec<V
     cmd.stdin(Stdio::null()).stderr(Stdio::null());
     let o = crate::child::output_within(cmd, LISTING_BOUNDS, false)
         .ok()
-        .filter(|o| o.status.success() && (o.stdout.len() as u64) < LISTING_BOUNDS.output)?;
+        .filter(|o| o.status.success() && !LISTING_BOUNDS.reached(&o.stdout))?;
     let mut out = Vec::new();
     let mut fields = o.stdout.split(|b| *b == 0);
     if old.is_some() {
@@ -1615,7 +1615,7 @@ fn ls_stage(layer: &Layer, index: Option<&Path>) -> Option<Vec<(Vec<u8>, Vec<u8>
         .stderr(Stdio::null());
     let o = crate::child::output_within(cmd, LISTING_BOUNDS, false)
         .ok()
-        .filter(|o| (o.stdout.len() as u64) < LISTING_BOUNDS.output)?;
+        .filter(|o| !LISTING_BOUNDS.reached(&o.stdout))?;
     if !o.status.success() {
         return None;
     }

@@ -130,6 +130,14 @@ fn scrub_json_fields(path: &Path, fields: &[&str]) -> std::io::Result<()> {
 /// Create overlay dirs (with an empty file under each mask of a file neither layer has) and take
 /// private copies that do not exist yet (scrubbed of credential fields, old ones too).
 fn realise_state(plan: &Plan) -> Result<(), RealiseError> {
+    // The masks an empty file may be owed to (over a home credential file the host does not
+    // have yet, `eval::masks::UNREPORTED`): picked once, not walked again per overlay (a big
+    // project has tens of thousands of masks, and every start realises).
+    let unreported: Vec<&crate::eval::plan::Mask> = plan
+        .masks
+        .iter()
+        .filter(|k| !k.dir && k.rule.ends_with(crate::eval::masks::UNREPORTED))
+        .collect();
     for m in &plan.mounts {
         if let Some(guard) = m.git_guard() {
             crate::git::realise(&guard).map_err(|e| RealiseError::Io {
@@ -147,7 +155,7 @@ fn realise_state(plan: &Plan) -> Result<(), RealiseError> {
                 // A file masked directly below the overlay that neither layer has (an agent's
                 // login not made yet): an empty one in the upper layer, so the mask has
                 // something to cover, and the host's later file never shows through.
-                for mask in plan.masks.iter().filter(|k| !k.dir) {
+                for mask in &unreported {
                     let Some(name) = mask
                         .path
                         .strip_prefix(&m.target)

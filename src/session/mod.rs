@@ -130,7 +130,7 @@ pub fn git(dir: &Path, args: &[&str], state: &Path) -> Result<String, SessionErr
         .env("GIT_LITERAL_PATHSPECS", "1")
         .stdin(std::process::Stdio::null());
     let out = crate::child::output_within(cmd, GIT_BOUNDS, true).map_err(io("running git"))?;
-    if out.stdout.len() as u64 >= GIT_BOUNDS.output {
+    if GIT_BOUNDS.reached(&out.stdout) {
         return Err(SessionError::Git {
             args: args.join(" "),
             stderr: format!("it printed more than {} bytes", GIT_BOUNDS.output - 1),
